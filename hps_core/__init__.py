@@ -1,0 +1,1 @@
+"""hps-triton engine: HugeCTR-compatible hierarchical parameter server."""

@@ -1,0 +1,54 @@
+"""Exception types shared by the engine, the command line and the Triton backend.
+
+Every error names *what* is wrong and *where* (a ps.json path such as
+``models[0].embedding_vecsize_per_table``, a file path, or a request input name), so that a
+user can fix it without reading a traceback.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+class HPSError(Exception):
+    """Base class of every error this package raises on purpose."""
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One problem found while validating a configuration or a set of files.
+
+    Args:
+        where: location, e.g. ``models[0].sparse_files[1]`` or a file path.
+        message: what is wrong there.
+    """
+
+    where: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.where}: {self.message}"
+
+
+class ConfigError(HPSError):
+    """A ps.json (or config.pbtxt parameter) is invalid; carries every problem found."""
+
+    def __init__(self, problems: list[Problem] | Problem | str, where: str = "") -> None:
+        if isinstance(problems, str):
+            problems = [Problem(where or "config", problems)]
+        elif isinstance(problems, Problem):
+            problems = [problems]
+        self.problems: list[Problem] = list(problems)
+        super().__init__("\n".join(str(p) for p in self.problems))
+
+
+class ModelFileError(HPSError):
+    """A sparse or dense model file is missing, truncated or inconsistent."""
+
+
+class NotAvailableError(HPSError):
+    """A configuration asks for a feature that parses but is not implemented yet."""
+
+
+class RequestError(HPSError):
+    """A client request is malformed; maps to Triton's INVALID_ARG for that request only."""
