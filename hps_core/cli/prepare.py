@@ -1,0 +1,34 @@
+"""``hps prepare [REPO]``: write the default models' files where they are missing."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from hps_core.demo import DEMO_MODELS
+
+
+def run(args: argparse.Namespace) -> int:
+    """Write every demo model into the repository (data only where missing)."""
+    repo = Path(args.repository)
+    names = args.models or list(DEMO_MODELS)
+    for name in names:
+        folder = DEMO_MODELS[name](repo)
+        print(f"ready: {folder}")
+    return 0
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add ``hps prepare`` to the ``hps`` parser.
+
+    Args:
+        subparsers: the top-level subparsers of ``hps``.
+    """
+    parser = subparsers.add_parser(
+        "prepare", help="generate the default model repository's files if missing"
+    )
+    parser.add_argument("repository", nargs="?", default="model_repository")
+    parser.add_argument(
+        "--model", dest="models", action="append", choices=sorted(DEMO_MODELS), help="only these"
+    )
+    parser.set_defaults(func=run)

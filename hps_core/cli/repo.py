@@ -1,0 +1,53 @@
+"""``hps repo PS_JSON OUTDIR``: a Triton model repository serving a ps.json's models."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from hps_core.model_check import check_ps_json
+from hps_core.triton_repo import InstanceGroup, ServingOptions, write_repository
+
+
+def run(args: argparse.Namespace) -> int:
+    """Check the ps.json, then write one model folder per model."""
+    report = check_ps_json(args.ps_json)
+    if report.problems:
+        for problem in report.problems:
+            print(problem, file=sys.stderr)
+        return 1
+    gpus = tuple(int(g) for g in args.gpus.split(",")) if args.gpus else ()
+    options = ServingOptions(
+        max_batch_size=args.max_batch_size,
+        instances=(InstanceGroup(args.instances, args.kind, gpus),),
+        warmup=not args.no_warmup,
+    )
+    for folder in write_repository(args.ps_json, args.out_dir, options):
+        print(f"wrote {folder}")
+    print(f"serve it with: hps serve --model-repository {args.out_dir}")
+    return 0
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add ``hps repo`` to the ``hps`` parser.
+
+    Args:
+        subparsers: the top-level subparsers of ``hps``.
+    """
+    parser = subparsers.add_parser(
+        "repo", help="write a Triton model repository serving every model of a ps.json"
+    )
+    parser.add_argument("ps_json", help="path of the HugeCTR ps.json")
+    parser.add_argument("out_dir", help="model repository folder to write")
+    parser.add_argument("--instances", type=int, default=2, help="instances per device")
+    parser.add_argument(
+        "--kind", default="KIND_CPU", choices=("KIND_CPU", "KIND_GPU", "KIND_AUTO")
+    )
+    parser.add_argument("--gpus", help="comma-separated GPU ids for KIND_GPU")
+    parser.add_argument(
+        "--max-batch-size", type=int, default=16, help="requests per execute (dynamic batcher)"
+    )
+    parser.add_argument(
+        "--no-warmup", action="store_true", help="load tables on the first request, not at load"
+    )
+    parser.set_defaults(func=run)

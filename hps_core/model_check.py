@@ -1,0 +1,120 @@
+"""Validate a ps.json and every file it names, without loading the tables.
+
+Used by ``hps check`` and by the Triton models' ``initialize``: a broken model fails fast with
+one line per problem instead of failing on its first request.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from hps_core.config import ModelConfig, PSConfig, load_ps_config
+from hps_core.errors import ConfigError, HPSError, Problem
+from hps_core.formats.sparse import SparseTableInfo, inspect_sparse_table
+from hps_core.tiers.factory import check_tiers_available
+
+
+@dataclass
+class ModelReport:
+    """What ``check`` found for one model.
+
+    Args:
+        model: the model's configuration.
+        tables: the inspected sparse table of each table index (None where it is broken).
+    """
+
+    model: ModelConfig
+    tables: list[SparseTableInfo | None] = field(default_factory=list)
+
+
+@dataclass
+class CheckReport:
+    """Result of :func:`check_ps_json`.
+
+    Args:
+        config: the parsed ps.json, or None if it does not parse.
+        models: per-model findings.
+        problems: every problem, each naming its ps.json field or file.
+    """
+
+    config: PSConfig | None
+    models: list[ModelReport] = field(default_factory=list)
+    problems: list[Problem] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        """True when no problem was found."""
+        return not self.problems
+
+
+def _check_file(where: str, path: Path | None, problems: list[Problem]) -> None:
+    if path is not None and not path.is_file():
+        problems.append(Problem(where, f"file not found: {path}"))
+
+
+def check_ps_json(path: str | os.PathLike[str], model_name: str | None = None) -> CheckReport:
+    """Check a ps.json and the files of its models (all, or just ``model_name``).
+
+    Args:
+        path: the ps.json.
+        model_name: check only this model.
+
+    Returns:
+        The report; ``report.problems`` is empty when everything is usable.
+    """
+    try:
+        config = load_ps_config(path)
+    except ConfigError as exc:
+        return CheckReport(None, problems=list(exc.problems))
+    report = CheckReport(config)
+    try:
+        check_tiers_available(config)
+    except HPSError as exc:
+        field_name, _, message = str(exc).partition(": ")
+        report.problems.append(Problem(field_name, message))
+    models = [
+        (m, model) for m, model in enumerate(config.models) if model_name in (None, model.name)
+    ]
+    if not models:
+        report.problems.append(
+            Problem(
+                "models",
+                f"no model named '{model_name}'; the ps.json has "
+                + ", ".join(f"'{model.name}'" for model in config.models),
+            )
+        )
+    for m, model in models:
+        model_report = ModelReport(model)
+        report.models.append(model_report)
+        where = f"models[{m}]"
+        _check_file(f"{where}.dense_file", model.dense_file, report.problems)
+        _check_file(f"{where}.network_file", model.network_file, report.problems)
+        for table in model.tables:
+            try:
+                info = inspect_sparse_table(table.sparse_file, table.dim)
+            except HPSError as exc:
+                info = None
+                report.problems.append(Problem(f"{where}.sparse_files[{table.index}]", str(exc)))
+            model_report.tables.append(info)
+    return report
+
+
+def check_model_files(path: str | os.PathLike[str], model_name: str) -> ModelConfig:
+    """Check one model of a ps.json; raise with every problem found.
+
+    Args:
+        path: the ps.json.
+        model_name: the model to check.
+
+    Returns:
+        The model's configuration.
+
+    Raises:
+        ConfigError: listing every problem.
+    """
+    report = check_ps_json(path, model_name)
+    if report.problems:
+        raise ConfigError(report.problems)
+    return report.models[0].model

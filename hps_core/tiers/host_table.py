@@ -1,0 +1,212 @@
+"""An embedding table held once per machine in shared memory (the volatile host tier).
+
+HugeCTR's ``hash_map`` / ``multi_process_hash_map`` volatile databases keep one copy of each
+table in host memory. Under Triton's Python backend every model instance is a separate
+process, so the copy lives in a shared-memory segment (:mod:`hps_core.tiers.shm_segment`)
+laid out by :mod:`hps_core.tiers.hash_layout`: the first process to open a table builds it
+from the sparse files, every other process of the machine maps the same pages.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import mmap
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+
+from hps_core.errors import ModelFileError
+from hps_core.formats.sparse import KEY_DTYPE, KEY_FILE, VECTOR_FILE, inspect_sparse_table
+from hps_core.formats.sparse import iter_sparse_table as _iter_sparse_table
+from hps_core.tiers.hash_layout import (
+    DuplicateKeysError,
+    HashLayout,
+    fill_directory,
+    find_rows,
+    sort_order,
+)
+from hps_core.tiers.shm_segment import SharedSegment
+
+logger = logging.getLogger("hps_core")
+
+# Part of every segment name: bump it when the layout changes, so that a server of a new
+# version never maps a segment built by an old one.
+LAYOUT_VERSION = 1
+
+
+def _file_identity(path: Path) -> str:
+    st = path.stat()
+    return f"{path.resolve()}:{st.st_size}:{st.st_mtime_ns}:{st.st_ino}"
+
+
+def segment_name(sparse_dir: Path, dim: int) -> str:
+    """Name of the segment holding a sparse folder's table.
+
+    Equal names mean equal contents: the name covers the layout version, the dim and the
+    identity (path, size, modification time, inode) of both files, so a rewritten table gets
+    a new segment instead of stale rows.
+
+    Args:
+        sparse_dir: the sparse model folder.
+        dim: embedding vector size.
+
+    Returns:
+        A short hexadecimal digest.
+    """
+    ident = "|".join(
+        [
+            f"v{LAYOUT_VERSION}",
+            f"dim={dim}",
+            _file_identity(sparse_dir / KEY_FILE),
+            _file_identity(sparse_dir / VECTOR_FILE),
+        ]
+    )
+    return hashlib.sha256(ident.encode()).hexdigest()[:32]
+
+
+class SharedHostTable:
+    """One embedding table, shared by every process of the machine.
+
+    Args:
+        sparse_dir: HugeCTR sparse model folder (``key`` + ``emb_vector``).
+        dim: embedding vector size.
+        default_value: the value of every element of the vector returned for unknown keys.
+        progress: progress report while building (see ``iter_sparse_table``).
+
+    Example:
+        >>> table = SharedHostTable(Path("0_sparse_model"), dim=16)  # doctest: +SKIP
+        >>> values, found = table.lookup(np.array([3, 7], dtype=np.int64))  # doctest: +SKIP
+    """
+
+    def __init__(
+        self,
+        sparse_dir: Path,
+        dim: int,
+        default_value: float = 0.0,
+        progress: bool | None = None,
+    ) -> None:
+        self.sparse_dir = Path(sparse_dir)
+        info = inspect_sparse_table(self.sparse_dir, dim)
+        self.dim = dim
+        self.rows = info.rows
+        self.file_bytes = info.total_bytes
+        self.default_value = np.float32(default_value)
+        self.layout = HashLayout(info.rows, dim)
+        self._progress = progress
+        started = time.perf_counter()
+        self._segment = SharedSegment.open(
+            segment_name(self.sparse_dir, dim), self.layout.nbytes, self._build
+        )
+        self._hashes, self._starts, self._values = self.layout.views(
+            self._segment.buffer if self._segment.buffer is not None else bytearray(0)
+        )
+        verb = "built" if self._segment.built_here else "attached to"
+        logger.info(
+            "host tier: %s %s (%d rows, dim %d, %.1f MiB shared) in %.2f s",
+            verb,
+            self.sparse_dir,
+            self.rows,
+            dim,
+            self.layout.nbytes / 2**20,
+            time.perf_counter() - started,
+        )
+
+    @property
+    def built_here(self) -> bool:
+        """Whether this process built the segment (False: it attached to another's)."""
+        return self._segment.built_here
+
+    @property
+    def segment_path(self) -> Path:
+        """The shared-memory file of the table."""
+        return self._segment.data_path
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of shared memory the table occupies."""
+        return self.layout.nbytes
+
+    def _build(self, buffer: mmap.mmap) -> None:
+        keys = np.fromfile(self.sparse_dir / KEY_FILE, dtype=KEY_DTYPE, count=self.rows)
+        if len(keys) != self.rows:
+            raise ModelFileError(
+                f"{self.sparse_dir / KEY_FILE}: holds {len(keys)} keys, expected {self.rows}"
+                " (the file changed while loading)"
+            )
+        try:
+            order, sorted_hashes = sort_order(keys)
+        except DuplicateKeysError as exc:
+            raise ModelFileError(f"{self.sparse_dir / KEY_FILE}: {exc}") from None
+        del keys
+        hashes, starts, values = self.layout.views(buffer)
+        hashes[: self.rows] = sorted_hashes
+        fill_directory(self.layout, sorted_hashes, starts)
+        del sorted_hashes
+        # Row i of the file goes to slot destination[i] of the hash order.
+        destination = np.empty(self.rows, dtype=np.intp)
+        destination[order] = np.arange(self.rows, dtype=np.intp)
+        del order
+        for chunk in _iter_sparse_table(self.sparse_dir, self.dim, progress=self._progress):
+            n = len(chunk.keys)
+            values[destination[chunk.start_row : chunk.start_row + n]] = chunk.vectors
+
+    def find(self, keys: np.ndarray) -> np.ndarray:
+        """Row of each key in the table, ``-1`` for unknown keys.
+
+        Args:
+            keys: int64 keys.
+
+        Returns:
+            int64 rows.
+        """
+        return find_rows(self.layout, self._hashes, self._starts, keys)
+
+    def lookup(
+        self, keys: np.ndarray, out: np.ndarray | None = None
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Embedding vectors of ``keys``; the table's default vector for unknown keys.
+
+        Args:
+            keys: int64 keys, any order, duplicates allowed.
+            out: optional float32 ``[len(keys), dim]`` C-contiguous array to write into.
+
+        Returns:
+            ``(values, found)``: float32 ``[len(keys), dim]`` and a bool mask of known keys.
+        """
+        keys = np.asarray(keys)
+        if keys.dtype != np.int64:
+            raise TypeError(f"keys must be int64, got {keys.dtype}")
+        rows = self.find(keys.ravel())
+        found = rows >= 0
+        if out is None:
+            out = np.empty((len(rows), self.dim), dtype=np.float32)
+        if self.rows:
+            np.take(self._values, np.where(found, rows, 0), axis=0, out=out)
+        if not found.all():
+            out[~found] = self.default_value
+        return out, found
+
+    def close(self) -> None:
+        """Detach from the segment (the last process to detach frees it)."""
+        self._hashes = self._starts = self._values = None  # type: ignore[assignment]
+        self._segment.close()
+
+
+def resident_bytes(pid: int | None = None) -> int:
+    """Proportional set size (PSS) of a process, shared pages split among their users.
+
+    Args:
+        pid: process id; this process when ``None``.
+
+    Returns:
+        PSS in bytes, from ``/proc/<pid>/smaps_rollup``.
+    """
+    path = f"/proc/{pid or os.getpid()}/smaps_rollup"
+    with open(path) as f:
+        for line in f:
+            if line.startswith("Pss:"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError(f"{path}: no Pss line")

@@ -1,0 +1,275 @@
+"""Named shared-memory segments that every process of a machine maps once.
+
+Triton runs each model instance in its own stub process. The host tier must exist once per
+machine, not once per stub, so a table lives in a file under ``/dev/shm`` (tmpfs: its pages
+are RAM, shared by every process that maps the file) and is reference counted with ``flock``:
+
+- ``<name>.build``: held exclusively while a process creates the segment or decides to remove
+  it; this serialises builders, attachers and removers.
+- ``<name>.users``: every process that maps the segment holds a shared lock on it. The kernel
+  drops the lock when a process exits for any reason, ``kill -9`` included, so the count can
+  never leak.
+- ``<name>.data``: the segment itself, created under a temporary name and renamed into place
+  when complete, so a reader never sees a half-built table.
+
+The last user to detach removes all three files. If every user died without detaching (the
+server was killed), the files stay until the next :func:`remove_stale_segments`, which runs
+whenever a segment is opened and when ``hps serve`` stops: a segment whose ``users`` lock
+can be taken exclusively has no user left and is removed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import logging
+import mmap
+import os
+import re
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+logger = logging.getLogger("hps_core")
+
+PREFIX = "hps-triton."
+_TMP_RE = re.compile(r"\.tmp-(\d+)$")
+
+
+def shm_dir() -> Path:
+    """Directory holding the segments: ``$HPS_SHM_DIR`` or ``/dev/shm``.
+
+    Returns:
+        The directory (created if ``HPS_SHM_DIR`` names one that does not exist).
+    """
+    path = Path(os.environ.get("HPS_SHM_DIR", "/dev/shm"))
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def _same_file(fd: int, path: Path) -> bool:
+    # A lock taken on a file that was unlinked meanwhile protects nothing: compare inodes.
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        return False
+    fst = os.fstat(fd)
+    return (st.st_ino, st.st_dev) == (fst.st_ino, fst.st_dev)
+
+
+@contextlib.contextmanager
+def _locked(path: Path, blocking: bool = True) -> Iterator[int | None]:
+    """Hold an exclusive flock on ``path`` (created if needed); yields None if busy."""
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | (0 if blocking else fcntl.LOCK_NB))
+        except OSError as exc:
+            os.close(fd)
+            if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
+                yield None
+                return
+            raise
+        if _same_file(fd, path):
+            break
+        os.close(fd)
+    try:
+        yield fd
+    finally:
+        os.close(fd)  # closing releases the lock
+
+
+class SharedSegment:
+    """One reference-counted shared-memory file, mapped into this process.
+
+    Use :meth:`open` to attach to the segment, building it first if no process has.
+
+    Args:
+        name: segment name (a digest of what it holds); files are ``PREFIX + name + suffix``.
+        directory: where the files live; defaults to :func:`shm_dir`.
+    """
+
+    def __init__(self, name: str, directory: Path | None = None) -> None:
+        self.name = name
+        self.directory = directory or shm_dir()
+        base = self.directory / f"{PREFIX}{name}"
+        self.data_path = base.with_name(base.name + ".data")
+        self.build_path = base.with_name(base.name + ".build")
+        self.users_path = base.with_name(base.name + ".users")
+        self._users_fd: int | None = None
+        self.buffer: mmap.mmap | None = None
+        self.built_here = False
+
+    @classmethod
+    def open(
+        cls,
+        name: str,
+        size: int,
+        build: Callable[[mmap.mmap], None],
+        directory: Path | None = None,
+        writable: bool = False,
+    ) -> SharedSegment:
+        """Attach to segment ``name``, building it with ``build`` if it does not exist yet.
+
+        Args:
+            name: segment name; equal names must mean equal contents.
+            size: size in bytes of the segment.
+            build: fills a writable mapping of ``size`` bytes; called in one process only.
+            directory: where the files live; defaults to :func:`shm_dir`.
+            writable: map the segment read-write (for online updates) instead of read-only.
+
+        Returns:
+            The attached segment; ``buffer`` is the mapping.
+        """
+        seg = cls(name, directory)
+        remove_stale_segments(seg.directory)
+        with _locked(seg.build_path) as _:
+            users_fd = os.open(seg.users_path, os.O_RDWR | os.O_CREAT, 0o600)
+            fcntl.flock(users_fd, fcntl.LOCK_SH)
+            seg._users_fd = users_fd
+            try:
+                if not (seg.data_path.exists() and seg.data_path.stat().st_size == size):
+                    seg._build(size, build)
+                    seg.built_here = True
+                seg._map(size, writable)
+            except BaseException:
+                seg._release_users()
+                raise
+        return seg
+
+    def _build(self, size: int, build: Callable[[mmap.mmap], None]) -> None:
+        tmp = self.data_path.with_name(f"{self.data_path.name}.tmp-{os.getpid()}")
+        fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            os.ftruncate(fd, size)
+            if size:
+                with mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE) as mm:
+                    build(mm)
+            os.rename(tmp, self.data_path)
+        except BaseException:
+            with contextlib.suppress(FileNotFoundError):
+                tmp.unlink()
+            raise
+        finally:
+            os.close(fd)
+
+    def _map(self, size: int, writable: bool) -> None:
+        if size == 0:
+            self.buffer = None
+            return
+        flags = os.O_RDWR if writable else os.O_RDONLY
+        prot = mmap.PROT_READ | (mmap.PROT_WRITE if writable else 0)
+        fd = os.open(self.data_path, flags)
+        try:
+            self.buffer = mmap.mmap(fd, size, mmap.MAP_SHARED, prot)
+        finally:
+            os.close(fd)
+
+    def _release_users(self) -> None:
+        if self._users_fd is not None:
+            os.close(self._users_fd)
+            self._users_fd = None
+
+    @property
+    def attached(self) -> bool:
+        """Whether this process still holds the segment."""
+        return self._users_fd is not None
+
+    def close(self) -> bool:
+        """Detach; remove the files if no other process uses the segment.
+
+        Array views of ``buffer`` must be dropped first, or the mapping stays until they are.
+
+        Returns:
+            True if this call removed the segment.
+        """
+        if self._users_fd is None:
+            return False
+        if self.buffer is not None:
+            with contextlib.suppress(BufferError):  # views still alive: unmapped when freed
+                self.buffer.close()
+            self.buffer = None
+        removed = False
+        with _locked(self.build_path) as _:
+            try:
+                # Upgrading our shared lock succeeds only if nobody else holds one.
+                fcntl.flock(self._users_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError as exc:
+                if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
+                    raise
+            else:
+                _unlink_segment_files(self)
+                removed = True
+            self._release_users()
+        return removed
+
+    def __enter__(self) -> SharedSegment:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _unlink_segment_files(seg: SharedSegment) -> None:
+    for path in (seg.data_path, seg.users_path, seg.build_path):
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def remove_stale_segments(directory: Path | None = None) -> list[str]:
+    """Remove segments that no live process uses (their users all died).
+
+    Also removes half-built temporary files whose builder process is gone.
+
+    Args:
+        directory: where the segments live; defaults to :func:`shm_dir`.
+
+    Returns:
+        Names of the segments (and temporary files) removed.
+    """
+    directory = directory or shm_dir()
+    removed: list[str] = []
+    for path in sorted(directory.glob(f"{PREFIX}*")):
+        tmp = _TMP_RE.search(path.name)
+        if tmp is not None:
+            if not _pid_alive(int(tmp.group(1))):
+                with contextlib.suppress(FileNotFoundError):
+                    path.unlink()
+                removed.append(path.name)
+            continue
+        if not path.name.endswith(".build"):
+            continue
+        seg = SharedSegment(path.name[len(PREFIX) : -len(".build")], directory)
+        with _locked(seg.build_path, blocking=False) as fd:
+            if fd is None:  # someone is building, attaching or detaching right now
+                continue
+            users_fd = os.open(seg.users_path, os.O_RDWR | os.O_CREAT, 0o600)
+            try:
+                fcntl.flock(users_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError as exc:
+                if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
+                    raise
+                continue
+            finally:
+                os.close(users_fd)
+            _unlink_segment_files(seg)
+            removed.append(seg.name)
+    for path in directory.glob(f"{PREFIX}*.data"):
+        # A data file whose lock files are gone was left by a removal that was interrupted.
+        if not path.with_name(path.name[: -len(".data")] + ".build").exists():
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
+            removed.append(path.name)
+    if removed:
+        logger.info("removed stale shared-memory segments: %s", ", ".join(removed))
+    return removed
