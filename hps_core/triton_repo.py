@@ -141,7 +141,7 @@ def write_embedding_model(
     repo_dir: Path,
     config: PSConfig,
     model: ModelConfig,
-    options: ServingOptions = ServingOptions(),
+    options: ServingOptions | None = None,
     triton_name: str | None = None,
 ) -> Path:
     """Write one embedding-lookup model folder.
@@ -156,6 +156,7 @@ def write_embedding_model(
     Returns:
         The model folder.
     """
+    options = options or ServingOptions()
     name = triton_name or model.name
     folder = (repo_dir / name).resolve()
     _write(folder / "config.pbtxt", embedding_config_pbtxt(name, model, options, model.name))

@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from hps_core.errors import HPSError, RequestError
@@ -87,7 +88,7 @@ class EmbeddingModel:
         for i, request in enumerate(requests):
             try:
                 keys = self.contract.parse(
-                    input_array(request, KEYS), input_array(request, NUMKEYS)
+                    input_array(request, KEYS, np.int64), input_array(request, NUMKEYS, np.int32)
                 )
             except RequestError as exc:
                 responses[i] = error_response(str(exc))

@@ -15,12 +15,13 @@ import triton_python_backend_utils as pb_utils
 from hps_core.errors import RequestError
 
 
-def input_array(request: Any, name: str) -> np.ndarray:
+def input_array(request: Any, name: str, dtype: np.dtype) -> np.ndarray:
     """Host NumPy view of input ``name`` of ``request``.
 
     Args:
         request: a ``pb_utils.InferenceRequest``.
         name: the input's name.
+        dtype: the input's data type in config.pbtxt (Triton has already enforced it).
 
     Returns:
         The input as a NumPy array (copied to the host if Triton delivered it on a GPU).
@@ -32,10 +33,8 @@ def input_array(request: Any, name: str) -> np.ndarray:
     if tensor is None:
         raise RequestError(f"input '{name}' is missing")
     if 0 in tensor.shape():
-        # An empty tensor has no data pointer to export; build the empty array directly.
-        return np.empty(
-            tensor.shape(), dtype=pb_utils.triton_string_to_numpy(tensor.triton_dtype())
-        )
+        # An empty tensor has no data to export; the stub cannot report its dtype either.
+        return np.empty(tensor.shape(), dtype=dtype)
     if tensor.is_cpu():
         return np.from_dlpack(tensor)
     import cupy  # only GPU instances receive device tensors

@@ -7,6 +7,7 @@ from pathlib import Path
 import numpy as np
 
 from hps_core.config import parse_ps_config
+from hps_core.errors import HPSError
 from hps_core.formats.sparse import inspect_sparse_table
 from hps_core.formats.sparse_writer import write_sparse_table
 from hps_core.triton_repo import ServingOptions, write_embedding_model
@@ -35,12 +36,12 @@ def table_vectors(index: int) -> tuple[np.ndarray, np.ndarray]:
 def _data_ok(folder: Path, dim: int) -> bool:
     try:
         inspect_sparse_table(folder, dim)
-    except Exception:  # noqa: BLE001 - any problem means "write it again"
+    except HPSError:  # missing, truncated or wrong dim: write it again
         return False
     return True
 
 
-def write_embedding_demo(repo: Path, options: ServingOptions = ServingOptions()) -> Path:
+def write_embedding_demo(repo: Path, options: ServingOptions | None = None) -> Path:
     """Write the ``hps_embedding`` model folder into ``repo``; data only if missing.
 
     Args:
@@ -75,4 +76,4 @@ def write_embedding_demo(repo: Path, options: ServingOptions = ServingOptions())
         ],
     }
     config = parse_ps_config(ps, base_dir=folder)
-    return write_embedding_model(repo, config, config.models[0], options)
+    return write_embedding_model(repo, config, config.models[0], options or ServingOptions())

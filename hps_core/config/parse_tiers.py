@@ -1,0 +1,142 @@
+"""The storage-tier sections of ps.json: ``volatile_db``, ``persistent_db``, ``update_source``.
+
+Each reader takes the section's JSON value and returns its config, or ``None`` after
+recording the section's problems in the collector. Keys, aliases and defaults are HugeCTR
+v24.06's; :mod:`hps_core.config.parse` lists where they differ from HugeCTR's docs.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import Any
+
+from hps_core.config.checks import (
+    AT_LEAST_0,
+    OPEN_UNIT,
+    UNIT,
+    Collector,
+    ObjectReader,
+    dataclass_defaults,
+)
+from hps_core.config.enums import (
+    DATABASE_TYPE_NAMES,
+    OVERFLOW_POLICY_NAMES,
+    PERSISTENT_DATABASE_TYPES,
+    UPDATE_SOURCE_TYPE_NAMES,
+    VOLATILE_DATABASE_TYPES,
+    DatabaseType,
+)
+from hps_core.config.schema import PersistentDBConfig, UpdateSourceConfig, VolatileDBConfig
+
+# Keys older HugeCTR releases read in these sections; v24.06 ignores them.
+_VOLATILE_IGNORED = (
+    "algorithm",
+    "max_get_batch_size",
+    "max_set_batch_size",
+    "refresh_time_after_fetch",
+)
+_PERSISTENT_IGNORED = ("max_get_batch_size", "max_set_batch_size")
+_UPDATE_SOURCE_IGNORED = ("max_receive_buffer_size",)
+
+
+def volatile_defaults(c: Collector) -> dict[str, Any]:
+    """Defaults of ``volatile_db``, with the TLS file paths resolved against ``c.base_dir``."""
+    defaults = dataclass_defaults(VolatileDBConfig)
+    for key in ("tls_ca_certificate", "tls_client_certificate", "tls_client_key"):
+        defaults[key] = c.base_dir / defaults[key]
+    return defaults
+
+
+def volatile_db(c: Collector, value: Any, where: str) -> VolatileDBConfig | None:
+    """Read the ``volatile_db`` section."""
+    obj = c.object(value, where)
+    if obj is None:
+        return None
+    start = len(c.problems)
+    r = ObjectReader(c, obj, where)
+    defaults = volatile_defaults(c)
+    # HugeCTR: a volatile_db section without "type" is disabled; no section at all is not.
+    defaults["type"] = DatabaseType.DISABLED
+    values = r.read(
+        {
+            "type": partial(c.choice, names=DATABASE_TYPE_NAMES, allowed=VOLATILE_DATABASE_TYPES),
+            "address": partial(c.string, nonempty=True),
+            "user_name": c.string,
+            "password": c.string,
+            "num_partitions": c.int_in(),
+            "allocation_rate": c.int_in(),
+            "shared_memory_size": c.int_in(),
+            "shared_memory_name": partial(c.string, nonempty=True),
+            "shared_memory_auto_remove": c.boolean,
+            "num_node_connections": c.int_in(),
+            "max_batch_size": c.int_in(),
+            "enable_tls": c.boolean,
+            "tls_ca_certificate": c.path,
+            "tls_client_certificate": c.path,
+            "tls_client_key": c.path,
+            "tls_server_name_identification": c.string,
+            "overflow_margin": c.int_in(),
+            "overflow_policy": partial(c.choice, names=OVERFLOW_POLICY_NAMES),
+            "overflow_resolution_target": c.number_in(OPEN_UNIT),
+            "initialize_after_startup": c.boolean,
+            "initial_cache_rate": c.number_in(UNIT),
+            "cache_missed_embeddings": c.boolean,
+            "update_filters": c.list_of(c.regex),
+        },
+        defaults,
+    )
+    ignored = r.finish(_VOLATILE_IGNORED)
+    if len(c.problems) > start:
+        return None
+    return VolatileDBConfig(**values, ignored_keys=ignored)
+
+
+def persistent_db(c: Collector, value: Any, where: str) -> PersistentDBConfig | None:
+    """Read the ``persistent_db`` section."""
+    obj = c.object(value, where)
+    if obj is None:
+        return None
+    start = len(c.problems)
+    r = ObjectReader(c, obj, where)
+    values = r.read(
+        {
+            "type": partial(c.choice, names=DATABASE_TYPE_NAMES, allowed=PERSISTENT_DATABASE_TYPES),
+            "path": c.path,
+            "num_threads": c.int_in(),
+            "read_only": c.boolean,
+            "max_batch_size": c.int_in(),
+            "initialize_after_startup": c.boolean,
+            "update_filters": c.list_of(c.regex),
+        },
+        dataclass_defaults(PersistentDBConfig),
+    )
+    ignored = r.finish(_PERSISTENT_IGNORED)
+    if len(c.problems) > start:
+        return None
+    return PersistentDBConfig(**values, ignored_keys=ignored)
+
+
+def update_source(c: Collector, value: Any, where: str) -> UpdateSourceConfig | None:
+    """Read the ``update_source`` section."""
+    obj = c.object(value, where)
+    if obj is None:
+        return None
+    start = len(c.problems)
+    r = ObjectReader(c, obj, where)
+    values = r.read(
+        {
+            "type": partial(c.choice, names=UPDATE_SOURCE_TYPE_NAMES),
+            "brokers": partial(c.string, nonempty=True),
+            "metadata_refresh_interval_ms": c.int_in(),
+            "receive_buffer_size": c.int_in(),
+            "poll_timeout_ms": c.int_in(AT_LEAST_0),
+            "max_batch_size": c.int_in(),
+            "failure_backoff_ms": c.int_in(AT_LEAST_0),
+            "max_commit_interval": c.int_in(),
+        },
+        dataclass_defaults(UpdateSourceConfig),
+    )
+    ignored = r.finish(_UPDATE_SOURCE_IGNORED)
+    if len(c.problems) > start:
+        return None
+    return UpdateSourceConfig(**values, ignored_keys=ignored)

@@ -1,0 +1,436 @@
+"""Typed, frozen view of a HugeCTR ps.json.
+
+Attribute names are HugeCTR's ps.json keys, so ``model.gpucacheper`` reads like the file.
+Defaults are HugeCTR v24.06's parser defaults (see :mod:`hps_core.config.parse` for where they
+differ from HugeCTR's documentation). ``to_dict`` writes the same keys back, so a config can
+be saved as a ps.json that HugeCTR itself accepts.
+
+Example:
+    >>> from hps_core.config import load_ps_config
+    >>> cfg = load_ps_config("model_repository/wdl/ps.json")  # doctest: +SKIP
+    >>> for table in cfg.model("wdl").tables:  # doctest: +SKIP
+    ...     print(table.name, table.dim, table.sparse_file)
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from hps_core.config.enums import (
+    DatabaseType,
+    EmbeddingCacheType,
+    OverflowPolicy,
+    UpdateSourceType,
+)
+from hps_core.errors import ConfigError, Problem
+
+DEFAULT_UPDATE_FILTERS = ("^hps_.+$",)
+
+
+def default_table_name(index: int) -> str:
+    """Name HugeCTR gives table ``index`` when ``embedding_table_names`` is absent (0-based)."""
+    return f"sparse_embedding{index}"
+
+
+def _path_text(path: Path, relative_to: Path | None) -> str:
+    if relative_to is not None:
+        try:
+            return path.relative_to(relative_to).as_posix()
+        except ValueError:
+            pass  # outside ``relative_to``: keep it absolute
+    return str(path)
+
+
+@dataclass(frozen=True)
+class TableConfig:
+    """One embedding table of a model, gathered from the model's per-table lists.
+
+    Args:
+        index: position of the table in the model's lists (HugeCTR's ``table_id``).
+        name: ``embedding_table_names[index]``.
+        sparse_file: ``sparse_files[index]``, the sparse model folder (``key``/``emb_vector``).
+        dim: ``embedding_vecsize_per_table[index]``.
+        default_value: ``default_value_for_each_table[index]``, returned for unknown keys.
+        max_query_per_sample: ``maxnum_catfeature_query_per_table_per_sample[index]``.
+    """
+
+    index: int
+    name: str
+    sparse_file: Path
+    dim: int
+    default_value: float
+    max_query_per_sample: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelConfig:
+    """One entry of ``models`` in ps.json.
+
+    The per-table lists keep HugeCTR's names; ``tables`` holds the same data one table per
+    entry, which is what the rest of the engine should use. ``embedding_cache_type`` is the
+    effective cache type: ``static`` whenever ``use_static_table`` is true, as in HugeCTR.
+    ``ignored_keys`` lists keys HugeCTR accepts in ps.json but does not use (they are not
+    written back by ``to_dict``).
+    """
+
+    model: str
+    sparse_files: tuple[Path, ...]
+    deployed_device_list: tuple[int, ...]
+    default_value_for_each_table: tuple[float, ...]
+    maxnum_catfeature_query_per_table_per_sample: tuple[int, ...]
+    embedding_vecsize_per_table: tuple[int, ...]
+    embedding_table_names: tuple[str, ...] = ()
+    dense_file: Path | None = None
+    network_file: Path | None = None
+    non_trainable_params_file: Path | None = None
+    max_batch_size: int = 64
+    gpucache: bool = True
+    gpucacheper: float = 0.2
+    hit_rate_threshold: float = 0.9
+    num_of_worker_buffer_in_pool: int = 1
+    num_of_refresher_buffer_in_pool: int = 1
+    cache_refresh_percentage_per_iteration: float = 0.0
+    maxnum_des_feature_per_sample: int = 26
+    refresh_delay: float = 0.0
+    refresh_interval: int = 0
+    label_dim: int = 1
+    slot_num: int = 10
+    use_static_table: bool = False
+    embedding_cache_type: EmbeddingCacheType = EmbeddingCacheType.DYNAMIC
+    use_context_stream: bool = True
+    use_hctr_cache_implementation: bool = True
+    init_ec: bool = True
+    enable_pagelock: bool = False
+    fp8_quant: bool = False
+    thread_pool_size: int = 16
+    ignored_keys: tuple[str, ...] = field(default=(), compare=False)
+    tables: tuple[TableConfig, ...] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        n = len(self.sparse_files)
+        if not self.embedding_table_names:
+            object.__setattr__(
+                self, "embedding_table_names", tuple(default_table_name(i) for i in range(n))
+            )
+        if self.use_static_table:
+            object.__setattr__(self, "embedding_cache_type", EmbeddingCacheType.STATIC)
+        per_table = {
+            "embedding_table_names": self.embedding_table_names,
+            "embedding_vecsize_per_table": self.embedding_vecsize_per_table,
+            "default_value_for_each_table": self.default_value_for_each_table,
+            "maxnum_catfeature_query_per_table_per_sample": (
+                self.maxnum_catfeature_query_per_table_per_sample
+            ),
+        }
+        problems = [
+            Problem(key, f"has {len(values)} entries but sparse_files lists {n} tables")
+            for key, values in per_table.items()
+            if len(values) != n
+        ]
+        if problems:
+            raise ConfigError(problems)
+        tables = tuple(
+            TableConfig(
+                index=i,
+                name=self.embedding_table_names[i],
+                sparse_file=self.sparse_files[i],
+                dim=self.embedding_vecsize_per_table[i],
+                default_value=self.default_value_for_each_table[i],
+                max_query_per_sample=self.maxnum_catfeature_query_per_table_per_sample[i],
+            )
+            for i in range(n)
+        )
+        object.__setattr__(self, "tables", tables)
+
+    @property
+    def name(self) -> str:
+        """The model name (ps.json key ``model``)."""
+        return self.model
+
+    def to_dict(self, relative_to: Path | None = None) -> dict[str, Any]:
+        """Return this model as a ps.json ``models`` entry (HugeCTR key names).
+
+        Args:
+            relative_to: write paths under this folder relative to it (pass the folder the
+                ps.json will be saved in); other paths are written absolute.
+
+        Returns:
+            A JSON-serialisable dict.
+        """
+        out: dict[str, Any] = {
+            "model": self.model,
+            "sparse_files": [_path_text(p, relative_to) for p in self.sparse_files],
+        }
+        for key in ("dense_file", "network_file", "non_trainable_params_file"):
+            path = getattr(self, key)
+            if path is not None:
+                out[key] = _path_text(path, relative_to)
+        out.update(
+            {
+                "deployed_device_list": list(self.deployed_device_list),
+                "max_batch_size": self.max_batch_size,
+                "default_value_for_each_table": list(self.default_value_for_each_table),
+                "maxnum_des_feature_per_sample": self.maxnum_des_feature_per_sample,
+                "maxnum_catfeature_query_per_table_per_sample": list(
+                    self.maxnum_catfeature_query_per_table_per_sample
+                ),
+                "embedding_vecsize_per_table": list(self.embedding_vecsize_per_table),
+                "embedding_table_names": list(self.embedding_table_names),
+                "label_dim": self.label_dim,
+                "slot_num": self.slot_num,
+                "gpucache": self.gpucache,
+                "gpucacheper": self.gpucacheper,
+                "hit_rate_threshold": self.hit_rate_threshold,
+                "num_of_worker_buffer_in_pool": self.num_of_worker_buffer_in_pool,
+                "num_of_refresher_buffer_in_pool": self.num_of_refresher_buffer_in_pool,
+                "cache_refresh_percentage_per_iteration": (
+                    self.cache_refresh_percentage_per_iteration
+                ),
+                "refresh_delay": self.refresh_delay,
+                "refresh_interval": self.refresh_interval,
+                "use_static_table": self.use_static_table,
+                "embedding_cache_type": self.embedding_cache_type.value,
+                "use_context_stream": self.use_context_stream,
+                "use_hctr_cache_implementation": self.use_hctr_cache_implementation,
+                "init_ec": self.init_ec,
+                "enable_pagelock": self.enable_pagelock,
+                "fp8_quant": self.fp8_quant,
+                "thread_pool_size": self.thread_pool_size,
+            }
+        )
+        return out
+
+
+@dataclass(frozen=True, kw_only=True)
+class VolatileDBConfig:
+    """``volatile_db``: the host-memory (or Redis) tier in front of the persistent one.
+
+    ``num_partitions`` ``None`` means HugeCTR's default, ``min(16, CPU cores)`` on the serving
+    machine (see ``resolved_num_partitions``); ``overflow_margin`` ``None`` means no limit.
+    """
+
+    type: DatabaseType = DatabaseType.PARALLEL_HASH_MAP
+    address: str = "127.0.0.1:7000"
+    user_name: str = "default"
+    password: str = ""
+    num_partitions: int | None = None
+    allocation_rate: int = 256 * 1024**2
+    shared_memory_size: int = 16 * 1024**3
+    shared_memory_name: str = "hctr_mp_hash_map_database"
+    shared_memory_auto_remove: bool = True
+    num_node_connections: int = 5
+    max_batch_size: int = 64 * 1024
+    enable_tls: bool = False
+    tls_ca_certificate: Path = Path("cacertbundle.crt")
+    tls_client_certificate: Path = Path("client_cert.pem")
+    tls_client_key: Path = Path("client_key.pem")
+    tls_server_name_identification: str = "redis.localhost"
+    overflow_margin: int | None = None
+    overflow_policy: OverflowPolicy = OverflowPolicy.EVICT_RANDOM
+    overflow_resolution_target: float = 0.8
+    initialize_after_startup: bool = True
+    initial_cache_rate: float = 1.0
+    cache_missed_embeddings: bool = False
+    update_filters: tuple[str, ...] = DEFAULT_UPDATE_FILTERS
+    ignored_keys: tuple[str, ...] = field(default=(), compare=False)
+
+    @property
+    def resolved_num_partitions(self) -> int:
+        """``num_partitions``, or HugeCTR's default ``min(16, CPU cores)`` when not set."""
+        if self.num_partitions is not None:
+            return self.num_partitions
+        return min(16, os.cpu_count() or 1)
+
+    def to_dict(self, relative_to: Path | None = None) -> dict[str, Any]:
+        """Return this section as ps.json ``volatile_db`` (HugeCTR key names).
+
+        Args:
+            relative_to: folder to write the TLS file paths relative to, when they lie in it.
+
+        Returns:
+            A JSON-serialisable dict.
+        """
+        out: dict[str, Any] = {
+            "type": self.type.value,
+            "address": self.address,
+            "user_name": self.user_name,
+            "password": self.password,
+        }
+        if self.num_partitions is not None:
+            out["num_partitions"] = self.num_partitions
+        out.update(
+            {
+                "allocation_rate": self.allocation_rate,
+                "shared_memory_size": self.shared_memory_size,
+                "shared_memory_name": self.shared_memory_name,
+                "shared_memory_auto_remove": self.shared_memory_auto_remove,
+                "num_node_connections": self.num_node_connections,
+                "max_batch_size": self.max_batch_size,
+                "enable_tls": self.enable_tls,
+                "tls_ca_certificate": _path_text(self.tls_ca_certificate, relative_to),
+                "tls_client_certificate": _path_text(self.tls_client_certificate, relative_to),
+                "tls_client_key": _path_text(self.tls_client_key, relative_to),
+                "tls_server_name_identification": self.tls_server_name_identification,
+            }
+        )
+        if self.overflow_margin is not None:
+            out["overflow_margin"] = self.overflow_margin
+        out.update(
+            {
+                "overflow_policy": self.overflow_policy.value,
+                "overflow_resolution_target": self.overflow_resolution_target,
+                "initialize_after_startup": self.initialize_after_startup,
+                "initial_cache_rate": self.initial_cache_rate,
+                "cache_missed_embeddings": self.cache_missed_embeddings,
+                "update_filters": list(self.update_filters),
+            }
+        )
+        return out
+
+
+@dataclass(frozen=True, kw_only=True)
+class PersistentDBConfig:
+    """``persistent_db``: the on-disk tier (RocksDB) that holds every embedding."""
+
+    type: DatabaseType = DatabaseType.DISABLED
+    path: Path = field(default_factory=lambda: Path(tempfile.gettempdir()) / "rocksdb")
+    num_threads: int = 16
+    read_only: bool = False
+    max_batch_size: int = 64 * 1024
+    initialize_after_startup: bool = True
+    update_filters: tuple[str, ...] = DEFAULT_UPDATE_FILTERS
+    ignored_keys: tuple[str, ...] = field(default=(), compare=False)
+
+    def to_dict(self, relative_to: Path | None = None) -> dict[str, Any]:
+        """Return this section as ps.json ``persistent_db`` (HugeCTR key names).
+
+        Args:
+            relative_to: folder to write ``path`` relative to, when it lies in it.
+
+        Returns:
+            A JSON-serialisable dict.
+        """
+        return {
+            "type": self.type.value,
+            "path": _path_text(self.path, relative_to),
+            "num_threads": self.num_threads,
+            "read_only": self.read_only,
+            "max_batch_size": self.max_batch_size,
+            "initialize_after_startup": self.initialize_after_startup,
+            "update_filters": list(self.update_filters),
+        }
+
+
+@dataclass(frozen=True, kw_only=True)
+class UpdateSourceConfig:
+    """``update_source``: the stream of online embedding updates (Kafka in HugeCTR)."""
+
+    type: UpdateSourceType = UpdateSourceType.NULL
+    brokers: str = "127.0.0.1:9092"
+    metadata_refresh_interval_ms: int = 30_000
+    receive_buffer_size: int = 256 * 1024
+    poll_timeout_ms: int = 500
+    max_batch_size: int = 8 * 1024
+    failure_backoff_ms: int = 50
+    max_commit_interval: int = 32
+    ignored_keys: tuple[str, ...] = field(default=(), compare=False)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Return this section as ps.json ``update_source`` (HugeCTR key names).
+
+        Returns:
+            A JSON-serialisable dict.
+        """
+        return {
+            "type": self.type.value,
+            "brokers": self.brokers,
+            "metadata_refresh_interval_ms": self.metadata_refresh_interval_ms,
+            "receive_buffer_size": self.receive_buffer_size,
+            "poll_timeout_ms": self.poll_timeout_ms,
+            "max_batch_size": self.max_batch_size,
+            "failure_backoff_ms": self.failure_backoff_ms,
+            "max_commit_interval": self.max_commit_interval,
+        }
+
+
+@dataclass(frozen=True, kw_only=True)
+class PSConfig:
+    """A whole ps.json: the models and the storage tiers they share.
+
+    Args:
+        models: the ``models`` entries, in file order; names are unique.
+        supportlonglong: keys are int64 (``true``) or int32 (``false``).
+        fuse_embedding_table: HugeCTR's table fusion switch (tables of equal ``dim`` share
+            storage); applies to every model.
+        volatile_db: host-memory tier.
+        persistent_db: on-disk tier.
+        update_source: online update stream.
+        source_path: the ps.json this came from (``None`` if built in code); relative paths
+            in it were resolved against its folder.
+    """
+
+    models: tuple[ModelConfig, ...]
+    supportlonglong: bool = True
+    fuse_embedding_table: bool = False
+    volatile_db: VolatileDBConfig = field(default_factory=VolatileDBConfig)
+    persistent_db: PersistentDBConfig = field(default_factory=PersistentDBConfig)
+    update_source: UpdateSourceConfig = field(default_factory=UpdateSourceConfig)
+    source_path: Path | None = field(default=None, compare=False)
+
+    @property
+    def model_names(self) -> tuple[str, ...]:
+        """Names of the models, in file order."""
+        return tuple(m.model for m in self.models)
+
+    def model(self, name: str) -> ModelConfig:
+        """Return the model called ``name``.
+
+        Args:
+            name: the ``model`` value of a ``models`` entry (Triton's model name).
+
+        Returns:
+            The model's configuration.
+
+        Raises:
+            ConfigError: no model has that name; the message lists the known models.
+        """
+        for model in self.models:
+            if model.model == name:
+                return model
+        raise ConfigError(_unknown_model(name, self.model_names, self.source_path))
+
+    def to_dict(self, relative_to: Path | None = None) -> dict[str, Any]:
+        """Return the whole config as a ps.json dict (HugeCTR key names).
+
+        Args:
+            relative_to: write file paths under this folder relative to it; pass the folder
+                the ps.json will be written to so that the repository can be moved.
+
+        Returns:
+            A JSON-serialisable dict that :func:`parse_ps_config` reads back to an equal
+            config (given the same folder).
+        """
+        return {
+            "supportlonglong": self.supportlonglong,
+            "fuse_embedding_table": self.fuse_embedding_table,
+            "volatile_db": self.volatile_db.to_dict(relative_to),
+            "persistent_db": self.persistent_db.to_dict(relative_to),
+            "update_source": self.update_source.to_dict(),
+            "models": [m.to_dict(relative_to) for m in self.models],
+        }
+
+
+def _unknown_model(name: str, known: tuple[str, ...], source: Path | None) -> Problem:
+    message = f'no model named "{name}"'
+    close = difflib.get_close_matches(name, known, n=1)
+    if close:
+        message += f' (did you mean "{close[0]}"?)'
+    message += "; known models: " + (", ".join(f'"{k}"' for k in known) or "none")
+    if source is not None:
+        message += f" (in {source})"
+    return Problem("models", message)
