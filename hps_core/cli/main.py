@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import logging
 import sys
 from collections.abc import Sequence
 
@@ -57,6 +58,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         The process exit code.
     """
     args = build_parser().parse_args(argv)
+    # Progress of long loads and conversions is logged; show it on stderr.
+    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
     try:
         return int(args.func(args) or 0)
     except HPSError as exc:

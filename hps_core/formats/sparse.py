@@ -1,0 +1,329 @@
+"""Reading HugeCTR sparse model folders (``0_sparse_model/`` and the like).
+
+A sparse model folder holds one embedding table as two raw files, without any header:
+
+- ``key``: the keys, int64 little-endian, one per row;
+- ``emb_vector``: the vectors, float32 little-endian, row-major, ``dim`` floats per row, in
+  the same order as ``key``.
+
+Nothing in the folder records ``dim``: HugeCTR takes it from ps.json
+(``embedding_vecsize_per_table``), so here it is either given and checked against the file
+sizes, or inferred from them. Other files that HugeCTR may leave next to these are ignored:
+``slot_id`` (one ``size_t`` per key, written by localized-slot embeddings in training),
+``meta`` (one int64 per key, read by HPS only for its UVM/threshold loading) and optimizer
+states (``Adam.m``, ``Ftrl.n``, ...). ``slot_id`` is reported by :func:`inspect_sparse_table`.
+
+Unlike HugeCTR's HPS loader, which rejects empty files and never compares the two file
+sizes, an empty table (0 rows) is valid here and ``emb_vector`` must hold exactly
+``rows * dim`` floats, so a truncated file is an error rather than silently shifted rows.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from io import RawIOBase
+from pathlib import Path
+from typing import NamedTuple
+
+import numpy as np
+
+from hps_core.errors import ModelFileError
+from hps_core.formats.progress import RowProgress, wants_progress
+
+logger = logging.getLogger(__name__)
+
+KEY_FILE = "key"
+VECTOR_FILE = "emb_vector"
+SLOT_ID_FILE = "slot_id"
+META_FILE = "meta"
+# On-disk dtypes are little-endian whatever the host, as HugeCTR writes them on x86/ARM.
+KEY_DTYPE = np.dtype("<i8")
+VECTOR_DTYPE = np.dtype("<f4")
+
+# Rows per chunk are chosen so that one chunk of keys + vectors is about this large.
+DEFAULT_CHUNK_BYTES = 64 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class SparseTableInfo:
+    """What the file sizes of a sparse model folder say about its table.
+
+    Args:
+        path: the folder.
+        rows: number of keys (and vectors).
+        dim: floats per vector.
+        key_bytes: size of ``key``.
+        vector_bytes: size of ``emb_vector``.
+        has_slot_id: whether a ``slot_id`` file is present (it is ignored).
+    """
+
+    path: Path
+    rows: int
+    dim: int
+    key_bytes: int
+    vector_bytes: int
+    has_slot_id: bool
+
+    @property
+    def total_bytes(self) -> int:
+        """Bytes of keys and vectors together: the table's size on disk and in memory."""
+        return self.key_bytes + self.vector_bytes
+
+
+class SparseChunk(NamedTuple):
+    """A run of consecutive rows of a sparse table.
+
+    Args:
+        start_row: index of the first row of the chunk in the table.
+        keys: int64 array of shape ``[n]``.
+        vectors: float32 array of shape ``[n, dim]``.
+    """
+
+    start_row: int
+    keys: np.ndarray
+    vectors: np.ndarray
+
+
+def _check_positive(name: str, value: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+
+
+def _file_size(path: Path, what: str) -> int:
+    if not path.exists():
+        raise ModelFileError(
+            f"{path}: missing; a sparse model folder holds '{KEY_FILE}' (int64 keys) and "
+            f"'{VECTOR_FILE}' (float32 vectors), {what} is absent"
+        )
+    if not path.is_file():
+        raise ModelFileError(f"{path}: is not a regular file ({what})")
+    return path.stat().st_size
+
+
+def inspect_sparse_table(path: str | os.PathLike[str], dim: int | None = None) -> SparseTableInfo:
+    """Validate a sparse model folder from its file sizes, without reading the data.
+
+    Args:
+        path: the sparse model folder.
+        dim: expected floats per vector; ``None`` infers it from the sizes.
+
+    Returns:
+        The table's :class:`SparseTableInfo`.
+
+    Raises:
+        ModelFileError: the folder or a file is missing, a size is not a whole number of
+            elements, or the two files disagree (the message names the file and numbers).
+        ValueError: ``dim`` is not a positive integer.
+
+    Example:
+        >>> info = inspect_sparse_table("model/0_sparse_model", dim=16)  # doctest: +SKIP
+        >>> info.rows, info.dim
+        (100000, 16)
+    """
+    folder = Path(path)
+    if dim is not None:
+        _check_positive("dim", dim)
+    if not folder.exists():
+        raise ModelFileError(f"{folder}: sparse model folder does not exist")
+    if not folder.is_dir():
+        raise ModelFileError(
+            f"{folder}: is not a folder; a sparse model is a folder holding "
+            f"'{KEY_FILE}' and '{VECTOR_FILE}'"
+        )
+    key_path = folder / KEY_FILE
+    vec_path = folder / VECTOR_FILE
+    key_bytes = _file_size(key_path, "the key file")
+    vector_bytes = _file_size(vec_path, "the vector file")
+
+    if key_bytes % KEY_DTYPE.itemsize:
+        raise ModelFileError(
+            f"{key_path}: size {key_bytes} bytes is not a multiple of {KEY_DTYPE.itemsize} "
+            f"(int64 keys); the file is truncated or not a HugeCTR key file"
+        )
+    if vector_bytes % VECTOR_DTYPE.itemsize:
+        raise ModelFileError(
+            f"{vec_path}: size {vector_bytes} bytes is not a multiple of "
+            f"{VECTOR_DTYPE.itemsize} (float32 values); the file is truncated or not a "
+            f"HugeCTR emb_vector file"
+        )
+    rows = key_bytes // KEY_DTYPE.itemsize
+    floats = vector_bytes // VECTOR_DTYPE.itemsize
+
+    if rows == 0:
+        if floats:
+            raise ModelFileError(
+                f"{vec_path}: emb_vector holds {floats} floats but {key_path} holds 0 keys"
+            )
+        if dim is None:
+            raise ModelFileError(
+                f"{folder}: table is empty (0 keys), so its dim cannot be inferred"
+            )
+    else:
+        per_key = f"{floats} floats for {rows} keys ({floats / rows:.2f} per key)"
+        if dim is not None and floats != rows * dim:
+            raise ModelFileError(
+                f"{vec_path}: dim {dim} does not match: emb_vector holds {per_key}"
+            )
+        if dim is None:
+            if floats % rows or floats == 0:
+                raise ModelFileError(
+                    f"{vec_path}: emb_vector holds {per_key}, not a whole positive number per "
+                    f"key; {key_path} or emb_vector is truncated or belongs to another table"
+                )
+            dim = floats // rows
+
+    slot_path = folder / SLOT_ID_FILE
+    has_slot_id = slot_path.is_file()
+    if has_slot_id and slot_path.stat().st_size != key_bytes:
+        logger.warning(
+            "%s: %d bytes for %d keys (expected %d); slot_id is ignored",
+            slot_path,
+            slot_path.stat().st_size,
+            rows,
+            key_bytes,
+        )
+    return SparseTableInfo(folder, rows, int(dim), key_bytes, vector_bytes, has_slot_id)
+
+
+def _fill(stream: RawIOBase, out: np.ndarray, path: Path, offset: int) -> None:
+    """Fill ``out`` from ``stream``; a short read means the file shrank after inspection."""
+    view = memoryview(out).cast("B")
+    filled = 0
+    while filled < len(view):
+        try:
+            n = stream.readinto(view[filled:])
+        except OSError as exc:
+            raise ModelFileError(f"{path}: cannot read byte {offset + filled}: {exc}") from exc
+        if not n:
+            raise ModelFileError(
+                f"{path}: file ended at byte {offset + filled} while reading "
+                f"{len(view)} bytes from byte {offset}; it was truncated while being read"
+            )
+        filled += n
+
+
+def _open_unbuffered(path: Path) -> RawIOBase:
+    # Unbuffered: reads are whole chunks, so a buffer would only add a copy.
+    try:
+        return open(path, "rb", buffering=0)
+    except OSError as exc:
+        raise ModelFileError(f"{path}: cannot open: {exc.strerror or exc}") from exc
+
+
+class _TableReader:
+    """Both files of a table opened side by side, read front to back in row ranges."""
+
+    def __init__(self, info: SparseTableInfo) -> None:
+        self.info = info
+        self.key_path = info.path / KEY_FILE
+        self.vec_path = info.path / VECTOR_FILE
+        self._keys = _open_unbuffered(self.key_path)
+        try:
+            self._vecs = _open_unbuffered(self.vec_path)
+        except BaseException:
+            self._keys.close()
+            raise
+
+    def read_into(self, start_row: int, keys: np.ndarray, vectors: np.ndarray) -> None:
+        row_bytes = self.info.dim * VECTOR_DTYPE.itemsize
+        _fill(self._keys, keys, self.key_path, start_row * KEY_DTYPE.itemsize)
+        _fill(self._vecs, vectors, self.vec_path, start_row * row_bytes)
+
+    def close(self) -> None:
+        self._keys.close()
+        self._vecs.close()
+
+
+def _default_chunk_rows(dim: int) -> int:
+    return max(1, DEFAULT_CHUNK_BYTES // (KEY_DTYPE.itemsize + dim * VECTOR_DTYPE.itemsize))
+
+
+def iter_sparse_table(
+    path: str | os.PathLike[str],
+    dim: int | None = None,
+    chunk_rows: int | None = None,
+    progress: bool | None = None,
+) -> Iterator[SparseChunk]:
+    """Read a sparse model folder in chunks of rows, holding one chunk in memory at a time.
+
+    Args:
+        path: the sparse model folder.
+        dim: floats per vector; ``None`` infers it from the file sizes.
+        chunk_rows: rows per chunk (the last one may be shorter); ``None`` picks about
+            64 MiB per chunk.
+        progress: ``True``/``False`` forces a progress report on or off; ``None`` reports
+            for tables over 256 MiB (a tqdm bar on a TTY, else ``hps_core`` log lines).
+
+    Returns:
+        An iterator of :class:`SparseChunk`, fresh arrays each (callers may keep them).
+
+    Raises:
+        ModelFileError: the folder is invalid (see :func:`inspect_sparse_table`) or a file
+            ends early while being read.
+
+    Example:
+        >>> for start, keys, vectors in iter_sparse_table("0_sparse_model", 16):  # doctest: +SKIP
+        ...     store.insert(keys, vectors)
+    """
+    info = inspect_sparse_table(path, dim)
+    if chunk_rows is None:
+        chunk_rows = _default_chunk_rows(info.dim)
+    _check_positive("chunk_rows", chunk_rows)
+    return _iter_chunks(info, chunk_rows, progress)
+
+
+def _iter_chunks(
+    info: SparseTableInfo, chunk_rows: int, progress: bool | None
+) -> Iterator[SparseChunk]:
+    # A separate generator so that argument and inspection errors surface at the call,
+    # not at the first next().
+    reader = _TableReader(info)
+    enabled = wants_progress(progress, info.total_bytes)
+    try:
+        with RowProgress(info.rows, f"reading {info.path}", enabled) as bar:
+            for start in range(0, info.rows, chunk_rows):
+                n = min(chunk_rows, info.rows - start)
+                keys = np.empty(n, KEY_DTYPE)
+                vectors = np.empty((n, info.dim), VECTOR_DTYPE)
+                reader.read_into(start, keys, vectors)
+                bar.update(n)
+                yield SparseChunk(start, keys, vectors)
+    finally:
+        reader.close()
+
+
+def read_sparse_table(
+    path: str | os.PathLike[str], dim: int | None = None, progress: bool | None = None
+) -> tuple[np.ndarray, np.ndarray]:
+    """Read a whole sparse model folder into memory.
+
+    Args:
+        path: the sparse model folder.
+        dim: floats per vector; ``None`` infers it from the file sizes.
+        progress: as for :func:`iter_sparse_table`.
+
+    Returns:
+        ``(keys, vectors)``: int64 ``[rows]`` and float32 ``[rows, dim]``.
+
+    Raises:
+        ModelFileError: the folder is invalid or a file ends early while being read.
+    """
+    info = inspect_sparse_table(path, dim)
+    keys = np.empty(info.rows, KEY_DTYPE)
+    vectors = np.empty((info.rows, info.dim), VECTOR_DTYPE)
+    chunk_rows = _default_chunk_rows(info.dim)
+    reader = _TableReader(info)
+    enabled = wants_progress(progress, info.total_bytes)
+    try:
+        with RowProgress(info.rows, f"reading {info.path}", enabled) as bar:
+            # Read straight into the result in slices so progress can be reported.
+            for start in range(0, info.rows, chunk_rows):
+                stop = min(start + chunk_rows, info.rows)
+                reader.read_into(start, keys[start:stop], vectors[start:stop])
+                bar.update(stop - start)
+    finally:
+        reader.close()
+    return keys, vectors
