@@ -126,9 +126,13 @@ class SparseTableWriter:
     def commit(self) -> None:
         """Flush the files to disk and give them their final names.
 
+        Committing twice (explicitly, then by leaving the ``with`` block) is harmless.
+
         Raises:
             ModelFileError: the disk refused the data (full, read-only, ...).
         """
+        if not self._open:
+            return
         try:
             for f in (self._key_file, self._vec_file):
                 f.flush()
