@@ -1,0 +1,29 @@
+"""GPU embedding cache (CuPy kernels) and its NumPy twin.
+
+- :mod:`~hps_core.cache.layout`: sets, slots, the empty key; comparison with HugeCTR.
+- :mod:`~hps_core.cache.dynamic`: the LRU cache's contract and shared code.
+- :mod:`~hps_core.cache.twin`: NumPy implementation, the executable specification.
+- :mod:`~hps_core.cache.cupy_cache` + :mod:`~hps_core.cache.cuda_source`: CUDA implementation
+  (imported only when CuPy is used).
+- :mod:`~hps_core.cache.static_table`: whole-table cache without eviction.
+- :func:`make_cache`: picks one by kind and array module.
+"""
+
+from hps_core.cache.dynamic import CacheState, DynamicCache
+from hps_core.cache.factory import make_cache
+from hps_core.cache.layout import EMPTY_KEY, WAYS, num_sets_for
+from hps_core.cache.static_table import StaticTable
+from hps_core.cache.stats import CacheStats
+from hps_core.cache.twin import NumpyDynamicCache
+
+__all__ = [
+    "EMPTY_KEY",
+    "WAYS",
+    "CacheState",
+    "CacheStats",
+    "DynamicCache",
+    "NumpyDynamicCache",
+    "StaticTable",
+    "make_cache",
+    "num_sets_for",
+]

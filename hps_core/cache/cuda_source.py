@@ -1,0 +1,190 @@
+"""CUDA C++ source of the dynamic cache kernels (compiled at run time by NVRTC through CuPy).
+
+Kept in a Python string so it ships inside the package without package-data rules; the
+constants it shares with Python (ways, empty key, counter positions) are generated from the
+Python modules, so the two cannot drift apart.
+
+Work split: one warp per work item. A 64-slot set is read by the whole warp at once, lane
+``l`` holding slots ``l`` and ``l + 32``, and a ballot finds the key. ``cache_query`` has one
+item per key; ``cache_replace`` and ``cache_update`` have one item per run of a
+:class:`~hps_core.cache.layout.RunPlan` and walk the run in batch order, so no two warps touch
+the same set and no locks are needed. Semantics: :mod:`hps_core.cache.dynamic`.
+"""
+
+from __future__ import annotations
+
+from hps_core.cache.layout import EMPTY_KEY, WAYS
+from hps_core.cache.stats import EVICTIONS, INSERTS, UPDATED
+
+KERNEL_NAMES = ("cache_query", "cache_replace", "cache_update")
+
+THREADS_PER_BLOCK = 256
+"""Threads per block of every kernel: 8 warps, so 8 work items per block."""
+
+_KERNELS = r"""
+typedef long long i64;
+typedef unsigned long long u64;
+
+#define WARP 32
+#define FULL_MASK 0xffffffffu
+
+// All lanes of a warp share one work item index.
+__device__ __forceinline__ i64 warp_item() {
+  return ((i64)blockIdx.x * blockDim.x + threadIdx.x) / WARP;
+}
+
+// Way (0..63) of `key` in the set whose way `lane` is `lo` and way `lane + 32` is `hi` in this
+// lane, or -1. The lowest matching way wins.
+__device__ __forceinline__ int find_way(const i64 lo, const i64 hi, const i64 key) {
+  const unsigned in_lo = __ballot_sync(FULL_MASK, lo == key);
+  const unsigned in_hi = __ballot_sync(FULL_MASK, hi == key);
+  if (in_lo != 0u) return __ffs(in_lo) - 1;
+  if (in_hi != 0u) return WARP + __ffs(in_hi) - 1;
+  return -1;
+}
+
+// Least recently used way: the smallest (stamp, way) of the set, returned to every lane.
+__device__ __forceinline__ int lru_way(const u64 lo, const u64 hi, const int lane) {
+  u64 best = lo;
+  int way = lane;
+  if (hi < best) {
+    best = hi;
+    way = lane + WARP;
+  }
+  for (int offset = WARP / 2; offset > 0; offset /= 2) {
+    const u64 other = __shfl_xor_sync(FULL_MASK, best, offset);
+    const int other_way = __shfl_xor_sync(FULL_MASK, way, offset);
+    if (other < best || (other == best && other_way < way)) {
+      best = other;
+      way = other_way;
+    }
+  }
+  return way;
+}
+
+__device__ __forceinline__ void copy_row(float* dst, const float* src, const int dim,
+                                         const int lane) {
+  for (int d = lane; d < dim; d += WARP) dst[d] = src[d];
+}
+
+// One warp per key. Hit rows of `out` get the stored vector, miss rows are not written.
+// A hit stamps its slot with clock + position; atomicMax keeps the later of duplicate keys.
+extern "C" __global__ void cache_query(
+    const i64* __restrict__ keys, const i64* __restrict__ sets, const i64 n,
+    const i64* __restrict__ slot_keys, u64* __restrict__ slot_stamps,
+    const float* __restrict__ slot_values, const int dim, const u64 clock,
+    float* __restrict__ out, bool* __restrict__ hit) {
+  const i64 item = warp_item();
+  if (item >= n) return;
+  const int lane = threadIdx.x % WARP;
+  const i64 key = keys[item];
+  const i64 first = sets[item] * WAYS;
+  int way = -1;
+  if (key != EMPTY_KEY) {
+    way = find_way(slot_keys[first + lane], slot_keys[first + WARP + lane], key);
+  }
+  if (lane == 0) {
+    hit[item] = way >= 0;
+    if (way >= 0) atomicMax(&slot_stamps[first + way], clock + (u64)item);
+  }
+  if (way >= 0) copy_row(out + item * dim, slot_values + (first + way) * dim, dim, lane);
+}
+
+// One warp per run (one set). The set's keys and stamps stay in registers while the warp
+// applies the run's keys in batch order: a stored key gets a new stamp; a new key takes the
+// lowest empty way, else evicts the LRU way, and its vector is copied in.
+extern "C" __global__ void cache_replace(
+    const i64* __restrict__ keys, const float* __restrict__ values,
+    const i64* __restrict__ order, const i64* __restrict__ bounds, const i64 runs,
+    const i64* __restrict__ sets, i64* __restrict__ slot_keys, u64* __restrict__ slot_stamps,
+    float* __restrict__ slot_values, const int dim, const u64 clock,
+    i64* __restrict__ counters) {
+  const i64 run = warp_item();
+  if (run >= runs) return;
+  const int lane = threadIdx.x % WARP;
+  const i64 begin = bounds[run];
+  const i64 end = bounds[run + 1];
+  const i64 first = sets[order[begin]] * WAYS;
+  i64 key_lo = slot_keys[first + lane];
+  i64 key_hi = slot_keys[first + WARP + lane];
+  u64 stamp_lo = slot_stamps[first + lane];
+  u64 stamp_hi = slot_stamps[first + WARP + lane];
+  u64 inserted = 0;
+  u64 evicted = 0;
+  for (i64 i = begin; i < end; ++i) {
+    const i64 pos = order[i];
+    const i64 key = keys[pos];
+    const u64 stamp = clock + (u64)pos;
+    int way = find_way(key_lo, key_hi, key);
+    if (way < 0) {
+      way = find_way(key_lo, key_hi, EMPTY_KEY);
+      if (way < 0) {
+        way = lru_way(stamp_lo, stamp_hi, lane);
+        ++evicted;
+      }
+      ++inserted;
+      copy_row(slot_values + (first + way) * dim, values + pos * dim, dim, lane);
+    }
+    if (lane == way % WARP) {
+      if (way < WARP) {
+        key_lo = key;
+        stamp_lo = stamp;
+      } else {
+        key_hi = key;
+        stamp_hi = stamp;
+      }
+    }
+  }
+  slot_keys[first + lane] = key_lo;
+  slot_keys[first + WARP + lane] = key_hi;
+  slot_stamps[first + lane] = stamp_lo;
+  slot_stamps[first + WARP + lane] = stamp_hi;
+  if (lane == 0) {
+    atomicAdd((u64*)&counters[INSERTS], inserted);
+    atomicAdd((u64*)&counters[EVICTIONS], evicted);
+  }
+}
+
+// One warp per run (one set): overwrite the vectors of stored keys in batch order, so the
+// last occurrence of a duplicated key wins. Stamps are not touched.
+extern "C" __global__ void cache_update(
+    const i64* __restrict__ keys, const float* __restrict__ values,
+    const i64* __restrict__ order, const i64* __restrict__ bounds, const i64 runs,
+    const i64* __restrict__ sets, const i64* __restrict__ slot_keys,
+    float* __restrict__ slot_values, const int dim, i64* __restrict__ counters) {
+  const i64 run = warp_item();
+  if (run >= runs) return;
+  const int lane = threadIdx.x % WARP;
+  const i64 begin = bounds[run];
+  const i64 end = bounds[run + 1];
+  const i64 first = sets[order[begin]] * WAYS;
+  const i64 key_lo = slot_keys[first + lane];
+  const i64 key_hi = slot_keys[first + WARP + lane];
+  u64 updated = 0;
+  for (i64 i = begin; i < end; ++i) {
+    const i64 pos = order[i];
+    const int way = find_way(key_lo, key_hi, keys[pos]);
+    if (way >= 0) {
+      copy_row(slot_values + (first + way) * dim, values + pos * dim, dim, lane);
+      ++updated;
+    }
+  }
+  if (lane == 0) atomicAdd((u64*)&counters[UPDATED], updated);
+}
+"""
+
+
+def cuda_source() -> str:
+    """The full kernel source: generated constants followed by the kernels.
+
+    Returns:
+        CUDA C++ text for ``cupy.RawModule(code=...)``.
+    """
+    defines = (
+        f"#define WAYS {WAYS}\n"
+        f"#define EMPTY_KEY {EMPTY_KEY}LL\n"
+        f"#define INSERTS {INSERTS}\n"
+        f"#define EVICTIONS {EVICTIONS}\n"
+        f"#define UPDATED {UPDATED}\n"
+    )
+    return defines + _KERNELS

@@ -1,0 +1,152 @@
+"""The dynamic cache on a GPU: CuPy arrays and the kernels of :mod:`hps_core.cache.cuda_source`.
+
+Importing this module needs CuPy; :func:`hps_core.cache.make_cache` imports it only for
+``xp=cupy``. Calls run on the caller's current CUDA stream; all calls on one cache must use
+the same stream (or synchronise between them), as the clock and counters assume call order.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from typing import Any
+
+import cupy
+import numpy as np
+
+from hps_core.cache.cuda_source import KERNEL_NAMES, THREADS_PER_BLOCK, cuda_source
+from hps_core.cache.dynamic import DynamicCache
+from hps_core.cache.layout import plan_runs
+from hps_core.errors import HPSError
+
+_WARP = 32
+_CUDA_ERRORS = (cupy.cuda.driver.CUDADriverError, cupy.cuda.runtime.CUDARuntimeError)
+
+
+class CacheKernelError(HPSError):
+    """A cache kernel failed to compile, to launch, or to run."""
+
+
+@functools.cache
+def load_kernels(device_id: int) -> dict[str, Any]:
+    """Compile (once per device and process) and load the cache kernels.
+
+    Args:
+        device_id: CUDA device ordinal.
+
+    Returns:
+        ``{name: cupy.RawKernel}`` for every name in ``KERNEL_NAMES``.
+
+    Raises:
+        CacheKernelError: NVRTC rejected the source or the module did not load.
+    """
+    with cupy.cuda.Device(device_id):
+        try:
+            module = cupy.RawModule(code=cuda_source(), options=("--std=c++17",))
+            return {name: module.get_function(name) for name in KERNEL_NAMES}
+        except (cupy.cuda.compiler.CompileException, *_CUDA_ERRORS) as exc:
+            raise CacheKernelError(
+                f"cache kernels failed to build for CUDA device {device_id}: {exc}"
+            ) from exc
+
+
+class CupyDynamicCache(DynamicCache):
+    """The dynamic cache on the current CUDA device; semantics in :mod:`hps_core.cache.dynamic`.
+
+    Args:
+        num_sets: number of 64-slot sets.
+        dim: embedding width.
+        name: label used in error messages.
+        sync_checks: synchronise after every kernel so that a fault inside it is reported
+            with its name (slower; meant for tests and debugging). Launch errors are always
+            reported.
+    """
+
+    def __init__(
+        self, num_sets: int, dim: int, *, name: str = "cache", sync_checks: bool = False
+    ) -> None:
+        self._device_id = cupy.cuda.Device().id
+        super().__init__(num_sets, dim, cupy, name)
+        self.sync_checks = sync_checks
+        self._kernels = load_kernels(self._device_id)
+
+    @property
+    def device_id(self) -> int:
+        """CUDA device holding the cache."""
+        return self._device_id
+
+    def _device(self) -> contextlib.AbstractContextManager[Any]:
+        return cupy.cuda.Device(self._device_id)
+
+    def _launch(self, name: str, items: int, args: tuple[Any, ...]) -> None:
+        """Run kernel ``name`` with one warp per item and report any CUDA error by name."""
+        blocks = -(-items * _WARP // THREADS_PER_BLOCK)
+        try:
+            self._kernels[name]((blocks,), (THREADS_PER_BLOCK,), args)
+            if self.sync_checks:
+                cupy.cuda.get_current_stream().synchronize()
+        except _CUDA_ERRORS as exc:
+            raise CacheKernelError(
+                f"cache {self.name!r}: kernel {name} on {items} items failed: {exc}"
+            ) from exc
+
+    def _query(self, keys: Any, sets: Any, out: Any, clock: np.uint64) -> Any:
+        n = int(keys.shape[0])
+        hit = cupy.empty(n, dtype=bool)
+        self._launch(
+            "cache_query",
+            n,
+            (
+                keys,
+                sets,
+                np.int64(n),
+                self._keys,
+                self._stamps,
+                self._values,
+                np.int32(self._dim),
+                clock,
+                out,
+                hit,
+            ),
+        )
+        return hit
+
+    def _replace(self, keys: Any, rows: Any, sets: Any, positions: Any, clock: np.uint64) -> None:
+        plan = plan_runs(sets, positions, cupy)
+        self._launch(
+            "cache_replace",
+            plan.runs,
+            (
+                keys,
+                rows,
+                plan.order,
+                plan.bounds,
+                np.int64(plan.runs),
+                sets,
+                self._keys,
+                self._stamps,
+                self._values,
+                np.int32(self._dim),
+                clock,
+                self._counters,
+            ),
+        )
+
+    def _update(self, keys: Any, rows: Any, sets: Any, positions: Any) -> None:
+        plan = plan_runs(sets, positions, cupy)
+        self._launch(
+            "cache_update",
+            plan.runs,
+            (
+                keys,
+                rows,
+                plan.order,
+                plan.bounds,
+                np.int64(plan.runs),
+                sets,
+                self._keys,
+                self._values,
+                np.int32(self._dim),
+                self._counters,
+            ),
+        )

@@ -1,0 +1,250 @@
+"""The dynamic (LRU) embedding cache: its contract, and the code both implementations share.
+
+:class:`DynamicCache` checks arguments, keeps the clock and the counters, and implements the
+operations that need no kernel (``dump``, ``size``, ``clear``). The NumPy twin
+(:mod:`hps_core.cache.twin`) and the CuPy cache (:mod:`hps_core.cache.cupy_cache`) implement
+``_query``, ``_replace`` and ``_update``; given the same calls they hold bit-for-bit the same
+state. The layout and how it differs from HugeCTR is in :mod:`hps_core.cache.layout`.
+
+Semantics (both implementations):
+
+- ``query(keys, out=None)``: a key is a hit when it is stored. Hit rows of ``out`` get the
+  stored vector; miss rows of ``out`` are left untouched (a fresh ``out`` is zero-filled), so
+  a caller may pre-fill defaults. Each hit refreshes its slot's stamp to ``clock + position``
+  (a key queried twice keeps the later stamp). ``EMPTY_KEY`` always misses.
+- ``replace(keys, values)``: keys are applied in batch order. A stored key only gets its
+  stamp refreshed (its vector is kept, as in HugeCTR); a new key takes the lowest empty slot
+  of its set, or evicts the least recently used one. So if a batch names a new key twice,
+  the first vector wins. ``EMPTY_KEY`` is skipped.
+- ``update(keys, values)``: overwrites the vectors of stored keys only; no stamp changes; the
+  last occurrence of a duplicated key wins.
+- ``dump(set_start, set_end)``: stored keys of those sets, in slot order.
+
+Every call advances the clock by its batch length (``query`` and ``replace``), so each touch
+has a unique stamp and eviction follows exact LRU order.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from hps_core.cache.arrays import as_keys, as_rows, output_rows
+from hps_core.cache.layout import EMPTY_KEY, WAYS, set_of
+from hps_core.cache.stats import (
+    HITS,
+    MISSES,
+    NUM_COUNTERS,
+    RESERVED_KEY_MISSES,
+    CacheStats,
+    stats_from_counters,
+)
+
+
+@dataclass(frozen=True)
+class CacheState:
+    """Host copy of a dynamic cache's whole state (for inspection and tests).
+
+    Attributes:
+        keys: int64 ``[num_sets, WAYS]``, ``EMPTY_KEY`` in empty slots.
+        stamps: uint64 ``[num_sets, WAYS]`` last-touch stamps.
+        values: float32 ``[num_sets * WAYS, dim]``; rows of empty slots are stale.
+        clock: the stamp the next call starts from.
+    """
+
+    keys: np.ndarray
+    stamps: np.ndarray
+    values: np.ndarray
+    clock: int
+
+
+def _to_host(arr: Any) -> np.ndarray:
+    # CuPy arrays copy to host with .get(); NumPy arrays are copied so the state is a snapshot.
+    return arr.get() if hasattr(arr, "get") else arr.copy()
+
+
+class DynamicCache(ABC):
+    """Set-associative LRU embedding cache of ``num_sets * 64`` rows.
+
+    Args:
+        num_sets: number of 64-slot sets (see :func:`hps_core.cache.layout.num_sets_for`).
+        dim: embedding width (floats per row).
+        xp: array module holding the cache (``numpy`` or ``cupy``).
+        name: label used in error messages, e.g. ``"dcn.table0"``.
+
+    Raises:
+        ValueError: ``num_sets`` or ``dim`` is not a positive integer.
+    """
+
+    def __init__(self, num_sets: int, dim: int, xp: Any, name: str) -> None:
+        for label, value in (("num_sets", num_sets), ("dim", dim)):
+            if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 1:
+                raise ValueError(
+                    f"cache {name!r}: {label} must be a positive integer, got {value!r}"
+                )
+        self.name = name
+        self.xp = xp
+        self._where = f"cache {name!r}"
+        self._num_sets = int(num_sets)
+        self._dim = int(dim)
+        self._clock = 0
+        self._lock = threading.Lock()
+        with self._device():
+            self._keys = xp.full((self._num_sets, WAYS), EMPTY_KEY, dtype=xp.int64)
+            self._stamps = xp.zeros((self._num_sets, WAYS), dtype=xp.uint64)
+            self._values = xp.zeros((self._num_sets * WAYS, self._dim), dtype=xp.float32)
+            self._counters = xp.zeros(NUM_COUNTERS, dtype=xp.int64)
+
+    @property
+    def dim(self) -> int:
+        """Embedding width."""
+        return self._dim
+
+    @property
+    def num_sets(self) -> int:
+        """Number of 64-slot sets."""
+        return self._num_sets
+
+    @property
+    def capacity(self) -> int:
+        """Number of rows the cache can hold."""
+        return self._num_sets * WAYS
+
+    @property
+    def size(self) -> int:
+        """Number of rows stored now."""
+        with self._lock, self._device():
+            return int(self.xp.count_nonzero(self._keys != EMPTY_KEY))
+
+    def query(self, keys: Any, out: Any = None) -> tuple[Any, Any]:
+        """Look keys up; hits refresh their LRU stamps.
+
+        Args:
+            keys: 1-D integer keys (duplicates allowed).
+            out: optional float32 ``[n, dim]`` array of the cache's module; miss rows are not
+                written.
+
+        Returns:
+            ``(values, hit_mask)``: ``out`` (or a new zero-filled array) and bool ``[n]``.
+
+        Example:
+            >>> from hps_core.cache import make_cache
+            >>> cache = make_cache("dynamic", 64, 2, np)
+            >>> cache.replace(np.array([7]), np.ones((1, 2), np.float32))
+            >>> cache.query(np.array([7, 8]))[1]
+            array([ True, False])
+        """
+        xp = self.xp
+        with self._lock, self._device():
+            keys = as_keys(keys, xp, self._where)
+            n = int(keys.shape[0])
+            out = output_rows(out, n, self._dim, xp, self._where)
+            if n == 0:
+                return out, xp.zeros(0, dtype=bool)
+            hit = self._query(keys, set_of(keys, self._num_sets, xp), out, np.uint64(self._clock))
+            self._clock += n
+            hits = xp.count_nonzero(hit)
+            self._counters[HITS] += hits
+            self._counters[MISSES] += n - hits
+            self._counters[RESERVED_KEY_MISSES] += xp.count_nonzero(keys == EMPTY_KEY)
+            return out, hit
+
+    def replace(self, keys: Any, values: Any) -> None:
+        """Insert keys that are not stored (evicting LRU rows of full sets); refresh the rest.
+
+        Args:
+            keys: 1-D integer keys (duplicates allowed: the first occurrence is inserted).
+            values: float ``[n, dim]`` vectors, row ``i`` for ``keys[i]``.
+        """
+        xp = self.xp
+        with self._lock, self._device():
+            keys = as_keys(keys, xp, self._where)
+            n = int(keys.shape[0])
+            rows = as_rows(values, n, self._dim, xp, self._where)
+            if n == 0:
+                return
+            positions = xp.flatnonzero(keys != EMPTY_KEY)
+            if positions.shape[0]:
+                sets = set_of(keys, self._num_sets, xp)
+                self._replace(keys, rows, sets, positions, np.uint64(self._clock))
+            self._clock += n
+
+    def update(self, keys: Any, values: Any) -> None:
+        """Overwrite the vectors of keys that are stored; ignore the others.
+
+        Args:
+            keys: 1-D integer keys (duplicates allowed: the last occurrence wins).
+            values: float ``[n, dim]`` vectors, row ``i`` for ``keys[i]``.
+        """
+        xp = self.xp
+        with self._lock, self._device():
+            keys = as_keys(keys, xp, self._where)
+            n = int(keys.shape[0])
+            rows = as_rows(values, n, self._dim, xp, self._where)
+            positions = xp.flatnonzero(keys != EMPTY_KEY)
+            if positions.shape[0]:
+                self._update(keys, rows, set_of(keys, self._num_sets, xp), positions)
+
+    def dump(self, set_start: int = 0, set_end: int | None = None) -> Any:
+        """Keys stored in sets ``[set_start, set_end)``, set by set in slot order.
+
+        Args:
+            set_start: first set.
+            set_end: one past the last set; ``None`` means ``num_sets``.
+
+        Returns:
+            int64 array of the cache's module.
+
+        Raises:
+            ValueError: the range is not within ``[0, num_sets]``.
+        """
+        end = self._num_sets if set_end is None else set_end
+        if not 0 <= set_start <= end <= self._num_sets:
+            raise ValueError(
+                f"{self._where}: set range [{set_start}, {end}) is not within [0, {self._num_sets}]"
+            )
+        with self._lock, self._device():
+            stored = self._keys[set_start:end].reshape(-1)
+            return stored[stored != EMPTY_KEY]
+
+    def clear(self) -> None:
+        """Empty every slot. Counters and the clock keep running."""
+        with self._lock, self._device():
+            self._keys.fill(EMPTY_KEY)
+            self._stamps.fill(0)
+
+    def stats(self) -> CacheStats:
+        """Counters since creation."""
+        with self._lock, self._device():
+            return stats_from_counters(self._counters)
+
+    def export_state(self) -> CacheState:
+        """Copy the whole state to host memory."""
+        with self._lock, self._device():
+            return CacheState(
+                keys=_to_host(self._keys),
+                stamps=_to_host(self._stamps),
+                values=_to_host(self._values),
+                clock=self._clock,
+            )
+
+    def _device(self) -> contextlib.AbstractContextManager[Any]:
+        """Context that makes the cache's device current (nothing to do for NumPy)."""
+        return contextlib.nullcontext()
+
+    @abstractmethod
+    def _query(self, keys: Any, sets: Any, out: Any, clock: np.uint64) -> Any:
+        """Write hit rows into ``out``, refresh hit stamps, return the bool hit mask."""
+
+    @abstractmethod
+    def _replace(self, keys: Any, rows: Any, sets: Any, positions: Any, clock: np.uint64) -> None:
+        """Apply ``replace`` to the batch ``positions`` (none holds ``EMPTY_KEY``)."""
+
+    @abstractmethod
+    def _update(self, keys: Any, rows: Any, sets: Any, positions: Any) -> None:
+        """Apply ``update`` to the batch ``positions`` (none holds ``EMPTY_KEY``)."""

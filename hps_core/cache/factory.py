@@ -1,0 +1,93 @@
+"""Choose and build the embedding cache of one table on one device.
+
+``xp`` picks the implementation: ``numpy`` gives the NumPy twin (host memory), ``cupy`` the
+CUDA cache on the current device. ``kind`` is ps.json's ``embedding_cache_type``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from hps_core.cache.dynamic import DynamicCache
+from hps_core.cache.layout import num_sets_for
+from hps_core.cache.static_table import StaticTable
+from hps_core.cache.twin import NumpyDynamicCache
+from hps_core.errors import ConfigError, NotAvailableError, Problem
+
+_NOT_IMPLEMENTED_KINDS = ("uvm", "stochastic")
+
+
+def make_cache(
+    kind: str,
+    capacity_rows: int,
+    dim: int,
+    xp: Any = np,
+    *,
+    name: str = "cache",
+    contents: tuple[Any, Any] | None = None,
+    sync_checks: bool = False,
+) -> DynamicCache | StaticTable:
+    """Build a ``dynamic`` (LRU) or ``static`` (whole table) embedding cache.
+
+    Args:
+        kind: ``"dynamic"`` or ``"static"`` (an ``EmbeddingCacheType`` member works too).
+        capacity_rows: dynamic: rows to hold, rounded up to whole 64-row sets (at least one);
+            static: the table's row count, an upper bound on ``len(contents[0])``.
+        dim: embedding width.
+        xp: ``numpy`` (twin, host memory) or ``cupy`` (current CUDA device).
+        name: label for error messages, e.g. ``"dcn.table0"``.
+        contents: static only: ``(keys, values)`` of the whole table.
+        sync_checks: CuPy dynamic cache only: synchronise after each kernel (tests, debugging).
+
+    Returns:
+        The cache.
+
+    Raises:
+        ConfigError: unknown ``kind``.
+        NotAvailableError: a kind HugeCTR has that this package does not implement.
+        ValueError: sizes or ``contents`` do not fit the kind.
+        TypeError: ``xp`` is neither NumPy nor CuPy.
+
+    Example:
+        >>> cache = make_cache("dynamic", 1000, 16, np, name="dcn.table0")
+        >>> cache.capacity
+        1024
+    """
+    kind_name = str(getattr(kind, "value", kind))
+    where = f"cache {name!r}"
+    if isinstance(capacity_rows, bool) or not isinstance(capacity_rows, (int, np.integer)):
+        raise ValueError(f"{where}: capacity_rows must be an integer, got {capacity_rows!r}")
+    if capacity_rows < 0:
+        raise ValueError(f"{where}: capacity_rows must not be negative, got {capacity_rows}")
+    if xp.__name__ not in ("numpy", "cupy"):
+        raise TypeError(f"{where}: xp must be numpy or cupy, got {xp.__name__}")
+    if kind_name == "dynamic":
+        if contents is not None:
+            raise ValueError(f"{where}: a dynamic cache starts empty; contents is for 'static'")
+        if xp is np:
+            return NumpyDynamicCache(num_sets_for(capacity_rows), dim, name=name)
+        from hps_core.cache.cupy_cache import CupyDynamicCache
+
+        return CupyDynamicCache(
+            num_sets_for(capacity_rows), dim, name=name, sync_checks=sync_checks
+        )
+    if kind_name == "static":
+        if contents is None:
+            raise ValueError(f"{where}: a static cache needs contents=(keys, values)")
+        table = StaticTable(*contents, xp=xp, name=name)
+        if table.dim != dim or table.size > capacity_rows:
+            raise ValueError(
+                f"{where}: contents hold {table.size} rows of width {table.dim}; "
+                f"expected at most {capacity_rows} rows of width {dim}"
+            )
+        return table
+    if kind_name in _NOT_IMPLEMENTED_KINDS:
+        raise NotAvailableError(f"{where}: embedding_cache_type {kind_name!r} is not implemented")
+    raise ConfigError(
+        Problem(
+            "embedding_cache_type",
+            f"unknown cache kind {kind_name!r} for {name!r}; expected 'dynamic' or 'static'",
+        )
+    )
