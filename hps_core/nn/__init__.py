@@ -1,0 +1,64 @@
+"""Dense network engine for HugeCTR models: parse the network JSON, build the inference graph,
+load the dense model file, and run the forward pass on NumPy or CuPy.
+
+Typical use::
+
+    graph = build_graph(load_network_json("dlrm.json"))
+    executor = DenseExecutor(graph, read_dense_blob("dlrm_dense.model", graph.dense_layout()))
+    predictions = executor.forward(dense, {"sparse_embedding1": pooled})
+"""
+
+from __future__ import annotations
+
+from hps_core.nn.dense_blob import (
+    DenseLayout,
+    DenseParams,
+    LayerParams,
+    check_dense_blob_size,
+    random_dense_params,
+    read_dense_blob,
+    write_dense_blob,
+)
+from hps_core.nn.executor import DenseExecutor, EmbeddingInput
+from hps_core.nn.graph import GraphNode, NetworkGraph, build_graph
+from hps_core.nn.layers import Combiner, EmbeddingLayer, UnpooledEmbedding, pool_embeddings
+from hps_core.nn.network_json import (
+    DataSpec,
+    LayerSpec,
+    NetworkForm,
+    NetworkSpec,
+    SparseInputSpec,
+    load_network_json,
+    parse_network_json,
+)
+from hps_core.nn.precision import ComputeContext, Precision
+from hps_core.nn.shapes import TensorShape
+
+__all__ = [
+    "Combiner",
+    "ComputeContext",
+    "DataSpec",
+    "DenseExecutor",
+    "DenseLayout",
+    "DenseParams",
+    "EmbeddingInput",
+    "EmbeddingLayer",
+    "GraphNode",
+    "LayerParams",
+    "LayerSpec",
+    "NetworkForm",
+    "NetworkGraph",
+    "NetworkSpec",
+    "Precision",
+    "SparseInputSpec",
+    "TensorShape",
+    "UnpooledEmbedding",
+    "build_graph",
+    "check_dense_blob_size",
+    "load_network_json",
+    "parse_network_json",
+    "pool_embeddings",
+    "random_dense_params",
+    "read_dense_blob",
+    "write_dense_blob",
+]

@@ -1,0 +1,234 @@
+"""Run the dense network of a HugeCTR graph: dense features + embeddings -> predictions.
+
+The executor turns the graph into a flat plan once: only layers the prediction depends on,
+in topological order, an InnerProduct fused with a ReLU that is its only consumer, and each
+intermediate tensor released after its last use. Parameters are uploaded once, in the compute
+precision. The same plan runs on NumPy (CPU instances) or CuPy (GPU instances).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+
+import numpy as np
+
+from hps_core.errors import ModelFileError, RequestError
+from hps_core.nn.dense_blob import read_dense_blob
+from hps_core.nn.graph import GraphNode, NetworkGraph, build_graph
+from hps_core.nn.layers import Array, EmbeddingLayer, InnerProduct, Layer, UnpooledEmbedding
+from hps_core.nn.layers.activation import ReLU
+from hps_core.nn.network_json import load_network_json
+from hps_core.nn.precision import ComputeContext, Precision
+
+#: What the executor accepts for one embedding layer: pooled ``[batch, slots, vec]`` (or
+#: ``[batch, slots * vec]``) vectors, or the unpooled vectors with their row offsets.
+EmbeddingInput = Array | UnpooledEmbedding
+
+
+@dataclass(frozen=True)
+class _Step:
+    name: str
+    layer: Layer
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+    params: tuple[Array, ...]
+    release: tuple[str, ...]
+
+
+class DenseExecutor:
+    """Forward pass of a HugeCTR dense network.
+
+    Args:
+        graph: a graph whose layers can all run.
+        params: layer name -> float32 tensors in dense-model-file order (as
+            :func:`~hps_core.nn.dense_blob.read_dense_blob` returns).
+        xp: ``numpy`` or ``cupy``; parameters are uploaded to it.
+        precision: ``"fp32"`` (default) or ``"fp16"``.
+
+    Raises:
+        NotAvailableError: a layer cannot run, or the precision is not implemented.
+        ModelFileError: ``params`` does not match the graph's dense layout.
+
+    Example:
+        >>> executor = DenseExecutor.from_files("dlrm.json", "dlrm_dense.model")  # doctest: +SKIP
+        >>> executor.forward(dense, {"sparse_embedding1": pooled}).shape  # doctest: +SKIP
+        (1024, 1)
+    """
+
+    def __init__(
+        self,
+        graph: NetworkGraph,
+        params: Mapping[str, Sequence[np.ndarray]],
+        xp: ModuleType = np,
+        precision: str | Precision = Precision.FP32,
+    ) -> None:
+        graph.require_runnable()
+        self.graph = graph
+        self.ctx = ComputeContext(xp, Precision.parse(precision))
+        _check_params(graph, params)
+        self._steps = _plan(graph, params, self.ctx)
+        self.embedding_layers: tuple[EmbeddingLayer, ...] = tuple(
+            node.layer for node in graph.embeddings if node.used
+        )
+        self._embedding_names = tuple(n.spec.name for n in graph.embeddings if n.used)
+
+    @classmethod
+    def from_files(
+        cls,
+        network_file: str | Path,
+        dense_file: str | Path,
+        xp: ModuleType = np,
+        precision: str | Precision = Precision.FP32,
+    ) -> DenseExecutor:
+        """Build an executor from a network JSON file and its dense model file.
+
+        Args:
+            network_file: HugeCTR network JSON (inference or training form).
+            dense_file: HugeCTR dense model file.
+            xp: ``numpy`` or ``cupy``.
+            precision: ``"fp32"`` or ``"fp16"``.
+
+        Returns:
+            The executor.
+        """
+        graph = build_graph(load_network_json(network_file))
+        graph.require_runnable()
+        params = read_dense_blob(dense_file, graph.dense_layout())
+        return cls(graph, params, xp, precision)
+
+    @property
+    def embedding_names(self) -> tuple[str, ...]:
+        """Names of the embedding layers :meth:`forward` needs, in file (table) order."""
+        return self._embedding_names
+
+    def forward(
+        self,
+        dense: Array,
+        embeddings: Mapping[str, EmbeddingInput],
+        out: Array | None = None,
+    ) -> Array:
+        """Compute the predictions of one batch.
+
+        Args:
+            dense: ``[batch, dense_dim]`` dense features.
+            embeddings: embedding layer name -> its vectors for this batch.
+            out: optional C-contiguous float32 array of the prediction's shape to write into.
+
+        Returns:
+            float32 ``[batch, width]`` predictions (``out`` when given).
+
+        Raises:
+            RequestError: a missing, unexpected or mis-shaped input.
+        """
+        xp, data = self.ctx.xp, self.graph.spec.data
+        dense = xp.asarray(dense)
+        if dense.ndim != 2 or dense.shape[1] != data.dense_dim or dense.dtype.kind not in "fiu":
+            raise RequestError(
+                f"dense input '{data.dense_name}' must be numeric [batch, {data.dense_dim}], "
+                f"got {dense.dtype} {dense.shape}"
+            )
+        batch = dense.shape[0]
+        _check_embedding_names(self._embedding_names, embeddings)
+        tensors = {data.dense_name: self.ctx.cast(dense)}
+        for step in self._steps:
+            if isinstance(step.layer, EmbeddingLayer):
+                outputs = step.layer.forward(self.ctx, [embeddings[step.name]], ())
+                if outputs[0].shape[0] != batch:
+                    raise RequestError(
+                        f"embedding '{step.name}' has {outputs[0].shape[0]} samples, the dense "
+                        f"input has {batch}"
+                    )
+            else:
+                outputs = step.layer.forward(
+                    self.ctx, [tensors[name] for name in step.inputs], step.params
+                )
+            tensors.update(zip(step.outputs, outputs, strict=True))
+            for name in step.release:
+                del tensors[name]
+        result = tensors[self.graph.output].reshape(batch, -1).astype(np.float32, copy=False)
+        if out is None:
+            return result
+        if out.shape != result.shape or out.dtype != np.float32 or not out.flags.c_contiguous:
+            raise RequestError(
+                f"out must be C-contiguous float32 {result.shape}, got {out.dtype} {out.shape}"
+            )
+        out[...] = result
+        return out
+
+
+def _check_params(graph: NetworkGraph, params: Mapping[str, Sequence[np.ndarray]]) -> None:
+    layout = graph.dense_layout()
+    expected = {layer.layer for layer in layout.layers}
+    extra = sorted(set(params) - expected)
+    if extra:
+        raise ModelFileError(f"dense parameters for layers the network has not: {extra}")
+    for layer in layout.layers:
+        tensors = params.get(layer.layer)
+        if tensors is None or len(tensors) != len(layer.params):
+            count = "none" if tensors is None else len(tensors)
+            raise ModelFileError(
+                f"layer '{layer.layer}' ({layer.where}) needs {len(layer.params)} parameter "
+                f"tensors, got {count}"
+            )
+        for shape, tensor in zip(layer.params, tensors, strict=True):
+            if tuple(np.shape(tensor)) != shape.shape:
+                raise ModelFileError(
+                    f"layer '{layer.layer}' ({layer.where}) {shape.name} must have shape "
+                    f"{shape.shape}, got {tuple(np.shape(tensor))}"
+                )
+
+
+def _plan(
+    graph: NetworkGraph, params: Mapping[str, Sequence[np.ndarray]], ctx: ComputeContext
+) -> tuple[_Step, ...]:
+    nodes = [n for n in graph.nodes if n.used]
+    readers: dict[str, list[GraphNode]] = {}
+    for node in nodes:
+        for name in node.inputs:
+            readers.setdefault(name, []).append(node)
+    fused_away: set[str] = set()
+    steps: list[tuple[GraphNode, Layer, tuple[str, ...]]] = []
+    for node in nodes:
+        if node.spec.name in fused_away:
+            continue
+        layer, outputs = node.layer, node.spec.tops
+        relu = _sole_relu_reader(node, readers, graph.output)
+        if relu is not None:
+            layer = dataclasses.replace(layer, fuse_relu=True)
+            outputs = relu.spec.tops
+            fused_away.add(relu.spec.name)
+        steps.append((node, layer, outputs))
+    reads = [() if isinstance(layer, EmbeddingLayer) else node.inputs for node, layer, _ in steps]
+    last_read = {name: i for i, names in enumerate(reads) for name in names}
+    plan = []
+    for i, (node, layer, outputs) in enumerate(steps):
+        release = tuple(n for n, last in last_read.items() if last == i and n != graph.output)
+        tensors = tuple(ctx.xp.asarray(t, dtype=ctx.dtype) for t in params.get(node.spec.name, ()))
+        plan.append(_Step(node.spec.name, layer, reads[i], outputs, tensors, release))
+    return tuple(plan)
+
+
+def _sole_relu_reader(
+    node: GraphNode, readers: Mapping[str, list[GraphNode]], output: str
+) -> GraphNode | None:
+    """The ReLU that is the only reader of an InnerProduct's output, if there is one."""
+    if not isinstance(node.layer, InnerProduct) or node.spec.tops[0] == output:
+        return None
+    users = readers.get(node.spec.tops[0], [])
+    if len(users) == 1 and isinstance(users[0].layer, ReLU):
+        return users[0]
+    return None
+
+
+def _check_embedding_names(needed: Sequence[str], given: Mapping[str, EmbeddingInput]) -> None:
+    missing = [name for name in needed if name not in given]
+    unexpected = sorted(set(given) - set(needed))
+    if missing or unexpected:
+        raise RequestError(
+            f"embeddings must be given for exactly {list(needed)}; "
+            f"missing {missing}, unexpected {unexpected}"
+        )

@@ -1,0 +1,82 @@
+"""Layers that combine inputs element by element or reduce along an axis:
+Add, ElementwiseMultiply and ReduceSum."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from hps_core.nn.layers.base import Array, Layer, expect_counts, expect_same_shapes
+from hps_core.nn.network_json import LayerSpec
+from hps_core.nn.precision import ComputeContext
+from hps_core.nn.shapes import TensorShape
+
+
+@dataclass(frozen=True)
+class Add(Layer):
+    """Sum of two or more inputs of the same shape."""
+
+    type_names = ("Add",)
+    output_shapes: tuple[TensorShape, ...]
+
+    @classmethod
+    def build(cls, spec: LayerSpec, inputs: Sequence[TensorShape]) -> Add:
+        expect_counts(spec, inputs, None)
+        expect_same_shapes(spec, inputs)
+        return cls((inputs[0],))
+
+    def forward(
+        self, ctx: ComputeContext, inputs: Sequence[Array], params: Sequence[Array]
+    ) -> tuple[Array, ...]:
+        total = ctx.widen(inputs[0]) + ctx.widen(inputs[1])
+        for x in inputs[2:]:
+            total += x
+        return (ctx.cast(total),)
+
+
+@dataclass(frozen=True)
+class ElementwiseMultiply(Layer):
+    """Product of two or more inputs of the same shape."""
+
+    type_names = ("ElementwiseMultiply",)
+    output_shapes: tuple[TensorShape, ...]
+
+    @classmethod
+    def build(cls, spec: LayerSpec, inputs: Sequence[TensorShape]) -> ElementwiseMultiply:
+        expect_counts(spec, inputs, None)
+        expect_same_shapes(spec, inputs)
+        return cls((inputs[0],))
+
+    def forward(
+        self, ctx: ComputeContext, inputs: Sequence[Array], params: Sequence[Array]
+    ) -> tuple[Array, ...]:
+        product = ctx.widen(inputs[0]) * ctx.widen(inputs[1])
+        for x in inputs[2:]:
+            product *= x
+        return (ctx.cast(product),)
+
+
+@dataclass(frozen=True)
+class ReduceSum(Layer):
+    """Sum along ``axis`` keeping it with size 1 (axis 0, the batch, is refused)."""
+
+    type_names = ("ReduceSum",)
+    output_shapes: tuple[TensorShape, ...]
+    axis: int
+
+    @classmethod
+    def build(cls, spec: LayerSpec, inputs: Sequence[TensorShape]) -> ReduceSum:
+        expect_counts(spec, inputs, 1)
+        shape = inputs[0]
+        axis = spec.int_field("axis", minimum=0)
+        if axis == 0:
+            raise spec.error("axis 0 sums over the batch, which inference cannot do", "axis")
+        if axis >= shape.rank:
+            raise spec.error(f"axis {axis} out of range for input {shape}", "axis")
+        dims = tuple(1 if i == axis else d for i, d in enumerate(shape.dims, start=1))
+        return cls((TensorShape(shape.rows_per_sample, dims),), axis)
+
+    def forward(
+        self, ctx: ComputeContext, inputs: Sequence[Array], params: Sequence[Array]
+    ) -> tuple[Array, ...]:
+        return (ctx.cast(ctx.sum(inputs[0], axis=self.axis, keepdims=True)),)

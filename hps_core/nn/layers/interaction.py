@@ -1,0 +1,99 @@
+"""Feature-interaction layers: DLRM's dot Interaction and DeepFM's FmOrder2."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from hps_core.nn.layers.base import Array, Layer, expect_counts, expect_rank
+from hps_core.nn.network_json import LayerSpec
+from hps_core.nn.precision import ComputeContext
+from hps_core.nn.shapes import TensorShape
+
+
+@dataclass(frozen=True)
+class Interaction(Layer):
+    """DLRM dot interaction, laid out as HugeCTR does.
+
+    Inputs: the bottom MLP ``[R, D]`` and the embeddings ``[R, N, D]``. With the ``n = N + 1``
+    vectors stacked (MLP first), the output row is the MLP vector, then the strictly lower
+    triangle of their Gram matrix row by row (``G[1,0], G[2,0], G[2,1], G[3,0], ...``), then
+    one zero of padding: width ``D + N(N+1)/2 + 1``.
+    """
+
+    type_names = ("Interaction",)
+    output_shapes: tuple[TensorShape, ...]
+    num_vectors: int
+    # Flat indices of the lower triangle, uploaded once per array module.
+    _device_index: dict[str, Any] = field(
+        default_factory=dict, init=False, compare=False, repr=False
+    )
+
+    @classmethod
+    def build(cls, spec: LayerSpec, inputs: Sequence[TensorShape]) -> Interaction:
+        expect_counts(spec, inputs, 2)
+        mlp, emb = inputs
+        expect_rank(spec, mlp, (2,), 0)
+        expect_rank(spec, emb, (3,), 1)
+        if mlp.rows_per_sample != emb.rows_per_sample or mlp.dims[0] != emb.dims[1]:
+            raise spec.error(
+                f"inputs must be [R, D] and [R, N, D], got '{spec.bottoms[0]}' {mlp} and "
+                f"'{spec.bottoms[1]}' {emb}",
+                "bottom",
+            )
+        n = emb.dims[0] + 1
+        width = mlp.dims[0] + n * (n - 1) // 2 + 1
+        return cls((TensorShape(mlp.rows_per_sample, (width,)),), n)
+
+    def forward(
+        self, ctx: ComputeContext, inputs: Sequence[Array], params: Sequence[Array]
+    ) -> tuple[Array, ...]:
+        xp = ctx.xp
+        mlp, emb = inputs
+        rows, n = mlp.shape[0], self.num_vectors
+        stacked = xp.concatenate([mlp[:, None, :], emb], axis=1)
+        gram = ctx.matmul(stacked, stacked.transpose(0, 2, 1)).reshape(rows, n * n)
+        pairs = xp.take(gram, self._lower_triangle(xp), axis=1)
+        padding = xp.zeros((rows, 1), dtype=pairs.dtype)
+        return (ctx.cast(xp.concatenate([ctx.widen(mlp), pairs, padding], axis=1)),)
+
+    def _lower_triangle(self, xp: Any) -> Array:
+        index = self._device_index.get(xp.__name__)
+        if index is None:
+            i, j = np.tril_indices(self.num_vectors, k=-1)
+            index = xp.asarray(i * self.num_vectors + j)
+            self._device_index[xp.__name__] = index
+        return index
+
+
+@dataclass(frozen=True)
+class FmOrder2(Layer):
+    """Second-order factorization machine: with the input seen as ``[R, slots, out_dim]``,
+    ``0.5 * ((sum_i x_i)^2 - sum_i x_i^2)``."""
+
+    type_names = ("FmOrder2",)
+    output_shapes: tuple[TensorShape, ...]
+    out_dim: int
+
+    @classmethod
+    def build(cls, spec: LayerSpec, inputs: Sequence[TensorShape]) -> FmOrder2:
+        expect_counts(spec, inputs, 1)
+        shape = inputs[0]
+        expect_rank(spec, shape, (2,), 0)
+        out_dim = spec.int_field("out_dim", minimum=1)
+        if shape.dims[0] % out_dim:
+            raise spec.error(
+                f"input width {shape.dims[0]} is not a multiple of {out_dim}", "out_dim"
+            )
+        return cls((TensorShape(shape.rows_per_sample, (out_dim,)),), out_dim)
+
+    def forward(
+        self, ctx: ComputeContext, inputs: Sequence[Array], params: Sequence[Array]
+    ) -> tuple[Array, ...]:
+        x = ctx.widen(inputs[0])
+        x = x.reshape(x.shape[0], -1, self.out_dim)
+        total = x.sum(axis=1)
+        return (ctx.cast(0.5 * (total * total - (x * x).sum(axis=1))),)

@@ -1,0 +1,142 @@
+"""The CuPy path of the dense engine against its NumPy path on the same inputs: each layer,
+pooling, and whole HugeCTR networks, in FP32 and FP16. Skipped without CuPy and a CUDA device."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from hps_core.nn import (
+    Combiner,
+    ComputeContext,
+    DenseExecutor,
+    LayerSpec,
+    Precision,
+    TensorShape,
+    UnpooledEmbedding,
+    build_graph,
+    load_network_json,
+    pool_embeddings,
+    random_dense_params,
+)
+from hps_core.nn.layers import DENSE_LAYERS
+
+cupy = pytest.importorskip("cupy")
+try:
+    HAVE_DEVICE = cupy.cuda.runtime.getDeviceCount() > 0
+except Exception:  # no driver or no device: the CUDA runtime raises its own error types
+    HAVE_DEVICE = False
+if not HAVE_DEVICE:
+    pytest.skip("no CUDA device", allow_module_level=True)
+
+pytestmark = pytest.mark.gpu
+
+FIXTURES = sorted(
+    (Path(__file__).resolve().parents[3].parent / "shared" / "fixtures" / "hugectr").glob("*.json")
+)
+TOLERANCE = {Precision.FP32: 2e-5, Precision.FP16: 2e-2}
+
+# (type, bottoms, tops, fields, input shapes as (rows_per_sample, dims))
+LAYER_CASES = [
+    ("ReLU", ["a"], ["o"], {}, [(1, (37,))]),
+    ("Sigmoid", ["a"], ["o"], {}, [(1, (37,))]),
+    ("Dropout", ["a"], ["o"], {"rate": 0.5}, [(1, (37,))]),
+    ("BinaryCrossEntropyLoss", ["a", "label"], ["o"], {}, [(1, (1,))]),
+    ("InnerProduct", ["a"], ["o"], {"fc_param": {"num_output": 33}}, [(1, (70,))]),
+    ("InnerProduct", ["a"], ["o"], {"fc_param": {"num_output": 5}}, [(1, (4, 9))]),
+    ("MultiCross", ["a"], ["o"], {"mc_param": {"num_layers": 3}}, [(1, (40,))]),
+    (
+        "MultiCross",
+        ["a"],
+        ["o"],
+        {"mc_param": {"num_layers": 2, "projection_dim": 8}},
+        [(1, (40,))],
+    ),
+    ("WeightMultiply", ["a"], ["o"], {"weight_dims": [13, 10]}, [(1, (13,))]),
+    ("FmOrder2", ["a"], ["o"], {"out_dim": 10}, [(1, (390,))]),
+    ("Interaction", ["a", "b"], ["o"], {}, [(1, (16,)), (1, (26, 16))]),
+    ("Add", ["a", "b", "c"], ["o"], {}, [(1, (6,))] * 3),
+    ("ElementwiseMultiply", ["a", "b"], ["o"], {}, [(1, (6,))] * 2),
+    ("ReduceSum", ["a"], ["o"], {"axis": 2}, [(1, (4, 5))]),
+    ("Reshape", ["a"], ["o"], {"leading_dim": 11}, [(1, (26, 11))]),
+    ("Reshape", ["a"], ["o"], {"selected": [3, 0]}, [(1, (6, 4))]),
+    ("Concat", ["a", "b"], ["o"], {"axis": 2}, [(1, (3, 4)), (1, (3, 2))]),
+    ("Slice", ["a"], ["o", "p"], {"ranges": [[0, 10], [4, 13]]}, [(1, (13,))]),
+]
+
+
+def spec(layer_type, bottoms, tops, fields):
+    raw = {"type": layer_type, "bottom": bottoms, "top": tops, **fields}
+    return LayerSpec(1, 1, "gpu.json", tops[0], layer_type, tuple(bottoms), tuple(tops), raw)
+
+
+def assert_close(gpu, cpu, precision):
+    tol = TOLERANCE[precision]
+    np.testing.assert_allclose(cupy.asnumpy(gpu), cpu, rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("precision", [Precision.FP32, Precision.FP16])
+@pytest.mark.parametrize("case", LAYER_CASES, ids=lambda c: f"{c[0]}-{c[3]}")
+@pytest.mark.parametrize("batch", [1, 64])
+def test_layer_parity(case, precision, batch):
+    layer_type, bottoms, tops, fields, raw_shapes = case
+    shapes = [TensorShape(rows, dims) for rows, dims in raw_shapes]
+    layer = DENSE_LAYERS[layer_type].build(spec(layer_type, bottoms, tops, fields), shapes)
+    rng = np.random.default_rng(batch)
+    cpu_ctx, gpu_ctx = ComputeContext(np, precision), ComputeContext(cupy, precision)
+    inputs = [rng.standard_normal(s.concrete(batch)).astype(cpu_ctx.dtype) for s in shapes]
+    params = [
+        (0.2 * rng.standard_normal(p.shape)).astype(cpu_ctx.dtype) for p in layer.param_shapes()
+    ]
+    cpu = layer.forward(cpu_ctx, inputs, params)
+    gpu = layer.forward(
+        gpu_ctx, [cupy.asarray(x) for x in inputs], [cupy.asarray(p) for p in params]
+    )
+    for g, c in zip(gpu, cpu, strict=True):
+        assert isinstance(g, cupy.ndarray) and g.dtype == c.dtype and g.shape == c.shape
+        assert_close(g, c, precision)
+
+
+@pytest.mark.parametrize("combiner", list(Combiner))
+@pytest.mark.parametrize("fixed", [True, False])
+def test_pooling_parity(combiner, fixed):
+    rng = np.random.default_rng(7)
+    rows, slots, dim = 512 * 26, 26, 16
+    counts = np.full(rows, 2) if fixed else rng.integers(0, 5, size=rows)
+    offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int32)
+    values = rng.standard_normal((int(offsets[-1]), dim)).astype(np.float32)
+    cpu = pool_embeddings(np, values, offsets, slots, combiner)
+    out = cupy.full(cpu.shape, cupy.nan, dtype=cupy.float32)
+    gpu = pool_embeddings(
+        cupy, cupy.asarray(values), cupy.asarray(offsets), slots, combiner, out=out
+    )
+    assert gpu is out
+    np.testing.assert_allclose(cupy.asnumpy(gpu), cpu, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("precision", [Precision.FP32, Precision.FP16])
+@pytest.mark.parametrize("path", FIXTURES, ids=lambda p: p.name)
+def test_network_parity(path, precision):
+    graph = build_graph(load_network_json(path))
+    params = random_dense_params(graph.dense_layout(), seed=2)
+    cpu = DenseExecutor(graph, params, np, precision)
+    gpu = DenseExecutor(graph, params, cupy, precision)
+    rng = np.random.default_rng(4)
+    batch = 256
+    dense = (0.3 * rng.standard_normal((batch, graph.spec.data.dense_dim))).astype(np.float32)
+    unpooled = {}
+    for name, layer in zip(cpu.embedding_names, cpu.embedding_layers, strict=True):
+        counts = rng.integers(0, 4, size=batch * layer.slot_num)
+        offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+        values = (0.3 * rng.standard_normal((int(offsets[-1]), layer.vec_size))).astype(np.float32)
+        unpooled[name] = (values, offsets)
+    expected = cpu.forward(dense, {k: UnpooledEmbedding(*v) for k, v in unpooled.items()})
+    on_device = {
+        k: UnpooledEmbedding(cupy.asarray(v), cupy.asarray(o)) for k, (v, o) in unpooled.items()
+    }
+    out = cupy.full(expected.shape, cupy.nan, dtype=cupy.float32)
+    got = gpu.forward(cupy.asarray(dense), on_device, out=out)
+    assert got is out and bool(cupy.all(cupy.isfinite(out)))
+    assert_close(out, expected, precision)

@@ -1,0 +1,169 @@
+"""Independent float64 references for the dense-network tests.
+
+Written from HugeCTR's layer semantics with plain loops and einsum, sharing no code with
+``hps_core.nn``: the whole-network reference reads the JSON with ``json`` and takes the
+parameters from the flat dense blob in file order itself.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+EMBEDDING_TYPES = {
+    "DistributedSlotSparseEmbeddingHash",
+    "LocalizedSlotSparseEmbeddingHash",
+    "LocalizedSlotSparseEmbeddingOneHot",
+}
+
+
+def fc(x, weight, bias):
+    return np.einsum("...k,kn->...n", x, weight) + bias[0]
+
+
+def relu(x):
+    return np.where(x > 0, x, 0.0)
+
+
+def sigmoid(x):
+    with np.errstate(over="ignore"):
+        return 1.0 / (1.0 + np.exp(-x))
+
+
+def weight_multiply(x, weight):
+    rows, slots = x.shape
+    vec = weight.shape[1]
+    out = np.empty((rows, slots * vec))
+    for i in range(slots):
+        out[:, i * vec : (i + 1) * vec] = x[:, i : i + 1] * weight[i]
+    return out
+
+
+def fm_order2(x, out_dim):
+    slots = x.shape[1] // out_dim
+    total = np.zeros((x.shape[0], out_dim))
+    squares = np.zeros((x.shape[0], out_dim))
+    for i in range(slots):
+        part = x[:, i * out_dim : (i + 1) * out_dim]
+        total += part
+        squares += part * part
+    return 0.5 * (total * total - squares)
+
+
+def interaction(mlp, emb):
+    vectors = [mlp] + [emb[:, k, :] for k in range(emb.shape[1])]
+    columns = [mlp]
+    for i in range(1, len(vectors)):
+        for j in range(i):
+            columns.append(np.sum(vectors[i] * vectors[j], axis=1, keepdims=True))
+    columns.append(np.zeros((mlp.shape[0], 1)))
+    return np.concatenate(columns, axis=1)
+
+
+def multi_cross(x0, layer_params, projection_dim):
+    xl = x0
+    for params in layer_params:
+        if projection_dim:
+            u, v, b = params
+            xl = x0 * (np.einsum("rd,dp,pe->re", xl, u, v) + b[0]) + xl
+        else:
+            w, b = params
+            xl = x0 * np.einsum("rd,d->r", xl, w[0])[:, None] + xl + b[0]
+    return xl
+
+
+def pool(values, offsets, slot_num, combiner):
+    rows = len(offsets) - 1
+    out = np.zeros((rows, values.shape[1]))
+    for r in range(rows):
+        members = values[offsets[r] : offsets[r + 1]].astype(np.float64)
+        if len(members):
+            out[r] = members.sum(axis=0)
+            if combiner == "mean":
+                out[r] /= len(members)
+    return out.reshape(rows // slot_num, slot_num, values.shape[1])
+
+
+def _names(value):
+    return [value] if isinstance(value, str) else list(value)
+
+
+class _Blob:
+    def __init__(self, flat):
+        self.flat = np.asarray(flat, dtype=np.float64)
+        self.cursor = 0
+
+    def take(self, *shape):
+        n = int(np.prod(shape))
+        part = self.flat[self.cursor : self.cursor + n].reshape(shape)
+        self.cursor += n
+        return part
+
+
+def network_forward(path: str | Path, flat_params, dense, pooled: dict[str, np.ndarray]):
+    """Run a HugeCTR network file in float64, layer by layer in file order.
+
+    Args:
+        path: the network JSON.
+        flat_params: the dense model file's floats.
+        dense: ``[batch, dense_dim]`` dense features.
+        pooled: embedding layer name -> ``[batch, slots, vec]`` pooled vectors.
+
+    Returns:
+        ``[batch, width]`` predictions of the last layer.
+    """
+    layers = json.loads(Path(path).read_text())["layers"]
+    tensors = {layers[0]["dense"]["top"]: np.asarray(dense, dtype=np.float64)}
+    blob = _Blob(flat_params)
+    last = None
+    for layer in layers[1:]:
+        kind, tops = layer["type"], _names(layer["top"])
+        xs = [tensors.get(b) for b in _names(layer["bottom"])]
+        x = xs[0]
+        if kind in EMBEDDING_TYPES:
+            outs = [np.asarray(pooled[layer.get("name", tops[0])], dtype=np.float64)]
+        elif kind == "InnerProduct":
+            n = layer["fc_param"]["num_output"]
+            outs = [fc(x, blob.take(x.shape[-1], n), blob.take(1, n))]
+        elif kind == "ReLU":
+            outs = [relu(x)]
+        elif kind in ("Sigmoid", "BinaryCrossEntropyLoss", "MultiCrossEntropyLoss"):
+            outs = [sigmoid(x)]
+        elif kind == "Dropout":
+            outs = [x]
+        elif kind == "Reshape" and "selected" in layer:
+            chosen = layer["selected"] or list(range(x.shape[1]))
+            outs = [np.concatenate([x[:, slot, :] for slot in chosen], axis=1)]
+        elif kind == "Reshape":
+            leading, steps = layer.get("leading_dim", x[0].size), layer.get("time_step", 0)
+            outs = [x.reshape(-1, steps, leading) if steps else x.reshape(-1, leading)]
+        elif kind == "Concat":
+            outs = [np.concatenate(xs, axis=layer.get("axis", 1) if x.ndim == 3 else 1)]
+        elif kind == "Slice":
+            outs = [x[:, a:b] for a, b in layer["ranges"]]
+        elif kind == "WeightMultiply":
+            outs = [weight_multiply(x, blob.take(*layer["weight_dims"]))]
+        elif kind == "FmOrder2":
+            outs = [fm_order2(x, layer["out_dim"])]
+        elif kind == "ReduceSum":
+            outs = [x.sum(axis=layer["axis"], keepdims=True)]
+        elif kind == "Add":
+            outs = [sum(xs)]
+        elif kind == "ElementwiseMultiply":
+            outs = [np.prod(np.stack(xs), axis=0)]
+        elif kind == "Interaction":
+            outs = [interaction(*xs)]
+        elif kind == "MultiCross":
+            mc = layer["mc_param"]
+            d, p = x.shape[1], mc.get("projection_dim", 0)
+            shapes = [(d, p), (p, d), (1, d)] if p else [(1, d), (1, d)]
+            params = [[blob.take(*s) for s in shapes] for _ in range(mc["num_layers"])]
+            outs = [multi_cross(x, params, p)]
+        else:
+            raise NotImplementedError(kind)
+        tensors.update(zip(tops, outs, strict=True))
+        last = tops[-1]
+    assert blob.cursor == blob.flat.size, "reference used a different number of parameters"
+    return tensors[last].reshape(dense.shape[0], -1)

@@ -1,0 +1,205 @@
+"""Whole networks: the four HugeCTR fixtures and a network using every layer, run by the
+executor and compared with the independent float64 interpreter of ``nn_reference``."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from nn_reference import network_forward, pool
+from nn_testdata import FIXTURES, graph_inputs, network_text, random_csr
+
+from hps_core.errors import ConfigError, ModelFileError, NotAvailableError, RequestError
+from hps_core.nn import (
+    DenseExecutor,
+    UnpooledEmbedding,
+    build_graph,
+    load_network_json,
+    random_dense_params,
+    write_dense_blob,
+)
+
+EVERY_LAYER = [
+    {
+        "name": "e1",
+        "type": "LocalizedSlotSparseEmbeddingHash",
+        "bottom": "keys",
+        "top": "e1",
+        "sparse_embedding_hparam": {"embedding_vec_size": 8, "combiner": "mean"},
+    },
+    {
+        "name": "e2",
+        "type": "DistributedSlotSparseEmbeddingHash",
+        "bottom": "keys2",
+        "top": "e2",
+        "sparse_embedding_hparam": {"embedding_vec_size": 8, "combiner": "sum"},
+    },
+    {"type": "Concat", "bottom": ["e1", "e2"], "top": "slots", "axis": 1},
+    {"type": "InnerProduct", "bottom": "slots", "top": "fc3d", "fc_param": {"num_output": 4}},
+    {"type": "Reshape", "bottom": "fc3d", "top": "picked", "selected": [0, 7, 3]},
+    {"type": "Reshape", "bottom": "slots", "top": "flat", "leading_dim": 64},
+    {"type": "Reshape", "bottom": "flat", "top": "steps", "leading_dim": 16, "time_step": 2},
+    {"type": "Reshape", "bottom": "steps", "top": "back", "leading_dim": 64},
+    {"type": "InnerProduct", "bottom": "dense", "top": "fc1", "fc_param": {"num_output": 12}},
+    {"type": "ReLU", "bottom": "fc1", "top": "relu1"},
+    {"type": "ElementwiseMultiply", "bottom": ["relu1", "picked"], "top": "mul"},
+    {"type": "Add", "bottom": ["fc1", "mul"], "top": "add0"},
+    {"type": "Concat", "bottom": ["add0", "back"], "top": "cat"},
+    {"type": "MultiCross", "bottom": "cat", "top": "mc1", "mc_param": {"num_layers": 2}},
+    {
+        "type": "MultiCross",
+        "bottom": "cat",
+        "top": "mc2",
+        "mc_param": {"num_layers": 2, "projection_dim": 5},
+    },
+    {"type": "Add", "bottom": ["mc1", "mc2"], "top": "both"},
+    {"type": "Dropout", "bottom": "both", "top": "drop", "rate": 0.3},
+    {"type": "InnerProduct", "bottom": "drop", "top": "fc2", "fc_param": {"num_output": 1}},
+    {"type": "BinaryCrossEntropyLoss", "bottom": ["fc2", "label"], "top": "loss"},
+]
+SPARSE = (("keys", 5, 3), ("keys2", 3, 2))
+
+
+@pytest.fixture(scope="module")
+def networks(tmp_path_factory):
+    """(network file, dense file) for each fixture and for the every-layer network."""
+    root = tmp_path_factory.mktemp("networks")
+    every = root / "every_layer.json"
+    every.write_text(network_text(EVERY_LAYER, dense_dim=6, sparse=SPARSE))
+    out = {}
+    for path in [*FIXTURES, every]:
+        graph = build_graph(load_network_json(path))
+        dense_file = root / f"{path.stem}_dense.model"
+        write_dense_blob(random_dense_params(graph.dense_layout(), seed=11), dense_file)
+        out[path.stem] = (path, dense_file)
+    return out
+
+
+def reference(path, dense_file, dense, pooled):
+    return network_forward(path, np.fromfile(dense_file, dtype="<f4"), dense, pooled)
+
+
+NAMES = [p.stem for p in FIXTURES] + ["every_layer"]
+
+
+@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("batch", [1, 7, 33])
+def test_fp32_matches_reference(networks, name, batch):
+    path, dense_file = networks[name]
+    executor = DenseExecutor.from_files(path, dense_file)
+    dense, pooled = graph_inputs(executor.graph, batch, np.random.default_rng(batch))
+    out = executor.forward(dense, pooled)
+    assert out.shape == (batch, 1) and out.dtype == np.float32
+    assert np.all(np.isfinite(out))
+    np.testing.assert_allclose(
+        out, reference(path, dense_file, dense, pooled), rtol=1e-4, atol=1e-5
+    )
+
+
+@pytest.mark.parametrize("name", ["every_layer", "wdl_1gpu", "dcn_inference"])
+def test_unpooled_inputs_are_pooled_per_slot(networks, name):
+    path, dense_file = networks[name]
+    executor = DenseExecutor.from_files(path, dense_file)
+    rng = np.random.default_rng(3)
+    batch = 5
+    dense, _ = graph_inputs(executor.graph, batch, rng)
+    unpooled, pooled = {}, {}
+    for layer, layer_name in zip(executor.embedding_layers, executor.embedding_names, strict=True):
+        values, offsets = random_csr(rng, batch * layer.slot_num, 3, layer.vec_size)
+        unpooled[layer_name] = UnpooledEmbedding(0.3 * values, offsets)
+        pooled[layer_name] = pool(0.3 * values, offsets, layer.slot_num, layer.combiner.value)
+    out = executor.forward(dense, unpooled)
+    np.testing.assert_allclose(
+        out, reference(path, dense_file, dense, pooled), rtol=1e-4, atol=1e-5
+    )
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_fp16_accuracy_against_float64(networks, name, record_property):
+    path, dense_file = networks[name]
+    fp32 = DenseExecutor.from_files(path, dense_file)
+    fp16 = DenseExecutor.from_files(path, dense_file, precision="fp16")
+    dense, pooled = graph_inputs(fp32.graph, 64, np.random.default_rng(8))
+    expected = reference(path, dense_file, dense, pooled)
+    error16 = np.abs(fp16.forward(dense, pooled) - expected).max()
+    error32 = np.abs(fp32.forward(dense, pooled) - expected).max()
+    record_property("max_abs_error_fp16", float(error16))
+    record_property("max_abs_error_fp32", float(error32))
+    # Measured on these networks at batch 64: 1.6e-4 (DCN) to 6.6e-4 (DeepFM) on probabilities
+    # for fp16, about 1e-7 for fp32. The second bound shows the fp16 path really is float16.
+    assert error16 < 3e-3
+    assert error32 < 1e-5
+    assert error16 > 10 * error32
+    assert fp16.forward(dense, pooled).dtype == np.float32
+
+
+def test_relu_fusion_keeps_results_and_skips_shared_outputs(networks):
+    path, dense_file = networks["every_layer"]
+    executor = DenseExecutor.from_files(path, dense_file)
+    fused = {
+        step.name: step.layer.fuse_relu
+        for step in executor._steps
+        if hasattr(step.layer, "fuse_relu")
+    }
+    # fc1 feeds both relu1 and add0, so it must not be fused; nothing else feeds a ReLU.
+    assert fused == {"fc3d": False, "fc1": False, "fc2": False}
+    dlrm_path, dlrm_dense = networks["dlrm_1gpu"]
+    dlrm = DenseExecutor.from_files(dlrm_path, dlrm_dense)
+    names = [step.name for step in dlrm._steps]
+    assert "relu1" not in names and all(step.layer.fuse_relu for step in dlrm._steps[1:4])
+
+
+def test_out_buffer_is_fully_written(networks):
+    path, dense_file = networks["deepfm_1gpu"]
+    executor = DenseExecutor.from_files(path, dense_file)
+    dense, pooled = graph_inputs(executor.graph, 9, np.random.default_rng(0))
+    out = np.full((9, 1), np.nan, dtype=np.float32)
+    assert executor.forward(dense, pooled, out=out) is out
+    np.testing.assert_array_equal(out, executor.forward(dense, pooled))
+    with pytest.raises(RequestError, match=r"out must be C-contiguous float32 \(9, 1\)"):
+        executor.forward(dense, pooled, out=np.empty((9, 2), dtype=np.float32))
+
+
+def test_request_errors_name_the_input(networks):
+    path, dense_file = networks["wdl_1gpu"]
+    executor = DenseExecutor.from_files(path, dense_file)
+    dense, pooled = graph_inputs(executor.graph, 4, np.random.default_rng(0))
+    with pytest.raises(RequestError, match=r"dense input 'dense' must be numeric \[batch, 13\]"):
+        executor.forward(dense[:, :12], pooled)
+    with pytest.raises(RequestError, match=r"missing \['sparse_embedding1'\], unexpected \['x'\]"):
+        executor.forward(dense, {"sparse_embedding2": pooled["sparse_embedding2"], "x": 1})
+    short = dict(pooled, sparse_embedding1=pooled["sparse_embedding1"][:3])
+    with pytest.raises(
+        RequestError, match="'sparse_embedding1' has 3 samples, the dense input has 4"
+    ):
+        executor.forward(dense, short)
+
+
+def test_parameter_errors_name_the_layer(networks):
+    path, _ = networks["dcn_inference"]
+    graph = build_graph(load_network_json(path))
+    params = random_dense_params(graph.dense_layout())
+    with pytest.raises(ModelFileError, match=r"'fc2' .*needs 2 parameter tensors, got none"):
+        DenseExecutor(graph, {k: v for k, v in params.items() if k != "fc2"})
+    bad = dict(params, fc3=(params["fc3"][0].T[:, :5], params["fc3"][1]))
+    with pytest.raises(ModelFileError, match=r"'fc3' .* weight must have shape \(200, 200\)"):
+        DenseExecutor(graph, bad)
+    with pytest.raises(ModelFileError, match=r"layers the network has not: \['fc9'\]"):
+        DenseExecutor(graph, dict(params, fc9=()))
+
+
+def test_unrunnable_networks_and_precisions_are_refused(networks, tmp_path):
+    path, dense_file = networks["dcn_inference"]
+    with pytest.raises(NotAvailableError, match="tf32"):
+        DenseExecutor.from_files(path, dense_file, precision="tf32")
+    with pytest.raises(ConfigError, match="unknown precision 'fp8'"):
+        DenseExecutor.from_files(path, dense_file, precision="fp8")
+    doc = json.loads(path.read_text())
+    doc["layers"][5]["type"] = "ELU"
+    bad = tmp_path / "elu.json"
+    bad.write_text(json.dumps(doc, indent=2))
+    with pytest.raises(
+        NotAvailableError, match=r"elu.json:\d+ layers\[5\] 'relu1'.type: type 'ELU'"
+    ):
+        DenseExecutor.from_files(bad, dense_file)

@@ -1,0 +1,181 @@
+"""Wiring, ordering and shape inference of the inference graph, and its errors."""
+
+from __future__ import annotations
+
+import itertools
+import json
+
+import pytest
+from nn_testdata import FIXTURE_DIR, graph_of
+
+from hps_core.errors import ConfigError, NotAvailableError
+from hps_core.nn import build_graph, load_network_json
+
+
+def fixture_graph(name):
+    return build_graph(load_network_json(FIXTURE_DIR / name))
+
+
+def shapes(graph):
+    return {n.spec.name: [str(s) for s in n.output_shapes] for n in graph.nodes}
+
+
+def test_dlrm_interaction_width_and_output():
+    graph = fixture_graph("dlrm_1gpu.json")
+    doc = json.loads((FIXTURE_DIR / "dlrm_1gpu.json").read_text())
+    dim = doc["layers"][1]["sparse_embedding_hparam"]["embedding_vec_size"]
+    slots = doc["layers"][0]["sparse"][0]["slot_num"]
+    width = dim + (slots + 1) * slots // 2 + 1
+    assert shapes(graph)["interaction1"] == [f"(B, {width})"]
+    assert graph.output == "loss" and str(graph.output_shape) == "(B, 1)"
+    assert graph.cannot_run == () and all(n.used for n in graph.nodes)
+
+
+def test_deepfm_rows_per_sample_and_branches():
+    got = shapes(fixture_graph("deepfm_1gpu.json"))
+    assert got["reshape1"] == ["(26B, 11)"]
+    assert got["slice1"] == ["(26B, 10)", "(26B, 1)"]
+    assert got["reshape2"] == ["(B, 260)"] and got["concat1"] == ["(B, 390)"]
+    assert got["add"] == ["(B, 1)"]
+
+
+def test_dcn_dense_layout_in_file_order():
+    layout = fixture_graph("dcn_inference.json").dense_layout()
+    assert [layer.layer for layer in layout.layers] == ["fc1", "fc2", "fc3", "fc4"]
+    widths = [26 * 16 + 13, 200, 200, 200, 1]
+    expected = sum(w_in * w_out + w_out for w_in, w_out in itertools.pairwise(widths))
+    assert layout.total_floats == expected
+    assert [p.shape for p in layout.layers[0].params] == [(429, 200), (1, 200)]
+
+
+def test_wdl_embedding_tables_follow_file_order():
+    graph = fixture_graph("wdl_1gpu.json")
+    tables = [(n.spec.name, n.layer.sparse_input, n.layer.slot_num) for n in graph.embeddings]
+    assert tables == [("sparse_embedding2", "wide_data", 2), ("sparse_embedding1", "deep_data", 26)]
+
+
+def test_layers_out_of_file_order_are_sorted_topologically():
+    graph = graph_of(
+        [
+            {"type": "Sigmoid", "bottom": "fc", "top": "out"},
+            {"type": "InnerProduct", "bottom": "dense", "top": "fc", "fc_param": {"num_output": 1}},
+        ]
+    )
+    assert [n.spec.name for n in graph.nodes] == ["fc", "out"]
+    assert graph.output == "fc"  # HugeCTR's rule: the last top of the last layer in the file
+    assert [n.used for n in graph.nodes] == [True, False]
+
+
+def test_unused_branch_is_marked():
+    graph = graph_of(
+        [
+            {"type": "ReLU", "bottom": "dense", "top": "side"},
+            {"type": "Sigmoid", "bottom": "dense", "top": "out"},
+        ]
+    )
+    assert {n.spec.name: n.used for n in graph.nodes} == {"side": False, "out": True}
+
+
+@pytest.mark.parametrize(
+    ("layers", "messages"),
+    [
+        (
+            [
+                {"type": "ReLU", "bottom": "dense", "top": "a"},
+                {"type": "ReLU", "bottom": "dense", "top": "a"},
+            ],
+            ["'a' is already produced by layer 'a'"],
+        ),
+        ([{"type": "ReLU", "bottom": "dense", "top": "dense"}], ["'dense' is also one of its"]),
+        (
+            [
+                {"name": "n", "type": "ReLU", "bottom": "dense", "top": "a"},
+                {"name": "n", "type": "ReLU", "bottom": "a", "top": "b"},
+            ],
+            ["'n'.name: layer name 'n' is also used at line 25"],
+        ),
+        ([{"type": "ReLU", "bottom": "nothing", "top": "a"}], ["no layer or input produces"]),
+        ([{"type": "ReLU", "bottom": "label", "top": "a"}], ["reads the label 'label'"]),
+        ([{"type": "ReLU", "bottom": "keys", "top": "a"}], ["can only feed an embedding layer"]),
+        (
+            [
+                {
+                    "type": "DistributedSlotSparseEmbeddingHash",
+                    "bottom": "dense",
+                    "top": "e",
+                    "sparse_embedding_hparam": {"embedding_vec_size": 4, "combiner": "sum"},
+                }
+            ],
+            ["'dense' is not a sparse input of Data"],
+        ),
+        (
+            [
+                {"type": "ReLU", "bottom": "dense", "top": "x"},
+                {"type": "Add", "bottom": ["x", "nope"], "top": "y"},
+                {"type": "Concat", "bottom": ["x", "dense"], "top": "x"},
+            ],
+            ["no layer or input produces 'nope'", "'x' is also one of its bottoms"],
+        ),
+    ],
+)
+def test_wiring_errors_are_collected(layers, messages):
+    with pytest.raises(ConfigError) as info:
+        graph_of(layers)
+    text = str(info.value)
+    for message in messages:
+        assert message in text
+    assert "net.json:" in text
+
+
+def test_cycle_is_reported():
+    with pytest.raises(ConfigError, match=r"cycle among: 'a' \(line \d+\), 'b' \(line \d+\)"):
+        graph_of(
+            [
+                {"type": "Add", "bottom": ["dense", "b"], "top": "a"},
+                {"type": "ReLU", "bottom": "a", "top": "b"},
+            ]
+        )
+
+
+def test_shape_errors_of_several_layers_come_together():
+    with pytest.raises(ConfigError) as info:
+        graph_of(
+            [
+                {"type": "Add", "bottom": ["dense", "s"], "top": "a"},
+                {"type": "Slice", "bottom": "dense", "top": ["s"], "ranges": [[0, 3]]},
+                {"type": "FmOrder2", "bottom": "dense", "top": "f", "out_dim": 3},
+            ],
+            dense_dim=4,
+        )
+    assert len(info.value.problems) == 2
+    assert "same shape" in str(info.value) and "not a multiple of 3" in str(info.value)
+
+
+def test_layers_that_cannot_run_are_listed_with_lines_and_block_downstream():
+    graph = graph_of(
+        [
+            {"type": "BatchNorm", "bottom": "dense", "top": "bn", "bn_param": {}},
+            {"type": "FancyNorm", "bottom": "bn", "top": "fancy"},
+            {"type": "InnerProduct", "bottom": "fancy", "top": "fc", "fc_param": {"num_output": 2}},
+        ]
+    )
+    problems = [str(p) for p in graph.cannot_run]
+    assert problems[0].startswith("net.json:25 layers[1] 'bn'.type: type 'BatchNorm' is a HugeCTR")
+    assert "layers[2] 'fancy'.type: unknown layer type 'FancyNorm'" in problems[1]
+    assert graph.output_shape is None
+    with pytest.raises(NotAvailableError, match=r"cannot run:\n.*BatchNorm.*\n.*FancyNorm"):
+        graph.require_runnable()
+    with pytest.raises(NotAvailableError, match=r"layout is unknown because of: .*BatchNorm"):
+        graph.dense_layout()
+
+
+def test_layout_stays_known_when_only_parameter_free_layers_cannot_run():
+    graph = graph_of(
+        [
+            {"type": "ELU", "bottom": "dense", "top": "side", "elu_param": {"alpha": 1.0}},
+            {"type": "InnerProduct", "bottom": "dense", "top": "fc", "fc_param": {"num_output": 3}},
+        ],
+        dense_dim=5,
+    )
+    assert len(graph.cannot_run) == 1
+    assert graph.dense_layout().total_floats == 5 * 3 + 3
