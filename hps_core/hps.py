@@ -15,13 +15,21 @@ from __future__ import annotations
 import os
 import threading
 from pathlib import Path
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import numpy as np
 
 from hps_core.config import PSConfig, load_ps_config
 from hps_core.errors import RequestError
 from hps_core.lookup import ModelLookup
+from hps_core.lookup.devices import to_host
+
+
+def _as_keys(keys: Any) -> np.ndarray:
+    keys = np.asarray(keys)
+    if keys.dtype.kind not in "iu":
+        raise RequestError(f"keys must be integers, got {keys.dtype}")
+    return keys.astype(np.int64, copy=False).ravel()
 
 
 class HPS:
@@ -46,7 +54,7 @@ class HPS:
 
     def _init(self, config: PSConfig) -> None:
         self.config = config
-        self._models: dict[str, ModelLookup] = {}
+        self._sessions: dict[tuple[str, int | None], ModelLookup] = {}
         self._lock = threading.Lock()
 
     @classmethod
@@ -54,52 +62,79 @@ class HPS:
         """The instance for ``ps_config`` (same as calling ``HPS(ps_config)``)."""
         return cls(ps_config)
 
-    def model(self, model_name: str) -> ModelLookup:
-        """The lookup session of ``model_name``, created on first use.
+    def model(self, model_name: str, device_id: int | None = None) -> ModelLookup:
+        """The lookup session of ``model_name`` on a device, created on first use.
 
         Args:
             model_name: a ``model`` name of the ps.json.
+            device_id: GPU whose embedding caches serve the lookups; ``None``: the host tier.
 
         Returns:
             Its :class:`~hps_core.lookup.ModelLookup`.
         """
-        session = self._models.get(model_name)
+        key = (model_name, device_id)
+        session = self._sessions.get(key)
         if session is None:
             with self._lock:
-                session = self._models.get(model_name)
+                session = self._sessions.get(key)
                 if session is None:
-                    session = ModelLookup(self.config, self.config.model(model_name))
-                    self._models[model_name] = session
+                    session = ModelLookup(self.config, self.config.model(model_name), device_id)
+                    self._sessions[key] = session
         return session
 
     def lookup(
-        self, keys: np.ndarray, model_name: str, table_id: int, device_id: int = 0
+        self, keys: np.ndarray, model_name: str, table_id: int, device_id: int | None = None
     ) -> np.ndarray:
         """Embedding vectors of ``keys`` in one table, like HugeCTR's ``HPS.lookup``.
 
         Args:
-            keys: int64 keys (any shape; flattened).
+            keys: integer keys (any shape; flattened).
             model_name: a model of the ps.json.
             table_id: index of the table in the model's ``sparse_files``.
-            device_id: GPU of the embedding cache; unused while lookups are host-only.
+            device_id: GPU whose embedding cache to use; ``None`` reads the host tier.
 
         Returns:
-            float32 ``[len(keys), dim]``; the table's default vector for unknown keys.
+            NumPy float32 ``[len(keys), dim]``; the table's default vector for unknown keys.
         """
-        del device_id  # the GPU cache tier is not in this version
-        keys = np.asarray(keys)
-        if keys.dtype != np.int64:
-            if keys.dtype.kind not in "iu":
-                raise RequestError(f"keys must be integers, got {keys.dtype}")
-            keys = keys.astype(np.int64)
-        return self.model(model_name).lookup(table_id, keys.ravel())
+        keys = _as_keys(keys)
+        return to_host(self.model(model_name, device_id).lookup(table_id, keys))
+
+    def lookup_fromdlpack(
+        self, keys: Any, out: Any, model_name: str, table_id: int, device_id: int
+    ) -> None:
+        """Look up keys held in a DLPack tensor, writing into a DLPack tensor, on the GPU.
+
+        Like HugeCTR's ``HPS.lookup_fromdlpack``: the keys never visit the host unless the
+        cache misses (then only the missing keys do).
+
+        Args:
+            keys: DLPack-capable int64 keys on GPU ``device_id`` (e.g. a CuPy or PyTorch tensor).
+            out: DLPack-capable float32 ``[len(keys), dim]`` tensor on the same GPU.
+            model_name: a model of the ps.json.
+            table_id: index of the table.
+            device_id: the GPU.
+        """
+        session = self.model(model_name, device_id)
+        xp = session.xp
+        with xp.cuda.Device(device_id):
+            key_array = xp.from_dlpack(keys)
+            out_array = xp.from_dlpack(out)
+            if key_array.dtype != xp.int64:
+                raise RequestError(f"keys must be int64, got {key_array.dtype}")
+            dim = session.model.tables[table_id].dim if 0 <= table_id < session.num_tables else 0
+            if out_array.dtype != xp.float32 or out_array.shape != (key_array.size, dim):
+                raise RequestError(
+                    f"out must be float32 [{key_array.size}, {dim}], got {out_array.dtype} "
+                    f"{list(out_array.shape)}"
+                )
+            session.lookup(table_id, key_array.ravel(), out=out_array)
 
     def close(self) -> None:
         """Detach from every table and forget this instance."""
         with self._lock:
-            for session in self._models.values():
+            for session in self._sessions.values():
                 session.close()
-            self._models.clear()
+            self._sessions.clear()
         with self._instances_lock:
             path = self.config.source_path
             if path is not None and self._instances.get(Path(path).resolve()) is self:

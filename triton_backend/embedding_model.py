@@ -8,7 +8,9 @@ A model folder's ``1/model.py`` is one line::
 fails to load with a clear reason; the tables themselves are loaded by the first ``execute``
 (HugeCTR's implicit initialisation; ``model_warmup`` in config.pbtxt makes that happen before
 the model is READY). All requests of one ``execute`` become one lookup per table; a bad request
-gets its own ``INVALID_ARG`` response and the others are served.
+gets its own ``INVALID_ARG`` response and the others are served. On a ``KIND_GPU`` instance
+the lookups go through that GPU's embedding caches, keys may arrive on the GPU, and the
+output is returned from GPU memory.
 """
 
 from __future__ import annotations
@@ -20,7 +22,6 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from hps_core.errors import HPSError, RequestError
-from hps_core.hps import HPS
 from hps_core.model_check import check_model_files
 from triton_backend.hps_contract import (
     KEYS,
@@ -30,19 +31,11 @@ from triton_backend.hps_contract import (
     batch_tables,
     split_outputs,
 )
+from triton_backend.lookup_service import LookupService, log_to_stderr
 from triton_backend.model_settings import check_io, read_settings
 from triton_backend.tensors import error_response, input_array, output_tensor
 
 logger = logging.getLogger("hps_core")
-
-
-def _log_to_stderr() -> None:
-    # The stub's stderr goes to Triton's log; without a handler, INFO lines would be lost.
-    if not logger.handlers:
-        handler = logging.StreamHandler()
-        handler.setFormatter(logging.Formatter("hps %(levelname)s %(message)s"))
-        logger.addHandler(handler)
-        logger.setLevel(logging.INFO)
 
 
 class EmbeddingModel:
@@ -54,23 +47,25 @@ class EmbeddingModel:
         Args:
             args: Triton's initialize arguments.
         """
-        _log_to_stderr()
-        self.settings = read_settings(args)
+        log_to_stderr()
+        settings = read_settings(args)
         check_io(
-            self.settings.config,
+            settings.config,
             inputs={KEYS: "TYPE_INT64", NUMKEYS: "TYPE_INT32"},
             outputs={OUTPUT0: "TYPE_FP32"},
         )
-        model = check_model_files(self.settings.ps_json, self.settings.hps_model)
+        model = check_model_files(settings.ps_json, settings.hps_model)
         self.contract = HpsContract.from_model(model)
+        self.service = LookupService(settings)
         logger.info(
-            "model '%s': ps.json %s, model '%s', %d tables (dims %s), %s instance",
-            self.settings.triton_model,
-            self.settings.ps_json,
-            self.settings.hps_model,
+            "model '%s': ps.json %s, model '%s', %d tables (dims %s), %s instance%s",
+            settings.triton_model,
+            settings.ps_json,
+            settings.hps_model,
             self.contract.num_tables,
             list(self.contract.dims),
-            self.settings.instance_kind,
+            settings.instance_kind,
+            "" if settings.lookup_device is None else f" on GPU {settings.lookup_device}",
         )
 
     def execute(self, requests: list[Any]) -> list[Any]:
@@ -97,8 +92,7 @@ class EmbeddingModel:
             served.append(i)
         if parsed:
             try:
-                session = HPS(self.settings.ps_json).model(self.settings.hps_model)
-                values = session.lookup_tables(batch_tables(parsed))
+                values = self.service.session().lookup_tables(batch_tables(parsed))
                 for i, out in zip(served, split_outputs(values, parsed), strict=True):
                     responses[i] = pb_utils.InferenceResponse(
                         output_tensors=[output_tensor(OUTPUT0, out)]
@@ -111,8 +105,9 @@ class EmbeddingModel:
                     responses[i] = error_response(
                         f"lookup failed: {exc}", pb_utils.TritonError.INTERNAL
                     )
+        self.service.report()
         return responses
 
     def finalize(self) -> None:
-        """Detach from the shared tables (the last process frees them)."""
-        HPS.close_all()
+        """Stop background work and detach from the shared tables."""
+        self.service.close()

@@ -10,7 +10,8 @@ Example with two tables of dims 2 and 3, keys ``[5, 9]`` for table 0 and ``[7]``
 ``KEYS = [[5, 9, 7]]``, ``NUMKEYS = [[2, 1]]``, ``OUTPUT0 = [[e5_0, e5_1, e9_0, e9_1, f7_0,
 f7_1, f7_2]]``.
 
-Everything here is plain NumPy so it is tested without a Triton server.
+Everything here is plain array code (NumPy, or CuPy for keys that arrive on a GPU), so it is
+tested without a Triton server.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import numpy as np
 
 from hps_core.config import ModelConfig
 from hps_core.errors import RequestError
+from hps_core.lookup.devices import module_of, to_host
 
 KEYS = "KEYS"
 NUMKEYS = "NUMKEYS"
@@ -94,7 +96,7 @@ class HpsContract:
         if numkeys.dtype != np.int32:
             raise RequestError(f"input '{NUMKEYS}': expected INT32, got {numkeys.dtype}")
         flat_keys = _one_row(KEYS, keys)
-        counts = _one_row(NUMKEYS, numkeys).astype(np.int64)
+        counts = to_host(_one_row(NUMKEYS, numkeys)).astype(np.int64)
         if len(counts) != self.num_tables:
             raise RequestError(
                 f"input '{NUMKEYS}': expected {self.num_tables} counts (one per table), "
@@ -120,7 +122,9 @@ class HpsContract:
                 f"{self.max_keys[t]} allowed (max_batch_size x "
                 "maxnum_catfeature_query_per_table_per_sample)"
             )
-        return np.split(flat_keys, np.cumsum(counts)[:-1])
+        bounds = np.concatenate([[0], np.cumsum(counts)])
+        # Slices, not np.split: the keys may be a CuPy array when they arrive on the GPU.
+        return [flat_keys[bounds[t] : bounds[t + 1]] for t in range(self.num_tables)]
 
     def output_length(self, counts: Sequence[int]) -> int:
         """Length of ``OUTPUT0`` for a request with ``counts`` keys per table."""
@@ -136,7 +140,7 @@ def batch_tables(requests_keys: Sequence[Sequence[np.ndarray]]) -> list[np.ndarr
     Returns:
         One key array per table holding every request's keys in request order.
     """
-    return [np.concatenate(keys) for keys in zip(*requests_keys, strict=True)]
+    return [module_of(keys[0]).concatenate(keys) for keys in zip(*requests_keys, strict=True)]
 
 
 def split_outputs(
@@ -149,9 +153,11 @@ def split_outputs(
         requests_keys: per request, the key arrays that were batched.
 
     Returns:
-        Per request a C-contiguous float32 ``[1, sum n_t * dim_t]`` array.
+        Per request a C-contiguous float32 ``[1, sum n_t * dim_t]`` array (NumPy or CuPy,
+        as the values).
     """
     offsets = [0] * len(values_per_table)
+    xp = module_of(values_per_table[0]) if values_per_table else np
     outputs = []
     for keys in requests_keys:
         parts = []
@@ -159,5 +165,5 @@ def split_outputs(
             n = len(table_keys)
             parts.append(values_per_table[t][offsets[t] : offsets[t] + n].ravel())
             offsets[t] += n
-        outputs.append(np.concatenate(parts)[None, :])
+        outputs.append(xp.concatenate(parts)[None, :])
     return outputs

@@ -17,6 +17,8 @@ from hps_core.errors import ConfigError, Problem
 
 PS_JSON_PARAMETER = "ps_json"
 HPS_MODEL_PARAMETER = "hps_model_name"
+MISS_POLICY_PARAMETER = "async_miss_policy"
+HOT_KEYS_PARAMETER = "hot_keys"
 
 
 @dataclass(frozen=True)
@@ -30,6 +32,11 @@ class ModelSettings:
         instance_kind: ``"CPU"`` or ``"GPU"``.
         device_id: GPU of the instance (0 for CPU instances).
         config: the decoded config.pbtxt.
+        instance_name: Triton's name of this instance.
+        miss_policy: how asynchronous cache misses are answered: ``"fetch"`` (true vectors)
+            or ``"default"`` (HugeCTR: default vectors, counted).
+        hot_keys: folder of ``<table name>.npy`` key arrays, hottest first, to warm the GPU
+            caches with; ``None`` uses each sparse folder's ``meta`` file or file order.
     """
 
     triton_model: str
@@ -38,6 +45,14 @@ class ModelSettings:
     instance_kind: str
     device_id: int
     config: Mapping[str, Any]
+    instance_name: str = ""
+    miss_policy: str = "fetch"
+    hot_keys: Path | None = None
+
+    @property
+    def lookup_device(self) -> int | None:
+        """The GPU whose caches serve this instance, ``None`` for a CPU instance."""
+        return self.device_id if self.instance_kind == "GPU" else None
 
 
 def _parameter(config: Mapping[str, Any], key: str) -> str | None:
@@ -111,6 +126,20 @@ def read_settings(args: Mapping[str, str]) -> ModelSettings:
         raise ConfigError(
             Problem(where, f"ps.json not found at {ps_json} (set parameter '{PS_JSON_PARAMETER}')")
         )
+    policy = _parameter(config, MISS_POLICY_PARAMETER) or "fetch"
+    if policy not in ("fetch", "default"):
+        raise ConfigError(
+            Problem(
+                f"config.pbtxt parameters.{MISS_POLICY_PARAMETER}",
+                f"must be 'fetch' or 'default', got '{policy}'",
+            )
+        )
+    hot = _parameter(config, HOT_KEYS_PARAMETER)
+    hot_keys = (model_dir / hot).resolve() if hot else None
+    if hot_keys is not None and not hot_keys.is_dir():
+        raise ConfigError(
+            Problem(f"config.pbtxt parameters.{HOT_KEYS_PARAMETER}", f"not a folder: {hot_keys}")
+        )
     return ModelSettings(
         triton_model=name,
         hps_model=_parameter(config, HPS_MODEL_PARAMETER) or name,
@@ -118,4 +147,7 @@ def read_settings(args: Mapping[str, str]) -> ModelSettings:
         instance_kind=args.get("model_instance_kind", "CPU"),
         device_id=int(args.get("model_instance_device_id", 0) or 0),
         config=config,
+        instance_name=args.get("model_instance_name", name),
+        miss_policy=policy,
+        hot_keys=hot_keys,
     )

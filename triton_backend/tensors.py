@@ -16,7 +16,7 @@ from hps_core.errors import RequestError
 
 
 def input_array(request: Any, name: str, dtype: np.dtype) -> np.ndarray:
-    """Host NumPy view of input ``name`` of ``request``.
+    """Array view of input ``name`` of ``request``, where Triton put it.
 
     Args:
         request: a ``pb_utils.InferenceRequest``.
@@ -24,7 +24,8 @@ def input_array(request: Any, name: str, dtype: np.dtype) -> np.ndarray:
         dtype: the input's data type in config.pbtxt (Triton has already enforced it).
 
     Returns:
-        The input as a NumPy array (copied to the host if Triton delivered it on a GPU).
+        The input as a NumPy array, or a CuPy array if Triton delivered it on a GPU (with
+        ``FORCE_CPU_ONLY_INPUT_TENSORS: "no"``); no copy either way.
 
     Raises:
         RequestError: the request lacks the input.
@@ -39,7 +40,7 @@ def input_array(request: Any, name: str, dtype: np.dtype) -> np.ndarray:
         return np.from_dlpack(tensor)
     import cupy  # only GPU instances receive device tensors
 
-    return cupy.asnumpy(cupy.from_dlpack(tensor))
+    return cupy.from_dlpack(tensor)
 
 
 def output_tensor(name: str, array: Any) -> Any:

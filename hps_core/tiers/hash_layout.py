@@ -48,7 +48,9 @@ class HashLayout:
     @property
     def bucket_bits(self) -> int:
         """log2 of the number of buckets (at least 1)."""
-        return max(1, (max(self.rows, 1) // MIN_ROWS_PER_BUCKET).bit_length() - 1)
+        # An int64 directory costs twice as much per bucket: give each bucket twice the rows.
+        per_bucket = MIN_ROWS_PER_BUCKET * (self.starts_dtype.itemsize // 4)
+        return max(1, (max(self.rows, 1) // per_bucket).bit_length() - 1)
 
     @property
     def num_buckets(self) -> int:
@@ -151,12 +153,13 @@ def find_rows(
         layout: the table layout.
         hashes: the table's sorted hashes (padded as :meth:`HashLayout.views` returns them).
         starts: the table's bucket directory.
-        keys: int64 query keys, any order, duplicates allowed.
+        keys: int64 query keys, any order and shape, duplicates allowed.
 
     Returns:
-        int64 array of rows, ``-1`` where the key is absent.
+        int64 array of rows (flat, in the order of ``keys.ravel()``), ``-1`` where the key
+        is absent.
     """
-    want = mix64(np.ascontiguousarray(keys, dtype=np.int64))
+    want = mix64(np.ascontiguousarray(keys, dtype=np.int64).ravel())
     bucket = (want >> np.uint64(64 - layout.bucket_bits)).astype(np.intp)
     pos = starts[bucket]
     end = starts[bucket + 1]

@@ -21,6 +21,7 @@ import numpy as np
 from hps_core.errors import ModelFileError
 from hps_core.formats.sparse import KEY_DTYPE, KEY_FILE, VECTOR_FILE, inspect_sparse_table
 from hps_core.formats.sparse import iter_sparse_table as _iter_sparse_table
+from hps_core.hashing import unmix64
 from hps_core.tiers.hash_layout import (
     DuplicateKeysError,
     HashLayout,
@@ -191,6 +192,15 @@ class SharedHostTable:
         if not found.all():
             values[~found] = self.default_value
         return values, found
+
+    def contents(self) -> tuple[np.ndarray, np.ndarray]:
+        """Every key and its vector, in the table's internal (hash) order.
+
+        Returns:
+            ``(keys, values)``: a new int64 ``[rows]`` array and a read-only view of the
+            shared float32 ``[rows, dim]`` rows.
+        """
+        return unmix64(self._hashes[: self.rows]), self._values
 
     def close(self) -> None:
         """Detach from the segment (the last process to detach frees it)."""

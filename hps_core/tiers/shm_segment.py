@@ -133,7 +133,8 @@ class SharedSegment:
                     seg.built_here = True
                 seg._map(size, writable)
             except BaseException:
-                seg._release_users()
+                # Leave nothing behind unless another process still uses the segment.
+                seg._release_users(remove_if_last=True)
                 raise
         return seg
 
@@ -143,8 +144,14 @@ class SharedSegment:
         try:
             os.ftruncate(fd, size)
             if size:
-                with mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE) as mm:
+                mm = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+                try:
                     build(mm)
+                finally:
+                    # A failing build may still hold array views of the mapping (in its
+                    # traceback); closing must not replace its error with a BufferError.
+                    with contextlib.suppress(BufferError):
+                        mm.close()
             os.rename(tmp, self.data_path)
         except BaseException:
             with contextlib.suppress(FileNotFoundError):
@@ -167,10 +174,27 @@ class SharedSegment:
         finally:
             os.close(fd)
 
-    def _release_users(self) -> None:
-        if self._users_fd is not None:
-            os.close(self._users_fd)
-            self._users_fd = None
+    def _release_users(self, remove_if_last: bool = False) -> bool:
+        """Drop this process's use; with ``remove_if_last``, remove the files if it was the last.
+
+        The caller holds the build lock, so no process can attach meanwhile.
+        """
+        if self._users_fd is None:
+            return False
+        removed = False
+        if remove_if_last:
+            try:
+                # Upgrading our shared lock succeeds only if nobody else holds one.
+                fcntl.flock(self._users_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError as exc:
+                if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
+                    raise
+            else:
+                _unlink_segment_files(self)
+                removed = True
+        os.close(self._users_fd)
+        self._users_fd = None
+        return removed
 
     @property
     def attached(self) -> bool:
@@ -191,19 +215,8 @@ class SharedSegment:
             with contextlib.suppress(BufferError):  # views still alive: unmapped when freed
                 self.buffer.close()
             self.buffer = None
-        removed = False
         with _locked(self.build_path) as _:
-            try:
-                # Upgrading our shared lock succeeds only if nobody else holds one.
-                fcntl.flock(self._users_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except OSError as exc:
-                if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
-                    raise
-            else:
-                _unlink_segment_files(self)
-                removed = True
-            self._release_users()
-        return removed
+            return self._release_users(remove_if_last=True)
 
     def __enter__(self) -> SharedSegment:
         return self

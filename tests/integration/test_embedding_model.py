@@ -18,7 +18,6 @@ from tritonclient.utils import InferenceServerException
 
 from hps_core.cli.main import main as hps_main
 from hps_core.formats.sparse_writer import write_sparse_table
-from hps_core.server.install import TritonInstallError, find_triton
 from hps_core.server.process import TritonServer, process_group_members
 
 pytestmark = pytest.mark.integration
@@ -43,11 +42,7 @@ def _make_tables(root: Path, rng: np.random.Generator) -> list[tuple[np.ndarray,
 
 
 @pytest.fixture(scope="module")
-def served(tmp_path_factory: pytest.TempPathFactory):
-    try:
-        find_triton()
-    except TritonInstallError as exc:
-        pytest.skip(f"Triton not installed: {exc}")
+def served(tmp_path_factory: pytest.TempPathFactory, module_triton_server):
     root = tmp_path_factory.mktemp("emb")
     tables = _make_tables(root / "data", np.random.default_rng(7))
     ps = {
@@ -67,11 +62,7 @@ def served(tmp_path_factory: pytest.TempPathFactory):
     (root / "ps.json").write_text(json.dumps(ps))
     repo = root / "repo"
     assert hps_main(["repo", str(root / "ps.json"), str(repo), "--instances", "2"]) == 0
-    server = TritonServer(repo, startup_timeout_s=120).start()
-    try:
-        yield server, tables
-    finally:
-        server.stop()
+    yield module_triton_server(repo), tables
 
 
 def _clients(server: TritonServer):

@@ -9,7 +9,6 @@ from pathlib import Path
 import pytest
 
 from hps_core.cli.main import main as hps_main
-from hps_core.server.install import TritonInstallError, find_perf_analyzer, find_triton
 from hps_core.server.perf import run_perf_analyzer
 from hps_core.server.process import TritonServer
 
@@ -18,16 +17,10 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
-def default_server(tmp_path_factory: pytest.TempPathFactory):
-    try:
-        find_triton()
-        find_perf_analyzer()
-    except TritonInstallError as exc:
-        pytest.skip(f"Triton or perf_analyzer not installed: {exc}")
+def default_server(tmp_path_factory: pytest.TempPathFactory, module_triton_server):
     repo = tmp_path_factory.mktemp("repo")
     assert hps_main(["prepare", str(repo)]) == 0
-    with TritonServer(repo) as server:
-        yield server
+    return module_triton_server(repo)
 
 
 @pytest.mark.parametrize("protocol", ["grpc", "http"])

@@ -17,20 +17,11 @@ import tritonclient.http as httpclient
 
 from hps_core.cli.main import main as hps_main
 from hps_core.formats.sparse_writer import write_sparse_table
-from hps_core.server.install import TritonInstallError, find_triton
 from hps_core.server.process import TritonServer, process_group_members
 from hps_core.tiers.host_table import segment_name
 from hps_core.tiers.shm_segment import PREFIX, shm_dir
 
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture(autouse=True)
-def _need_triton() -> None:
-    try:
-        find_triton()
-    except TritonInstallError as exc:
-        pytest.skip(f"Triton not installed: {exc}")
 
 
 def _write_repo(root: Path, seed: int) -> tuple[Path, list[str]]:
@@ -77,24 +68,22 @@ def _triton_regions() -> set[str]:
     return {p.name for p in Path("/dev/shm").glob("*triton_python_backend_shm_region*")}
 
 
-def test_clean_stop_leaves_nothing(tmp_path: Path) -> None:
+def test_clean_stop_leaves_nothing(tmp_path: Path, triton_server) -> None:
     repo, names = _write_repo(tmp_path, seed=1)
     regions_before = _triton_regions()
-    server = TritonServer(repo).start()
-    try:
-        _lookup_once(server)
-        # One data file per table while serving, shared by both instances.
-        assert len([f for f in _files_of(names) if f.endswith(".data")]) == 2
-    finally:
-        server.stop()
+    server = triton_server(repo)
+    _lookup_once(server)
+    # One data file per table while serving, shared by both instances.
+    assert len([f for f in _files_of(names) if f.endswith(".data")]) == 2
+    server.stop()
     assert _files_of(names) == []
     assert _triton_regions() <= regions_before
 
 
-def test_kill_9_leftovers_are_removed_by_the_next_start(tmp_path: Path) -> None:
+def test_kill_9_leftovers_are_removed_by_the_next_start(tmp_path: Path, triton_server) -> None:
     repo_a, names_a = _write_repo(tmp_path / "a", seed=2)
     repo_b, names_b = _write_repo(tmp_path / "b", seed=3)
-    server_a = TritonServer(repo_a).start()
+    server_a = triton_server(repo_a)
     _lookup_once(server_a)
     # The whole process group dies at once: nobody runs finalize or any cleanup.
     os.killpg(server_a.pid, signal.SIGKILL)
@@ -105,12 +94,9 @@ def test_kill_9_leftovers_are_removed_by_the_next_start(tmp_path: Path) -> None:
     assert len(_files_of(names_a)) == 6, "kill -9 should have left server A's segments"
 
     # A new server on other tables removes A's leftovers when its model opens its tiers.
-    server_b = TritonServer(repo_b).start()
-    try:
-        _lookup_once(server_b)
-        assert _files_of(names_a) == []
-        assert len(_files_of(names_b)) == 6
-    finally:
-        server_b.stop()
-        server_a.stop()
+    server_b = triton_server(repo_b)
+    _lookup_once(server_b)
+    assert _files_of(names_a) == []
+    assert len(_files_of(names_b)) == 6
+    server_b.stop()
     assert _files_of(names_b) == []

@@ -1,0 +1,156 @@
+"""``hps serve``: run tritonserver in the foreground on this project's model repository.
+
+Example:
+    hps serve --http-port 8000 -- --model-control-mode=explicit --load-model=dlrm
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from types import FrameType
+
+from hps_core.server.process import DEFAULT_EXIT_TIMEOUT_S, ServerStartError, TritonServer
+
+# The repository root when this package is used from a checkout (editable install).
+_CHECKOUT_ROOT = Path(__file__).resolve().parents[2]
+
+
+class _StopRequested(Exception):
+    """Raised from the SIGINT/SIGTERM handler to leave the wait loop."""
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add the ``serve`` subcommand.
+
+    Args:
+        subparsers: the ``hps`` command's subparsers.
+    """
+    parser = subparsers.add_parser(
+        "serve",
+        help="run tritonserver in the foreground",
+        description=(
+            "Run Triton Inference Server on a model repository until Ctrl+C or SIGTERM. "
+            "Options after `--` go to tritonserver unchanged. At shutdown Triton waits "
+            f"--exit-timeout-secs={DEFAULT_EXIT_TIMEOUT_S} for in-flight requests, open HTTP "
+            "connections and model unloading; pass `-- --exit-timeout-secs=N` to change it."
+        ),
+    )
+    parser.add_argument(
+        "--model-repository",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="model repository (default: model_repository/ of the checkout, else of the "
+        "current directory)",
+    )
+    parser.add_argument(
+        "--host", default="127.0.0.1", help="address every endpoint binds to (default %(default)s)"
+    )
+    for service, port in (("http", 8000), ("grpc", 8001), ("metrics", 8002)):
+        parser.add_argument(
+            f"--{service}-port",
+            type=int,
+            default=port,
+            metavar="PORT",
+            help="(default %(default)s; 0 picks a free port)",
+        )
+    parser.add_argument(
+        "--log-verbose", type=int, default=0, metavar="N", help="tritonserver verbose level"
+    )
+    parser.add_argument(
+        "--startup-timeout",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="give up if not ready by then (default: wait while the server runs)",
+    )
+    parser.add_argument(
+        "tritonserver_args",
+        nargs=argparse.REMAINDER,
+        metavar="TRITONSERVER_ARGS",
+        help="extra tritonserver options, after `--`",
+    )
+    parser.set_defaults(func=run)
+
+
+def default_model_repository(cwd: Path | None = None) -> Path:
+    """Return the repository served when ``--model-repository`` is not given.
+
+    Args:
+        cwd: the current directory; ``Path.cwd()`` when ``None``.
+
+    Returns:
+        ``model_repository/`` at the checkout root if it exists, else under ``cwd``.
+    """
+    checkout_repo = _CHECKOUT_ROOT / "model_repository"
+    if (_CHECKOUT_ROOT / "pyproject.toml").is_file() and checkout_repo.is_dir():
+        return checkout_repo
+    return (cwd or Path.cwd()) / "model_repository"
+
+
+def run(args: argparse.Namespace) -> int:
+    """Serve until the server exits or a stop signal arrives.
+
+    Args:
+        args: parsed ``hps serve`` arguments.
+
+    Returns:
+        The server's exit code (128 + N when it died of signal N).
+    """
+    extra = list(args.tritonserver_args)
+    if extra[:1] == ["--"]:
+        extra = extra[1:]
+    server = TritonServer(
+        model_repository=args.model_repository or default_model_repository(),
+        host=args.host,
+        http_port=args.http_port,
+        grpc_port=args.grpc_port,
+        metrics_port=args.metrics_port,
+        log_verbose=args.log_verbose,
+        extra_args=extra,
+        log_to_stdout=True,
+        startup_timeout_s=args.startup_timeout,
+    )
+    with _stop_signals_raise():
+        try:
+            server.start()
+            print(
+                f"hps serve: ready on HTTP {server.http_url}, gRPC {server.grpc_url}, "
+                f"metrics {server.metrics_url} (Ctrl+C stops)",
+                flush=True,
+            )
+            server.wait()
+        except _StopRequested:
+            pass
+        except ServerStartError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+        finally:
+            # A second signal would interrupt the orderly stop; stop() has its own deadline.
+            _ignore_stop_signals()
+            code = server.stop()
+    if code is None:  # never launched
+        return 1
+    return 128 - code if code < 0 else code
+
+
+@contextmanager
+def _stop_signals_raise() -> Iterator[None]:
+    def handler(signum: int, frame: FrameType | None) -> None:
+        raise _StopRequested(signal.Signals(signum).name)
+
+    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+
+
+def _ignore_stop_signals() -> None:
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_IGN)

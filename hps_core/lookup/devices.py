@@ -1,0 +1,55 @@
+"""Which array module serves a lookup: NumPy on the host, CuPy on a GPU.
+
+CuPy is imported only when a GPU is asked for, so CPU-only machines (and CI) never need it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from hps_core.errors import NotAvailableError
+
+
+def array_module(device_id: int | None) -> Any:
+    """The array module for a device.
+
+    Args:
+        device_id: CUDA device, or ``None`` for the host.
+
+    Returns:
+        ``numpy`` for the host, ``cupy`` for a GPU.
+
+    Raises:
+        NotAvailableError: a GPU is asked for but CuPy or that device is missing.
+    """
+    if device_id is None:
+        return np
+    try:
+        import cupy
+    except ImportError as exc:
+        raise NotAvailableError(
+            f"GPU {device_id} requested but CuPy is not installed (pip install 'hps-triton[gpu]')"
+        ) from exc
+    try:
+        count = cupy.cuda.runtime.getDeviceCount()
+    except cupy.cuda.runtime.CUDARuntimeError as exc:
+        raise NotAvailableError(f"GPU {device_id} requested but CUDA is unusable: {exc}") from exc
+    if not 0 <= device_id < count:
+        raise NotAvailableError(f"GPU {device_id} requested but {count} CUDA devices are visible")
+    return cupy
+
+
+def module_of(array: Any) -> Any:
+    """``cupy`` for a CuPy array, else ``numpy``."""
+    if type(array).__module__.startswith("cupy"):
+        import cupy
+
+        return cupy
+    return np
+
+
+def to_host(array: Any) -> np.ndarray:
+    """A NumPy copy (or view) of a NumPy or CuPy array."""
+    return array.get() if hasattr(array, "get") else np.asarray(array)

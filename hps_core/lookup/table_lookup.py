@@ -1,0 +1,330 @@
+"""Keys -> vectors for one table, on the host or through a GPU embedding cache.
+
+:class:`HostTableLookup` reads the shared host tier directly (CPU instances, and GPU instances
+with ``gpucache: false``). :class:`CachedTableLookup` puts an embedding cache in front of it:
+
+1. deduplicate the batch's keys (on the cache's device);
+2. query the cache;
+3. fetch the misses from the host tier (its default vector for keys it does not hold);
+4. insert the misses into the cache: synchronously when the batch's hit rate is below
+   ``hit_rate_threshold``, else handed to a background thread so the answer does not wait;
+5. scatter the unique rows back to request order.
+
+HugeCTR answers the misses of an asynchronous batch with default vectors. Here a miss is
+answered with its true vector whenever the host tier holds it (the insert is what is
+asynchronous, not the answer), unless ``miss_policy="default"`` asks for HugeCTR's
+behaviour; then every default answer for a key the table holds is counted, never silent.
+
+The same code runs with NumPy (the cache's twin; what CI tests) and CuPy (the GPU kernels).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+import threading
+import time
+from dataclasses import dataclass, fields
+from typing import Any
+
+import numpy as np
+
+from hps_core.cache import StaticTable
+from hps_core.lookup.devices import to_host
+from hps_core.tiers.host_table import SharedHostTable
+
+logger = logging.getLogger("hps_core")
+
+MISS_POLICIES = ("fetch", "default")
+
+
+@dataclass
+class TableCounters:
+    """What one table's lookups did since the session opened (keys count unique per batch).
+
+    Args:
+        lookups: lookup calls.
+        keys: keys asked for, duplicates included.
+        unique_keys: distinct keys per call, summed.
+        cache_hits: unique keys answered by the cache.
+        cache_misses: unique keys the cache did not hold.
+        unknown_keys: unique keys the table does not hold (answered with its default vector).
+        default_answers: keys the table holds that were answered with the default vector
+            (``miss_policy="default"`` only).
+        sync_inserts: batches whose misses were inserted before answering.
+        async_inserts: batches whose misses were inserted in the background.
+        inserted_keys: keys handed to the cache for insertion.
+        failed_inserts: background insertions that raised (logged).
+        seconds: time spent in lookups.
+    """
+
+    lookups: int = 0
+    keys: int = 0
+    unique_keys: int = 0
+    cache_hits: int = 0
+    cache_misses: int = 0
+    unknown_keys: int = 0
+    default_answers: int = 0
+    sync_inserts: int = 0
+    async_inserts: int = 0
+    inserted_keys: int = 0
+    failed_inserts: int = 0
+    seconds: float = 0.0
+
+    @property
+    def hit_rate(self) -> float:
+        """Cache hits over unique keys (0 before the first lookup)."""
+        return self.cache_hits / self.unique_keys if self.unique_keys else 0.0
+
+    def snapshot(self) -> TableCounters:
+        """A copy, safe to read while lookups go on."""
+        return TableCounters(**{f.name: getattr(self, f.name) for f in fields(self)})
+
+
+class HostTableLookup:
+    """Lookups straight from the shared host tier.
+
+    Args:
+        host: the table's host tier.
+        xp: array module of the results (``numpy``, or ``cupy`` for a GPU without cache).
+    """
+
+    def __init__(self, host: SharedHostTable, xp: Any = np) -> None:
+        self.host = host
+        self.xp = xp
+        self.counters = TableCounters()
+        self._lock = threading.Lock()
+
+    @property
+    def dim(self) -> int:
+        """Embedding width."""
+        return self.host.dim
+
+    def lookup(self, keys: Any, out: Any = None) -> Any:
+        """Vectors of ``keys`` (default vector for unknown ones).
+
+        Args:
+            keys: 1-D int64 keys (NumPy or CuPy).
+            out: optional float32 ``[n, dim]`` array of ``xp`` to write into.
+
+        Returns:
+            float32 ``[n, dim]`` array of ``xp``.
+        """
+        start = time.perf_counter()
+        host_keys = to_host(keys).ravel()
+        # Each distinct key is looked up once; repeats (hot keys) are copied afterwards.
+        unique, inverse = np.unique(host_keys, return_inverse=True)
+        values, found = self.host.lookup(unique)
+        if self.xp is np:
+            result = values[inverse] if out is None else np.take(values, inverse, 0, out=out)
+        else:
+            device_rows = self.xp.asarray(values)
+            device_inverse = self.xp.asarray(inverse)
+            if out is None:
+                result = device_rows[device_inverse]
+            else:
+                result = self.xp.take(device_rows, device_inverse, axis=0, out=out)
+        with self._lock:
+            c = self.counters
+            c.lookups += 1
+            c.keys += len(host_keys)
+            c.unique_keys += len(unique)
+            c.unknown_keys += int(len(found) - np.count_nonzero(found))
+            c.seconds += time.perf_counter() - start
+        return result
+
+    def close(self) -> None:
+        """Nothing to release besides the host tier, which the session owns."""
+
+
+class CachedTableLookup:
+    """Lookups through an embedding cache backed by the host tier.
+
+    Args:
+        host: the table's host tier.
+        cache: a dynamic cache (``query``/``replace``) or a :class:`StaticTable`.
+        xp: the cache's array module.
+        hit_rate_threshold: below it a batch's misses are inserted before answering.
+        miss_policy: ``"fetch"`` (true vectors for misses) or ``"default"`` (HugeCTR:
+            default vectors for the misses of asynchronous batches, counted).
+        name: label for logs, e.g. ``"dlrm.table3@gpu0"``.
+    """
+
+    def __init__(
+        self,
+        host: SharedHostTable,
+        cache: Any,
+        xp: Any,
+        hit_rate_threshold: float,
+        miss_policy: str = "fetch",
+        name: str = "table",
+    ) -> None:
+        if miss_policy not in MISS_POLICIES:
+            raise ValueError(f"miss_policy must be one of {MISS_POLICIES}, got {miss_policy!r}")
+        self.host = host
+        self.cache = cache
+        self.xp = xp
+        self.hit_rate_threshold = hit_rate_threshold
+        self.miss_policy = miss_policy
+        self.name = name
+        self.counters = TableCounters()
+        self._lock = threading.Lock()
+        self._static = isinstance(cache, StaticTable)
+        # One worker keeps background inserts in order; created on first use.
+        self._worker: concurrent.futures.ThreadPoolExecutor | None = None
+        self._pending: list[concurrent.futures.Future[None]] = []
+
+    @property
+    def dim(self) -> int:
+        """Embedding width."""
+        return self.host.dim
+
+    def lookup(self, keys: Any, out: Any = None) -> Any:
+        """Vectors of ``keys`` through the cache.
+
+        Args:
+            keys: 1-D int64 keys (NumPy or CuPy; moved to the cache's device).
+            out: optional float32 ``[n, dim]`` array of ``xp`` to write into.
+
+        Returns:
+            float32 ``[n, dim]`` array of ``xp``.
+        """
+        xp = self.xp
+        start = time.perf_counter()
+        keys = xp.asarray(keys, dtype=xp.int64).ravel()
+        n = int(keys.shape[0])
+        if n == 0:
+            return xp.empty((0, self.dim), xp.float32) if out is None else out
+        unique, inverse = xp.unique(keys, return_inverse=True)
+        rows = xp.empty((int(unique.shape[0]), self.dim), xp.float32)
+        _, hit = self.cache.query(unique, out=rows)
+        miss = xp.flatnonzero(~hit)
+        misses = int(miss.shape[0])
+        hit_rate = 1.0 - misses / int(unique.shape[0])
+        unknown = inserted = 0
+        mode = None
+        if misses and self._static:
+            # A static cache holds the whole table: a miss is a key the table lacks.
+            rows[miss] = self.host.default_value
+            unknown = misses
+        elif misses:
+            miss_keys = unique[miss]
+            background = hit_rate >= self.hit_rate_threshold
+            if background and self.miss_policy == "default":
+                rows[miss] = self.host.default_value
+                self._submit(self._fetch_and_insert, miss_keys)
+                mode = "async"
+            else:
+                values, found = self.host.lookup(to_host(miss_keys))
+                unknown = int(len(found) - np.count_nonzero(found))
+                device_values = xp.asarray(values)
+                rows[miss] = device_values
+                if found.any():
+                    known = xp.asarray(found)
+                    inserted = misses - unknown
+                    if background:
+                        self._submit(self.cache.replace, miss_keys[known], device_values[known])
+                        mode = "async"
+                    else:
+                        self.cache.replace(miss_keys[known], device_values[known])
+                        mode = "sync"
+        result = rows[inverse] if out is None else xp.take(rows, inverse, axis=0, out=out)
+        with self._lock:
+            c = self.counters
+            c.lookups += 1
+            c.keys += n
+            c.unique_keys += int(unique.shape[0])
+            c.cache_hits += int(unique.shape[0]) - misses
+            c.cache_misses += misses
+            c.unknown_keys += unknown
+            if mode == "sync":
+                c.sync_inserts += 1
+            elif mode == "async":
+                c.async_inserts += 1
+            c.inserted_keys += inserted
+            c.seconds += time.perf_counter() - start
+        return result
+
+    def _fetch_and_insert(self, miss_keys: Any) -> None:
+        values, found = self.host.lookup(to_host(miss_keys))
+        known = int(np.count_nonzero(found))
+        with self._lock:
+            # These keys were answered with the default vector although the table holds them.
+            self.counters.default_answers += known
+            self.counters.unknown_keys += len(found) - known
+            self.counters.inserted_keys += known
+        if known:
+            mask = self.xp.asarray(found)
+            self.cache.replace(miss_keys[mask], self.xp.asarray(values)[mask])
+
+    def _submit(self, fn: Any, *args: Any) -> None:
+        if self._worker is None:
+            self._worker = concurrent.futures.ThreadPoolExecutor(
+                1, thread_name_prefix=f"hps-insert-{self.name}"
+            )
+        future = self._worker.submit(fn, *args)
+        future.add_done_callback(self._report)
+        self._pending = [f for f in self._pending if not f.done()] + [future]
+
+    def _report(self, future: concurrent.futures.Future[None]) -> None:
+        exc = future.exception()
+        if exc is not None:
+            with self._lock:
+                self.counters.failed_inserts += 1
+            logger.error("%s: background cache insert failed: %s", self.name, exc)
+
+    def flush(self) -> None:
+        """Wait until every background insert has been applied."""
+        for future in list(self._pending):
+            future.exception()  # waits; errors were logged by _report
+        self._pending = []
+
+    def warm(self, keys: np.ndarray, chunk: int = 1 << 20) -> int:
+        """Insert ``keys`` (hottest first) with their host vectors into the cache.
+
+        Args:
+            keys: int64 host keys, hottest first; at most the cache's capacity is used.
+            chunk: keys per insert.
+
+        Returns:
+            Number of keys inserted.
+        """
+        if self._static:
+            return 0
+        keys = np.asarray(keys, dtype=np.int64)[: self.cache.capacity]
+        inserted = 0
+        # Coldest first, so the hottest keys carry the newest LRU stamps.
+        for stop in range(len(keys), 0, -chunk):
+            part = keys[max(0, stop - chunk) : stop]
+            values, found = self.host.lookup(part)
+            if found.any():
+                self.cache.replace(self.xp.asarray(part[found]), self.xp.asarray(values[found]))
+                inserted += int(np.count_nonzero(found))
+        return inserted
+
+    def refresh(self, set_start: int, set_end: int) -> int:
+        """Re-read the cached rows of sets ``[set_start, set_end)`` from the host tier.
+
+        Args:
+            set_start: first set.
+            set_end: one past the last set.
+
+        Returns:
+            Number of rows refreshed.
+        """
+        if self._static:
+            return 0
+        keys = self.cache.dump(set_start, set_end)
+        if int(keys.shape[0]) == 0:
+            return 0
+        values, found = self.host.lookup(to_host(keys))
+        mask = self.xp.asarray(found)
+        self.cache.update(keys[mask], self.xp.asarray(values)[mask])
+        return int(np.count_nonzero(found))
+
+    def close(self) -> None:
+        """Finish background inserts and stop the worker."""
+        if self._worker is not None:
+            self._worker.shutdown(wait=True)
+            self._worker = None
+        self._pending = []

@@ -1,0 +1,512 @@
+"""Run one ``tritonserver``: start it, wait until it is ready, stop it with all its stubs.
+
+Triton's Python backend runs each model instance in a stub process that takes its Python
+environment from the first ``python3`` on ``PATH``; the launcher therefore puts this
+interpreter's ``bin`` folder first. The server runs in a session (process group) of its own,
+so stopping it can reach every stub, and a terminal's Ctrl+C reaches only the caller, which
+then stops the server in order.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+from typing import IO
+
+from hps_core.errors import HPSError
+from hps_core.server.install import TritonInstallation, find_triton, prepend_paths
+from hps_core.server.ports import listening_ports, pick_free_ports
+
+# Options the launcher sets itself; passing them in extra_args would contradict its state.
+MANAGED_OPTIONS = (
+    "--http-address",
+    "--http-port",
+    "--grpc-address",
+    "--grpc-port",
+    "--metrics-address",
+    "--metrics-port",
+    "--backend-directory",
+    "--log-verbose",
+    "--log-file",
+)
+LOG_TAIL_LINES = 40
+# Triton's --exit-timeout-secs bounds the whole shutdown: in-flight requests, model unloading
+# *and* idle keep-alive HTTP connections. Its own default, 30 s, makes every stop with a client
+# connection still open take 30 s (and then exit with code 1).
+DEFAULT_EXIT_TIMEOUT_S = 5
+_PORT_ATTEMPTS = 3  # free ports picked by us can be taken by someone else before Triton binds
+_POLL_S = 0.1
+_GROUP_EXIT_WAIT_S = 5.0
+_FALSE_WORDS = frozenset({"false", "0", "no", "off"})
+_SHM_DIR = Path("/dev/shm")
+
+
+class ServerError(HPSError):
+    """``tritonserver`` could not be started as asked, or the options are invalid."""
+
+
+class ServerStartError(ServerError):
+    """``tritonserver`` exited or timed out before it was ready; the message holds its log tail.
+
+    Args:
+        message: what happened, with the last lines of the log.
+        port_conflict: the log says one of its ports was already in use.
+    """
+
+    def __init__(self, message: str, port_conflict: bool = False) -> None:
+        super().__init__(message)
+        self.port_conflict = port_conflict
+
+
+@dataclass(frozen=True)
+class ServerPorts:
+    """The TCP ports a started server listens on."""
+
+    http: int
+    grpc: int
+    metrics: int
+
+
+@dataclass(eq=False)
+class TritonServer:
+    """One ``tritonserver`` process and its options.
+
+    Args:
+        model_repository: the model repository folder.
+        host: address every endpoint binds to (HTTP, gRPC, metrics).
+        http_port: HTTP port; 0 picks a free one.
+        grpc_port: gRPC port; 0 picks a free one.
+        metrics_port: Prometheus metrics port; 0 picks a free one.
+        log_verbose: ``--log-verbose`` level (0 = off).
+        extra_args: further ``tritonserver`` options, e.g. ``["--model-control-mode=explicit",
+            "--exit-timeout-secs=5"]``; options in ``MANAGED_OPTIONS`` are refused.
+        env: environment overrides for the server and its stubs; ``None`` removes a variable.
+        log_file: where stdout and stderr of the server go; a new temporary file when ``None``.
+        log_to_stdout: send the log to this process's stdout instead of a file.
+        startup_timeout_s: how long to wait for readiness; ``None`` waits as long as the
+            process lives.
+        stop_timeout_s: how long ``stop()`` lets the server shut down before killing it.
+        installation: the Triton to run; found with :func:`find_triton` when ``None``.
+        on_stopped: callbacks run with this server after its processes are gone (e.g. to
+            release shared memory the models created).
+
+    Example:
+        >>> with TritonServer("model_repository") as server:  # doctest: +SKIP
+        ...     url = server.http_url.removeprefix("http://")
+        ...     client = tritonclient.http.InferenceServerClient(url)
+    """
+
+    model_repository: str | os.PathLike[str]
+    host: str = "127.0.0.1"
+    http_port: int = 0
+    grpc_port: int = 0
+    metrics_port: int = 0
+    log_verbose: int = 0
+    extra_args: Sequence[str] = ()
+    env: Mapping[str, str | None] = field(default_factory=dict)
+    log_file: str | os.PathLike[str] | None = None
+    log_to_stdout: bool = False
+    startup_timeout_s: float | None = 120.0
+    stop_timeout_s: float = 30.0
+    installation: TritonInstallation | None = None
+    on_stopped: list[Callable[[TritonServer], None]] = field(default_factory=list)
+
+    _process: subprocess.Popen[bytes] | None = field(default=None, init=False, repr=False)
+    _ports: ServerPorts | None = field(default=None, init=False, repr=False)
+    _log_path: Path | None = field(default=None, init=False, repr=False)
+    _returncode: int | None = field(default=None, init=False, repr=False)
+    _pid: int | None = field(default=None, init=False, repr=False)
+    _shm_prefix: str | None = field(default=None, init=False, repr=False)
+    _command: tuple[str, ...] = field(default=(), init=False, repr=False)
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    def start(self) -> TritonServer:
+        """Launch ``tritonserver`` and wait until it is ready.
+
+        Ready means: ``/v2/health/ready`` answers 200 (every model loaded) and the process
+        itself listens on its HTTP, gRPC and metrics ports (Triton logs "Started ..." even for
+        a port it then fails to bind, and another server could answer on a stolen port).
+
+        Returns:
+            ``self``, running.
+
+        Raises:
+            ServerError: invalid options, or the server is already running.
+            ServerStartError: the server exited or timed out; the message ends with its log.
+            TritonInstallError: Triton is not installed.
+        """
+        if self.is_running:
+            raise ServerError(f"tritonserver already running (pid {self._pid})")
+        repository = Path(self.model_repository)
+        if not repository.is_dir():
+            raise ServerError(f"{repository}: model repository is not a directory")
+        self._check_options()
+        installation = self.installation or find_triton()
+        picks_ports = 0 in (self.http_port, self.grpc_port, self.metrics_port)
+        for attempt in range(1, _PORT_ATTEMPTS + 1):
+            self._launch(installation, repository.resolve())
+            try:
+                self._wait_until_ready()
+                return self
+            except ServerStartError as exc:
+                self.stop()
+                if not (exc.port_conflict and picks_ports and attempt < _PORT_ATTEMPTS):
+                    raise
+            except BaseException:
+                self.stop()
+                raise
+        raise AssertionError("unreachable: the last attempt returns or raises")
+
+    def stop(self) -> int | None:
+        """Stop the server and every process of its group; run the ``on_stopped`` callbacks.
+
+        Sends SIGTERM to the server (it unloads models and ends its stubs), waits up to
+        ``stop_timeout_s``, then SIGKILLs whatever is left in its process group. Safe to call
+        more than once.
+
+        Returns:
+            The server's exit code (negative: killed by that signal); ``None`` if never started.
+        """
+        proc = self._process
+        if proc is None:
+            return self._returncode
+        try:
+            if proc.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(proc.pid, signal.SIGTERM)
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    proc.wait(timeout=self.stop_timeout_s)
+        finally:
+            _kill_group(proc.pid)
+            proc.wait()
+            self._process = None
+            self._returncode = proc.returncode
+            _RUNNING.discard(self)
+            if self._shm_prefix:
+                _remove_shared_memory(self._shm_prefix)
+            self._run_on_stopped()
+        return self._returncode
+
+    def wait(self, timeout: float | None = None) -> int | None:
+        """Wait for the server process to exit on its own (call ``stop()`` afterwards).
+
+        Args:
+            timeout: seconds; ``None`` waits forever.
+
+        Returns:
+            The exit code, or ``None`` if it is still running after ``timeout``.
+        """
+        if self._process is None:
+            return self._returncode
+        try:
+            return self._process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return None
+
+    def __enter__(self) -> TritonServer:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    # -- state -----------------------------------------------------------------------------
+
+    @property
+    def is_running(self) -> bool:
+        """Whether the server process is alive."""
+        return self._process is not None and self._process.poll() is None
+
+    @property
+    def pid(self) -> int | None:
+        """Process id (and process-group id) of the last launch; kept after ``stop()``."""
+        return self._pid
+
+    @property
+    def returncode(self) -> int | None:
+        """Exit code after the server ended; ``None`` while running or never started."""
+        return self._process.poll() if self._process is not None else self._returncode
+
+    @property
+    def ports(self) -> ServerPorts:
+        """Ports of the last start (0 options resolved to the picked ports)."""
+        if self._ports is None:
+            raise ServerError("tritonserver has not been started")
+        return self._ports
+
+    @property
+    def http_url(self) -> str:
+        """Base URL of the HTTP endpoint, e.g. ``http://127.0.0.1:8000``."""
+        return f"http://{self._client_host()}:{self.ports.http}"
+
+    @property
+    def grpc_url(self) -> str:
+        """``host:port`` of the gRPC endpoint, as tritonclient.grpc expects it."""
+        return f"{self._client_host()}:{self.ports.grpc}"
+
+    @property
+    def metrics_url(self) -> str:
+        """URL of the Prometheus metrics page."""
+        return f"http://{self._client_host()}:{self.ports.metrics}/metrics"
+
+    @property
+    def log_path(self) -> Path | None:
+        """File holding the server's output (``None`` with ``log_to_stdout``)."""
+        return self._log_path
+
+    @property
+    def command(self) -> tuple[str, ...]:
+        """The argv of the last launch."""
+        return self._command
+
+    def log_tail(self, lines: int = LOG_TAIL_LINES) -> str:
+        """Return the last ``lines`` lines of the server log ('' when logging to stdout)."""
+        if self._log_path is None or not self._log_path.exists():
+            return ""
+        text = self._log_path.read_bytes().decode("utf-8", errors="replace")
+        return "\n".join(text.splitlines()[-lines:])
+
+    # -- internals -------------------------------------------------------------------------
+
+    def _check_options(self) -> None:
+        for name in ("http_port", "grpc_port", "metrics_port"):
+            port = getattr(self, name)
+            if not 0 <= port <= 65535:
+                raise ServerError(f"TritonServer.{name}: {port} is not a TCP port (0..65535)")
+        if self.log_verbose < 0:
+            raise ServerError(f"TritonServer.log_verbose: {self.log_verbose} is negative")
+        if self.startup_timeout_s is not None and self.startup_timeout_s <= 0:
+            raise ServerError(f"TritonServer.startup_timeout_s: {self.startup_timeout_s} <= 0")
+        if self.stop_timeout_s < 0:
+            raise ServerError(f"TritonServer.stop_timeout_s: {self.stop_timeout_s} < 0")
+        if self.log_to_stdout and self.log_file is not None:
+            raise ServerError("TritonServer: log_file and log_to_stdout exclude each other")
+        for arg in self.extra_args:
+            for option in MANAGED_OPTIONS:
+                if arg == option or arg.startswith(option + "="):
+                    raise ServerError(
+                        f"TritonServer.extra_args: {option} is set by the launcher "
+                        "(use the TritonServer field instead)"
+                    )
+        if _disabled(self.extra_args, "--allow-http"):
+            raise ServerError(
+                "TritonServer.extra_args: --allow-http must stay on, readiness is checked on it"
+            )
+
+    def _launch(self, installation: TritonInstallation, repository: Path) -> None:
+        self._ports = self._resolve_ports()
+        self._shm_prefix = None
+        args = [
+            str(installation.tritonserver),
+            f"--model-repository={repository}",
+            f"--backend-directory={installation.backend_directory}",
+        ]
+        if installation.cache_directory is not None:
+            args.append(f"--cache-directory={installation.cache_directory}")
+        for service in ("http", "grpc", "metrics"):
+            args.append(f"--{service}-address={self.host}")
+            args.append(f"--{service}-port={getattr(self._ports, service)}")
+        args.append(f"--log-verbose={self.log_verbose}")
+        if not any(arg.startswith("--exit-timeout-secs") for arg in self.extra_args):
+            args.append(f"--exit-timeout-secs={DEFAULT_EXIT_TIMEOUT_S}")
+        if not any("shm-region-prefix-name" in arg for arg in self.extra_args):
+            # A prefix of our own names this server's shared-memory regions, so the ones a
+            # killed stub leaves in /dev/shm can be removed without touching other servers'.
+            self._shm_prefix = f"triton_python_backend_shm_region_hps{secrets.token_hex(6)}_"
+            args.append(f"--backend-config=python,shm-region-prefix-name={self._shm_prefix}")
+        args.extend(self.extra_args)
+        self._command = tuple(args)
+
+        if self.log_to_stdout:
+            self._log_path = None
+            self._process = self._popen(args, installation, stdout=None)
+            return
+        if self.log_file is not None:
+            self._log_path = Path(self.log_file)
+            self._log_path.parent.mkdir(parents=True, exist_ok=True)
+        else:
+            fd, name = tempfile.mkstemp(prefix="tritonserver-", suffix=".log")
+            os.close(fd)
+            self._log_path = Path(name)
+        with self._log_path.open("wb") as log:
+            self._process = self._popen(args, installation, stdout=log)
+
+    def _popen(
+        self, args: list[str], installation: TritonInstallation, stdout: IO[bytes] | None
+    ) -> subprocess.Popen[bytes]:
+        env = dict(os.environ)
+        env["PATH"] = prepend_paths([_python_bin_dir()], env.get("PATH"))
+        if installation.stub_library_dirs:
+            env["LD_LIBRARY_PATH"] = prepend_paths(
+                list(installation.stub_library_dirs), env.get("LD_LIBRARY_PATH")
+            )
+        for key, value in self.env.items():
+            if value is None:
+                env.pop(key, None)
+            else:
+                env[key] = value
+        process = subprocess.Popen(
+            args,
+            stdin=subprocess.DEVNULL,
+            stdout=stdout,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
+        )
+        self._pid = process.pid
+        _RUNNING.add(self)
+        return process
+
+    def _resolve_ports(self) -> ServerPorts:
+        wanted = [self.http_port, self.grpc_port, self.metrics_port]
+        free = iter(pick_free_ports(wanted.count(0), self.host))
+        http, grpc, metrics = (port or next(free) for port in wanted)
+        return ServerPorts(http=http, grpc=grpc, metrics=metrics)
+
+    def _wait_until_ready(self) -> None:
+        assert self._process is not None and self._ports is not None
+        required = {self._ports.http}
+        if not _disabled(self.extra_args, "--allow-grpc"):
+            required.add(self._ports.grpc)
+        if not _disabled(self.extra_args, "--allow-metrics"):
+            required.add(self._ports.metrics)
+        ready_url = f"{self.http_url}/v2/health/ready"
+        timeout = self.startup_timeout_s
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            code = self._process.poll()
+            if code is not None:
+                raise ServerStartError(
+                    f"tritonserver exited with code {code} before it was ready"
+                    + self._log_excerpt(),
+                    port_conflict="already in use" in self.log_tail(lines=1000),
+                )
+            if _http_ok(ready_url) and required <= listening_ports(self._process.pid):
+                return
+            if deadline is not None and time.monotonic() > deadline:
+                raise ServerStartError(
+                    f"tritonserver not ready after {timeout:g} s ({ready_url}){self._log_excerpt()}"
+                )
+            time.sleep(_POLL_S)
+
+    def _log_excerpt(self) -> str:
+        if self._log_path is None:
+            return " (its log is above)"
+        return (
+            f"\n--- last {LOG_TAIL_LINES} lines of {self._log_path} ---\n"
+            f"{self.log_tail(LOG_TAIL_LINES)}"
+        )
+
+    def _client_host(self) -> str:
+        # A wildcard bind is reached through loopback; IPv6 literals need brackets in URLs.
+        if self.host in ("", "0.0.0.0"):
+            return "127.0.0.1"
+        if self.host == "::":
+            return "[::1]"
+        return f"[{self.host}]" if ":" in self.host else self.host
+
+    def _run_on_stopped(self) -> None:
+        errors = []
+        for callback in self.on_stopped:
+            try:
+                callback(self)
+            except Exception as exc:  # every cleanup runs; the first failure is reported
+                errors.append(exc)
+        if errors:
+            raise errors[0]
+
+
+def process_group_members(pgid: int) -> list[int]:
+    """Return the live (non-zombie) processes of process group ``pgid``, read from ``/proc``.
+
+    Args:
+        pgid: process-group id (a started server's ``pid``).
+
+    Returns:
+        Their process ids.
+    """
+    members = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:  # exited while we looked
+            continue
+        # Fields after the parenthesised command: state, ppid, pgrp, ...
+        state, _ppid, pgrp = stat.rsplit(")", 1)[1].split()[:3]
+        if int(pgrp) == pgid and state != "Z":
+            members.append(int(entry.name))
+    return members
+
+
+def _kill_group(pgid: int) -> None:
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except ProcessLookupError:
+        return
+    deadline = time.monotonic() + _GROUP_EXIT_WAIT_S
+    while process_group_members(pgid) and time.monotonic() < deadline:
+        time.sleep(0.02)
+
+
+def _remove_shared_memory(prefix: str) -> None:
+    for region in _SHM_DIR.glob(f"{prefix}*"):
+        region.unlink(missing_ok=True)
+
+
+def _http_ok(url: str) -> bool:
+    try:
+        with _NO_PROXY.open(url, timeout=1.0) as response:
+            return response.status == 200
+    except (urllib.error.URLError, OSError):
+        return False
+
+
+def _disabled(args: Sequence[str], option: str) -> bool:
+    """Whether ``args`` turn a boolean tritonserver option off (last occurrence wins)."""
+    value = None
+    for i, arg in enumerate(args):
+        if arg == option and i + 1 < len(args):
+            value = args[i + 1]
+        elif arg.startswith(option + "="):
+            value = arg.split("=", 1)[1]
+    return value is not None and value.strip().lower() in _FALSE_WORDS
+
+
+def _python_bin_dir() -> Path:
+    # The stub runs the first python3 on PATH; make it this interpreter's (the venv's).
+    prefix_bin = Path(sys.prefix) / "bin"
+    return prefix_bin if (prefix_bin / "python3").exists() else Path(sys.executable).parent
+
+
+# Readiness probes go to loopback: an http_proxy in the environment must not intercept them.
+_NO_PROXY = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+# Servers still running when the interpreter exits (a crashed test run, say) are stopped,
+# since their own session keeps them out of reach of the terminal's signals.
+_RUNNING: set[TritonServer] = set()
+
+
+@atexit.register
+def _stop_running_servers() -> None:
+    for server in list(_RUNNING):
+        server.stop()

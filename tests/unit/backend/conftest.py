@@ -1,0 +1,16 @@
+"""Fixtures of the backend tests: a private shared-memory folder for any table opened."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+
+@pytest.fixture(autouse=True)
+def shm_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Point ``HPS_SHM_DIR`` at an empty folder of this test, never at /dev/shm."""
+    path = tmp_path / "shm"
+    path.mkdir()
+    monkeypatch.setenv("HPS_SHM_DIR", str(path))
+    return path

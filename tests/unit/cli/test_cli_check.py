@@ -1,0 +1,151 @@
+"""``hps check``: a summary for a good ps.json, one stderr line per problem for a broken one."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+from cli_testdata import TABLES, edit_ps, write_model
+
+from hps_core.cli.main import main
+
+
+def run_check(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
+    code = main(["check", *args])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def mib(nbytes: int) -> str:
+    return f"{nbytes / 2**20:.1f} MiB"
+
+
+def test_good_ps_json_prints_rows_dims_and_sizes(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    ps, _ = write_model(tmp_path)
+    code, out, err = run_check(capsys, str(ps))
+    assert code == 0, err
+    lines = out.splitlines()
+    assert lines[0] == "model 'wdl': 2 tables"
+    sizes = [rows * (8 + 4 * dim) for _, rows, dim in TABLES]
+    for i, ((folder, rows, dim), size) in enumerate(zip(TABLES, sizes, strict=True)):
+        assert lines[1 + i] == (
+            f"  [{i}] sparse_embedding{i}: {rows} rows x dim {dim}, {mib(size)} "
+            f"({tmp_path / folder})"
+        )
+    assert lines[-1] == f"ok: 1 models, {mib(sum(sizes))} of sparse files"
+    assert mib(sum(sizes)) != "0.0 MiB"  # the data is large enough for the size to show
+
+
+def test_model_option_and_dense_files(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    ps, _ = write_model(tmp_path)
+    (tmp_path / "dense.model").write_bytes(b"\0" * 16)
+    (tmp_path / "net.json").write_text("{}")
+    edit_ps(ps, dense_file="dense.model", network_file="net.json")
+    code, out, _ = run_check(capsys, str(ps), "--model", "wdl")
+    assert code == 0
+    assert f"  dense: {tmp_path / 'dense.model'}" in out.splitlines()
+    assert f"  network: {tmp_path / 'net.json'}" in out.splitlines()
+
+
+def assert_problem_lines(code: int, out: str, err: str, expected: list[str]) -> None:
+    """Exit 1, nothing on stdout, exactly one stderr line per problem, no traceback."""
+    assert code == 1
+    assert out == ""
+    assert "Traceback" not in err
+    lines = err.splitlines()
+    assert len(lines) == len(expected), err
+    for line, pattern in zip(lines, expected, strict=True):
+        assert re.match(pattern, line), (line, pattern)
+
+
+def test_dim_mismatch_and_missing_folder_each_get_a_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    ps, _ = write_model(tmp_path)
+    edit_ps(
+        ps,
+        embedding_vecsize_per_table=[8, 1, 4],
+        sparse_files=["wdl/0_sparse", "wdl/1_sparse", "wdl/nowhere"],
+        default_value_for_each_table=[0.0, 0.0, 0.0],
+        maxnum_catfeature_query_per_table_per_sample=[1, 1, 1],
+    )
+    code, out, err = run_check(capsys, str(ps))
+    vec = re.escape(str(tmp_path / "wdl/0_sparse/emb_vector"))
+    missing = re.escape(str(tmp_path / "wdl/nowhere"))
+    assert_problem_lines(
+        code,
+        out,
+        err,
+        [
+            rf"models\[0\]\.sparse_files\[0\]: {vec}: dim 8 does not match",
+            rf"models\[0\]\.sparse_files\[2\]: {missing}: sparse model folder does not exist",
+        ],
+    )
+
+
+def test_missing_dense_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    ps, _ = write_model(tmp_path)
+    edit_ps(ps, dense_file="gone.model")
+    code, out, err = run_check(capsys, str(ps))
+    where = re.escape(str(tmp_path / "gone.model"))
+    assert_problem_lines(code, out, err, [rf"models\[0\]\.dense_file: file not found: {where}$"])
+
+
+def test_unknown_keys_are_reported_with_a_suggestion(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    ps, _ = write_model(tmp_path)
+    edit_ps(ps, gpucacheperr=0.5, max_batch_sise=4)
+    code, out, err = run_check(capsys, str(ps))
+    assert_problem_lines(
+        code,
+        out,
+        err,
+        [
+            r'models\[0\]\.gpucacheperr: unknown key \(did you mean "gpucacheper"\?\)',
+            r'models\[0\]\.max_batch_sise: unknown key \(did you mean "max_batch_size"\?\)',
+        ],
+    )
+
+
+def test_wrong_list_length_names_the_field(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    ps, _ = write_model(tmp_path)
+    edit_ps(ps, embedding_vecsize_per_table=[16])
+    code, out, err = run_check(capsys, str(ps))
+    assert code == 1 and out == "" and "Traceback" not in err
+    assert err.splitlines() and all(
+        line.startswith("models[0].embedding_vecsize_per_table") for line in err.splitlines()
+    )
+
+
+def test_unavailable_tier_and_unknown_model(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    ps, _ = write_model(tmp_path)
+    doc = json.loads(ps.read_text())
+    doc["volatile_db"] = {"type": "redis_cluster"}
+    ps.write_text(json.dumps(doc))
+    code, out, err = run_check(capsys, str(ps), "--model", "dcn")
+    assert_problem_lines(
+        code,
+        out,
+        err,
+        [r"volatile_db\.type: 'redis_cluster' is not available yet", r"models: no model named"],
+    )
+    assert "'wdl'" in err
+
+
+@pytest.mark.parametrize("text", [None, "{", '{"supportlonglong": true} // note'])
+def test_unreadable_ps_json(tmp_path: Path, capsys: pytest.CaptureFixture[str], text) -> None:
+    ps = tmp_path / "ps.json"
+    if text is not None:
+        ps.write_text(text)
+    code, out, err = run_check(capsys, str(ps))
+    assert code == 1 and out == "" and "Traceback" not in err
+    assert err.splitlines() and all(str(ps) in line for line in err.splitlines())

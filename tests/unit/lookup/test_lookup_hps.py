@@ -1,0 +1,239 @@
+"""The process-wide HPS object: one per ps.json, lazy tables, lookups against dicts, threads."""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import pytest
+from lookup_testdata import MODELS, write_models
+
+from hps_core import HPS
+from hps_core.errors import ConfigError, NotAvailableError, RequestError
+
+
+def data_files(shm_path: Path) -> list[Path]:
+    return sorted(shm_path.glob("*.data"))
+
+
+def test_one_instance_per_resolved_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    ps, _ = write_models(tmp_path)
+    hps = HPS(ps)
+    assert HPS(str(ps)) is hps and HPS.get(ps) is hps
+    monkeypatch.chdir(tmp_path / "wdl")
+    assert HPS("../ps.json") is hps
+    link = tmp_path / "link.json"
+    link.symlink_to(ps)
+    assert HPS(link) is hps
+
+    other_dir = tmp_path / "copy"
+    other_dir.mkdir()
+    other_ps = other_dir / "ps.json"
+    other_ps.write_text(ps.read_text().replace('"wdl/', '"../wdl/').replace('"dcn/', '"../dcn/'))
+    assert HPS(other_ps) is not hps
+
+
+def test_creating_the_object_opens_no_table(tmp_path: Path, shm_path: Path) -> None:
+    ps, data = write_models(tmp_path)
+    hps = HPS(ps)
+    assert list(shm_path.iterdir()) == []
+    hps.lookup(data["wdl"][1].keys[:3], "wdl", 1)
+    assert len(data_files(shm_path)) == 1  # only the table that was asked for
+    hps.model("dcn").open_all()
+    assert len(data_files(shm_path)) == 2
+
+
+def test_lookup_matches_reference_for_each_table(tmp_path: Path, shm_path: Path) -> None:
+    ps, data = write_models(tmp_path)
+    hps = HPS(ps)
+    rng = np.random.default_rng(11)
+    for model, tables in data.items():
+        for t, table in enumerate(tables):
+            queries = table.queries(rng, 2000)
+            values = hps.lookup(queries, model, t)
+            assert values.dtype == np.float32
+            assert values.shape == (len(queries), MODELS[model][t][1])
+            np.testing.assert_array_equal(values, table.expected(queries))
+    assert len(data_files(shm_path)) == 3
+
+
+def test_lookup_key_dtypes_and_shapes(tmp_path: Path) -> None:
+    ps, data = write_models(tmp_path)
+    hps = HPS(ps)
+    table = data["dcn"][0]
+    small = np.concatenate([np.arange(-5, 5), table.keys[:6]]).astype(np.int64)
+    expected = table.expected(small)
+    np.testing.assert_array_equal(hps.lookup(small.reshape(2, 8), "dcn", 0), expected)
+    np.testing.assert_array_equal(hps.lookup(small.tolist(), "dcn", 0), expected)
+    np.testing.assert_array_equal(
+        hps.lookup(np.arange(-5, 5, dtype=np.int32), "dcn", 0), expected[:10]
+    )
+    with pytest.raises(RequestError, match="keys must be integers, got float64"):
+        hps.lookup(np.array([1.0, 2.0]), "dcn", 0)
+    assert hps.lookup(np.empty(0, np.int64), "dcn", 0).shape == (0, 8)
+
+
+def test_unknown_model_names_the_known_ones(tmp_path: Path, shm_path: Path) -> None:
+    ps, _ = write_models(tmp_path)
+    with pytest.raises(ConfigError) as info:
+        HPS(ps).lookup(np.array([1], np.int64), "dnc", 0)
+    message = str(info.value)
+    assert 'no model named "dnc"' in message
+    assert '"wdl"' in message and '"dcn"' in message
+    assert list(shm_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(("model", "table_id"), [("wdl", 2), ("wdl", -1), ("dcn", 1)])
+def test_table_id_out_of_range(tmp_path: Path, model: str, table_id: int) -> None:
+    ps, _ = write_models(tmp_path)
+    tables = len(MODELS[model])
+    with pytest.raises(
+        RequestError, match=f"table_id {table_id} out of range: model '{model}' has {tables}"
+    ):
+        HPS(ps).lookup(np.array([1], np.int64), model, table_id)
+
+
+def test_concurrent_lookups_from_threads(tmp_path: Path, shm_path: Path) -> None:
+    ps, data = write_models(tmp_path)
+    rng = np.random.default_rng(12)
+    tasks = [
+        (model, t, table.queries(rng, int(rng.integers(4, 600))))
+        for _ in range(16)
+        for model, tables in data.items()
+        for t, table in enumerate(tables)
+    ]
+    tasks = [tasks[i] for i in rng.permutation(len(tasks))]
+
+    def run(task: tuple[str, int, np.ndarray]) -> np.ndarray:
+        model, t, queries = task
+        # Every thread asks for the instance too: the first calls race to open the tables.
+        return HPS(ps).lookup(queries, model, t)
+
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        results = list(pool.map(run, tasks))
+    for (model, t, queries), values in zip(tasks, results, strict=True):
+        np.testing.assert_array_equal(values, data[model][t].expected(queries))
+    assert len(data_files(shm_path)) == 3  # each table opened once
+    for model, tables in data.items():
+        counters = HPS(ps).model(model).counters()
+        for t in range(len(tables)):
+            mine = [len(q) for m, i, q in tasks if (m, i) == (model, t)]
+            assert (counters[t].lookups, counters[t].keys) == (len(mine), sum(mine))
+
+
+def test_first_calls_released_together_share_one_instance_and_one_table(
+    tmp_path: Path, shm_path: Path
+) -> None:
+    ps, data = write_models(tmp_path)
+    table = data["wdl"][1]
+    threads = 8
+    start = threading.Barrier(threads)
+
+    def first_call(seed: int) -> tuple[HPS, np.ndarray, np.ndarray]:
+        queries = table.queries(np.random.default_rng(seed), 200)
+        start.wait()  # no HPS and no table exist yet when all threads go
+        hps = HPS(ps)
+        return hps, queries, hps.lookup(queries, "wdl", 1)
+
+    with ThreadPoolExecutor(max_workers=threads) as pool:
+        results = list(pool.map(first_call, range(threads)))
+    assert len({id(hps) for hps, _, _ in results}) == 1
+    for _, queries, values in results:
+        np.testing.assert_array_equal(values, table.expected(queries))
+    assert len(data_files(shm_path)) == 1
+
+
+def test_counters_count_lookups_and_keys(tmp_path: Path) -> None:
+    ps, data = write_models(tmp_path)
+    hps = HPS(ps)
+    queries = data["wdl"][0].queries(np.random.default_rng(13), 100)
+    hps.lookup(queries, "wdl", 0)
+    hps.lookup(queries[:5], "wdl", 0)
+    counters = hps.model("wdl").counters()
+    assert (counters[0].lookups, counters[0].keys) == (2, len(queries) + 5)
+    assert (counters[1].lookups, counters[1].keys, counters[1].unknown_keys) == (0, 0, 0)
+
+
+def test_counters_count_distinct_and_unknown_keys_per_call(tmp_path: Path) -> None:
+    ps, data = write_models(tmp_path)
+    hps = HPS(ps)
+    table = data["wdl"][0]
+    calls = [table.queries(np.random.default_rng(seed), 100) for seed in (13, 14)]
+    for queries in calls:
+        hps.lookup(queries, "wdl", 0)
+    distinct = [set(q.tolist()) for q in calls]
+    [counters, _] = hps.model("wdl").counters()
+    assert counters.unique_keys == sum(len(d) for d in distinct)
+    assert counters.unknown_keys == sum(len(d - table.rows.keys()) for d in distinct)
+
+
+def test_lookup_tables_checks_the_table_count(tmp_path: Path) -> None:
+    ps, data = write_models(tmp_path)
+    session = HPS(ps).model("wdl")
+    keys = [data["wdl"][0].keys[:3], data["wdl"][1].keys[:2]]
+    values = session.lookup_tables(keys)
+    np.testing.assert_array_equal(values[0], data["wdl"][0].vectors[:3])
+    np.testing.assert_array_equal(values[1], data["wdl"][1].vectors[:2])
+    with pytest.raises(RequestError, match="got keys for 1 tables, model 'wdl' has 2"):
+        session.lookup_tables(keys[:1])
+
+
+def test_close_releases_segments_and_forgets_the_instance(tmp_path: Path, shm_path: Path) -> None:
+    ps, data = write_models(tmp_path)
+    hps = HPS(ps)
+    for model, tables in data.items():
+        for t, table in enumerate(tables):
+            hps.lookup(table.keys[:4], model, t)
+    assert len(data_files(shm_path)) == 3
+    hps.close()
+    assert list(shm_path.iterdir()) == []
+    again = HPS(ps)
+    assert again is not hps
+    values = again.lookup(data["dcn"][0].keys[:4], "dcn", 0)
+    np.testing.assert_array_equal(values, data["dcn"][0].vectors[:4])
+    HPS.close_all()
+    assert list(shm_path.iterdir()) == []
+    assert HPS(ps) is not again
+
+
+def test_two_instances_of_different_ps_json_share_the_tables(
+    tmp_path: Path, shm_path: Path
+) -> None:
+    ps, data = write_models(tmp_path)
+    copy = tmp_path / "ps_copy.json"
+    copy.write_text(ps.read_text())
+    first, second = HPS(ps), HPS(copy)
+    assert first is not second
+    keys = data["dcn"][0].keys[:8]
+    np.testing.assert_array_equal(first.lookup(keys, "dcn", 0), second.lookup(keys, "dcn", 0))
+    assert len(data_files(shm_path)) == 1
+    first.close()
+    np.testing.assert_array_equal(second.lookup(keys, "dcn", 0), data["dcn"][0].vectors[:8])
+    second.close()
+    assert list(shm_path.iterdir()) == []
+
+
+def test_broken_ps_json_is_not_cached(tmp_path: Path) -> None:
+    ps = tmp_path / "ps.json"
+    ps.write_text("{")
+    with pytest.raises(ConfigError, match="malformed JSON"):
+        HPS(ps)
+    good, _ = write_models(tmp_path / "good")
+    os.replace(good, ps)
+    ps.write_text(ps.read_text().replace('"wdl/', '"good/wdl/').replace('"dcn/', '"good/dcn/'))
+    assert HPS(ps).config.model_names == ("wdl", "dcn")
+
+
+def test_unavailable_tier_fails_at_first_lookup(tmp_path: Path, shm_path: Path) -> None:
+    ps, _ = write_models(tmp_path)
+    obj = json.loads(ps.read_text())
+    obj["volatile_db"] = {"type": "redis_cluster"}
+    ps.write_text(json.dumps(obj))
+    hps = HPS(ps)
+    with pytest.raises(NotAvailableError, match=r"^volatile_db\.type: 'redis_cluster'"):
+        hps.lookup(np.array([1], np.int64), "wdl", 0)
+    assert list(shm_path.iterdir()) == []

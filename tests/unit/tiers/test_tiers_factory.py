@@ -1,0 +1,105 @@
+"""check_tiers_available / open_host_table: which ps.json tiers open, and how the others fail."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from tiers_testdata import make_keys, random_vectors
+
+from hps_core.config import PSConfig, parse_ps_config
+from hps_core.errors import NotAvailableError
+from hps_core.formats.sparse_writer import write_sparse_table
+from hps_core.tiers.factory import check_tiers_available, open_host_table
+
+
+def ps_dict(**sections: Any) -> dict[str, Any]:
+    """A one-model ps.json (dim 4, default 0.5) plus the given top-level sections."""
+    return {
+        "supportlonglong": True,
+        **sections,
+        "models": [
+            {
+                "model": "m",
+                "sparse_files": ["t0"],
+                "deployed_device_list": [0],
+                "default_value_for_each_table": [0.5],
+                "maxnum_catfeature_query_per_table_per_sample": [2],
+                "embedding_vecsize_per_table": [4],
+            }
+        ],
+    }
+
+
+def config(tmp_path: Path, **sections: Any) -> PSConfig:
+    return parse_ps_config(ps_dict(**sections), tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("sections", "field", "value"),
+    [
+        ({"volatile_db": {"type": "redis_cluster"}}, "volatile_db.type", "redis_cluster"),
+        ({"persistent_db": {"type": "rocks_db"}}, "persistent_db.type", "rocks_db"),
+        (
+            {"update_source": {"type": "kafka_message_queue"}},
+            "update_source.type",
+            "kafka_message_queue",
+        ),
+    ],
+    ids=["redis", "rocksdb", "kafka"],
+)
+def test_unavailable_tiers_name_the_ps_json_field(
+    tmp_path: Path, shm_path: Path, sections: dict, field: str, value: str
+) -> None:
+    cfg = config(tmp_path, **sections)
+    with pytest.raises(NotAvailableError) as info:
+        check_tiers_available(cfg)
+    message = str(info.value)
+    assert message.startswith(f"{field}: '{value}' is not available yet")
+    with pytest.raises(NotAvailableError, match=f"^{field}: "):
+        open_host_table(cfg, cfg.models[0].tables[0])
+    assert list(shm_path.iterdir()) == []  # refused before anything was opened
+
+
+@pytest.mark.parametrize(
+    "volatile",
+    [None, {"type": "hash_map"}, {"type": "parallel_hash_map"}, {"type": "disabled"}, {}],
+    ids=["absent", "hash_map", "parallel", "disabled", "no-type"],
+)
+def test_host_memory_tiers_open_the_shared_table(
+    tmp_path: Path, shm_path: Path, volatile: dict | None
+) -> None:
+    rng = np.random.default_rng(5)
+    keys = make_keys(rng, 100, "wide")
+    vectors = random_vectors(rng, 100, 4)
+    write_sparse_table(tmp_path / "t0", keys, vectors)
+    sections = {} if volatile is None else {"volatile_db": volatile}
+    cfg = config(tmp_path, **sections, persistent_db={"type": "disabled"})
+    check_tiers_available(cfg)
+    table = open_host_table(cfg, cfg.models[0].tables[0])
+    absent = next(k for k in range(10) if k not in set(keys.tolist()))
+    values, found = table.lookup(np.concatenate([keys[:10], [absent]]))
+    np.testing.assert_array_equal(values[:10], vectors[:10])
+    assert found.tolist() == [True] * 10 + [False]
+    assert values[-1].tolist() == [0.5] * 4  # default_value_for_each_table
+    table.close()
+    assert list(shm_path.iterdir()) == []
+
+
+def test_partial_initial_cache_rate_is_warned_and_every_row_served(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    keys = np.arange(50, dtype=np.int64)
+    vectors = random_vectors(np.random.default_rng(6), 50, 4)
+    write_sparse_table(tmp_path / "t0", keys, vectors)
+    cfg = config(tmp_path, volatile_db={"type": "hash_map", "initial_cache_rate": 0.25})
+    with caplog.at_level(logging.WARNING, logger="hps_core"):
+        table = open_host_table(cfg, cfg.models[0].tables[0])
+    assert "volatile_db.initial_cache_rate=0.25 ignored" in caplog.text
+    values, found = table.lookup(keys)
+    assert found.all()
+    np.testing.assert_array_equal(values, vectors)
+    table.close()
