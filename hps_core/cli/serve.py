@@ -15,6 +15,7 @@ from pathlib import Path
 from types import FrameType
 
 from hps_core.server.process import DEFAULT_EXIT_TIMEOUT_S, ServerStartError, TritonServer
+from hps_core.tiers.shm_segment import remove_stale_segments
 
 # The repository root when this package is used from a checkout (editable install).
 _CHECKOUT_ROOT = Path(__file__).resolve().parents[2]
@@ -115,6 +116,9 @@ def run(args: argparse.Namespace) -> int:
         extra_args=extra,
         log_to_stdout=True,
         startup_timeout_s=args.startup_timeout,
+        # Host-tier segments whose users all died with the server (kill -9) go now, not at
+        # the next start.
+        on_stopped=[lambda _: remove_stale_segments()],
     )
     with _stop_signals_raise():
         try:
