@@ -14,7 +14,14 @@ the same set and no locks are needed. Semantics: :mod:`hps_core.cache.dynamic`.
 from __future__ import annotations
 
 from hps_core.cache.layout import EMPTY_KEY, WAYS
-from hps_core.cache.stats import EVICTIONS, INSERTS, UPDATED
+from hps_core.cache.stats import (
+    EVICTIONS,
+    HITS,
+    INSERTS,
+    MISSES,
+    RESERVED_KEY_MISSES,
+    UPDATED,
+)
 
 KERNEL_NAMES = ("cache_query", "cache_replace", "cache_update")
 
@@ -67,27 +74,47 @@ __device__ __forceinline__ void copy_row(float* dst, const float* src, const int
   for (int d = lane; d < dim; d += WARP) dst[d] = src[d];
 }
 
+// Set of a key: mix64(key) % num_sets, the same function as hps_core.cache.layout.set_of.
+__device__ __forceinline__ i64 set_of(const i64 key, const u64 num_sets) {
+  u64 z = (u64)key;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+  z = z ^ (z >> 31);
+  return (i64)(z % num_sets);
+}
+
 // One warp per key. Hit rows of `out` get the stored vector, miss rows are not written.
 // A hit stamps its slot with clock + position; atomicMax keeps the later of duplicate keys.
+// The set is computed here and the counters are summed per block (one atomic per block), so
+// a query is a single launch.
 extern "C" __global__ void cache_query(
-    const i64* __restrict__ keys, const i64* __restrict__ sets, const i64 n,
+    const i64* __restrict__ keys, const i64 n, const u64 num_sets,
     const i64* __restrict__ slot_keys, u64* __restrict__ slot_stamps,
     const float* __restrict__ slot_values, const int dim, const u64 clock,
-    float* __restrict__ out, bool* __restrict__ hit) {
+    float* __restrict__ out, bool* __restrict__ hit, i64* __restrict__ counters) {
   const i64 item = warp_item();
-  if (item >= n) return;
+  const bool valid = item < n;  // no early return: every thread takes part in the counts
   const int lane = threadIdx.x % WARP;
-  const i64 key = keys[item];
-  const i64 first = sets[item] * WAYS;
+  const i64 key = valid ? keys[item] : EMPTY_KEY;
   int way = -1;
-  if (key != EMPTY_KEY) {
+  i64 first = 0;
+  if (valid && key != EMPTY_KEY) {
+    first = set_of(key, num_sets) * WAYS;
     way = find_way(slot_keys[first + lane], slot_keys[first + WARP + lane], key);
   }
-  if (lane == 0) {
+  if (valid && lane == 0) {
     hit[item] = way >= 0;
     if (way >= 0) atomicMax(&slot_stamps[first + way], clock + (u64)item);
   }
   if (way >= 0) copy_row(out + item * dim, slot_values + (first + way) * dim, dim, lane);
+  const int hits = __syncthreads_count(valid && lane == 0 && way >= 0);
+  const int misses = __syncthreads_count(valid && lane == 0 && way < 0);
+  const int reserved = __syncthreads_count(valid && lane == 0 && key == EMPTY_KEY);
+  if (threadIdx.x == 0) {
+    if (hits) atomicAdd((u64*)&counters[HITS], (u64)hits);
+    if (misses) atomicAdd((u64*)&counters[MISSES], (u64)misses);
+    if (reserved) atomicAdd((u64*)&counters[RESERVED_KEY_MISSES], (u64)reserved);
+  }
 }
 
 // One warp per run (one set). The set's keys and stamps stay in registers while the warp
@@ -186,5 +213,8 @@ def cuda_source() -> str:
         f"#define INSERTS {INSERTS}\n"
         f"#define EVICTIONS {EVICTIONS}\n"
         f"#define UPDATED {UPDATED}\n"
+        f"#define HITS {HITS}\n"
+        f"#define MISSES {MISSES}\n"
+        f"#define RESERVED_KEY_MISSES {RESERVED_KEY_MISSES}\n"
     )
     return defines + _KERNELS

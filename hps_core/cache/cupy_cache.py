@@ -90,7 +90,7 @@ class CupyDynamicCache(DynamicCache):
                 f"cache {self.name!r}: kernel {name} on {items} items failed: {exc}"
             ) from exc
 
-    def _query(self, keys: Any, sets: Any, out: Any, clock: np.uint64) -> Any:
+    def _query(self, keys: Any, out: Any, clock: np.uint64) -> Any:
         n = int(keys.shape[0])
         hit = cupy.empty(n, dtype=bool)
         self._launch(
@@ -98,8 +98,8 @@ class CupyDynamicCache(DynamicCache):
             n,
             (
                 keys,
-                sets,
                 np.int64(n),
+                np.uint64(self._num_sets),
                 self._keys,
                 self._stamps,
                 self._values,
@@ -107,6 +107,7 @@ class CupyDynamicCache(DynamicCache):
                 clock,
                 out,
                 hit,
+                self._counters,
             ),
         )
         return hit

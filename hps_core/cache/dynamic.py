@@ -37,10 +37,7 @@ import numpy as np
 from hps_core.cache.arrays import as_keys, as_rows, output_rows
 from hps_core.cache.layout import EMPTY_KEY, WAYS, set_of
 from hps_core.cache.stats import (
-    HITS,
-    MISSES,
     NUM_COUNTERS,
-    RESERVED_KEY_MISSES,
     CacheStats,
     stats_from_counters,
 )
@@ -146,12 +143,8 @@ class DynamicCache(ABC):
             out = output_rows(out, n, self._dim, xp, self._where)
             if n == 0:
                 return out, xp.zeros(0, dtype=bool)
-            hit = self._query(keys, set_of(keys, self._num_sets, xp), out, np.uint64(self._clock))
+            hit = self._query(keys, out, np.uint64(self._clock))
             self._clock += n
-            hits = xp.count_nonzero(hit)
-            self._counters[HITS] += hits
-            self._counters[MISSES] += n - hits
-            self._counters[RESERVED_KEY_MISSES] += xp.count_nonzero(keys == EMPTY_KEY)
             return out, hit
 
     def replace(self, keys: Any, values: Any) -> None:
@@ -238,8 +231,9 @@ class DynamicCache(ABC):
         return contextlib.nullcontext()
 
     @abstractmethod
-    def _query(self, keys: Any, sets: Any, out: Any, clock: np.uint64) -> Any:
-        """Write hit rows into ``out``, refresh hit stamps, return the bool hit mask."""
+    def _query(self, keys: Any, out: Any, clock: np.uint64) -> Any:
+        """Write hit rows into ``out``, refresh hit stamps, count hits, misses and reserved
+        keys, and return the bool hit mask."""
 
     @abstractmethod
     def _replace(self, keys: Any, rows: Any, sets: Any, positions: Any, clock: np.uint64) -> None:

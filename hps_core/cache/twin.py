@@ -13,8 +13,8 @@ from typing import Any
 import numpy as np
 
 from hps_core.cache.dynamic import DynamicCache
-from hps_core.cache.layout import EMPTY_KEY, WAYS, last_of_each, plan_runs
-from hps_core.cache.stats import EVICTIONS, INSERTS, UPDATED
+from hps_core.cache.layout import EMPTY_KEY, WAYS, last_of_each, plan_runs, set_of
+from hps_core.cache.stats import EVICTIONS, HITS, INSERTS, MISSES, RESERVED_KEY_MISSES, UPDATED
 
 # Keys looked up per vectorised step: bounds the [chunk, WAYS] temporaries to a few MiB.
 _CHUNK = 1 << 14
@@ -44,9 +44,13 @@ class NumpyDynamicCache(DynamicCache):
             slots[start : start + _CHUNK] = np.where(found, s * WAYS + match.argmax(axis=1), -1)
         return slots
 
-    def _query(self, keys: Any, sets: Any, out: Any, clock: np.uint64) -> Any:
-        slots = self._find(keys, sets)
+    def _query(self, keys: Any, out: Any, clock: np.uint64) -> Any:
+        slots = self._find(keys, set_of(keys, self._num_sets, np))
         hit = slots >= 0
+        hits = int(np.count_nonzero(hit))
+        self._counters[HITS] += hits
+        self._counters[MISSES] += len(keys) - hits
+        self._counters[RESERVED_KEY_MISSES] += int(np.count_nonzero(keys == EMPTY_KEY))
         positions = np.flatnonzero(hit)
         out[positions] = self._values[slots[positions]]
         # A key hit twice keeps its later (larger) stamp, like the kernel's atomicMax.

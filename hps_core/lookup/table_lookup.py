@@ -293,9 +293,10 @@ class CachedTableLookup:
             return 0
         keys = np.asarray(keys, dtype=np.int64)[: self.cache.capacity]
         inserted = 0
-        # Coldest first, so the hottest keys carry the newest LRU stamps.
+        # Coldest first (chunks and keys inside a chunk alike), so that the hottest keys carry
+        # the newest LRU stamps and a set that overflows evicts its coldest keys.
         for stop in range(len(keys), 0, -chunk):
-            part = keys[max(0, stop - chunk) : stop]
+            part = keys[max(0, stop - chunk) : stop][::-1]
             values, found = self.host.lookup(part)
             if found.any():
                 self.cache.replace(self.xp.asarray(part[found]), self.xp.asarray(values[found]))

@@ -141,8 +141,8 @@ def test_a_failed_launch_is_reported_with_the_kernel_name() -> None:
     keys = cupy.zeros(1, dtype=cupy.int64)
     args = (
         keys,
-        keys,
         np.int64(1),
+        np.uint64(gpu.num_sets),
         gpu._keys,
         gpu._stamps,
         gpu._values,
@@ -150,6 +150,7 @@ def test_a_failed_launch_is_reported_with_the_kernel_name() -> None:
         np.uint64(0),
         cupy.zeros((1, 1), cupy.float32),
         cupy.zeros(1, dtype=bool),
+        gpu._counters,
     )
     with pytest.raises(CacheKernelError, match="cache_query"):
         gpu._launch("cache_query", too_many_items, args)

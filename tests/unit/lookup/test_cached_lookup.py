@@ -1,0 +1,86 @@
+"""The cached lookup pipeline with the NumPy twin of the GPU cache (tests/gpu runs CuPy)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from cached_lookup_cases import DEFAULT, expected, make_host, run_stream
+
+from hps_core.cache import make_cache
+from hps_core.lookup import CachedTableLookup
+
+
+@pytest.mark.parametrize("threshold", [0.0, 0.5, 1.1])
+def test_every_answer_is_the_true_vector(tmp_path: Path, threshold: float) -> None:
+    lookup = run_stream(np, tmp_path / "t", threshold=threshold)
+    c = lookup.counters
+    assert c.cache_hits + c.cache_misses == c.unique_keys
+    assert c.unknown_keys > 0 and c.default_answers == 0
+    if threshold > 1:  # every batch below the threshold: inserts inline
+        assert c.async_inserts == 0 and c.sync_inserts > 0
+    if threshold == 0.0:  # every batch at or above it: inserts in the background
+        assert c.sync_inserts == 0 and c.async_inserts > 0
+    assert lookup.cache.size > 0
+    lookup.close()
+
+
+def test_hit_rate_grows_on_a_skewed_stream(tmp_path: Path) -> None:
+    lookup = run_stream(np, tmp_path / "t", batches=40)
+    # Zipf 1.05 over 5000 keys with a cache of 1000 rows: most unique keys hit once warm.
+    assert lookup.counters.hit_rate > 0.4
+    lookup.close()
+
+
+def test_hugectr_default_policy_counts_default_answers(tmp_path: Path) -> None:
+    lookup = run_stream(np, tmp_path / "t", threshold=0.0, policy="default")
+    c = lookup.counters
+    assert c.default_answers > 0  # known keys answered with the default vector, counted
+    lookup.close()
+
+
+def test_static_cache_answers_from_the_whole_table(tmp_path: Path) -> None:
+    lookup = run_stream(np, tmp_path / "t", kind="static")
+    c = lookup.counters
+    assert c.cache_misses == c.unknown_keys  # a static table only misses keys it lacks
+    assert c.sync_inserts == c.async_inserts == 0
+    lookup.close()
+
+
+def test_duplicates_and_empty_batches(tmp_path: Path) -> None:
+    host, reference = make_host(tmp_path / "t", 300, 4, seed=5)
+    lookup = CachedTableLookup(host, make_cache("dynamic", 64, 4, np), np, 0.9)
+    assert lookup.lookup(np.empty(0, np.int64)).shape == (0, 4)
+    key = next(iter(reference))
+    q = np.array([key, key, 7, key, 7], dtype=np.int64)
+    np.testing.assert_array_equal(lookup.lookup(q), expected(reference, q, 4))
+    assert lookup.counters.unique_keys == 2 and lookup.counters.keys == 5
+    lookup.close()
+
+
+def test_warm_inserts_hottest_first_and_refresh_restores_rows(tmp_path: Path) -> None:
+    host, reference = make_host(tmp_path / "t", 2000, 4, seed=9)
+    cache = make_cache("dynamic", 128, 4, np)
+    lookup = CachedTableLookup(host, cache, np, 0.9)
+    keys = np.fromiter(reference, np.int64, len(reference))
+    assert lookup.warm(keys) == cache.capacity
+    # The first keys of the hot list (the hottest) are in the cache.
+    hits = cache.query(keys[:32])[1]
+    assert hits.all()
+    # Corrupt cached rows, then a full refresh reads them back from the host tier.
+    stored = cache.dump()
+    cache.update(stored, np.full((len(stored), 4), 99.0, np.float32))
+    assert lookup.refresh(0, cache.num_sets) == len(stored)
+    np.testing.assert_array_equal(lookup.lookup(stored), expected(reference, stored, 4))
+    lookup.close()
+
+
+def test_unknown_keys_are_never_cached(tmp_path: Path) -> None:
+    host, _ = make_host(tmp_path / "t", 100, 4, seed=2)
+    cache = make_cache("dynamic", 64, 4, np)
+    lookup = CachedTableLookup(host, cache, np, 2.0)
+    got = lookup.lookup(np.array([1, 4, 7], dtype=np.int64))  # never multiples of 3
+    assert (got == DEFAULT).all()
+    assert cache.size == 0 and lookup.counters.unknown_keys == 3
+    lookup.close()
