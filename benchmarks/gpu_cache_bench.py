@@ -1,0 +1,186 @@
+"""GPU embedding cache: query throughput and full-lookup throughput (needs CuPy and a GPU).
+
+Setup (issue defaults): a table of ``--rows`` keys (10M) at ``--dim`` (128) in the shared host
+tier; a dynamic cache of ``--cache-share`` (0.2) of the rows on the GPU; keys drawn from a Zipf
+distribution (alpha ``--alpha``, 1.05) over the table's rows. The cache is first warmed by
+``--warm-batches`` full lookups of 64K keys. Then, per batch size:
+
+- ``query``: ``cache.query(keys, out)`` alone (one kernel: hash, probe, copy hits), timed with
+  CUDA events; effective GB/s = batch x dim x 4 bytes returned / time.
+- ``lookup``: the whole pipeline (dedup, query, miss fetch from the host tier, insert,
+  scatter), timed on the host clock around a synchronised call.
+
+Also measured in the same run: the device-to-device copy bandwidth (bytes read + written),
+the ceiling the query is compared with. Prints a table; writes ``gpu_cache_bench.csv``.
+
+Usage:
+    python benchmarks/gpu_cache_bench.py --out $OUT
+    python benchmarks/gpu_cache_bench.py --rows 1000000 --batches 4096,65536   # quicker
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import os
+import shutil
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import cupy
+import numpy as np
+
+from hps_core.cache import make_cache
+from hps_core.formats.sparse_writer import SparseTableWriter
+from hps_core.lookup import CachedTableLookup
+from hps_core.tiers.host_table import SharedHostTable
+from hps_core.workload import zipf_keys
+
+
+def copy_bandwidth(nbytes: int = 2**31, repeats: int = 20) -> float:
+    """Device-to-device copy rate in GB/s, counting bytes read plus bytes written."""
+    a = cupy.ones(nbytes // 4, cupy.float32)
+    b = cupy.empty_like(a)
+    times = []
+    for _ in range(repeats + 3):
+        start, stop = cupy.cuda.Event(), cupy.cuda.Event()
+        start.record()
+        cupy.copyto(b, a)
+        stop.record()
+        stop.synchronize()
+        times.append(cupy.cuda.get_elapsed_time(start, stop) / 1e3)
+    return 2 * nbytes / statistics.median(times[3:]) / 1e9
+
+
+def write_table(folder: Path, rows: int, dim: int, seed: int) -> None:
+    """Keys 0..rows-1 with random vectors, written in chunks."""
+    rng = np.random.default_rng(seed)
+    chunk = 1 << 20
+    with SparseTableWriter(folder) as writer:
+        for start in range(0, rows, chunk):
+            n = min(chunk, rows - start)
+            keys = np.arange(start, start + n, dtype=np.int64)
+            writer.append(keys, rng.random((n, dim), dtype=np.float32))
+
+
+def time_query(cache, batches: list, repeats: int) -> tuple[float, float]:
+    """Median seconds of one ``query`` call, and the hit rate of the timed calls."""
+    out = cupy.empty((int(batches[0].shape[0]), cache.dim), cupy.float32)
+    for keys in batches[:2]:
+        cache.query(keys, out=out)  # warm-up: compile, allocate
+    times, hits, total = [], 0, 0
+    for i in range(repeats):
+        keys = batches[i % len(batches)]
+        start, stop = cupy.cuda.Event(), cupy.cuda.Event()
+        start.record()
+        _, hit = cache.query(keys, out=out)
+        stop.record()
+        stop.synchronize()
+        times.append(cupy.cuda.get_elapsed_time(start, stop) / 1e3)
+        hits += int(cupy.count_nonzero(hit))
+        total += int(keys.shape[0])
+    return statistics.median(times), hits / total
+
+
+def time_lookup(lookup: CachedTableLookup, batches: list, repeats: int) -> tuple[float, float]:
+    """Median seconds of one full lookup, and the unique-key hit rate of the timed calls."""
+    for keys in batches[:2]:
+        lookup.lookup(keys)
+    lookup.flush()
+    cupy.cuda.get_current_stream().synchronize()
+    before = lookup.counters.snapshot()
+    times = []
+    for i in range(repeats):
+        keys = batches[i % len(batches)]
+        start = time.perf_counter()
+        lookup.lookup(keys)
+        cupy.cuda.get_current_stream().synchronize()
+        times.append(time.perf_counter() - start)
+    lookup.flush()
+    after = lookup.counters
+    unique = after.unique_keys - before.unique_keys
+    return statistics.median(times), (after.cache_hits - before.cache_hits) / max(unique, 1)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", type=int, default=10_000_000)
+    parser.add_argument("--dim", type=int, default=128)
+    parser.add_argument("--cache-share", type=float, default=0.2)
+    parser.add_argument("--alpha", type=float, default=1.05)
+    parser.add_argument("--batches", default="4096,16384,65536,262144,1048576")
+    parser.add_argument("--warm-batches", type=int, default=150)
+    parser.add_argument("--repeats", type=int, default=30)
+    parser.add_argument("--threshold", type=float, default=0.9, help="hit_rate_threshold")
+    parser.add_argument("--out", default="bench_results")
+    parser.add_argument("--workdir", default=None, help="where to write the table files")
+    args = parser.parse_args()
+    out_dir = Path(args.out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(0)
+    gpu = cupy.cuda.runtime.getDeviceProperties(0)["name"].decode()
+
+    copy_gbs = copy_bandwidth()
+    work = Path(tempfile.mkdtemp(prefix="hps-gpu-bench-", dir=args.workdir))
+    os.environ.setdefault("HPS_SHM_DIR", str(work / "shm"))
+    try:
+        t0 = time.perf_counter()
+        write_table(work / "table", args.rows, args.dim, seed=1)
+        host = SharedHostTable(work / "table", args.dim)
+        build_s = time.perf_counter() - t0
+        cache = make_cache("dynamic", int(args.cache_share * args.rows), args.dim, cupy)
+        lookup = CachedTableLookup(host, cache, cupy, args.threshold, name="bench")
+        for _ in range(args.warm_batches):
+            lookup.lookup(cupy.asarray(zipf_keys(rng, 65536, args.rows, args.alpha)))
+        lookup.flush()
+        results = []
+        for batch in (int(b) for b in args.batches.split(",")):
+            keys = [cupy.asarray(zipf_keys(rng, batch, args.rows, args.alpha)) for _ in range(4)]
+            q_s, q_hit = time_query(cache, keys, args.repeats)
+            l_s, l_hit = time_lookup(lookup, keys, max(5, args.repeats // 3))
+            returned = batch * args.dim * 4
+            results.append(
+                {
+                    "gpu": gpu,
+                    "rows": args.rows,
+                    "dim": args.dim,
+                    "cache_rows": cache.capacity,
+                    "alpha": args.alpha,
+                    "batch": batch,
+                    "query_us": round(q_s * 1e6, 1),
+                    "query_mkeys_s": round(batch / q_s / 1e6, 1),
+                    "query_gb_s": round(returned / q_s / 1e9, 1),
+                    "query_key_hit_rate": round(q_hit, 4),
+                    "lookup_us": round(l_s * 1e6, 1),
+                    "lookup_mkeys_s": round(batch / l_s / 1e6, 2),
+                    "lookup_gb_s": round(returned / l_s / 1e9, 1),
+                    "lookup_unique_hit_rate": round(l_hit, 4),
+                    "copy_gb_s": round(copy_gbs, 1),
+                }
+            )
+        lookup.close()
+        host.close()
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+    print(
+        f"{gpu}; table {args.rows} x {args.dim} (host tier built in {build_s:.1f} s), cache "
+        f"{cache.capacity} rows ({args.cache_share:.0%}), Zipf alpha {args.alpha}, "
+        f"{args.warm_batches} warm-up batches of 64K; device copy {copy_gbs:.0f} GB/s"
+    )
+    head = ("batch", "query us", "query GB/s", "key hit", "lookup us", "lookup Mkeys/s", "uniq hit")
+    print("  ".join(f"{h:>14}" for h in head))
+    for r in results:
+        row = (r["batch"], r["query_us"], r["query_gb_s"], r["query_key_hit_rate"],
+               r["lookup_us"], r["lookup_mkeys_s"], r["lookup_unique_hit_rate"])  # fmt: skip
+        print("  ".join(f"{v:>14}" for v in row))
+    with (out_dir / "gpu_cache_bench.csv").open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(results[0]))
+        writer.writeheader()
+        writer.writerows(results)
+
+
+if __name__ == "__main__":
+    main()
