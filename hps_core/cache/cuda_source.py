@@ -74,6 +74,15 @@ __device__ __forceinline__ void copy_row(float* dst, const float* src, const int
   for (int d = lane; d < dim; d += WARP) dst[d] = src[d];
 }
 
+// The same with 16-byte accesses, for rows whose width is a multiple of 4 floats and whose
+// buffers are 16-byte aligned (a dim-128 row is one access per lane).
+__device__ __forceinline__ void copy_row4(float* dst, const float* src, const int dim,
+                                          const int lane) {
+  float4* d4 = reinterpret_cast<float4*>(dst);
+  const float4* s4 = reinterpret_cast<const float4*>(src);
+  for (int d = lane; d < dim / 4; d += WARP) d4[d] = __ldg(s4 + d);
+}
+
 // Set of a key: mix64(key) % num_sets, the same function as hps_core.cache.layout.set_of.
 __device__ __forceinline__ i64 set_of(const i64 key, const u64 num_sets) {
   u64 z = (u64)key;
@@ -91,7 +100,8 @@ extern "C" __global__ void cache_query(
     const i64* __restrict__ keys, const i64 n, const u64 num_sets,
     const i64* __restrict__ slot_keys, u64* __restrict__ slot_stamps,
     const float* __restrict__ slot_values, const int dim, const u64 clock,
-    float* __restrict__ out, bool* __restrict__ hit, i64* __restrict__ counters) {
+    float* __restrict__ out, bool* __restrict__ hit, i64* __restrict__ counters,
+    const bool vectorized) {
   const i64 item = warp_item();
   const bool valid = item < n;  // no early return: every thread takes part in the counts
   const int lane = threadIdx.x % WARP;
@@ -100,13 +110,29 @@ extern "C" __global__ void cache_query(
   i64 first = 0;
   if (valid && key != EMPTY_KEY) {
     first = set_of(key, num_sets) * WAYS;
-    way = find_way(slot_keys[first + lane], slot_keys[first + WARP + lane], key);
+    // Read the second half of the set only when the key is not in the first (the lowest
+    // matching way is the same as find_way's: a key is stored once).
+    const unsigned in_lo = __ballot_sync(FULL_MASK, slot_keys[first + lane] == key);
+    if (in_lo != 0u) {
+      way = __ffs(in_lo) - 1;
+    } else {
+      const unsigned in_hi = __ballot_sync(FULL_MASK, slot_keys[first + WARP + lane] == key);
+      if (in_hi != 0u) way = WARP + __ffs(in_hi) - 1;
+    }
   }
   if (valid && lane == 0) {
     hit[item] = way >= 0;
     if (way >= 0) atomicMax(&slot_stamps[first + way], clock + (u64)item);
   }
-  if (way >= 0) copy_row(out + item * dim, slot_values + (first + way) * dim, dim, lane);
+  if (way >= 0) {
+    float* dst = out + item * dim;
+    const float* src = slot_values + (first + way) * dim;
+    if (vectorized) {
+      copy_row4(dst, src, dim, lane);
+    } else {
+      copy_row(dst, src, dim, lane);
+    }
+  }
   const int hits = __syncthreads_count(valid && lane == 0 && way >= 0);
   const int misses = __syncthreads_count(valid && lane == 0 && way < 0);
   const int reserved = __syncthreads_count(valid && lane == 0 && key == EMPTY_KEY);

@@ -108,6 +108,8 @@ class CupyDynamicCache(DynamicCache):
                 out,
                 hit,
                 self._counters,
+                # 16-byte row copies need rows of whole float4s on 16-byte boundaries.
+                self._dim % 4 == 0 and out.data.ptr % 16 == 0 and self._values.data.ptr % 16 == 0,
             ),
         )
         return hit

@@ -65,6 +65,21 @@ def run_step(twin, gpu, op: str, keys: np.ndarray, rng) -> None:
         getattr(gpu, op)(cupy.asarray(keys), cupy.asarray(values))
 
 
+def test_query_into_a_misaligned_out_uses_the_scalar_copy() -> None:
+    rng = np.random.default_rng(1)
+    twin, gpu = make_pair(4, 8)
+    keys = rng.integers(0, 300, 200).astype(np.int64)
+    values = rng.standard_normal((200, 8)).astype(np.float32)
+    twin.replace(keys, values)
+    gpu.replace(cupy.asarray(keys), cupy.asarray(values))
+    flat = cupy.full(200 * 8 + 1, np.nan, dtype=cupy.float32)
+    out = flat[1:].reshape(200, 8)  # 4 bytes past a 16-byte boundary
+    assert out.data.ptr % 16 != 0
+    gpu.query(cupy.asarray(keys), out=out)
+    want, _ = twin.query(keys, out=np.full((200, 8), np.nan, np.float32))
+    np.testing.assert_array_equal(out.get(), want)
+
+
 def skewed_keys(key_space: np.ndarray, batch: int, rng) -> np.ndarray:
     """Hot keys first; duplicates, negative keys and the reserved key all occur."""
     ranks = (rng.random(batch) ** 3 * key_space.shape[0]).astype(np.int64)
@@ -89,6 +104,7 @@ OPS = ("replace", "query", "update", "query_fresh", "replace", "query", "clear",
         (5, 33, 2_000, 700, 18),
         (64, 16, 40_000, 10_000, 9),
         (4, 8, 500, 100_000, 9),
+        (8, 128, 3_000, 2_000, 9),
         (16_384, 8, 4_000_000, 2_000_000, 5),
     ],
 )
@@ -151,6 +167,7 @@ def test_a_failed_launch_is_reported_with_the_kernel_name() -> None:
         cupy.zeros((1, 1), cupy.float32),
         cupy.zeros(1, dtype=bool),
         gpu._counters,
+        False,
     )
     with pytest.raises(CacheKernelError, match="cache_query"):
         gpu._launch("cache_query", too_many_items, args)
