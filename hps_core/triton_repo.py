@@ -7,18 +7,28 @@ Used by ``hps repo`` (a HugeCTR user's ps.json -> a ready model repository) and 
     <repo>/<model>/ps.json         the ps.json, file paths relative to this folder when inside
     <repo>/<model>/1/model.py      one import of triton_backend
     <repo>/<model>/warmup/...      a warm-up request that loads the tables before READY
+
+A ps.json model with ``network_file`` and ``dense_file`` is a ranking model (lookup + dense
+network) and gets two Triton models over the same files: ``<model>`` with HugeCTR's
+``hugectr`` backend contract (``DES``, ``CATCOLUMN``, ``ROWINDEX`` -> ``OUTPUT0``), and
+``<model>_samples``, one sample per row of Triton's batch (``dense``, ``sparse`` -> ``score``),
+which reads ``../<model>/ps.json``. Any other model gets the ``hps`` lookup contract
+(``KEYS``, ``NUMKEYS`` -> ``OUTPUT0``). See :mod:`triton_backend.ranking_contracts`.
 """
 
 from __future__ import annotations
 
 import json
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from hps_core.config import ModelConfig, PSConfig, load_ps_config
+from hps_core.errors import ConfigError, Problem
+from hps_core.infer import RankingLayout, is_ranking_model, load_ranking_graph
 
 EMBEDDING_MODEL_PY = '''\
 """Triton entry point: HugeCTR's `hps` lookup contract (KEYS, NUMKEYS -> OUTPUT0)."""
@@ -27,6 +37,25 @@ from triton_backend.embedding_model import EmbeddingModel as TritonPythonModel
 
 __all__ = ["TritonPythonModel"]
 '''
+
+HUGECTR_RANKING_MODEL_PY = '''\
+"""Triton entry point: HugeCTR's `hugectr` contract (DES, CATCOLUMN, ROWINDEX -> OUTPUT0)."""
+
+from triton_backend.ranking_model import HugeCTRRankingModel as TritonPythonModel
+
+__all__ = ["TritonPythonModel"]
+'''
+
+SAMPLES_RANKING_MODEL_PY = '''\
+"""Triton entry point: one sample per batch row (dense, sparse -> score)."""
+
+from triton_backend.ranking_model import SamplesRankingModel as TritonPythonModel
+
+__all__ = ["TritonPythonModel"]
+'''
+
+#: Suffix of the Triton model that serves a ranking model one sample per batch row.
+SAMPLES_SUFFIX = "_samples"
 
 
 @dataclass(frozen=True)
@@ -54,7 +83,9 @@ class ServingOptions:
     """How Triton batches and places a generated model.
 
     Args:
-        max_batch_size: requests Triton's dynamic batcher may hand to one ``execute``.
+        max_batch_size: requests Triton's dynamic batcher may hand to one ``execute`` (for a
+            ``_samples`` ranking model Triton counts samples instead, and the ps.json
+            ``max_batch_size`` is used).
         max_queue_delay_us: how long the batcher waits to fill a batch.
         instances: the instance groups.
         warmup: add a warm-up request that loads the tables before the model is READY.
@@ -64,6 +95,100 @@ class ServingOptions:
     max_queue_delay_us: int = 100
     instances: tuple[InstanceGroup, ...] = (InstanceGroup(),)
     warmup: bool = True
+
+
+def _quoted(text: str) -> str:
+    """``text`` as a config.pbtxt string literal (a table name may hold quotes)."""
+    escaped = text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+    return f'"{escaped}"'
+
+
+@dataclass(frozen=True)
+class _Tensor:
+    """An input or output of config.pbtxt (``ragged``: ``allow_ragged_batch``)."""
+
+    name: str
+    data_type: str
+    dims: tuple[int, ...]
+    ragged: bool = False
+
+    def pbtxt(self) -> str:
+        ragged = " allow_ragged_batch: true" if self.ragged else ""
+        dims = ", ".join(map(str, self.dims))
+        return f'{{ name: "{self.name}" data_type: {self.data_type} dims: [ {dims} ]{ragged} }}'
+
+
+@dataclass(frozen=True)
+class _WarmupInput:
+    """One input of the warm-up request: a file in ``warmup/``, or zeros when ``file`` is
+    ``None``."""
+
+    name: str
+    data_type: str
+    dims: tuple[int, ...]
+    file: str | None = None
+
+    def pbtxt(self) -> str:
+        data = f'input_data_file: "{self.file}"' if self.file else "zero_data: true"
+        dims = ", ".join(map(str, self.dims))
+        return f"""    inputs {{
+      key: "{self.name}"
+      value: {{ data_type: {self.data_type} dims: [ {dims} ] {data} }}
+    }}"""
+
+
+def _config_pbtxt(
+    name: str,
+    max_batch_size: int,
+    options: ServingOptions,
+    inputs: Sequence[_Tensor],
+    outputs: Sequence[_Tensor],
+    params: Sequence[tuple[str, str]],
+    warmup: Sequence[_WarmupInput],
+) -> str:
+    """The text of a Python-backend config.pbtxt (warm-up only if ``options.warmup``)."""
+
+    def listed(items: Sequence[str]) -> str:
+        return ",\n".join(f"  {item}" for item in items)
+
+    parameters = [
+        f"{{ key: {_quoted(k)} value: {{ string_value: {_quoted(v)} }} }}" for k, v in params
+    ]
+    warmup_text = ""
+    if options.warmup and warmup:
+        entries = "\n".join(w.pbtxt() for w in warmup)
+        warmup_text = f"""
+model_warmup [
+  {{
+    name: "load_tables"
+    batch_size: 1
+{entries}
+  }}
+]"""
+    return f"""name: {_quoted(name)}
+backend: "python"
+max_batch_size: {max_batch_size}
+dynamic_batching {{ max_queue_delay_microseconds: {options.max_queue_delay_us} }}
+input [
+{listed([t.pbtxt() for t in inputs])}
+]
+output [
+{listed([t.pbtxt() for t in outputs])}
+]
+instance_group [
+{listed([g.pbtxt() for g in options.instances])}
+]
+parameters [
+{listed(parameters)}
+]{warmup_text}
+"""
+
+
+def _ranking_parameters(triton_name: str, hps_model: str, ps_json: str) -> list[tuple[str, str]]:
+    params = [("ps_json", ps_json)]
+    if hps_model != triton_name:
+        params.append(("hps_model_name", hps_model))
+    return params
 
 
 def embedding_config_pbtxt(
@@ -80,51 +205,105 @@ def embedding_config_pbtxt(
     Returns:
         The file's text.
     """
-    dims = ",".join(str(t.dim) for t in model.tables)
-    names = ",".join(t.name for t in model.tables)
-    params = [("ps_json", "ps.json"), ("embedding_vecsize_per_table", dims), ("table_names", names)]
+    params = [
+        ("ps_json", "ps.json"),
+        ("embedding_vecsize_per_table", ",".join(str(t.dim) for t in model.tables)),
+        ("table_names", ",".join(t.name for t in model.tables)),
+    ]
     if hps_model and hps_model != triton_name:
         params.append(("hps_model_name", hps_model))
-    parameters = ",\n".join(
-        f'  {{ key: "{k}" value: {{ string_value: "{v}" }} }}' for k, v in params
+    t = len(model.tables)
+    return _config_pbtxt(
+        triton_name,
+        options.max_batch_size,
+        options,
+        inputs=[
+            _Tensor("KEYS", "TYPE_INT64", (-1,), ragged=True),
+            _Tensor("NUMKEYS", "TYPE_INT32", (-1,), ragged=True),
+        ],
+        outputs=[_Tensor("OUTPUT0", "TYPE_FP32", (-1,))],
+        params=params,
+        warmup=[
+            _WarmupInput("KEYS", "TYPE_INT64", (t,), "keys"),
+            _WarmupInput("NUMKEYS", "TYPE_INT32", (t,), "numkeys"),
+        ],
     )
-    groups = ",\n".join(f"  {g.pbtxt()}" for g in options.instances)
-    warmup = ""
-    if options.warmup:
-        t = len(model.tables)
-        warmup = f"""
-model_warmup [
-  {{
-    name: "load_tables"
-    batch_size: 1
-    inputs {{
-      key: "KEYS"
-      value: {{ data_type: TYPE_INT64 dims: [ {t} ] input_data_file: "keys" }}
-    }}
-    inputs {{
-      key: "NUMKEYS"
-      value: {{ data_type: TYPE_INT32 dims: [ {t} ] input_data_file: "numkeys" }}
-    }}
-  }}
-]"""
-    return f"""name: "{triton_name}"
-backend: "python"
-max_batch_size: {options.max_batch_size}
-dynamic_batching {{ max_queue_delay_microseconds: {options.max_queue_delay_us} }}
-input [
-  {{ name: "KEYS" data_type: TYPE_INT64 dims: [ -1 ] allow_ragged_batch: true }},
-  {{ name: "NUMKEYS" data_type: TYPE_INT32 dims: [ -1 ] allow_ragged_batch: true }}
-]
-output [
-  {{ name: "OUTPUT0" data_type: TYPE_FP32 dims: [ -1 ] }}
-]
-instance_group [
-{groups}
-]
-parameters [
-{parameters}
-]{warmup}
-"""
+
+
+def hugectr_config_pbtxt(triton_name: str, layout: RankingLayout, options: ServingOptions) -> str:
+    """config.pbtxt of a ranking model with HugeCTR's ``hugectr`` backend contract.
+
+    Triton's ``max_batch_size`` counts requests here (each request flattens its samples into
+    one row); the samples per request are limited by the ps.json ``max_batch_size``. The
+    ``des_feature_num``, ``slots`` and ``label_dim`` parameters are informational, named as
+    in HugeCTR's backend; the network file decides them.
+
+    Args:
+        triton_name: the Triton model name (the folder name).
+        layout: the model's tables, slots and widths (``layout.model`` is the ps.json model).
+        options: batching and placement.
+
+    Returns:
+        The file's text.
+    """
+    slots, tables = layout.total_slots, layout.num_tables
+    params = [
+        *_ranking_parameters(triton_name, layout.model, "ps.json"),
+        ("des_feature_num", str(layout.dense_dim)),
+        ("slots", ",".join(str(s) for s in layout.slot_nums)),
+        ("label_dim", str(layout.label_dim)),
+    ]
+    return _config_pbtxt(
+        triton_name,
+        options.max_batch_size,
+        options,
+        inputs=[
+            _Tensor("DES", "TYPE_FP32", (-1,), ragged=True),
+            _Tensor("CATCOLUMN", "TYPE_INT64", (-1,), ragged=True),
+            _Tensor("ROWINDEX", "TYPE_INT32", (-1,), ragged=True),
+        ],
+        outputs=[_Tensor("OUTPUT0", "TYPE_FP32", (-1,))],
+        params=params,
+        # One sample, one key (0) per slot: loading every table is the point.
+        warmup=[
+            _WarmupInput("DES", "TYPE_FP32", (layout.dense_dim,)),
+            _WarmupInput("CATCOLUMN", "TYPE_INT64", (slots,)),
+            _WarmupInput("ROWINDEX", "TYPE_INT32", (slots + tables,), "rowindex"),
+        ],
+    )
+
+
+def samples_config_pbtxt(
+    triton_name: str, layout: RankingLayout, options: ServingOptions, ps_json: str
+) -> str:
+    """config.pbtxt of a ranking model served one sample per row of Triton's batch.
+
+    Triton's ``max_batch_size`` counts samples here: the ps.json ``max_batch_size``.
+
+    Args:
+        triton_name: the Triton model name (the folder name).
+        layout: the model's tables, slots and widths (``layout.model`` is the ps.json model).
+        options: queue delay, placement and warm-up (``max_batch_size`` is not used).
+        ps_json: the ps.json, relative to this model's folder.
+
+    Returns:
+        The file's text.
+    """
+    return _config_pbtxt(
+        triton_name,
+        layout.max_batch_size,
+        options,
+        inputs=[
+            _Tensor("dense", "TYPE_FP32", (layout.dense_dim,)),
+            _Tensor("sparse", "TYPE_INT64", (layout.total_slots,)),
+        ],
+        outputs=[_Tensor("score", "TYPE_FP32", (layout.label_dim,))],
+        params=_ranking_parameters(triton_name, layout.model, ps_json),
+        warmup=[
+            _WarmupInput("dense", "TYPE_FP32", (layout.dense_dim,)),
+            _WarmupInput("sparse", "TYPE_INT64", (layout.total_slots,)),
+        ],
+    )
 
 
 def _write(path: Path, data: str | bytes) -> None:
@@ -135,6 +314,10 @@ def _write(path: Path, data: str | bytes) -> None:
     else:
         tmp.write_text(data)
     os.replace(tmp, path)
+
+
+def _write_ps_json(folder: Path, config: PSConfig) -> None:
+    _write(folder / "ps.json", json.dumps(config.to_dict(relative_to=folder), indent=2) + "\n")
 
 
 def write_embedding_model(
@@ -161,7 +344,7 @@ def write_embedding_model(
     folder = (repo_dir / name).resolve()
     _write(folder / "config.pbtxt", embedding_config_pbtxt(name, model, options, model.name))
     _write(folder / "1" / "model.py", EMBEDDING_MODEL_PY)
-    _write(folder / "ps.json", json.dumps(config.to_dict(relative_to=folder), indent=2) + "\n")
+    _write_ps_json(folder, config)
     if options.warmup:
         # One key per table: loading every table is the point, the key need not exist.
         t = len(model.tables)
@@ -170,10 +353,70 @@ def write_embedding_model(
     return folder
 
 
+def ranking_layout(config: PSConfig, model: ModelConfig) -> RankingLayout:
+    """Check a ranking model's network and dense files against its ps.json entry.
+
+    Args:
+        config: the whole ps.json.
+        model: one of its models, with ``network_file`` and ``dense_file``.
+
+    Returns:
+        The model's layout.
+
+    Raises:
+        ConfigError: a problem naming the ps.json field.
+        NotAvailableError: the network has layers the engine cannot run.
+    """
+    return load_ranking_graph(model, f"models[{config.models.index(model)}]")[1]
+
+
+def write_ranking_model(
+    repo_dir: Path,
+    config: PSConfig,
+    model: ModelConfig,
+    options: ServingOptions | None = None,
+    triton_name: str | None = None,
+) -> list[Path]:
+    """Write the two Triton models of a ranking model: ``<name>`` and ``<name>_samples``.
+
+    Args:
+        repo_dir: the model repository.
+        config: the whole ps.json (written into the first folder; the second reads it).
+        model: the model to serve, with ``network_file`` and ``dense_file``.
+        options: batching and placement.
+        triton_name: name of the first folder / Triton model; the ps.json model name by
+            default.
+
+    Returns:
+        The two model folders.
+
+    Raises:
+        ConfigError: the network or dense file does not fit the ps.json entry.
+    """
+    options = options or ServingOptions()
+    layout = ranking_layout(config, model)
+    name = triton_name or model.name
+    folder = (repo_dir / name).resolve()
+    _write(folder / "config.pbtxt", hugectr_config_pbtxt(name, layout, options))
+    _write(folder / "1" / "model.py", HUGECTR_RANKING_MODEL_PY)
+    _write_ps_json(folder, config)
+    if options.warmup:
+        rows = np.concatenate([np.arange(s + 1) for s in layout.slot_nums])
+        _write(folder / "warmup" / "rowindex", rows.astype("<i4").tobytes())
+    samples_name = name + SAMPLES_SUFFIX
+    samples = (repo_dir / samples_name).resolve()
+    text = samples_config_pbtxt(samples_name, layout, options, f"../{name}/ps.json")
+    _write(samples / "config.pbtxt", text)
+    _write(samples / "1" / "model.py", SAMPLES_RANKING_MODEL_PY)
+    return [folder, samples]
+
+
 def write_repository(
     ps_json: str | os.PathLike[str], out_dir: str | os.PathLike[str], options: ServingOptions
 ) -> list[Path]:
     """Write a model repository serving every model of a ps.json.
+
+    Every ranking model is checked before anything is written.
 
     Args:
         ps_json: the HugeCTR ps.json.
@@ -182,7 +425,26 @@ def write_repository(
 
     Returns:
         The model folders written.
+
+    Raises:
+        ConfigError: every problem of every ranking model.
+        NotAvailableError: a network has layers the engine cannot run.
     """
     config = load_ps_config(ps_json)
+    problems: list[Problem] = []
+    for model in config.models:
+        if is_ranking_model(model):
+            try:
+                ranking_layout(config, model)
+            except ConfigError as exc:
+                problems.extend(exc.problems)
+    if problems:
+        raise ConfigError(problems)
     repo = Path(out_dir)
-    return [write_embedding_model(repo, config, model, options) for model in config.models]
+    folders = []
+    for model in config.models:
+        if is_ranking_model(model):
+            folders.extend(write_ranking_model(repo, config, model, options))
+        else:
+            folders.append(write_embedding_model(repo, config, model, options))
+    return folders

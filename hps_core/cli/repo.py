@@ -1,10 +1,16 @@
-"""``hps repo PS_JSON OUTDIR``: a Triton model repository serving a ps.json's models."""
+"""``hps repo PS_JSON OUTDIR``: a Triton model repository serving a ps.json's models.
+
+A model with ``network_file`` and ``dense_file`` becomes a ranking model (two Triton models,
+``<model>`` with HugeCTR's ``hugectr`` contract and ``<model>_samples``); any other model an
+embedding-lookup model (HugeCTR's ``hps`` contract).
+"""
 
 from __future__ import annotations
 
 import argparse
 import sys
 
+from hps_core.errors import ConfigError, HPSError
 from hps_core.model_check import check_ps_json
 from hps_core.triton_repo import InstanceGroup, ServingOptions, write_repository
 
@@ -22,7 +28,16 @@ def run(args: argparse.Namespace) -> int:
         instances=(InstanceGroup(args.instances, args.kind, gpus),),
         warmup=not args.no_warmup,
     )
-    for folder in write_repository(args.ps_json, args.out_dir, options):
+    try:
+        folders = write_repository(args.ps_json, args.out_dir, options)
+    except ConfigError as exc:
+        for problem in exc.problems:
+            print(problem, file=sys.stderr)
+        return 1
+    except HPSError as exc:
+        print(exc, file=sys.stderr)
+        return 1
+    for folder in folders:
         print(f"wrote {folder}")
     print(f"serve it with: hps serve --model-repository {args.out_dir}")
     return 0
@@ -40,12 +55,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("ps_json", help="path of the HugeCTR ps.json")
     parser.add_argument("out_dir", help="model repository folder to write")
     parser.add_argument("--instances", type=int, default=2, help="instances per device")
-    parser.add_argument(
-        "--kind", default="KIND_CPU", choices=("KIND_CPU", "KIND_GPU", "KIND_AUTO")
-    )
+    parser.add_argument("--kind", default="KIND_CPU", choices=("KIND_CPU", "KIND_GPU", "KIND_AUTO"))
     parser.add_argument("--gpus", help="comma-separated GPU ids for KIND_GPU")
     parser.add_argument(
-        "--max-batch-size", type=int, default=16, help="requests per execute (dynamic batcher)"
+        "--max-batch-size",
+        type=int,
+        default=16,
+        help="requests per execute (dynamic batcher); a _samples model takes the ps.json "
+        "max_batch_size samples instead",
     )
     parser.add_argument(
         "--no-warmup", action="store_true", help="load tables on the first request, not at load"

@@ -2,11 +2,25 @@
 
 ``DEMO_MODELS`` maps a model folder name to the function that writes it (config.pbtxt,
 model.py, ps.json and its data files) into a repository. Generated data is a function of the
-seed only, so every machine serves the same vectors.
+seed only, so every machine serves the same vectors and predictions. The ranking models
+(``dlrm``, ``dcn``, ``wdl``) also write their ``<name>_samples`` twin.
 """
 
+from hps_core.demo.dlrm import write_dlrm_demo
 from hps_core.demo.embedding import write_embedding_demo
+from hps_core.demo.ranking import write_dcn_demo, write_wdl_demo
 
-DEMO_MODELS = {"hps_embedding": write_embedding_demo}
+DEMO_MODELS = {
+    "hps_embedding": write_embedding_demo,
+    "dlrm": write_dlrm_demo,
+    "dcn": write_dcn_demo,
+    "wdl": write_wdl_demo,
+}
 
-__all__ = ["DEMO_MODELS", "write_embedding_demo"]
+__all__ = [
+    "DEMO_MODELS",
+    "write_dcn_demo",
+    "write_dlrm_demo",
+    "write_embedding_demo",
+    "write_wdl_demo",
+]

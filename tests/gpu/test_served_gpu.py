@@ -19,9 +19,9 @@ import tritonclient.http as httpclient
 
 pytest.importorskip("cupy")
 
-from hps_core.cli.main import main as hps_main  # noqa: E402
-from hps_core.formats.sparse_writer import write_sparse_table  # noqa: E402
-from hps_core.server.process import TritonServer  # noqa: E402
+from hps_core.cli.main import main as hps_main
+from hps_core.formats.sparse_writer import write_sparse_table
+from hps_core.server.process import TritonServer
 
 ROOT = Path(__file__).resolve().parents[2]
 DIMS = (16, 128)

@@ -26,7 +26,7 @@ def file_state(folder: Path) -> dict[str, tuple[int, int]]:
 
 @pytest.fixture
 def prepared(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> Path:
-    assert main(["prepare", str(tmp_path / "repo")]) == 0
+    assert main(["prepare", str(tmp_path / "repo"), "--model", demo.NAME]) == 0
     folder = tmp_path / "repo" / demo.NAME
     assert capsys.readouterr().out.splitlines() == [f"ready: {folder}"]
     return folder
@@ -64,7 +64,7 @@ def test_second_run_keeps_the_data_files(
     prepared: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     before = file_state(prepared)
-    assert main(["prepare", str(prepared.parent)]) == 0
+    assert main(["prepare", str(prepared.parent), "--model", demo.NAME]) == 0
     assert capsys.readouterr().out.splitlines() == [f"ready: {prepared}"]
     assert file_state(prepared) == before
 

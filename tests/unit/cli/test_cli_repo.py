@@ -192,13 +192,6 @@ def test_broken_ps_json_writes_nothing(tmp_path: Path, capsys: pytest.CaptureFix
     assert not (tmp_path / "repo").exists()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=text_format.ParseError,
-    reason="BUG: hps_core/triton_repo.py embedding_config_pbtxt puts names into "
-    'string_value: "..." unescaped; a ps.json table name with a double quote (accepted by '
-    "the ps.json parser) gives a config.pbtxt Triton cannot parse, and hps repo exits 0",
-)
 def test_table_name_with_a_quote_gives_a_loadable_config_or_a_clear_error(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -1,0 +1,32 @@
+"""Ranking-model sessions: samples -> embedding lookup -> pooling -> dense network -> scores.
+
+- :mod:`~hps_core.infer.layout`: which ps.json table feeds which embedding layer, checked.
+- :mod:`~hps_core.infer.batch`: samples in CSR form, joined across requests.
+- :mod:`~hps_core.infer.session`: the lookup and forward pass of one model.
+
+Example::
+
+    session = RankingSession.open("model_repository/dlrm/ps.json", "dlrm")
+    scores = session.predict(batch)          # float32 [batch, label_dim]
+"""
+
+from hps_core.infer.batch import SparseBatch, concat_batches, split_samples
+from hps_core.infer.layout import (
+    RankingLayout,
+    TableFeed,
+    is_ranking_model,
+    load_ranking_graph,
+)
+from hps_core.infer.session import RankingSession, TableLookup
+
+__all__ = [
+    "RankingLayout",
+    "RankingSession",
+    "SparseBatch",
+    "TableFeed",
+    "TableLookup",
+    "concat_batches",
+    "is_ranking_model",
+    "load_ranking_graph",
+    "split_samples",
+]

@@ -1,0 +1,227 @@
+"""Which ps.json table feeds which embedding layer of the dense network, and what a sample is.
+
+The rule: ``sparse_files[i]`` (table ``i`` of the ps.json model) feeds the ``i``-th embedding
+layer of the network file in file order, and that table's slots are the ``slot_num`` of the
+sparse input the layer reads (its ``bottom`` in the ``Data`` layer).
+
+Why file order of the embedding layers: HugeCTR writes one sparse model folder per embedding
+layer in that order when it saves a trained model, and its inference parser takes the vector
+sizes of the tables from the embedding layers in that order. It takes the slot counts of the
+tables from the ``Data`` layer's ``sparse`` list instead, which is the same order in every
+model HugeCTR can serve; where the two orders differ (HugeCTR's own ``wdl_1gpu.json`` lists
+``deep_data`` before ``wide_data`` but defines the wide embedding first) HugeCTR would pair a
+table with another layer's slot count. Here each table keeps the slot count of the layer it
+feeds, so such a file works too.
+
+Everything is checked when a model loads, and every mismatch is one problem naming the ps.json
+field: the number of tables, each table's ``embedding_vecsize_per_table`` against the layer's
+``embedding_vec_size``, and ``maxnum_catfeature_query_per_table_per_sample`` against the
+layer's slot count (a one-hot sample must fit). The widths of a sample (dense features, slots,
+predictions) come from the network file; ps.json's ``slot_num``, ``label_dim`` and
+``maxnum_des_feature_per_sample`` are not used, as HugeCTR's ps.json parser does not read the
+first two either.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from hps_core.config import ModelConfig
+from hps_core.errors import ConfigError, ModelFileError, Problem
+from hps_core.nn import (
+    Combiner,
+    EmbeddingLayer,
+    NetworkGraph,
+    build_graph,
+    check_dense_blob_size,
+    load_network_json,
+)
+
+
+@dataclass(frozen=True)
+class TableFeed:
+    """One ps.json table and the embedding layer it feeds.
+
+    Args:
+        table: index of the table in the model's ``sparse_files``.
+        table_name: ``embedding_table_names[table]``.
+        layer: name of the embedding layer.
+        slot_num: slots (feature fields) per sample.
+        vec_size: embedding vector size.
+        combiner: how the keys of one slot are pooled.
+        max_keys_per_sample: ``maxnum_catfeature_query_per_table_per_sample[table]``.
+    """
+
+    table: int
+    table_name: str
+    layer: str
+    slot_num: int
+    vec_size: int
+    combiner: Combiner
+    max_keys_per_sample: int
+
+
+@dataclass(frozen=True)
+class RankingLayout:
+    """What one sample of a ranking model holds and where its parts go.
+
+    Args:
+        model: the ps.json model name.
+        dense_dim: dense features per sample.
+        label_dim: predictions per sample (the width of the network's output).
+        max_batch_size: most samples one request may carry (ps.json ``max_batch_size``).
+        tables: one entry per ps.json table, in table order.
+    """
+
+    model: str
+    dense_dim: int
+    label_dim: int
+    max_batch_size: int
+    tables: tuple[TableFeed, ...]
+
+    @property
+    def num_tables(self) -> int:
+        """Number of tables."""
+        return len(self.tables)
+
+    @property
+    def slot_nums(self) -> tuple[int, ...]:
+        """Slots per sample of each table."""
+        return tuple(t.slot_num for t in self.tables)
+
+    @property
+    def total_slots(self) -> int:
+        """Slots per sample over all tables."""
+        return sum(self.slot_nums)
+
+    def max_keys(self, table: int) -> int:
+        """Most keys one request may send to ``table`` (HugeCTR sizes its buffers so).
+
+        Args:
+            table: table index.
+
+        Returns:
+            ``max_batch_size * maxnum_catfeature_query_per_table_per_sample[table]``.
+        """
+        return self.max_batch_size * self.tables[table].max_keys_per_sample
+
+    @classmethod
+    def from_graph(
+        cls, model: ModelConfig, graph: NetworkGraph, where: str = "models[0]"
+    ) -> RankingLayout:
+        """Pair the tables of ``model`` with the embedding layers of ``graph`` and check them.
+
+        Args:
+            model: the ps.json model.
+            graph: its network (from ``model.network_file``).
+            where: the model's location in the ps.json, for messages (``models[2]``).
+
+        Returns:
+            The layout.
+
+        Raises:
+            ConfigError: listing every mismatch between the ps.json and the network.
+            NotAvailableError: the network has layers the engine cannot run.
+        """
+        graph.require_runnable()
+        layers = [
+            (n.spec, n.layer) for n in graph.embeddings if isinstance(n.layer, EmbeddingLayer)
+        ]
+        network = graph.spec.source
+        if len(layers) != len(model.tables):
+            names = ", ".join(f"'{spec.name}'" for spec, _ in layers) or "none"
+            tables = f"{len(model.tables)} table{'s' if len(model.tables) != 1 else ''}"
+            raise ConfigError(
+                Problem(
+                    f"{where}.sparse_files",
+                    f"lists {tables} but the network {network} has "
+                    f"{len(layers)} embedding layers ({names}); table i feeds the i-th "
+                    "embedding layer in file order",
+                )
+            )
+        problems = []
+        feeds = []
+        for table, (spec, layer) in zip(model.tables, layers, strict=True):
+            at = f"{spec.where()} (bottom '{layer.sparse_input}')"
+            if table.dim != layer.vec_size:
+                problems.append(
+                    Problem(
+                        f"{where}.embedding_vecsize_per_table[{table.index}]",
+                        f"is {table.dim} but table {table.index} feeds embedding layer "
+                        f"{at}, whose embedding_vec_size is {layer.vec_size}",
+                    )
+                )
+            if table.max_query_per_sample < layer.slot_num:
+                problems.append(
+                    Problem(
+                        f"{where}.maxnum_catfeature_query_per_table_per_sample[{table.index}]",
+                        f"is {table.max_query_per_sample} but table {table.index} feeds "
+                        f"embedding layer {at} with {layer.slot_num} slots; a sample with "
+                        "one key per slot would not fit",
+                    )
+                )
+            feeds.append(
+                TableFeed(
+                    table=table.index,
+                    table_name=table.name,
+                    layer=spec.name,
+                    slot_num=layer.slot_num,
+                    vec_size=layer.vec_size,
+                    combiner=layer.combiner,
+                    max_keys_per_sample=table.max_query_per_sample,
+                )
+            )
+        if problems:
+            raise ConfigError(problems)
+        output = graph.output_shape
+        assert output is not None  # known once every layer can run
+        return cls(
+            model=model.name,
+            dense_dim=graph.spec.data.dense_dim,
+            label_dim=output.sample_size,
+            max_batch_size=model.max_batch_size,
+            tables=tuple(feeds),
+        )
+
+
+def is_ranking_model(model: ModelConfig) -> bool:
+    """Whether a ps.json model has a dense network: ``network_file`` and ``dense_file`` set.
+
+    HugeCTR's own ps.json samples for the ``hps`` backend sometimes name only the dense
+    file; such a model is served as an embedding model.
+    """
+    return model.network_file is not None and model.dense_file is not None
+
+
+def load_ranking_graph(
+    model: ModelConfig, where: str = "models[0]"
+) -> tuple[NetworkGraph, RankingLayout]:
+    """Read the network file of a ps.json model, pair it with the model's tables, and check
+    the dense file's size against it.
+
+    Args:
+        model: the ps.json model.
+        where: its location in the ps.json, for messages.
+
+    Returns:
+        The network graph (every layer runnable) and the layout.
+
+    Raises:
+        ConfigError: ``network_file`` or ``dense_file`` is not set, the network file is
+            invalid, it disagrees with the ps.json, or the dense file has the wrong size.
+        NotAvailableError: the network has layers the engine cannot run.
+    """
+    missing = [
+        Problem(f"{where}.{key}", "is not set; a ranking model needs network_file and dense_file")
+        for key in ("network_file", "dense_file")
+        if getattr(model, key) is None
+    ]
+    if missing:
+        raise ConfigError(missing)
+    graph = build_graph(load_network_json(model.network_file))
+    layout = RankingLayout.from_graph(model, graph, where)
+    try:
+        check_dense_blob_size(model.dense_file, graph.dense_layout())
+    except ModelFileError as exc:
+        raise ConfigError(Problem(f"{where}.dense_file", str(exc))) from None
+    return graph, layout

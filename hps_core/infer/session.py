@@ -1,0 +1,164 @@
+"""Predictions of a ranking model: keys -> embedding lookup -> pooling -> dense network.
+
+One :class:`RankingSession` per model and process. The whole batch goes through each step at
+once: one lookup per table for every key of every sample, one pooling per embedding layer,
+one forward pass. Lookups come from the process-wide :class:`~hps_core.hps.HPS` (shared host
+tables opened on first use, GPU embedding caches on a GPU); the dense network runs with NumPy
+on the host or CuPy on the session's GPU.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from types import ModuleType
+from typing import Any, Protocol
+
+import numpy as np
+
+from hps_core.errors import RequestError
+from hps_core.hps import HPS
+from hps_core.infer.batch import SparseBatch
+from hps_core.infer.layout import RankingLayout, load_ranking_graph
+from hps_core.nn import DenseExecutor, Precision, UnpooledEmbedding, read_dense_blob
+
+
+def _device(xp: ModuleType, device_id: int | None) -> contextlib.AbstractContextManager:
+    # CuPy allocates on the current device; a GPU session makes its own current.
+    return contextlib.nullcontext() if device_id is None else xp.cuda.Device(device_id)
+
+
+class TableLookup(Protocol):
+    """What the session needs from a lookup session (e.g. :class:`~hps_core.lookup.ModelLookup`)."""
+
+    def lookup(self, table_id: int, keys: np.ndarray) -> Any:
+        """float32 ``[len(keys), dim]`` vectors of ``keys`` in table ``table_id``."""
+        ...
+
+
+class RankingSession:
+    """Embedding lookup plus dense network of one ps.json model.
+
+    Args:
+        layout: which table feeds which embedding layer (see :mod:`hps_core.infer.layout`).
+        lookup: the model's embedding lookup.
+        executor: the model's dense network (NumPy, or CuPy on ``device_id``).
+        device_id: GPU the lookups and the network run on; ``None`` for the host.
+
+    Example:
+        >>> session = RankingSession.open("model_repository/dlrm/ps.json", "dlrm")  # doctest: +SKIP
+        >>> session.predict(batch).shape  # doctest: +SKIP
+        (64, 1)
+    """
+
+    def __init__(
+        self,
+        layout: RankingLayout,
+        lookup: TableLookup,
+        executor: DenseExecutor,
+        device_id: int | None = None,
+    ) -> None:
+        self.layout = layout
+        self.lookup = lookup
+        self.executor = executor
+        self.device_id = device_id
+        # An embedding layer the prediction does not depend on needs no lookup.
+        used = set(executor.embedding_names)
+        self._feeds = tuple(feed for feed in layout.tables if feed.layer in used)
+
+    @classmethod
+    def open(
+        cls,
+        ps_json: str | os.PathLike[str],
+        model_name: str,
+        device_id: int | None = None,
+        precision: str | Precision = Precision.FP32,
+    ) -> RankingSession:
+        """Load the network and dense parameters of a ps.json model; tables open on first use.
+
+        Args:
+            ps_json: the ps.json.
+            model_name: a model of it with ``network_file`` and ``dense_file``.
+            device_id: GPU that runs the lookups (through its embedding caches) and the dense
+                network with CuPy; ``None``: the host and NumPy.
+            precision: ``"fp32"`` or ``"fp16"``.
+
+        Returns:
+            The session.
+
+        Raises:
+            ConfigError: the model has no network or dense file, or the ps.json and the
+                network disagree (each problem names the ps.json field).
+            ModelFileError: the dense file does not match the network.
+            NotAvailableError: the network has layers the engine cannot run, or the GPU is
+                not usable.
+        """
+        hps = HPS(ps_json)
+        model = hps.config.model(model_name)
+        graph, layout = load_ranking_graph(model, f"models[{hps.config.models.index(model)}]")
+        params = read_dense_blob(model.dense_file, graph.dense_layout())
+        lookup = hps.model(model_name, device_id)
+        with _device(lookup.xp, device_id):
+            executor = DenseExecutor(graph, params, lookup.xp, precision)
+        return cls(layout, lookup, executor, device_id)
+
+    @property
+    def xp(self) -> ModuleType:
+        """The array module predictions are computed with."""
+        return self.executor.ctx.xp
+
+    def embeddings(self, batch: SparseBatch) -> dict[str, UnpooledEmbedding]:
+        """Look up every key of ``batch``: one lookup per table.
+
+        Args:
+            batch: the samples.
+
+        Returns:
+            Embedding layer name -> its vectors and row offsets (in ``xp``), for the layers
+            the prediction uses.
+        """
+        self._check(batch)
+        xp = self.xp
+        out = {}
+        with _device(xp, self.device_id):
+            for feed in self._feeds:
+                values = self.lookup.lookup(feed.table, batch.keys[feed.table])
+                offsets = xp.asarray(batch.row_offsets[feed.table])
+                out[feed.layer] = UnpooledEmbedding(xp.asarray(values), offsets)
+        return out
+
+    def predict(self, batch: SparseBatch) -> Any:
+        """Predictions of every sample of ``batch``.
+
+        Args:
+            batch: the samples.
+
+        Returns:
+            float32 ``[batch_size, label_dim]`` in ``xp``.
+
+        Raises:
+            RequestError: the batch does not fit the model (wrong widths, offsets).
+        """
+        embeddings = self.embeddings(batch)
+        with _device(self.xp, self.device_id):
+            return self.executor.forward(self.xp.asarray(batch.dense), embeddings)
+
+    def _check(self, batch: SparseBatch) -> None:
+        layout = self.layout
+        if len(batch.keys) != layout.num_tables or len(batch.row_offsets) != layout.num_tables:
+            raise RequestError(
+                f"model '{layout.model}' has {layout.num_tables} tables, the batch has keys "
+                f"for {len(batch.keys)} and offsets for {len(batch.row_offsets)}"
+            )
+        n = batch.batch_size
+        if batch.dense.shape != (n, layout.dense_dim):
+            raise RequestError(
+                f"dense features must be [batch, {layout.dense_dim}], got {batch.dense.shape}"
+            )
+        for feed in layout.tables:
+            offsets = batch.row_offsets[feed.table]
+            if offsets.shape != (n * feed.slot_num + 1,):
+                raise RequestError(
+                    f"table {feed.table} ('{feed.layer}', {feed.slot_num} slots): "
+                    f"{n} samples need {n * feed.slot_num + 1} row offsets, got {offsets.shape}"
+                )

@@ -1,0 +1,173 @@
+"""The ranking request contracts (pure NumPy): HugeCTR's DES/CATCOLUMN/ROWINDEX and the
+one-sample-per-row contract, parsed against a key-by-key reference encoder, and every bad
+request rejected with the name of the input."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from ranking_reference import encode_hugectr, encode_samples, random_keys
+from ranking_testdata import to_sparse_batch
+
+from hps_core.errors import RequestError
+from hps_core.infer import RankingLayout, TableFeed
+from hps_core.nn import Combiner
+from triton_backend.ranking_contracts import HugeCTRContract, SamplesContract
+
+
+def make_layout(
+    slot_nums, dense_dim=3, max_batch_size=4, max_keys_per_sample=None, label_dim=1
+) -> RankingLayout:
+    per_sample = max_keys_per_sample or [2 * s for s in slot_nums]
+    tables = tuple(
+        TableFeed(t, f"t{t}", f"emb{t}", s, 4, Combiner.SUM, per_sample[t])
+        for t, s in enumerate(slot_nums)
+    )
+    return RankingLayout("m", dense_dim, label_dim, max_batch_size, tables)
+
+
+def assert_same_batch(got, want) -> None:
+    np.testing.assert_array_equal(got.dense, want.dense)
+    assert got.dense.dtype == np.float32 and got.dense.shape == want.dense.shape
+    assert len(got.keys) == len(want.keys) == len(got.row_offsets)
+    for t in range(len(want.keys)):
+        assert got.keys[t].tolist() == want.keys[t].tolist()
+        assert got.row_offsets[t].tolist() == want.row_offsets[t].tolist()
+
+
+def random_request(rng, layout, batch, max_hot, empty=0.2):
+    known = [rng.integers(-(2**62), 2**62, 30) for _ in layout.tables]
+    keys = random_keys(rng, batch, layout.slot_nums, known, max_hot, empty=empty)
+    dense = rng.standard_normal((batch, layout.dense_dim)).astype(np.float32)
+    return dense, keys
+
+
+@pytest.mark.parametrize("flat", [False, True], ids=["[1,N]", "[N]"])
+def test_hugectr_parse_equals_the_reference(flat: bool) -> None:
+    rng = np.random.default_rng(31 + flat)
+    for _ in range(150):
+        slot_nums = [int(s) for s in rng.integers(1, 6, int(rng.integers(1, 5)))]
+        layout = make_layout(slot_nums, int(rng.integers(0, 5)), 8, [3 * s for s in slot_nums])
+        batch = int(rng.integers(1, 9))
+        dense, keys = random_request(rng, layout, batch, max_hot=3)
+        inputs = encode_hugectr(dense, keys)
+        if flat:
+            inputs = tuple(a[0] for a in inputs)
+        parsed = HugeCTRContract(layout).parse(*inputs)
+        assert parsed.batch_size == batch
+        assert_same_batch(parsed, to_sparse_batch(dense, keys))
+
+
+def test_hugectr_worked_example_of_the_docstring() -> None:
+    """Two tables (2 and 1 slots), sample 0 = {t0: [[5], [6, 7]], t1: [[9]]}, sample 1 =
+    {t0: [[], [8]], t1: [[4]]}."""
+    layout = make_layout([2, 1], dense_dim=1)
+    parsed = HugeCTRContract(layout).parse(
+        np.array([[0.5, 1.5]], np.float32),
+        np.array([[5, 6, 7, 9, 8, 4]], np.int64),
+        np.array([[0, 1, 3, 3, 4, 0, 1, 2]], np.int32),
+    )
+    assert [k.tolist() for k in parsed.keys] == [[5, 6, 7, 8], [9, 4]]
+    assert [o.tolist() for o in parsed.row_offsets] == [[0, 1, 3, 3, 4], [0, 1, 2]]
+    assert parsed.dense.tolist() == [[0.5], [1.5]]
+
+
+def test_samples_parse_equals_the_reference_and_hugectr() -> None:
+    rng = np.random.default_rng(33)
+    for _ in range(100):
+        slot_nums = [int(s) for s in rng.integers(1, 6, int(rng.integers(1, 5)))]
+        layout = make_layout(slot_nums, int(rng.integers(1, 5)), 16)
+        batch = int(rng.integers(1, 17))
+        dense, keys = random_request(rng, layout, batch, max_hot=1, empty=0.0)
+        parsed = SamplesContract(layout).parse(*encode_samples(dense, keys))
+        assert_same_batch(parsed, to_sparse_batch(dense, keys))
+        assert_same_batch(parsed, HugeCTRContract(layout).parse(*encode_hugectr(dense, keys)))
+
+
+def test_all_slots_empty_is_a_valid_request() -> None:
+    layout = make_layout([2, 3])
+    keys = [[[[], []], [[], [], []]] for _ in range(2)]
+    dense = np.ones((2, 3), np.float32)
+    parsed = HugeCTRContract(layout).parse(*encode_hugectr(dense, keys))
+    assert [k.size for k in parsed.keys] == [0, 0]
+    assert [o.tolist() for o in parsed.row_offsets] == [[0] * 5, [0] * 7]
+
+
+def test_responses_keep_each_contracts_shape() -> None:
+    scores = np.arange(6, dtype=np.float32).reshape(3, 2)
+    layout = make_layout([1], label_dim=2)
+    assert HugeCTRContract(layout).response(scores).tolist() == [[0, 1, 2, 3, 4, 5]]
+    assert SamplesContract(layout).response(scores) is scores
+
+
+# Layout of the bad-request cases: tables of 2 and 1 slots, 3 dense features, at most 4
+# samples and 4 + 2 keys per sample (so 16 and 8 keys per request).
+LAYOUT = make_layout([2, 1])
+GOOD = encode_hugectr(
+    np.arange(6, dtype=np.float32).reshape(2, 3),
+    [[[[1], [2, 3]], [[4]]], [[[], [5]], [[6]]]],
+)
+
+
+def hugectr(des=None, cat=None, row=None):
+    """The good request with some inputs replaced."""
+    return tuple(g if a is None else a for g, a in zip(GOOD, (des, cat, row), strict=True))
+
+
+def rows(*values) -> np.ndarray:
+    return np.array([values], np.int32)
+
+
+BAD_HUGECTR = [
+    (hugectr(row=rows(0, 1, 3, 3, 4, 0, 1)), ["ROWINDEX", "3 x batch + 2", "got 7"]),
+    (hugectr(row=rows(0, 1)), ["ROWINDEX", "at least one sample"]),
+    (hugectr(row=np.zeros((1, 17), np.int32)), ["ROWINDEX", "5 samples", "4 allowed"]),
+    (hugectr(des=np.zeros((1, 5), np.float32)), ["DES", "2 samples", "6 values", "got 5"]),
+    (hugectr(des=np.zeros((1, 0), np.float32)), ["DES", "got 0"]),
+    (hugectr(row=rows(0, 1, 3, 3, 4, 1, 1, 2)), ["ROWINDEX", "table 1", "start at 0, got 1"]),
+    (hugectr(row=rows(0, 1, 3, 3, 4, 0, 2, 1)), ["ROWINDEX", "table 1", "entry 7 is 1 after 2"]),
+    (hugectr(row=rows(0, 3, 1, 3, 4, 0, 1, 2)), ["ROWINDEX", "table 0", "entry 2 is 1 after 3"]),
+    (hugectr(row=rows(0, 1, 3, 3, 3, 0, 1, 2)), ["CATCOLUMN", "holds 6 keys", "3 (table 0)"]),
+    (
+        hugectr(cat=np.zeros((1, 21), np.int64), row=rows(0, 9, 19, 19, 19, 0, 1, 2)),
+        ["ROWINDEX", "table 0", "19 keys, more than the 16 allowed"],
+    ),
+    (hugectr(des=np.zeros((1, 6), np.float64)), ["DES", "expected float32, got float64"]),
+    (hugectr(cat=np.zeros((1, 6), np.int32)), ["CATCOLUMN", "expected int64"]),
+    (hugectr(row=rows(0, 1, 3, 3, 4, 0, 1, 2).astype(np.int64)), ["ROWINDEX", "int32"]),
+    (hugectr(des=np.zeros((2, 3), np.float32)), ["DES", "expected shape [1, N]", "[2, 3]"]),
+]
+
+
+@pytest.mark.parametrize("inputs,words", BAD_HUGECTR)
+def test_bad_hugectr_request_names_the_input(inputs, words) -> None:
+    HugeCTRContract(LAYOUT).parse(*GOOD)  # the unaltered request is valid
+    with pytest.raises(RequestError) as info:
+        HugeCTRContract(LAYOUT).parse(*inputs)
+    message = str(info.value)
+    assert message.startswith(f"input '{words[0]}'")
+    assert all(w in message for w in words), message
+
+
+DENSE = np.zeros((2, 3), np.float32)
+SPARSE = np.zeros((2, 3), np.int64)
+BAD_SAMPLES = [
+    ((np.zeros((2, 4), np.float32), SPARSE), ["dense", "expected shape [batch, 3]", "[2, 4]"]),
+    ((np.zeros(3, np.float32), SPARSE), ["dense", "[batch, 3]", "got [3]"]),
+    ((DENSE, np.zeros((2, 2), np.int64)), ["sparse", "[batch, 3]", "[2, 2]"]),
+    ((DENSE, np.zeros((3, 3), np.int64)), ["sparse", "3 samples", "'dense' has 2"]),
+    ((np.zeros((0, 3), np.float32), np.zeros((0, 3), np.int64)), ["dense", "at least one"]),
+    ((np.zeros((5, 3), np.float32), np.zeros((5, 3), np.int64)), ["dense", "5 samples"]),
+    ((DENSE.astype(np.float16), SPARSE), ["dense", "expected float32, got float16"]),
+    ((DENSE, SPARSE.astype(np.uint64)), ["sparse", "expected int64, got uint64"]),
+]
+
+
+@pytest.mark.parametrize("inputs,words", BAD_SAMPLES)
+def test_bad_samples_request_names_the_input(inputs, words) -> None:
+    SamplesContract(LAYOUT).parse(DENSE, SPARSE)
+    with pytest.raises(RequestError) as info:
+        SamplesContract(LAYOUT).parse(*inputs)
+    message = str(info.value)
+    assert message.startswith(f"input '{words[0]}'")
+    assert all(w in message for w in words), message

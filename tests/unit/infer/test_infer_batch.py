@@ -1,0 +1,51 @@
+"""Joining the samples of several requests into one batch, and cutting results back."""
+
+from __future__ import annotations
+
+import numpy as np
+from ranking_reference import random_keys
+from ranking_testdata import to_sparse_batch
+
+from hps_core.infer import concat_batches, split_samples
+
+
+def assert_same_batch(got, want) -> None:
+    np.testing.assert_array_equal(got.dense, want.dense)
+    assert len(got.keys) == len(want.keys) == len(got.row_offsets)
+    for t in range(len(want.keys)):
+        np.testing.assert_array_equal(got.keys[t], want.keys[t])
+        np.testing.assert_array_equal(got.row_offsets[t], want.row_offsets[t])
+        assert got.keys[t].dtype == np.int64 and got.row_offsets[t].dtype == np.int64
+
+
+def test_joined_batch_equals_the_batch_of_all_samples() -> None:
+    rng = np.random.default_rng(3)
+    for _ in range(30):
+        slot_nums = [int(s) for s in rng.integers(1, 5, int(rng.integers(1, 4)))]
+        known = [rng.integers(-1000, 1000, 50) for _ in slot_nums]
+        sizes = [int(n) for n in rng.integers(1, 6, int(rng.integers(1, 5)))]
+        parts = []
+        all_dense, all_keys = [], []
+        for size in sizes:
+            keys = random_keys(rng, size, slot_nums, known, max_hot=3, empty=0.3)
+            dense = rng.standard_normal((size, 2)).astype(np.float32)
+            parts.append(to_sparse_batch(dense, keys))
+            all_dense.append(dense)
+            all_keys.extend(keys)
+        joined = concat_batches(parts)
+        assert joined.batch_size == sum(sizes)
+        assert_same_batch(joined, to_sparse_batch(np.concatenate(all_dense), all_keys))
+
+
+def test_one_batch_is_returned_as_it_is() -> None:
+    rng = np.random.default_rng(4)
+    batch = to_sparse_batch(np.zeros((2, 3), np.float32), random_keys(rng, 2, [2], [np.arange(9)]))
+    assert concat_batches([batch]) is batch
+
+
+def test_split_samples_cuts_rows_in_order() -> None:
+    scores = np.arange(20, dtype=np.float32).reshape(10, 2)
+    pieces = split_samples(scores, [3, 0, 6, 1])
+    assert [p.shape for p in pieces] == [(3, 2), (0, 2), (6, 2), (1, 2)]
+    np.testing.assert_array_equal(np.concatenate(pieces), scores)
+    assert all(np.shares_memory(p, scores) for p in pieces if p.size)

@@ -1,0 +1,144 @@
+"""RankingSession: lookup + pooling + dense network against the float64 reference, on HugeCTR's
+four network fixtures with random tables and multi-hot, empty and unknown-key samples."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from nn_testdata import network_text
+from ranking_reference import predict_reference, random_keys
+from ranking_testdata import FIXTURE_DIR, to_sparse_batch, write_ranking_files
+
+from hps_core.errors import RequestError
+from hps_core.infer import RankingSession, SparseBatch, concat_batches, split_samples
+
+FIXTURES = sorted(FIXTURE_DIR.glob("*.json"))
+
+
+def random_dense(rng: np.random.Generator, batch: int, dim: int) -> np.ndarray:
+    return (0.5 * rng.standard_normal((batch, dim))).astype(np.float32)
+
+
+@pytest.mark.parametrize("network", FIXTURES, ids=lambda p: p.stem)
+def test_predictions_equal_the_reference(tmp_path: Path, network: Path) -> None:
+    files = write_ranking_files(tmp_path / "model", network, seed=5)
+    session = RankingSession.open(files.ps_json, files.name)
+    rng = np.random.default_rng(6)
+    dense_dim = session.layout.dense_dim
+    for batch, max_hot in ((1, 1), (5, 3), (40, 2)):
+        keys = random_keys(
+            rng, batch, files.slot_nums, files.known_keys(), max_hot, empty=0.2, unknown=0.1
+        )
+        dense = random_dense(rng, batch, dense_dim)
+        got = session.predict(to_sparse_batch(dense, keys))
+        want = predict_reference(
+            files.network_file, files.dense_file, files.tables, files.defaults, dense, keys
+        )
+        assert got.dtype == np.float32 and got.shape == want.shape == (batch, 1)
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+
+
+def test_tables_follow_embedding_layer_file_order(tmp_path: Path) -> None:
+    """wdl_1gpu.json lists deep_data before wide_data but defines the wide embedding first:
+    table 0 is the wide table (2 slots, vector size 1)."""
+    files = write_ranking_files(tmp_path / "wdl", FIXTURE_DIR / "wdl_1gpu.json", seed=8)
+    layout = RankingSession.open(files.ps_json, files.name).layout
+    assert [(t.layer, t.slot_num, t.vec_size) for t in layout.tables] == [
+        ("sparse_embedding2", 2, 1),
+        ("sparse_embedding1", 26, 16),
+    ]
+
+
+class RecordingLookup:
+    """Wraps a lookup and records every call."""
+
+    def __init__(self, inner) -> None:
+        self.inner = inner
+        self.calls: list[tuple[int, list[int]]] = []
+
+    def lookup(self, table_id: int, keys: np.ndarray):
+        self.calls.append((table_id, keys.tolist()))
+        return self.inner.lookup(table_id, keys)
+
+
+def test_batches_join_into_one_lookup_per_table(tmp_path: Path) -> None:
+    files = write_ranking_files(tmp_path / "wdl", FIXTURE_DIR / "wdl_1gpu.json", seed=9)
+    opened = RankingSession.open(files.ps_json, files.name)
+    recorder = RecordingLookup(opened.lookup)
+    session = RankingSession(opened.layout, recorder, opened.executor)
+    rng = np.random.default_rng(10)
+    parts: list[SparseBatch] = []
+    keys_of_parts = []
+    for size in (3, 1, 6):
+        keys = random_keys(rng, size, files.slot_nums, files.known_keys(), 3, empty=0.3)
+        parts.append(to_sparse_batch(random_dense(rng, size, 13), keys))
+        keys_of_parts.append(keys)
+    joined = concat_batches(parts)
+    scores = session.predict(joined)
+    assert [table for table, _ in recorder.calls] == [0, 1]
+    for t, (_, looked_up) in enumerate(recorder.calls):
+        assert looked_up == [k for keys in keys_of_parts for s in keys for sl in s[t] for k in sl]
+    recorder.calls.clear()
+    for part, piece in zip(parts, split_samples(scores, [3, 1, 6]), strict=True):
+        np.testing.assert_allclose(piece, session.predict(part), rtol=1e-6, atol=1e-7)
+
+
+def test_unused_embedding_layer_is_not_looked_up(tmp_path: Path) -> None:
+    layers = [
+        {"name": "used", "type": "DistributedSlotSparseEmbeddingHash", "bottom": "a",
+         "top": "used", "sparse_embedding_hparam": {"embedding_vec_size": 4, "combiner": "sum"}},
+        {"name": "unused", "type": "DistributedSlotSparseEmbeddingHash", "bottom": "b",
+         "top": "unused", "sparse_embedding_hparam": {"embedding_vec_size": 2, "combiner": "sum"}},
+        {"type": "Reshape", "bottom": "used", "top": "flat", "leading_dim": 12},
+        {"type": "Concat", "bottom": ["flat", "dense"], "top": "cat"},
+        {"type": "InnerProduct", "bottom": "cat", "top": "out", "fc_param": {"num_output": 2}},
+    ]  # fmt: skip
+    network = tmp_path / "net.json"
+    network.write_text(network_text(layers, dense_dim=5, sparse=(("a", 3, 1), ("b", 2, 1))))
+    files = write_ranking_files(tmp_path / "model", network, seed=12)
+    opened = RankingSession.open(files.ps_json, files.name)
+    assert opened.layout.label_dim == 2
+    recorder = RecordingLookup(opened.lookup)
+    session = RankingSession(opened.layout, recorder, opened.executor)
+    rng = np.random.default_rng(13)
+    keys = random_keys(rng, 4, files.slot_nums, files.known_keys(), 2)
+    dense = random_dense(rng, 4, 5)
+    got = session.predict(to_sparse_batch(dense, keys))
+    assert [table for table, _ in recorder.calls] == [0]
+    want = predict_reference(
+        files.network_file, files.dense_file, files.tables, files.defaults, dense, keys
+    )
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+
+
+def test_batch_that_does_not_fit_is_a_request_error(tmp_path: Path) -> None:
+    files = write_ranking_files(tmp_path / "m", FIXTURE_DIR / "wdl_1gpu.json", seed=14)
+    session = RankingSession.open(files.ps_json, files.name)
+    rng = np.random.default_rng(15)
+    good = to_sparse_batch(
+        random_dense(rng, 2, 13), random_keys(rng, 2, files.slot_nums, files.known_keys())
+    )
+    bad = {
+        "2 tables": SparseBatch(good.dense, good.keys[:1], good.row_offsets[:1]),
+        "dense features": SparseBatch(good.dense[:, :12], good.keys, good.row_offsets),
+        "row offsets": SparseBatch(good.dense, good.keys, (good.row_offsets[0][:-1],) * 2),
+    }
+    for words, batch in bad.items():
+        with pytest.raises(RequestError, match=words):
+            session.predict(batch)
+
+
+def test_empty_table_keys_pool_to_zeros(tmp_path: Path) -> None:
+    files = write_ranking_files(tmp_path / "m", FIXTURE_DIR / "dcn_inference.json", seed=16)
+    session = RankingSession.open(files.ps_json, files.name)
+    keys = [[[[] for _ in range(26)]] for _ in range(3)]
+    dense = random_dense(np.random.default_rng(17), 3, 13)
+    got = session.predict(to_sparse_batch(dense, keys))
+    want = predict_reference(
+        files.network_file, files.dense_file, files.tables, files.defaults, dense, keys
+    )
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+    assert json.loads(files.ps_json.read_text())["models"][0]["model"] == files.name

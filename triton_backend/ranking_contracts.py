@@ -1,0 +1,259 @@
+"""Request contracts of ranking models, validated and turned into a :class:`SparseBatch`.
+
+Two contracts serve the same model files (plain NumPy here, so they are tested without a
+server):
+
+**HugeCTR's ``hugectr`` backend** (:class:`HugeCTRContract`), as its ``src/hugectr.cc`` and
+HugeCTR's ``InferenceSession::predict`` (v24.06) lay it out. With ``T`` tables, ``S_t`` slots
+in table ``t``, ``S = sum S_t`` and ``D`` dense features, one request carries ``B`` samples:
+
+- ``DES`` FP32 ``[1, B * D]``: the dense features, sample by sample.
+- ``ROWINDEX`` INT32 ``[1, B * S + T]``: one CSR offset array per table, concatenated in table
+  order; table ``t``'s array has ``B * S_t + 1`` entries over its (sample, slot) pairs,
+  sample-major, starts at 0 and ends at the number of keys of that table. The backend derives
+  ``B = (len(ROWINDEX) - T) / S`` from it, then requires ``len(DES) = B * D``.
+- ``CATCOLUMN`` INT64 ``[1, nnz]``: the keys, **sample-major**: sample 0's keys of table 0
+  (slot by slot), then sample 0's keys of table 1, ..., then sample 1. HugeCTR's ``predict``
+  takes this layout by default (``table_major_key_layout = false``) and regroups the keys per
+  table with ``distribute_keys_per_table``; with one table both layouts are the same.
+- ``OUTPUT0`` FP32 ``[1, B * label_dim]``: the predictions, sample by sample.
+
+Example, two tables (2 and 1 slots), ``B = 2``, sample 0 = ``{t0: [[5], [6, 7]], t1: [[9]]}``,
+sample 1 = ``{t0: [[], [8]], t1: [[4]]}``: ``CATCOLUMN = [5, 6, 7, 9, 8, 4]``,
+``ROWINDEX = [0, 1, 3, 3, 4,  0, 1, 2]``.
+
+Where this differs from HugeCTR's backend, on purpose: offsets are checked (start at 0, never
+decrease, end where ``CATCOLUMN`` ends) instead of trusted; every error is ``INVALID_ARG``
+naming the input (HugeCTR answers ``UNSUPPORTED`` or reads out of bounds); ``OUTPUT0`` has
+``B * label_dim`` values (HugeCTR copies ``B`` whatever ``label_dim`` is) and keeps Triton's
+batch dimension (HugeCTR returns ``[B * label_dim]``) because the model batches requests;
+keys are INT64 whatever ``supportlonglong`` says (HugeCTR wants UINT32 when it is false).
+
+**Samples** (:class:`SamplesContract`), for one-hot models and Triton's batching: Triton's
+batch dimension is the sample.
+
+- ``dense`` FP32 ``[B, D]``, ``sparse`` INT64 ``[B, S]``: one key per slot, tables in order
+  and slots in order within a table (the same order as ``CATCOLUMN`` for one-hot samples).
+- ``score`` FP32 ``[B, label_dim]``.
+
+So ``perf_analyzer -b 8`` sends 8 samples in one request and the dynamic batcher may join
+requests up to ``max_batch_size`` samples.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from hps_core.errors import RequestError
+from hps_core.infer import RankingLayout, SparseBatch
+
+DES = "DES"
+CATCOLUMN = "CATCOLUMN"
+ROWINDEX = "ROWINDEX"
+OUTPUT0 = "OUTPUT0"
+
+DENSE = "dense"
+SPARSE = "sparse"
+SCORE = "score"
+
+
+def _shape(array: np.ndarray) -> str:
+    return "[" + ", ".join(str(d) for d in array.shape) + "]"
+
+
+def _check_dtype(name: str, array: np.ndarray, dtype: type) -> None:
+    if array.dtype != dtype:
+        raise RequestError(f"input '{name}': expected {np.dtype(dtype).name}, got {array.dtype}")
+
+
+def _flat_row(name: str, array: np.ndarray) -> np.ndarray:
+    # [1, N] with Triton's batch dimension, or [N] for a model configured without batching.
+    if array.ndim == 2 and array.shape[0] == 1:
+        return array[0]
+    if array.ndim == 1:
+        return array
+    raise RequestError(
+        f"input '{name}': expected shape [1, N] (one request's samples flattened), "
+        f"got {_shape(array)}"
+    )
+
+
+def _check_batch_size(name: str, batch: int, layout: RankingLayout) -> None:
+    if batch < 1:
+        raise RequestError(f"input '{name}': a request must carry at least one sample")
+    if batch > layout.max_batch_size:
+        raise RequestError(
+            f"input '{name}': {batch} samples, more than the {layout.max_batch_size} allowed "
+            f"(max_batch_size of model '{layout.model}' in ps.json)"
+        )
+
+
+@dataclass(frozen=True)
+class HugeCTRContract:
+    """``DES``, ``CATCOLUMN``, ``ROWINDEX`` -> ``OUTPUT0`` (see the module docstring).
+
+    Args:
+        layout: the model's tables, slots and widths.
+    """
+
+    layout: RankingLayout
+
+    def parse(self, des: np.ndarray, catcolumn: np.ndarray, rowindex: np.ndarray) -> SparseBatch:
+        """Validate one request and regroup its keys per table.
+
+        Args:
+            des: the ``DES`` input as received.
+            catcolumn: the ``CATCOLUMN`` input as received.
+            rowindex: the ``ROWINDEX`` input as received.
+
+        Returns:
+            The request's samples.
+
+        Raises:
+            RequestError: naming the input and what is wrong with it.
+        """
+        _check_dtype(DES, des, np.float32)
+        _check_dtype(CATCOLUMN, catcolumn, np.int64)
+        _check_dtype(ROWINDEX, rowindex, np.int32)
+        dense = _flat_row(DES, des)
+        keys = _flat_row(CATCOLUMN, catcolumn)
+        rows = _flat_row(ROWINDEX, rowindex)
+        batch = self._batch_size(len(rows))
+        layout = self.layout
+        if len(dense) != batch * layout.dense_dim:
+            raise RequestError(
+                f"input '{DES}': '{ROWINDEX}' describes {batch} samples of "
+                f"{layout.dense_dim} dense features, so {batch * layout.dense_dim} values are "
+                f"expected, got {len(dense)}"
+            )
+        offsets = self._table_offsets(rows, batch)
+        ends = [int(o[-1]) for o in offsets]
+        if sum(ends) != len(keys):
+            per_table = " + ".join(f"{n} (table {t})" for t, n in enumerate(ends))
+            raise RequestError(
+                f"input '{CATCOLUMN}': holds {len(keys)} keys, but the offsets in "
+                f"'{ROWINDEX}' end at {per_table} = {sum(ends)}"
+            )
+        table_keys = _keys_per_table(keys, offsets, layout.slot_nums, batch)
+        return SparseBatch(dense.reshape(batch, layout.dense_dim), table_keys, tuple(offsets))
+
+    def response(self, scores: Any) -> Any:
+        """``OUTPUT0`` of one request from its ``[B, label_dim]`` predictions (NumPy or CuPy).
+
+        Returns:
+            ``[1, B * label_dim]``.
+        """
+        return scores.reshape(1, -1)
+
+    def _batch_size(self, length: int) -> int:
+        layout = self.layout
+        tables, slots = layout.num_tables, layout.total_slots
+        if length < tables or (length - tables) % slots:
+            parts = ", ".join(f"{s} x batch + 1" for s in layout.slot_nums)
+            raise RequestError(
+                f"input '{ROWINDEX}': expected {slots} x batch + {tables} offsets (per table: "
+                f"{parts}), got {length}"
+            )
+        batch = (length - tables) // slots
+        _check_batch_size(ROWINDEX, batch, layout)
+        return batch
+
+    def _table_offsets(self, rows: np.ndarray, batch: int) -> list[np.ndarray]:
+        offsets = []
+        start = 0
+        for feed in self.layout.tables:
+            size = batch * feed.slot_num + 1
+            segment = rows[start : start + size].astype(np.int64)
+            where = f"input '{ROWINDEX}': table {feed.table} (entries {start}..{start + size - 1})"
+            if segment[0] != 0:
+                raise RequestError(f"{where} must start at 0, got {segment[0]}")
+            falls = np.flatnonzero(segment[1:] < segment[:-1])
+            if falls.size:
+                i = int(falls[0]) + 1
+                raise RequestError(
+                    f"{where} must not decrease: entry {start + i} is {segment[i]} after "
+                    f"{segment[i - 1]}"
+                )
+            limit = self.layout.max_keys(feed.table)
+            if segment[-1] > limit:
+                raise RequestError(
+                    f"{where} has {segment[-1]} keys, more than the {limit} allowed "
+                    "(max_batch_size x maxnum_catfeature_query_per_table_per_sample)"
+                )
+            offsets.append(segment)
+            start += size
+        return offsets
+
+
+def _keys_per_table(
+    keys: np.ndarray, offsets: Sequence[np.ndarray], slot_nums: Sequence[int], batch: int
+) -> tuple[np.ndarray, ...]:
+    """Regroup sample-major keys (sample 0: table 0, table 1, ...; sample 1: ...) per table."""
+    if len(offsets) == 1:
+        return (keys,)
+    # Offsets of each sample's first key within its table, and keys per (sample, table).
+    firsts = np.stack([o[::s] for o, s in zip(offsets, slot_nums, strict=True)], axis=1)
+    counts = np.diff(firsts, axis=0)  # [batch, tables]
+    # Where each (sample, table) run starts in the sample-major CATCOLUMN.
+    starts = np.concatenate([[0], np.cumsum(counts.ravel())[:-1]]).reshape(batch, -1)
+    out = []
+    for t in range(len(offsets)):
+        shift = np.repeat(starts[:, t] - firsts[:-1, t], counts[:, t])
+        out.append(keys[shift + np.arange(firsts[-1, t])])
+    return tuple(out)
+
+
+@dataclass(frozen=True)
+class SamplesContract:
+    """``dense``, ``sparse`` -> ``score``, one sample per row (see the module docstring).
+
+    Args:
+        layout: the model's tables, slots and widths.
+    """
+
+    layout: RankingLayout
+
+    def parse(self, dense: np.ndarray, sparse: np.ndarray) -> SparseBatch:
+        """Validate one request of one-hot samples.
+
+        Args:
+            dense: the ``dense`` input, ``[B, D]``.
+            sparse: the ``sparse`` input, ``[B, S]``.
+
+        Returns:
+            The request's samples.
+
+        Raises:
+            RequestError: naming the input and what is wrong with it.
+        """
+        _check_dtype(DENSE, dense, np.float32)
+        _check_dtype(SPARSE, sparse, np.int64)
+        layout = self.layout
+        for name, array, width in (
+            (DENSE, dense, layout.dense_dim),
+            (SPARSE, sparse, layout.total_slots),
+        ):
+            if array.ndim != 2 or array.shape[1] != width:
+                raise RequestError(
+                    f"input '{name}': expected shape [batch, {width}], got {_shape(array)}"
+                )
+        batch = dense.shape[0]
+        if sparse.shape[0] != batch:
+            raise RequestError(
+                f"input '{SPARSE}': {sparse.shape[0]} samples, but '{DENSE}' has {batch}"
+            )
+        _check_batch_size(DENSE, batch, layout)
+        keys, offsets, start = [], [], 0
+        for slots in layout.slot_nums:
+            keys.append(np.ascontiguousarray(sparse[:, start : start + slots]).reshape(-1))
+            offsets.append(np.arange(batch * slots + 1, dtype=np.int64))
+            start += slots
+        return SparseBatch(dense, tuple(keys), tuple(offsets))
+
+    def response(self, scores: Any) -> Any:
+        """``score`` of one request: its ``[B, label_dim]`` predictions as they are."""
+        return scores
