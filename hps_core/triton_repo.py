@@ -151,6 +151,10 @@ def _config_pbtxt(
     def listed(items: Sequence[str]) -> str:
         return ",\n".join(f"  {item}" for item in items)
 
+    if any(g.kind != "KIND_CPU" for g in options.instances):
+        # GPU instances take inputs where the client put them (e.g. CUDA shared memory),
+        # so keys already on the GPU are never copied to the host and back.
+        params = [*params, ("FORCE_CPU_ONLY_INPUT_TENSORS", "no")]
     parameters = [
         f"{{ key: {_quoted(k)} value: {{ string_value: {_quoted(v)} }} }}" for k, v in params
     ]

@@ -85,7 +85,7 @@ def _expected(tables, keys_per_table) -> np.ndarray:
 
 def test_every_key_over_http_and_grpc(served) -> None:
     server, tables, log = served
-    assert "EC initialization for model: \"emb\", num_tables: 2" in log.read_text()
+    assert 'EC initialization for model: "emb", num_tables: 2' in log.read_text()
     clients = [
         (httpclient, httpclient.InferenceServerClient(server.http_url.split("//")[-1])),
         (grpcclient, grpcclient.InferenceServerClient(server.grpc_url.split("//")[-1])),
