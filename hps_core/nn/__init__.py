@@ -6,6 +6,9 @@ Typical use::
     graph = build_graph(load_network_json("dlrm.json"))
     executor = DenseExecutor(graph, read_dense_blob("dlrm_dense.model", graph.dense_layout()))
     predictions = executor.forward(dense, {"sparse_embedding1": pooled})
+    timings = executor.profile(dense, {"sparse_embedding1": pooled})  # per-layer times, FLOPs
+
+Precision modes (fp32, tf32, fp16) and their measured accuracy: :mod:`hps_core.nn.precision`.
 """
 
 from __future__ import annotations
@@ -31,7 +34,8 @@ from hps_core.nn.network_json import (
     load_network_json,
     parse_network_json,
 )
-from hps_core.nn.precision import ComputeContext, Precision
+from hps_core.nn.precision import ComputeContext, Precision, round_to_tf32
+from hps_core.nn.profile import ForwardProfile, LayerTime, layer_flops
 from hps_core.nn.shapes import TensorShape
 
 __all__ = [
@@ -43,9 +47,11 @@ __all__ = [
     "DenseParams",
     "EmbeddingInput",
     "EmbeddingLayer",
+    "ForwardProfile",
     "GraphNode",
     "LayerParams",
     "LayerSpec",
+    "LayerTime",
     "NetworkForm",
     "NetworkGraph",
     "NetworkSpec",
@@ -55,10 +61,12 @@ __all__ = [
     "UnpooledEmbedding",
     "build_graph",
     "check_dense_blob_size",
+    "layer_flops",
     "load_network_json",
     "parse_network_json",
     "pool_embeddings",
     "random_dense_params",
     "read_dense_blob",
+    "round_to_tf32",
     "write_dense_blob",
 ]

@@ -4,6 +4,9 @@ The executor turns the graph into a flat plan once: only layers the prediction d
 in topological order, an InnerProduct fused with a ReLU that is its only consumer, and each
 intermediate tensor released after its last use. Parameters are uploaded once, in the compute
 precision. The same plan runs on NumPy (CPU instances) or CuPy (GPU instances).
+
+:meth:`DenseExecutor.profile` runs the same plan with a clock mark after each step (see
+:mod:`hps_core.nn.profile`); :meth:`DenseExecutor.forward` runs it without any.
 """
 
 from __future__ import annotations
@@ -23,6 +26,8 @@ from hps_core.nn.layers import Array, EmbeddingLayer, InnerProduct, Layer, Unpoo
 from hps_core.nn.layers.activation import ReLU
 from hps_core.nn.network_json import load_network_json
 from hps_core.nn.precision import ComputeContext, Precision
+from hps_core.nn.profile import ForwardProfile, LayerTime, StepClock, layer_flops, step_clock
+from hps_core.nn.shapes import TensorShape
 
 #: What the executor accepts for one embedding layer: pooled ``[batch, slots, vec]`` (or
 #: ``[batch, slots * vec]``) vectors, or the unpooled vectors with their row offsets.
@@ -37,6 +42,11 @@ class _Step:
     outputs: tuple[str, ...]
     params: tuple[Array, ...]
     release: tuple[str, ...]
+    # For profiling: the layers the step runs (a fused ReLU included), its type and the
+    # shapes of its inputs.
+    covers: tuple[str, ...]
+    layer_type: str
+    input_shapes: tuple[TensorShape, ...]
 
 
 class DenseExecutor:
@@ -47,10 +57,11 @@ class DenseExecutor:
         params: layer name -> float32 tensors in dense-model-file order (as
             :func:`~hps_core.nn.dense_blob.read_dense_blob` returns).
         xp: ``numpy`` or ``cupy``; parameters are uploaded to it.
-        precision: ``"fp32"`` (default) or ``"fp16"``.
+        precision: ``"fp32"`` (default), ``"tf32"`` or ``"fp16"`` (see
+            :mod:`hps_core.nn.precision`).
 
     Raises:
-        NotAvailableError: a layer cannot run, or the precision is not implemented.
+        NotAvailableError: a layer cannot run, or the precision cannot run on this device.
         ModelFileError: ``params`` does not match the graph's dense layout.
 
     Example:
@@ -90,7 +101,7 @@ class DenseExecutor:
             network_file: HugeCTR network JSON (inference or training form).
             dense_file: HugeCTR dense model file.
             xp: ``numpy`` or ``cupy``.
-            precision: ``"fp32"`` or ``"fp16"``.
+            precision: ``"fp32"``, ``"tf32"`` or ``"fp16"``.
 
         Returns:
             The executor.
@@ -124,6 +135,65 @@ class DenseExecutor:
         Raises:
             RequestError: a missing, unexpected or mis-shaped input.
         """
+        return _deliver(self._run(dense, embeddings, None), out)
+
+    def profile(self, dense: Array, embeddings: Mapping[str, EmbeddingInput]) -> ForwardProfile:
+        """Run :meth:`forward` once, timing each step of the plan.
+
+        Times are CUDA-event times on CuPy and host-clock times on NumPy (see
+        :mod:`hps_core.nn.profile`); the call returns after the pass has completed.
+
+        Args:
+            dense: ``[batch, dense_dim]`` dense features.
+            embeddings: embedding layer name -> its vectors for this batch.
+
+        Returns:
+            One :class:`~hps_core.nn.profile.LayerTime` per step, the whole pass's time, and
+            the predictions.
+
+        Raises:
+            RequestError: a missing, unexpected or mis-shaped input.
+        """
+        clock = step_clock(self.ctx.xp)
+        clock.mark()
+        predictions = self._run(dense, embeddings, clock)
+        clock.mark()
+        # Marks: start, after the input cast, after each step, after the output conversion.
+        intervals = clock.intervals()
+        batch = predictions.shape[0]
+        layers = tuple(
+            LayerTime(
+                step.name,
+                step.covers,
+                step.layer_type,
+                seconds,
+                layer_flops(step.layer, step.input_shapes, batch),
+            )
+            for step, seconds in zip(self._steps, intervals[1:-1], strict=True)
+        )
+        return ForwardProfile(batch, layers, sum(intervals), predictions)
+
+    def step_flops(self, batch: int) -> tuple[tuple[str, int], ...]:
+        """Arithmetic work of each step for ``batch`` samples, without running anything.
+
+        Args:
+            batch: samples in the batch.
+
+        Returns:
+            ``(step name, FLOPs)`` per step in execution order (see
+            :func:`~hps_core.nn.profile.layer_flops`).
+        """
+        return tuple(
+            (step.name, layer_flops(step.layer, step.input_shapes, batch)) for step in self._steps
+        )
+
+    def _run(
+        self,
+        dense: Array,
+        embeddings: Mapping[str, EmbeddingInput],
+        clock: StepClock | None,
+    ) -> Array:
+        """The forward pass; with a clock, a mark after the input cast and after each step."""
         xp, data = self.ctx.xp, self.graph.spec.data
         dense = xp.asarray(dense)
         if dense.ndim != 2 or dense.shape[1] != data.dense_dim or dense.dtype.kind not in "fiu":
@@ -134,6 +204,8 @@ class DenseExecutor:
         batch = dense.shape[0]
         _check_embedding_names(self._embedding_names, embeddings)
         tensors = {data.dense_name: self.ctx.cast(dense)}
+        if clock is not None:
+            clock.mark()
         for step in self._steps:
             if isinstance(step.layer, EmbeddingLayer):
                 outputs = step.layer.forward(self.ctx, [embeddings[step.name]], ())
@@ -149,15 +221,21 @@ class DenseExecutor:
             tensors.update(zip(step.outputs, outputs, strict=True))
             for name in step.release:
                 del tensors[name]
-        result = tensors[self.graph.output].reshape(batch, -1).astype(np.float32, copy=False)
-        if out is None:
-            return result
-        if out.shape != result.shape or out.dtype != np.float32 or not out.flags.c_contiguous:
-            raise RequestError(
-                f"out must be C-contiguous float32 {result.shape}, got {out.dtype} {out.shape}"
-            )
-        out[...] = result
-        return out
+            if clock is not None:
+                clock.mark()
+        return tensors[self.graph.output].reshape(batch, -1).astype(np.float32, copy=False)
+
+
+def _deliver(result: Array, out: Array | None) -> Array:
+    """``result``, or ``out`` after copying ``result`` into it."""
+    if out is None:
+        return result
+    if out.shape != result.shape or out.dtype != np.float32 or not out.flags.c_contiguous:
+        raise RequestError(
+            f"out must be C-contiguous float32 {result.shape}, got {out.dtype} {out.shape}"
+        )
+    out[...] = result
+    return out
 
 
 def _check_params(graph: NetworkGraph, params: Mapping[str, Sequence[np.ndarray]]) -> None:
@@ -191,24 +269,38 @@ def _plan(
         for name in node.inputs:
             readers.setdefault(name, []).append(node)
     fused_away: set[str] = set()
-    steps: list[tuple[GraphNode, Layer, tuple[str, ...]]] = []
+    steps: list[tuple[GraphNode, Layer, tuple[str, ...], tuple[str, ...]]] = []
     for node in nodes:
         if node.spec.name in fused_away:
             continue
-        layer, outputs = node.layer, node.spec.tops
+        layer, outputs, covers = node.layer, node.spec.tops, (node.spec.name,)
         relu = _sole_relu_reader(node, readers, graph.output)
         if relu is not None:
             layer = dataclasses.replace(layer, fuse_relu=True)
             outputs = relu.spec.tops
+            covers += (relu.spec.name,)
             fused_away.add(relu.spec.name)
-        steps.append((node, layer, outputs))
-    reads = [() if isinstance(layer, EmbeddingLayer) else node.inputs for node, layer, _ in steps]
+        steps.append((node, layer, outputs, covers))
+    reads = [() if isinstance(layer, EmbeddingLayer) else node.inputs for node, layer, *_ in steps]
     last_read = {name: i for i, names in enumerate(reads) for name in names}
     plan = []
-    for i, (node, layer, outputs) in enumerate(steps):
+    for i, (node, layer, outputs, covers) in enumerate(steps):
         release = tuple(n for n, last in last_read.items() if last == i and n != graph.output)
         tensors = tuple(ctx.xp.asarray(t, dtype=ctx.dtype) for t in params.get(node.spec.name, ()))
-        plan.append(_Step(node.spec.name, layer, reads[i], outputs, tensors, release))
+        shapes = tuple(graph.tensor_shapes[name] for name in reads[i])
+        plan.append(
+            _Step(
+                node.spec.name,
+                layer,
+                reads[i],
+                outputs,
+                tensors,
+                release,
+                covers,
+                node.spec.type,
+                shapes,
+            )
+        )
     return tuple(plan)
 
 

@@ -58,7 +58,7 @@ class Interaction(Layer):
         gram = ctx.matmul(stacked, stacked.transpose(0, 2, 1)).reshape(rows, n * n)
         pairs = xp.take(gram, self._lower_triangle(xp), axis=1)
         padding = xp.zeros((rows, 1), dtype=pairs.dtype)
-        return (ctx.cast(xp.concatenate([ctx.widen(mlp), pairs, padding], axis=1)),)
+        return (xp.concatenate([ctx.cast(mlp), pairs, padding], axis=1),)
 
     def _lower_triangle(self, xp: Any) -> Array:
         index = self._device_index.get(xp.__name__)

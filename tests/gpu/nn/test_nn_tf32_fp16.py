@@ -26,18 +26,23 @@ except Exception:  # no driver or no device: the CUDA runtime raises its own err
     HAVE_DEVICE = False
 if not HAVE_DEVICE:
     pytest.skip("no CUDA device", allow_module_level=True)
-if int(cupy.cuda.Device().compute_capability) < 80:
-    pytest.skip("TF32 needs compute capability 8.0 or newer", allow_module_level=True)
 
 from cupy._core import _routines_linalg as linalg  # noqa: E402  (needs CuPy)
 
 pytestmark = pytest.mark.gpu
+HAVE_TF32 = int(cupy.cuda.Device().compute_capability) >= 80
+needs_tf32 = pytest.mark.skipif(not HAVE_TF32, reason="TF32 needs compute capability 8.0+")
 
 FIXTURES = sorted(
     (Path(__file__).resolve().parents[3].parent / "shared" / "fixtures" / "hugectr").glob("*.json")
 )
 U_TF32 = U_FP16 = 2.0**-11
 U_FP32 = 2.0**-24
+
+
+def skip_without(precision):
+    if precision is Precision.TF32 and not HAVE_TF32:
+        pytest.skip("TF32 needs compute capability 8.0+")
 
 
 def contexts(precision):
@@ -69,6 +74,7 @@ def probe_operands(kind):
     return full((1, 256), odd, cupy.float32), ones((256, 1), cupy.float32)
 
 
+@needs_tf32
 @pytest.mark.parametrize(
     "kind", ["gemm", "strided-batched", "transposed-view", "3d-by-2d", "one-element"]
 )
@@ -83,6 +89,7 @@ def test_tf32_rounds_the_operands_of_every_kind_of_product(kind):
     assert bool(cupy.all(full == 256.0625)), f"{kind}: float32 not restored"
 
 
+@needs_tf32
 def test_tf32_switches_are_restored_after_an_error():
     before = cublas_state()
     ctx = ComputeContext(cupy, Precision.TF32)
@@ -105,6 +112,7 @@ SHAPES = [
 ]
 
 
+@needs_tf32
 @pytest.mark.parametrize(("shape_a", "shape_b"), SHAPES)
 def test_tf32_agrees_with_the_numpy_emulation(shape_a, shape_b):
     rng = np.random.default_rng(shape_a[-1])
@@ -159,6 +167,7 @@ NETWORK_TOLERANCE = {Precision.TF32: 5e-4, Precision.FP16: 8e-3}
 @pytest.mark.parametrize("precision", [Precision.TF32, Precision.FP16])
 @pytest.mark.parametrize("path", FIXTURES, ids=lambda p: p.stem)
 def test_networks_agree_with_numpy(path, precision):
+    skip_without(precision)
     graph = build_graph(load_network_json(path))
     params = random_dense_params(graph.dense_layout(), seed=11)
     rng = np.random.default_rng(5)
@@ -183,6 +192,7 @@ def test_networks_agree_with_numpy(path, precision):
 
 @pytest.mark.parametrize("precision", list(Precision))
 def test_profile_with_cuda_events(precision):
+    skip_without(precision)
     path = next(p for p in FIXTURES if p.stem == "dlrm_1gpu")
     graph = build_graph(load_network_json(path))
     executor = DenseExecutor(graph, random_dense_params(graph.dense_layout()), cupy, precision)

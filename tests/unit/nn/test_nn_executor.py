@@ -191,8 +191,6 @@ def test_parameter_errors_name_the_layer(networks):
 
 def test_unrunnable_networks_and_precisions_are_refused(networks, tmp_path):
     path, dense_file = networks["dcn_inference"]
-    with pytest.raises(NotAvailableError, match="tf32"):
-        DenseExecutor.from_files(path, dense_file, precision="tf32")
     with pytest.raises(ConfigError, match="unknown precision 'fp8'"):
         DenseExecutor.from_files(path, dense_file, precision="fp8")
     doc = json.loads(path.read_text())
