@@ -4,9 +4,10 @@ Kept in a Python string so it ships inside the package without package-data rule
 constants it shares with Python (ways, empty key, counter positions) are generated from the
 Python modules, so the two cannot drift apart.
 
-Work split: one warp per work item. A 64-slot set is read by the whole warp at once, lane
-``l`` holding slots ``l`` and ``l + 32``, and a ballot finds the key. ``cache_query`` has one
-item per key; ``cache_replace`` and ``cache_update`` have one item per run of a
+Work split: ``cache_query`` gives each key a group of 8 lanes (4 keys per warp), each lane
+loading 8 of the set's 64 slot keys, so that many probes are in flight; ballots find the key.
+``cache_replace`` and ``cache_update`` use one warp per work item, lane ``l`` holding slots
+``l`` and ``l + 32`` of a set, with one item per run of a
 :class:`~hps_core.cache.layout.RunPlan` and walk the run in batch order, so no two warps touch
 the same set and no locks are needed. Semantics: :mod:`hps_core.cache.dynamic`.
 """
@@ -26,7 +27,10 @@ from hps_core.cache.stats import (
 KERNEL_NAMES = ("cache_query", "cache_replace", "cache_update")
 
 THREADS_PER_BLOCK = 256
-"""Threads per block of every kernel: 8 warps, so 8 work items per block."""
+"""Threads per block of every kernel."""
+
+QUERY_LANES = 8
+"""Lanes per key of ``cache_query`` (a warp probes four keys at once); 32 for the others."""
 
 _KERNELS = r"""
 typedef long long i64;
@@ -74,15 +78,6 @@ __device__ __forceinline__ void copy_row(float* dst, const float* src, const int
   for (int d = lane; d < dim; d += WARP) dst[d] = src[d];
 }
 
-// The same with 16-byte accesses, for rows whose width is a multiple of 4 floats and whose
-// buffers are 16-byte aligned (a dim-128 row is one access per lane).
-__device__ __forceinline__ void copy_row4(float* dst, const float* src, const int dim,
-                                          const int lane) {
-  float4* d4 = reinterpret_cast<float4*>(dst);
-  const float4* s4 = reinterpret_cast<const float4*>(src);
-  for (int d = lane; d < dim / 4; d += WARP) d4[d] = __ldg(s4 + d);
-}
-
 // Set of a key: mix64(key) % num_sets, the same function as hps_core.cache.layout.set_of.
 __device__ __forceinline__ i64 set_of(const i64 key, const u64 num_sets) {
   u64 z = (u64)key;
@@ -92,7 +87,9 @@ __device__ __forceinline__ i64 set_of(const i64 key, const u64 num_sets) {
   return (i64)(z % num_sets);
 }
 
-// One warp per key. Hit rows of `out` get the stored vector, miss rows are not written.
+// Eight lanes per key, four keys per warp: each lane loads 8 of the set's 64 slot keys at once
+// (independent loads, so four keys' probes are in flight per warp instead of one), then the
+// group copies the row. Hit rows of `out` get the stored vector, miss rows are not written.
 // A hit stamps its slot with clock + position; atomicMax keeps the later of duplicate keys.
 // The set is computed here and the counters are summed per block (one atomic per block), so
 // a query is a single launch.
@@ -102,23 +99,24 @@ extern "C" __global__ void cache_query(
     const float* __restrict__ slot_values, const int dim, const u64 clock,
     float* __restrict__ out, bool* __restrict__ hit, i64* __restrict__ counters,
     const bool vectorized) {
-  const i64 item = warp_item();
-  const bool valid = item < n;  // no early return: every thread takes part in the counts
-  const int lane = threadIdx.x % WARP;
+  const i64 item = ((i64)blockIdx.x * blockDim.x + threadIdx.x) / QUERY_LANES;
+  const int lane = threadIdx.x % QUERY_LANES;
+  const int group_shift = (threadIdx.x % WARP) / QUERY_LANES * QUERY_LANES;
+  const bool valid = item < n;  // no early return: every lane takes part in ballots and counts
   const i64 key = valid ? keys[item] : EMPTY_KEY;
+  const bool probe = valid && key != EMPTY_KEY;
+  const i64 first = probe ? set_of(key, num_sets) * WAYS : 0;
+  i64 stored[WAYS / QUERY_LANES];
+#pragma unroll
+  for (int j = 0; j < WAYS / QUERY_LANES; ++j) {
+    stored[j] = probe ? slot_keys[first + j * QUERY_LANES + lane] : 0;
+  }
   int way = -1;
-  i64 first = 0;
-  if (valid && key != EMPTY_KEY) {
-    first = set_of(key, num_sets) * WAYS;
-    // Read the second half of the set only when the key is not in the first (the lowest
-    // matching way is the same as find_way's: a key is stored once).
-    const unsigned in_lo = __ballot_sync(FULL_MASK, slot_keys[first + lane] == key);
-    if (in_lo != 0u) {
-      way = __ffs(in_lo) - 1;
-    } else {
-      const unsigned in_hi = __ballot_sync(FULL_MASK, slot_keys[first + WARP + lane] == key);
-      if (in_hi != 0u) way = WARP + __ffs(in_hi) - 1;
-    }
+#pragma unroll
+  for (int j = 0; j < WAYS / QUERY_LANES; ++j) {
+    const unsigned mine =
+        (__ballot_sync(FULL_MASK, probe && stored[j] == key) >> group_shift) & QUERY_GROUP_MASK;
+    if (way < 0 && mine != 0u) way = j * QUERY_LANES + __ffs(mine) - 1;
   }
   if (valid && lane == 0) {
     hit[item] = way >= 0;
@@ -128,9 +126,11 @@ extern "C" __global__ void cache_query(
     float* dst = out + item * dim;
     const float* src = slot_values + (first + way) * dim;
     if (vectorized) {
-      copy_row4(dst, src, dim, lane);
+      float4* d4 = reinterpret_cast<float4*>(dst);
+      const float4* s4 = reinterpret_cast<const float4*>(src);
+      for (int d = lane; d < dim / 4; d += QUERY_LANES) d4[d] = __ldg(s4 + d);
     } else {
-      copy_row(dst, src, dim, lane);
+      for (int d = lane; d < dim; d += QUERY_LANES) dst[d] = src[d];
     }
   }
   const int hits = __syncthreads_count(valid && lane == 0 && way >= 0);
@@ -235,6 +235,8 @@ def cuda_source() -> str:
     """
     defines = (
         f"#define WAYS {WAYS}\n"
+        f"#define QUERY_LANES {QUERY_LANES}\n"
+        f"#define QUERY_GROUP_MASK {(1 << QUERY_LANES) - 1}u\n"
         f"#define EMPTY_KEY {EMPTY_KEY}LL\n"
         f"#define INSERTS {INSERTS}\n"
         f"#define EVICTIONS {EVICTIONS}\n"

@@ -14,7 +14,7 @@ from typing import Any
 import cupy
 import numpy as np
 
-from hps_core.cache.cuda_source import KERNEL_NAMES, THREADS_PER_BLOCK, cuda_source
+from hps_core.cache.cuda_source import KERNEL_NAMES, QUERY_LANES, THREADS_PER_BLOCK, cuda_source
 from hps_core.cache.dynamic import DynamicCache
 from hps_core.cache.layout import plan_runs
 from hps_core.errors import HPSError
@@ -78,9 +78,9 @@ class CupyDynamicCache(DynamicCache):
     def _device(self) -> contextlib.AbstractContextManager[Any]:
         return cupy.cuda.Device(self._device_id)
 
-    def _launch(self, name: str, items: int, args: tuple[Any, ...]) -> None:
-        """Run kernel ``name`` with one warp per item and report any CUDA error by name."""
-        blocks = -(-items * _WARP // THREADS_PER_BLOCK)
+    def _launch(self, name: str, items: int, args: tuple[Any, ...], lanes: int = _WARP) -> None:
+        """Run kernel ``name`` with ``lanes`` threads per item; report any CUDA error by name."""
+        blocks = -(-items * lanes // THREADS_PER_BLOCK)
         try:
             self._kernels[name]((blocks,), (THREADS_PER_BLOCK,), args)
             if self.sync_checks:
@@ -111,6 +111,7 @@ class CupyDynamicCache(DynamicCache):
                 # 16-byte row copies need rows of whole float4s on 16-byte boundaries.
                 self._dim % 4 == 0 and out.data.ptr % 16 == 0 and self._values.data.ptr % 16 == 0,
             ),
+            lanes=QUERY_LANES,
         )
         return hit
 

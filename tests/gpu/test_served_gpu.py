@@ -121,7 +121,7 @@ def test_keys_through_cuda_shared_memory(served) -> None:
 
 def test_metrics_show_cache_traffic_per_gpu(served) -> None:
     server, _, _ = served
-    text = urllib.request.urlopen(f"{server.metrics_url}/metrics", timeout=5).read().decode()
+    text = urllib.request.urlopen(server.metrics_url, timeout=5).read().decode()
     hits = [
         line for line in text.splitlines()
         if line.startswith("hps_cache_hits_total") and 'device="gpu0"' in line
