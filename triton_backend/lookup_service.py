@@ -5,7 +5,8 @@
   tables, fills the GPU caches when HugeCTR would (``gpucache`` and
   ``cache_refresh_percentage_per_iteration > 0``), and starts the cache refresher when
   ``refresh_interval > 0``.
-- After each ``execute`` the table counters go to Triton's metrics endpoint.
+- After an ``execute`` the table counters go to Triton's metrics endpoint (at most twice a
+  second).
 - ``finalize`` stops background work and detaches from the shared host tier.
 """
 
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +27,8 @@ from triton_backend.metrics import LookupMetrics
 from triton_backend.model_settings import ModelSettings
 
 logger = logging.getLogger("hps_core")
+
+METRICS_PERIOD_S = 0.5
 
 
 def log_to_stderr() -> None:
@@ -68,6 +72,7 @@ class LookupService:
         self._session: ModelLookup | None = None
         self._refresher: CacheRefresher | None = None
         self._metrics: LookupMetrics | None = None
+        self._next_report = 0.0
         self._lock = threading.Lock()
 
     @property
@@ -106,9 +111,16 @@ class LookupService:
         return session
 
     def report(self) -> None:
-        """Publish the counters' change since the last report."""
-        if self._metrics is not None and self._session is not None:
-            self._metrics.report(self._session.counters())
+        """Publish the counters' change since the last publication, at most twice a second.
+
+        Each metric update is a message from the stub to the server process; doing it for
+        every table after every ``execute`` would cost more than small lookups themselves.
+        """
+        now = time.monotonic()
+        if self._metrics is None or self._session is None or now < self._next_report:
+            return
+        self._next_report = now + METRICS_PERIOD_S
+        self._metrics.report(self._session.counters())
 
     def close(self) -> None:
         """Stop the refresher and detach from every table."""

@@ -16,7 +16,7 @@ import numpy as np
 
 from hps_core.cache.cuda_source import KERNEL_NAMES, QUERY_LANES, THREADS_PER_BLOCK, cuda_source
 from hps_core.cache.dynamic import DynamicCache
-from hps_core.cache.layout import plan_runs
+from hps_core.cache.layout import RunPlan, plan_runs
 from hps_core.errors import HPSError
 
 _WARP = 32
@@ -115,8 +115,7 @@ class CupyDynamicCache(DynamicCache):
         )
         return hit
 
-    def _replace(self, keys: Any, rows: Any, sets: Any, positions: Any, clock: np.uint64) -> None:
-        plan = plan_runs(sets, positions, cupy)
+    def _replace(self, keys: Any, rows: Any, sets: Any, plan: RunPlan, clock: np.uint64) -> None:
         self._launch(
             "cache_replace",
             plan.runs,

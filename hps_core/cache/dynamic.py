@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 
 from hps_core.cache.arrays import as_keys, as_rows, output_rows
-from hps_core.cache.layout import EMPTY_KEY, WAYS, set_of
+from hps_core.cache.layout import EMPTY_KEY, WAYS, RunPlan, plan_runs, set_of
 from hps_core.cache.stats import (
     NUM_COUNTERS,
     CacheStats,
@@ -156,15 +156,22 @@ class DynamicCache(ABC):
         """
         xp = self.xp
         with self._lock, self._device():
-            keys = as_keys(keys, xp, self._where)
+            # Plan the batch where its keys are: keys on the host (a lookup's misses) are
+            # sorted by NumPy, which for small batches beats a round of GPU sorts and syncs.
+            plan_xp = np if isinstance(keys, np.ndarray) else xp
+            keys = as_keys(keys, plan_xp, self._where)
             n = int(keys.shape[0])
             rows = as_rows(values, n, self._dim, xp, self._where)
             if n == 0:
                 return
-            positions = xp.flatnonzero(keys != EMPTY_KEY)
+            positions = plan_xp.flatnonzero(keys != EMPTY_KEY)
             if positions.shape[0]:
-                sets = set_of(keys, self._num_sets, xp)
-                self._replace(keys, rows, sets, positions, np.uint64(self._clock))
+                sets = set_of(keys, self._num_sets, plan_xp)
+                plan = plan_runs(sets, positions, plan_xp)
+                if plan_xp is not xp:
+                    keys, sets = xp.asarray(keys), xp.asarray(sets)
+                    plan = RunPlan(order=xp.asarray(plan.order), bounds=xp.asarray(plan.bounds))
+                self._replace(keys, rows, sets, plan, np.uint64(self._clock))
             self._clock += n
 
     def update(self, keys: Any, values: Any) -> None:
@@ -236,8 +243,8 @@ class DynamicCache(ABC):
         keys, and return the bool hit mask."""
 
     @abstractmethod
-    def _replace(self, keys: Any, rows: Any, sets: Any, positions: Any, clock: np.uint64) -> None:
-        """Apply ``replace`` to the batch ``positions`` (none holds ``EMPTY_KEY``)."""
+    def _replace(self, keys: Any, rows: Any, sets: Any, plan: RunPlan, clock: np.uint64) -> None:
+        """Apply ``replace`` to the batch positions of ``plan`` (none holds ``EMPTY_KEY``)."""
 
     @abstractmethod
     def _update(self, keys: Any, rows: Any, sets: Any, positions: Any) -> None:

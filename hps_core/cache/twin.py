@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from hps_core.cache.dynamic import DynamicCache
-from hps_core.cache.layout import EMPTY_KEY, WAYS, last_of_each, plan_runs, set_of
+from hps_core.cache.layout import EMPTY_KEY, WAYS, RunPlan, last_of_each, set_of
 from hps_core.cache.stats import EVICTIONS, HITS, INSERTS, MISSES, RESERVED_KEY_MISSES, UPDATED
 
 # Keys looked up per vectorised step: bounds the [chunk, WAYS] temporaries to a few MiB.
@@ -59,8 +59,7 @@ class NumpyDynamicCache(DynamicCache):
         )
         return hit
 
-    def _replace(self, keys: Any, rows: Any, sets: Any, positions: Any, clock: np.uint64) -> None:
-        plan = plan_runs(sets, positions, np)
+    def _replace(self, keys: Any, rows: Any, sets: Any, plan: RunPlan, clock: np.uint64) -> None:
         starts = plan.bounds[:-1]
         rank = np.arange(plan.order.shape[0]) - np.repeat(starts, np.diff(plan.bounds))
         by_round = plan.order[np.argsort(rank, kind="stable")]

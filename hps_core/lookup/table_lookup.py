@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from hps_core.cache import StaticTable
-from hps_core.lookup.devices import to_host
+from hps_core.lookup.devices import module_of, to_host
 from hps_core.tiers.host_table import SharedHostTable
 
 logger = logging.getLogger("hps_core")
@@ -182,8 +182,13 @@ class CachedTableLookup:
     def lookup(self, keys: Any, out: Any = None) -> Any:
         """Vectors of ``keys`` through the cache.
 
+        Keys on the host (what Triton hands over unless a client uses CUDA shared memory) are
+        deduplicated on the host, so the GPU sees one copy of the unique keys; keys already on
+        the GPU are deduplicated there. Either way the hit mask comes back to the host once:
+        the misses are fetched from the host tier there.
+
         Args:
-            keys: 1-D int64 keys (NumPy or CuPy; moved to the cache's device).
+            keys: 1-D int64 keys (NumPy or CuPy).
             out: optional float32 ``[n, dim]`` array of ``xp`` to write into.
 
         Returns:
@@ -191,50 +196,56 @@ class CachedTableLookup:
         """
         xp = self.xp
         start = time.perf_counter()
-        keys = xp.asarray(keys, dtype=xp.int64).ravel()
-        n = int(keys.shape[0])
+        if module_of(keys) is np:
+            host_keys = np.asarray(keys, dtype=np.int64).ravel()
+            unique_h, inverse_h = np.unique(host_keys, return_inverse=True)
+            unique, inverse = xp.asarray(unique_h), xp.asarray(inverse_h)
+        else:
+            host_keys = keys = xp.asarray(keys, dtype=xp.int64).ravel()
+            unique, inverse = xp.unique(keys, return_inverse=True)
+            unique_h = None
+        n, u = int(host_keys.shape[0]), int(unique.shape[0])
         if n == 0:
             return xp.empty((0, self.dim), xp.float32) if out is None else out
-        unique, inverse = xp.unique(keys, return_inverse=True)
-        rows = xp.empty((int(unique.shape[0]), self.dim), xp.float32)
+        rows = xp.empty((u, self.dim), xp.float32)
         _, hit = self.cache.query(unique, out=rows)
-        miss = xp.flatnonzero(~hit)
-        misses = int(miss.shape[0])
-        hit_rate = 1.0 - misses / int(unique.shape[0])
+        miss_h = np.flatnonzero(~to_host(hit))
+        misses = len(miss_h)
         unknown = inserted = 0
         mode = None
-        if misses and self._static:
-            # A static cache holds the whole table: a miss is a key the table lacks.
-            rows[miss] = self.host.default_value
-            unknown = misses
-        elif misses:
-            miss_keys = unique[miss]
-            background = hit_rate >= self.hit_rate_threshold
-            if background and self.miss_policy == "default":
+        if misses:
+            miss = xp.asarray(miss_h)
+            miss_keys = unique_h[miss_h] if unique_h is not None else to_host(unique[miss])
+            background = 1.0 - misses / u >= self.hit_rate_threshold
+            if self._static:
+                # A static cache holds the whole table: a miss is a key the table lacks.
+                rows[miss] = self.host.default_value
+                unknown = misses
+            elif background and self.miss_policy == "default":
                 rows[miss] = self.host.default_value
                 self._submit(self._fetch_and_insert, miss_keys)
                 mode = "async"
             else:
-                values, found = self.host.lookup(to_host(miss_keys))
-                unknown = int(len(found) - np.count_nonzero(found))
-                device_values = xp.asarray(values)
-                rows[miss] = device_values
-                if found.any():
-                    known = xp.asarray(found)
-                    inserted = misses - unknown
+                values, found = self.host.lookup(miss_keys)
+                rows[miss] = xp.asarray(values)
+                inserted = int(np.count_nonzero(found))
+                unknown = misses - inserted
+                if inserted:
+                    # Host keys: the cache plans the insert on the host, no GPU sort.
+                    known_keys, known_values = miss_keys[found], values[found]
                     if background:
-                        self._submit(self.cache.replace, miss_keys[known], device_values[known])
+                        self._submit(self.cache.replace, known_keys, known_values)
                         mode = "async"
                     else:
-                        self.cache.replace(miss_keys[known], device_values[known])
+                        self.cache.replace(known_keys, known_values)
                         mode = "sync"
         result = rows[inverse] if out is None else xp.take(rows, inverse, axis=0, out=out)
         with self._lock:
             c = self.counters
             c.lookups += 1
             c.keys += n
-            c.unique_keys += int(unique.shape[0])
-            c.cache_hits += int(unique.shape[0]) - misses
+            c.unique_keys += u
+            c.cache_hits += u - misses
             c.cache_misses += misses
             c.unknown_keys += unknown
             if mode == "sync":
@@ -254,8 +265,7 @@ class CachedTableLookup:
             self.counters.unknown_keys += len(found) - known
             self.counters.inserted_keys += known
         if known:
-            mask = self.xp.asarray(found)
-            self.cache.replace(miss_keys[mask], self.xp.asarray(values)[mask])
+            self.cache.replace(miss_keys[found], values[found])
 
     def _submit(self, fn: Any, *args: Any) -> None:
         if self._worker is None:

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import concurrent.futures
 import json
+import time
+import urllib.request
 from pathlib import Path
 
 import numpy as np
@@ -245,3 +247,26 @@ def test_two_instances_share_one_host_tier_copy(served) -> None:
         size = Path(path).stat().st_size
         table_bytes = [k.nbytes + v.nbytes for k, v in tables]
         assert any(size <= 1.3 * b for b in table_bytes), (size, table_bytes)
+
+
+def test_metrics_endpoint_counts_lookups_per_table(served) -> None:
+    server, tables = served
+    module, client = _clients(server)[0]
+    keys = np.concatenate([tables[0][0][:3], [1, 2]])[None]  # 1 and 2 are unknown keys
+    for _ in range(3):
+        _infer(module, client, keys, np.array([[5, 0]], np.int32))
+        time.sleep(0.6)  # counters are published at most twice a second
+    text = urllib.request.urlopen(server.metrics_url, timeout=5).read().decode()
+    lookups = _metric(text, "hps_lookups_total", 'table="sparse_embedding0"')
+    unknown = _metric(text, "hps_unknown_keys_total", 'table="sparse_embedding0"')
+    assert lookups >= 2 and unknown >= 2, text[-3000:]
+    assert 'device="cpu"' in text
+
+
+def _metric(text: str, name: str, label: str) -> float:
+    # Summed over instances: each instance publishes its own series.
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith(name + "{") and label in line
+    )

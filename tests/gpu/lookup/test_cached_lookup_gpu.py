@@ -30,9 +30,12 @@ def _private_shm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     HPS.close_all()
 
 
+@pytest.mark.parametrize("keys_on_device", [True, False])
 @pytest.mark.parametrize("threshold", [0.0, 0.5, 1.1])
-def test_every_answer_is_the_true_vector(tmp_path: Path, threshold: float) -> None:
-    lookup = run_stream(cupy, tmp_path / "t", threshold=threshold)
+def test_every_answer_is_the_true_vector(
+    tmp_path: Path, threshold: float, keys_on_device: bool
+) -> None:
+    lookup = run_stream(cupy, tmp_path / "t", threshold=threshold, keys_on_device=keys_on_device)
     c = lookup.counters
     assert c.cache_hits + c.cache_misses == c.unique_keys and c.unknown_keys > 0
     lookup.close()
@@ -59,7 +62,7 @@ def test_gpu_pipeline_equals_twin_pipeline(tmp_path: Path) -> None:
     for q in query_stream(reference, 25, 900, seed=4):
         a = twin.lookup(q)
         twin.flush()
-        b = gpu.lookup(cupy.asarray(q)).get()
+        b = gpu.lookup(cupy.asarray(q) if len(q) % 2 else q).get()  # device and host keys
         gpu.flush()
         np.testing.assert_array_equal(a, b)
         np.testing.assert_array_equal(b, expected(reference, q, 16))

@@ -68,6 +68,7 @@ def run_stream(
     batches: int = 30,
     batch: int = 700,
     seed: int = 0,
+    keys_on_device: bool = True,
 ) -> CachedTableLookup:
     """Run a stream through a cached lookup; assert every answer; return the lookup."""
     host, reference = make_host(folder, rows, dim, seed)
@@ -80,7 +81,7 @@ def run_stream(
     lookup = CachedTableLookup(host, cache, xp, threshold, policy, name="t")
     for q in query_stream(reference, batches, batch, seed + 1):
         out = xp.full((len(q), dim), np.nan, xp.float32)  # poisoned: every row must be written
-        got = lookup.lookup(xp.asarray(q), out=out)
+        got = lookup.lookup(xp.asarray(q) if keys_on_device else q, out=out)
         assert got is out
         got = got.get() if hasattr(got, "get") else got
         want = expected(reference, q, dim)
