@@ -115,13 +115,13 @@ class HPS:
             device_id: the GPU.
         """
         session = self.model(model_name, device_id)
+        dim = session.table(table_id).dim  # also rejects a table_id out of range
         xp = session.xp
         with xp.cuda.Device(device_id):
             key_array = xp.from_dlpack(keys)
             out_array = xp.from_dlpack(out)
             if key_array.dtype != xp.int64:
                 raise RequestError(f"keys must be int64, got {key_array.dtype}")
-            dim = session.model.tables[table_id].dim if 0 <= table_id < session.num_tables else 0
             if out_array.dtype != xp.float32 or out_array.shape != (key_array.size, dim):
                 raise RequestError(
                     f"out must be float32 [{key_array.size}, {dim}], got {out_array.dtype} "

@@ -19,10 +19,9 @@ import logging
 from typing import Any
 
 import numpy as np
-import triton_python_backend_utils as pb_utils
 
-from hps_core.errors import HPSError, RequestError
 from hps_core.model_check import check_model_files
+from triton_backend.batched_execute import execute_batched
 from triton_backend.hps_contract import (
     KEYS,
     NUMKEYS,
@@ -33,7 +32,7 @@ from triton_backend.hps_contract import (
 )
 from triton_backend.lookup_service import LookupService, log_to_stderr
 from triton_backend.model_settings import check_io, read_settings
-from triton_backend.tensors import error_response, input_array, output_tensor
+from triton_backend.tensors import input_array
 
 logger = logging.getLogger("hps_core")
 
@@ -77,36 +76,18 @@ class EmbeddingModel:
         Returns:
             One response per request, in order.
         """
-        responses: list[Any] = [None] * len(requests)
-        parsed: list[list[Any]] = []
-        served: list[int] = []
-        for i, request in enumerate(requests):
-            try:
-                keys = self.contract.parse(
-                    input_array(request, KEYS, np.int64), input_array(request, NUMKEYS, np.int32)
-                )
-            except RequestError as exc:
-                responses[i] = error_response(str(exc))
-                continue
-            parsed.append(keys)
-            served.append(i)
-        if parsed:
-            try:
-                values = self.service.session().lookup_tables(batch_tables(parsed))
-                for i, out in zip(served, split_outputs(values, parsed), strict=True):
-                    responses[i] = pb_utils.InferenceResponse(
-                        output_tensors=[output_tensor(OUTPUT0, out)]
-                    )
-            except HPSError as exc:
-                # The server side failed (e.g. a sparse file vanished): every request of the
-                # batch learns why, and the next execute tries again.
-                logger.error("lookup failed: %s", exc)
-                for i in served:
-                    responses[i] = error_response(
-                        f"lookup failed: {exc}", pb_utils.TritonError.INTERNAL
-                    )
+        responses = execute_batched(requests, self._parse, self._lookup, OUTPUT0)
         self.service.report()
         return responses
+
+    def _parse(self, request: Any) -> list[Any]:
+        return self.contract.parse(
+            input_array(request, KEYS, np.int64), input_array(request, NUMKEYS, np.int32)
+        )
+
+    def _lookup(self, parsed: list[list[Any]]) -> list[Any]:
+        values = self.service.session().lookup_tables(batch_tables(parsed))
+        return split_outputs(values, parsed)
 
     def finalize(self) -> None:
         """Stop background work and detach from the shared tables."""

@@ -22,12 +22,11 @@ import logging
 from typing import Any, ClassVar
 
 import numpy as np
-import triton_python_backend_utils as pb_utils
 
-from hps_core.errors import HPSError, RequestError
 from hps_core.infer import RankingSession, SparseBatch, concat_batches, split_samples
 from hps_core.lookup.devices import to_host
 from hps_core.model_check import check_model_files
+from triton_backend.batched_execute import execute_batched
 from triton_backend.lookup_service import LookupService, log_to_stderr
 from triton_backend.model_settings import check_io, read_settings
 from triton_backend.ranking_contracts import (
@@ -41,7 +40,7 @@ from triton_backend.ranking_contracts import (
     HugeCTRContract,
     SamplesContract,
 )
-from triton_backend.tensors import error_response, input_array, output_tensor
+from triton_backend.tensors import input_array
 
 logger = logging.getLogger("hps_core")
 
@@ -99,38 +98,19 @@ class _RankingModel:
         Returns:
             One response per request, in order.
         """
-        responses: list[Any] = [None] * len(requests)
-        batches: list[SparseBatch] = []
-        served: list[int] = []
-        for i, request in enumerate(requests):
-            try:
-                arrays = [
-                    to_host(input_array(request, name, dtype))
-                    for name, dtype in self.inputs.items()
-                ]
-                batches.append(self.contract.parse(*arrays))
-            except RequestError as exc:
-                responses[i] = error_response(str(exc))
-                continue
-            served.append(i)
-        if batches:
-            try:
-                self.service.session()
-                scores = self.session.predict(concat_batches(batches))
-                pieces = split_samples(scores, [b.batch_size for b in batches])
-                for i, piece in zip(served, pieces, strict=True):
-                    out = output_tensor(self.output, self.contract.response(piece))
-                    responses[i] = pb_utils.InferenceResponse(output_tensors=[out])
-            except HPSError as exc:
-                # The server side failed (e.g. a sparse file vanished): every request of the
-                # batch learns why, and the next execute tries again.
-                logger.error("prediction failed: %s", exc)
-                for i in served:
-                    responses[i] = error_response(
-                        f"prediction failed: {exc}", pb_utils.TritonError.INTERNAL
-                    )
+        responses = execute_batched(requests, self._parse, self._predict, self.output)
         self.service.report()
         return responses
+
+    def _parse(self, request: Any) -> SparseBatch:
+        arrays = [to_host(input_array(request, n, dtype)) for n, dtype in self.inputs.items()]
+        return self.contract.parse(*arrays)
+
+    def _predict(self, batches: list[SparseBatch]) -> list[Any]:
+        self.service.session()  # first call: open tables, warm caches, start the refresher
+        scores = self.session.predict(concat_batches(batches))
+        pieces = split_samples(scores, [b.batch_size for b in batches])
+        return [self.contract.response(piece) for piece in pieces]
 
     def finalize(self) -> None:
         """Stop background work and detach from the shared tables."""

@@ -24,10 +24,4 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("convert", help="convert models between formats")
     converters = parser.add_subparsers(dest="format", metavar="FORMAT", required=True)
     for name in _CONVERTER_MODULES:
-        try:
-            module = importlib.import_module(name)
-        except ModuleNotFoundError as exc:
-            if exc.name != name:
-                raise
-            continue
-        module.register(converters)
+        importlib.import_module(name).register(converters)

@@ -1,0 +1,62 @@
+"""The ``execute`` loop every model here shares: parse each request, run the rest as one batch.
+
+A request that fails to parse gets its own ``INVALID_ARG`` response naming the input; the
+others run together in one call. If that call fails on the server's side (a sparse file
+vanished, say), each of its requests gets an ``INTERNAL`` error saying why, and the next
+``execute`` tries again: the stub never dies from a request.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
+
+import triton_python_backend_utils as pb_utils
+
+from hps_core.errors import HPSError, RequestError
+from triton_backend.tensors import error_response, output_tensor
+
+logger = logging.getLogger("hps_core")
+
+Parsed = TypeVar("Parsed")
+
+
+def execute_batched(
+    requests: Sequence[Any],
+    parse: Callable[[Any], Parsed],
+    run: Callable[[list[Parsed]], Sequence[Any]],
+    output_name: str,
+) -> list[Any]:
+    """Answer ``requests`` with one ``run`` over all the requests that parse.
+
+    Args:
+        requests: Triton inference requests.
+        parse: turns one request into its parsed form; raises ``RequestError``.
+        run: maps the parsed requests to one output array per request, in order.
+        output_name: name of the output tensor.
+
+    Returns:
+        One ``pb_utils.InferenceResponse`` per request, in order.
+    """
+    responses: list[Any] = [None] * len(requests)
+    parsed: list[Parsed] = []
+    served: list[int] = []
+    for i, request in enumerate(requests):
+        try:
+            parsed.append(parse(request))
+        except RequestError as exc:
+            responses[i] = error_response(str(exc))
+            continue
+        served.append(i)
+    if parsed:
+        try:
+            for i, out in zip(served, run(parsed), strict=True):
+                responses[i] = pb_utils.InferenceResponse(
+                    output_tensors=[output_tensor(output_name, out)]
+                )
+        except HPSError as exc:
+            logger.error("batch of %d requests failed: %s", len(served), exc)
+            for i in served:
+                responses[i] = error_response(f"server error: {exc}", pb_utils.TritonError.INTERNAL)
+    return responses
