@@ -30,6 +30,7 @@ _COUNTERS = {
     "sync_inserts": ("hps_cache_sync_inserts_total", "Batches whose misses were inserted inline"),
     "async_inserts": ("hps_cache_async_inserts_total", "Batches inserted in the background"),
     "failed_inserts": ("hps_cache_failed_inserts_total", "Background inserts that failed"),
+    "evictions": ("hps_cache_evictions_total", "Rows the GPU cache evicted to make room"),
 }
 _LATENCY = ("hps_lookup_duration_us_total", "Time spent in lookups, microseconds")
 _HIT_RATE = ("hps_cache_hit_rate", "Cache hit rate of unique keys since start")

@@ -151,10 +151,7 @@ class ModelLookup:
 
     def counters(self) -> list[TableCounters]:
         """A snapshot of each table's counters (zeros for tables not opened yet)."""
-        return [
-            TableCounters() if table is None else table.counters.snapshot()
-            for table in self._tables
-        ]
+        return [TableCounters() if table is None else table.snapshot() for table in self._tables]
 
     def initialize_caches(self, hot_keys: Mapping[int, np.ndarray] | None = None) -> None:
         """Fill the embedding caches before serving (HugeCTR's EC initialisation).

@@ -55,6 +55,7 @@ class TableCounters:
         async_inserts: batches whose misses were inserted in the background.
         inserted_keys: keys handed to the cache for insertion.
         failed_inserts: background insertions that raised (logged).
+        evictions: rows the cache evicted to make room (read from the cache by ``snapshot``).
         seconds: time spent in lookups.
     """
 
@@ -69,6 +70,7 @@ class TableCounters:
     async_inserts: int = 0
     inserted_keys: int = 0
     failed_inserts: int = 0
+    evictions: int = 0
     seconds: float = 0.0
 
     @property
@@ -132,6 +134,10 @@ class HostTableLookup:
             c.unknown_keys += int(len(found) - np.count_nonzero(found))
             c.seconds += time.perf_counter() - start
         return result
+
+    def snapshot(self) -> TableCounters:
+        """A copy of the counters, safe to read while lookups go on."""
+        return self.counters.snapshot()
 
     def close(self) -> None:
         """Nothing to release besides the host tier, which the session owns."""
@@ -255,6 +261,12 @@ class CachedTableLookup:
             c.inserted_keys += inserted
             c.seconds += time.perf_counter() - start
         return result
+
+    def snapshot(self) -> TableCounters:
+        """A copy of the counters, with the cache's evictions, safe to read while serving."""
+        counters = self.counters.snapshot()
+        counters.evictions = self.cache.stats().evictions
+        return counters
 
     def _fetch_and_insert(self, miss_keys: Any) -> None:
         values, found = self.host.lookup(to_host(miss_keys))

@@ -84,3 +84,13 @@ def test_unknown_keys_are_never_cached(tmp_path: Path) -> None:
     assert (got == DEFAULT).all()
     assert cache.size == 0 and lookup.counters.unknown_keys == 3
     lookup.close()
+
+
+def test_snapshot_reports_cache_evictions(tmp_path: Path) -> None:
+    host, reference = make_host(tmp_path / "t", 3000, 4, seed=4)
+    lookup = CachedTableLookup(host, make_cache("dynamic", 64, 4, np), np, 2.0)
+    keys = np.fromiter(reference, np.int64, len(reference))
+    for start in range(0, 3000, 500):
+        lookup.lookup(keys[start : start + 500])
+    assert lookup.snapshot().evictions == lookup.cache.stats().evictions > 0
+    lookup.close()
