@@ -8,6 +8,8 @@ distribution (alpha ``--alpha``, 1.05) over the table's rows. The cache is first
 - ``query``: ``cache.query(keys, out)`` alone (one kernel: hash, probe, copy hits), timed with
   CUDA events, once per synchronised call (latency) and over back-to-back calls
   (throughput); effective GB/s = batch x dim x 4 bytes returned / time.
+- ``static``: the whole table in a static cache (hash probe + row copy, one kernel), queried
+  back to back like ``query``;
 - ``lookup``: the whole pipeline (dedup, query, miss fetch from the host tier, insert,
   scatter), timed on the host clock around a synchronised call.
 
@@ -144,6 +146,9 @@ def main() -> None:
         build_s = time.perf_counter() - t0
         cache = make_cache("dynamic", int(args.cache_share * args.rows), args.dim, cupy)
         lookup = CachedTableLookup(host, cache, cupy, args.threshold, name="bench")
+        static = make_cache(
+            "static", host.rows, args.dim, cupy, contents=tuple(map(cupy.asarray, host.contents()))
+        )
         for _ in range(args.warm_batches):
             lookup.lookup(cupy.asarray(zipf_keys(rng, 65536, args.rows, args.alpha)))
         lookup.flush()
@@ -151,6 +156,7 @@ def main() -> None:
         for batch in (int(b) for b in args.batches.split(",")):
             keys = [cupy.asarray(zipf_keys(rng, batch, args.rows, args.alpha)) for _ in range(4)]
             q_s, q_pipe_s, q_hit = time_query(cache, keys, args.repeats)
+            _, s_pipe_s, s_hit = time_query(static, keys, args.repeats)
             l_s, l_hit = time_lookup(lookup, keys, max(5, args.repeats // 3))
             returned = batch * args.dim * 4
             results.append(
@@ -167,6 +173,9 @@ def main() -> None:
                     "query_pipelined_mkeys_s": round(batch / q_pipe_s / 1e6, 1),
                     "query_pipelined_gb_s": round(returned / q_pipe_s / 1e9, 1),
                     "query_key_hit_rate": round(q_hit, 4),
+                    "static_pipelined_us": round(s_pipe_s * 1e6, 1),
+                    "static_pipelined_gb_s": round(returned / s_pipe_s / 1e9, 1),
+                    "static_key_hit_rate": round(s_hit, 4),
                     "lookup_us": round(l_s * 1e6, 1),
                     "lookup_mkeys_s": round(batch / l_s / 1e6, 2),
                     "lookup_gb_s": round(returned / l_s / 1e9, 1),
@@ -175,6 +184,7 @@ def main() -> None:
                 }
             )
         lookup.close()
+        del static
         host.close()
     finally:
         shutil.rmtree(work, ignore_errors=True)
@@ -185,12 +195,13 @@ def main() -> None:
         f"{args.warm_batches} warm-up batches of 64K; device copy {copy_gbs:.0f} GB/s"
     )
     head = ("batch", "query us", "GB/s", "b2b query us", "b2b GB/s", "key hit",
-            "lookup us", "lookup Mkeys/s", "uniq hit")  # fmt: skip
+            "static b2b us", "static GB/s", "lookup us", "lookup Mkeys/s", "uniq hit")  # fmt: skip
     print("  ".join(f"{h:>12}" for h in head))
     for r in results:
         row = (r["batch"], r["query_us"], r["query_gb_s"], r["query_pipelined_us"],
-               r["query_pipelined_gb_s"], r["query_key_hit_rate"], r["lookup_us"],
-               r["lookup_mkeys_s"], r["lookup_unique_hit_rate"])  # fmt: skip
+               r["query_pipelined_gb_s"], r["query_key_hit_rate"], r["static_pipelined_us"],
+               r["static_pipelined_gb_s"], r["lookup_us"], r["lookup_mkeys_s"],
+               r["lookup_unique_hit_rate"])  # fmt: skip
         print("  ".join(f"{v:>12}" for v in row))
     with (out_dir / "gpu_cache_bench.csv").open("w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=list(results[0]))

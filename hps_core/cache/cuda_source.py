@@ -24,7 +24,7 @@ from hps_core.cache.stats import (
     UPDATED,
 )
 
-KERNEL_NAMES = ("cache_query", "cache_replace", "cache_update")
+KERNEL_NAMES = ("cache_query", "cache_replace", "cache_update", "static_query", "static_find")
 
 THREADS_PER_BLOCK = 256
 """Threads per block of every kernel."""
@@ -78,13 +78,32 @@ __device__ __forceinline__ void copy_row(float* dst, const float* src, const int
   for (int d = lane; d < dim; d += WARP) dst[d] = src[d];
 }
 
-// Set of a key: mix64(key) % num_sets, the same function as hps_core.cache.layout.set_of.
-__device__ __forceinline__ i64 set_of(const i64 key, const u64 num_sets) {
+// hps_core.hashing.mix64 (SplitMix64's finaliser, a bijection).
+__device__ __forceinline__ u64 mix64(const i64 key) {
   u64 z = (u64)key;
   z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
   z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
-  z = z ^ (z >> 31);
-  return (i64)(z % num_sets);
+  return z ^ (z >> 31);
+}
+
+// Set of a key: mix64(key) % num_sets, the same function as hps_core.cache.layout.set_of.
+__device__ __forceinline__ i64 set_of(const i64 key, const u64 num_sets) {
+  return (i64)(mix64(key) % num_sets);
+}
+
+// Row of a key in a static table laid out as hps_core.tiers.hash_layout describes (sorted
+// hashes, bucket directory on the top `bits` bits), or -1: the function find_rows computes.
+__device__ __forceinline__ i64 static_row(const i64 key, const u64* __restrict__ hashes,
+                                          const i64* __restrict__ starts, const int bits) {
+  const u64 h = mix64(key);
+  const i64 bucket = (i64)(h >> (64 - bits));
+  const i64 end = starts[bucket + 1];
+  for (i64 p = starts[bucket]; p < end; ++p) {
+    const u64 candidate = hashes[p];
+    if (candidate == h) return p;
+    if (candidate > h) break;  // sorted inside a bucket
+  }
+  return -1;
 }
 
 // Eight lanes per key, four keys per warp: each lane loads 8 of the set's 64 slot keys at once
@@ -223,6 +242,45 @@ extern "C" __global__ void cache_update(
     }
   }
   if (lane == 0) atomicAdd((u64*)&counters[UPDATED], updated);
+}
+
+// Static table query: QUERY_LANES lanes per key probe its bucket (the same addresses, served
+// once) and copy the row; counters summed per block. Miss rows of `out` are not written.
+extern "C" __global__ void static_query(
+    const i64* __restrict__ keys, const i64 n, const u64* __restrict__ hashes,
+    const i64* __restrict__ starts, const int bits, const float* __restrict__ values,
+    const int dim, float* __restrict__ out, bool* __restrict__ hit,
+    i64* __restrict__ counters, const bool vectorized) {
+  const i64 item = ((i64)blockIdx.x * blockDim.x + threadIdx.x) / QUERY_LANES;
+  const int lane = threadIdx.x % QUERY_LANES;
+  const bool valid = item < n;
+  const i64 row = valid ? static_row(keys[item], hashes, starts, bits) : -1;
+  if (valid && lane == 0) hit[item] = row >= 0;
+  if (row >= 0) {
+    float* dst = out + item * dim;
+    const float* src = values + row * dim;
+    if (vectorized) {
+      float4* d4 = reinterpret_cast<float4*>(dst);
+      const float4* s4 = reinterpret_cast<const float4*>(src);
+      for (int d = lane; d < dim / 4; d += QUERY_LANES) d4[d] = __ldg(s4 + d);
+    } else {
+      for (int d = lane; d < dim; d += QUERY_LANES) dst[d] = src[d];
+    }
+  }
+  const int hits = __syncthreads_count(valid && lane == 0 && row >= 0);
+  const int misses = __syncthreads_count(valid && lane == 0 && row < 0);
+  if (threadIdx.x == 0) {
+    if (hits) atomicAdd((u64*)&counters[HITS], (u64)hits);
+    if (misses) atomicAdd((u64*)&counters[MISSES], (u64)misses);
+  }
+}
+
+// Row of each key in a static table, or -1 (one thread per key).
+extern "C" __global__ void static_find(
+    const i64* __restrict__ keys, const i64 n, const u64* __restrict__ hashes,
+    const i64* __restrict__ starts, const int bits, i64* __restrict__ rows) {
+  const i64 item = (i64)blockIdx.x * blockDim.x + threadIdx.x;
+  if (item < n) rows[item] = static_row(keys[item], hashes, starts, bits);
 }
 """
 

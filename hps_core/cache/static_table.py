@@ -1,11 +1,12 @@
-"""Static embedding cache: a whole table held in (GPU) memory, looked up by binary search.
+"""Static embedding cache: a whole table held in (GPU) memory, in a hash table.
 
 HugeCTR's ``static_table`` puts every row of a table into an open-addressing GPU hash table
 (``StaticHashTable``: 4-slot tiles, MurmurHash3, a spare slot for the empty key) and never
-evicts. Here the keys are kept sorted next to their rows and a query is one vectorised
-``searchsorted``: the same code runs on NumPy and CuPy, any int64 key (no reserved value) is
-served, and memory is exactly keys plus rows. A lookup costs ``log2(rows)`` probes instead of
-about one, which matters little next to the gather of the rows themselves.
+evicts. Here the table uses the host tier's layout (:mod:`hps_core.tiers.hash_layout`): the
+mixed keys sorted, a bucket directory on their top bits, and the rows in the same order, so
+a lookup reads a bucket of 2-4 hashes and then the row. Any int64 key is served (no reserved
+value). On CuPy a query is one kernel (probe and row copy, ``static_query``); on NumPy it is
+:func:`~hps_core.tiers.hash_layout.find_rows`, the same function.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from hps_core.cache.arrays import as_keys, as_rows, output_rows
+from hps_core.cache.cuda_source import QUERY_LANES, THREADS_PER_BLOCK
 from hps_core.cache.layout import last_of_each
 from hps_core.cache.stats import (
     HITS,
@@ -24,6 +26,13 @@ from hps_core.cache.stats import (
     UPDATED,
     CacheStats,
     stats_from_counters,
+)
+from hps_core.tiers.hash_layout import (
+    DuplicateKeysError,
+    HashLayout,
+    fill_directory,
+    find_rows,
+    sort_order,
 )
 
 
@@ -51,22 +60,35 @@ class StaticTable:
         self.name = name
         self.xp = xp
         self._where = f"static table {name!r}"
-        keys = as_keys(keys, xp, self._where)
+        # The layout is built on the host (one sort), then copied to the table's device.
+        host_keys = as_keys(keys.get() if hasattr(keys, "get") else keys, np, self._where)
         shape = tuple(xp.asarray(values).shape)
         if len(shape) != 2 or shape[1] < 1:
             raise ValueError(f"{self._where}: values must be 2-D [rows, dim], got shape {shape}")
         self._dim = int(shape[1])
-        rows = as_rows(values, int(keys.shape[0]), self._dim, xp, self._where)
-        order = xp.argsort(keys)
-        self._keys = keys[order]
-        self._values = rows[order]
-        repeated = xp.flatnonzero(self._keys[1:] == self._keys[:-1])
-        if repeated.shape[0]:
+        self._rows = int(host_keys.shape[0])
+        rows = as_rows(values, self._rows, self._dim, xp, self._where)
+        try:
+            order, sorted_hashes = sort_order(host_keys)
+        except DuplicateKeysError as exc:
             raise ValueError(
-                f"{self._where}: key {int(self._keys[int(repeated[0])])} appears more than once"
-            )
+                f"{self._where}: key {int(exc.duplicates[0])} appears more than once"
+            ) from None
+        self._layout = HashLayout(self._rows, self._dim)
+        hashes = np.zeros(self._rows + 1, dtype=np.uint64)  # one padding entry, as the layout
+        hashes[: self._rows] = sorted_hashes
+        starts = np.empty(self._layout.num_buckets + 1, dtype=np.int64)
+        fill_directory(self._layout, sorted_hashes, starts)
+        self._hashes = xp.asarray(hashes)
+        self._starts = xp.asarray(starts)
+        self._values = rows[xp.asarray(order)]
         self._counters = xp.zeros(NUM_COUNTERS, dtype=xp.int64)
         self._lock = threading.Lock()
+        self._kernels = None
+        if xp is not np:
+            from hps_core.cache.cupy_cache import load_kernels
+
+            self._kernels = load_kernels(xp.cuda.Device().id)
 
     @property
     def dim(self) -> int:
@@ -76,15 +98,23 @@ class StaticTable:
     @property
     def size(self) -> int:
         """Number of rows."""
-        return int(self._keys.shape[0])
+        return self._rows
 
     def _find(self, keys: Any) -> Any:
-        """Row of each key in the sorted table, or -1."""
+        """Row of each key in the table, or -1."""
         xp = self.xp
-        if self.size == 0:
-            return xp.full(keys.shape[0], -1, dtype=xp.int64)
-        index = xp.minimum(xp.searchsorted(self._keys, keys), self.size - 1)
-        return xp.where(self._keys[index] == keys, index, -1)
+        if self._kernels is None:
+            return find_rows(self._layout, self._hashes, self._starts, keys)
+        n = int(keys.shape[0])
+        rows = xp.empty(n, dtype=xp.int64)
+        if n:
+            self._kernels["static_find"](
+                (-(-n // THREADS_PER_BLOCK),),
+                (THREADS_PER_BLOCK,),
+                (keys, np.int64(n), self._hashes, self._starts,
+                 np.int32(self._layout.bucket_bits), rows),
+            )  # fmt: skip
+        return rows
 
     def query(self, keys: Any, out: Any = None) -> tuple[Any, Any]:
         """Look keys up.
@@ -102,12 +132,29 @@ class StaticTable:
         n = int(keys.shape[0])
         out = output_rows(out, n, self._dim, xp, self._where)
         with self._lock:
-            found = self._find(keys)
-            hit = found >= 0
-            positions = xp.flatnonzero(hit)
-            out[positions] = self._values[found[positions]]
-            self._counters[HITS] += positions.shape[0]
-            self._counters[MISSES] += n - positions.shape[0]
+            if self._kernels is None:
+                found = self._find(keys)
+                hit = found >= 0
+                positions = np.flatnonzero(hit)
+                out[positions] = self._values[found[positions]]
+                self._counters[HITS] += positions.shape[0]
+                self._counters[MISSES] += n - positions.shape[0]
+                return out, hit
+            hit = xp.empty(n, dtype=bool)
+            if n:
+                vectorized = (
+                    self._dim % 4 == 0
+                    and out.data.ptr % 16 == 0
+                    and self._values.data.ptr % 16 == 0
+                )
+                blocks = -(-n * QUERY_LANES // THREADS_PER_BLOCK)
+                self._kernels["static_query"](
+                    (blocks,),
+                    (THREADS_PER_BLOCK,),
+                    (keys, np.int64(n), self._hashes, self._starts,
+                     np.int32(self._layout.bucket_bits), self._values, np.int32(self._dim),
+                     out, hit, self._counters, vectorized),
+                )  # fmt: skip
         return out, hit
 
     def update(self, keys: Any, values: Any) -> None:
