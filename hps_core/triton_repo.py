@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -95,6 +95,28 @@ class ServingOptions:
     max_queue_delay_us: int = 100
     instances: tuple[InstanceGroup, ...] = (InstanceGroup(),)
     warmup: bool = True
+
+
+def placed_on_deployed_devices(options: ServingOptions, model: ModelConfig) -> ServingOptions:
+    """GPU instance groups that name no GPUs go on the model's ``deployed_device_list``.
+
+    HugeCTR builds a model's embedding caches on the devices of that list; without ``gpus``
+    Triton would put an instance on every visible GPU, some of them not in the list.
+
+    Args:
+        options: batching and placement as asked for.
+        model: the model served.
+
+    Returns:
+        The options with those groups placed.
+    """
+    groups = tuple(
+        replace(g, gpus=tuple(model.deployed_device_list))
+        if g.kind == "KIND_GPU" and not g.gpus
+        else g
+        for g in options.instances
+    )
+    return replace(options, instances=groups)
 
 
 def _quoted(text: str) -> str:
@@ -343,7 +365,7 @@ def write_embedding_model(
     Returns:
         The model folder.
     """
-    options = options or ServingOptions()
+    options = placed_on_deployed_devices(options or ServingOptions(), model)
     name = triton_name or model.name
     folder = (repo_dir / name).resolve()
     _write(folder / "config.pbtxt", embedding_config_pbtxt(name, model, options, model.name))
@@ -397,7 +419,7 @@ def write_ranking_model(
     Raises:
         ConfigError: the network or dense file does not fit the ps.json entry.
     """
-    options = options or ServingOptions()
+    options = placed_on_deployed_devices(options or ServingOptions(), model)
     layout = ranking_layout(config, model)
     name = triton_name or model.name
     folder = (repo_dir / name).resolve()

@@ -31,7 +31,7 @@ from triton_backend.hps_contract import (
     split_outputs,
 )
 from triton_backend.lookup_service import LookupService, log_to_stderr
-from triton_backend.model_settings import check_io, read_settings
+from triton_backend.model_settings import check_instance_device, check_io, read_settings
 from triton_backend.tensors import input_array
 
 logger = logging.getLogger("hps_core")
@@ -54,6 +54,7 @@ class EmbeddingModel:
             outputs={OUTPUT0: "TYPE_FP32"},
         )
         model = check_model_files(settings.ps_json, settings.hps_model)
+        check_instance_device(settings, model.deployed_device_list, f"model '{model.name}'")
         self.contract = HpsContract.from_model(model)
         self.service = LookupService(settings)
         logger.info(

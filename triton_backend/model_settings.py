@@ -8,7 +8,7 @@ which Triton shows as the reason the model failed to load.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -98,6 +98,31 @@ def check_io(
                 )
     if problems:
         raise ConfigError(problems)
+
+
+def check_instance_device(settings: ModelSettings, deployed: Sequence[int], where: str) -> None:
+    """A GPU instance must run on a GPU of the model's ``deployed_device_list``.
+
+    HugeCTR builds a model's embedding caches on those devices only; an instance elsewhere is
+    a placement mistake in config.pbtxt (``instance_group.gpus``) or in the ps.json.
+
+    Args:
+        settings: the instance's settings.
+        deployed: the model's ``deployed_device_list``.
+        where: the ps.json path of the model, e.g. ``models[0]``.
+
+    Raises:
+        ConfigError: naming the ps.json field and the instance's GPU.
+    """
+    device = settings.lookup_device
+    if device is not None and device not in deployed:
+        raise ConfigError(
+            Problem(
+                f"{where}.deployed_device_list",
+                f"is {list(deployed)} but instance '{settings.instance_name}' runs on GPU "
+                f"{device}; add {device} to the list or set instance_group gpus in config.pbtxt",
+            )
+        )
 
 
 def read_settings(args: Mapping[str, str]) -> ModelSettings:

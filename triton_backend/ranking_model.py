@@ -28,7 +28,7 @@ from hps_core.lookup.devices import to_host
 from hps_core.model_check import check_model_files
 from triton_backend.batched_execute import execute_batched
 from triton_backend.lookup_service import LookupService, log_to_stderr
-from triton_backend.model_settings import check_io, read_settings
+from triton_backend.model_settings import check_instance_device, check_io, read_settings
 from triton_backend.ranking_contracts import (
     CATCOLUMN,
     DENSE,
@@ -68,7 +68,8 @@ class _RankingModel:
             inputs={name: _TRITON_TYPES[dtype] for name, dtype in self.inputs.items()},
             outputs={self.output: "TYPE_FP32"},
         )
-        check_model_files(settings.ps_json, settings.hps_model)
+        model = check_model_files(settings.ps_json, settings.hps_model)
+        check_instance_device(settings, model.deployed_device_list, f"model '{model.name}'")
         # The service and the session share one HPS lookup session: the service starts it
         # (tables, cache warm-up, refresher) on the first execute and publishes its metrics.
         self.service = LookupService(settings)

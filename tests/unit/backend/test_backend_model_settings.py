@@ -17,7 +17,12 @@ from tritonclient.grpc import model_config_pb2
 from hps_core.config import parse_ps_config
 from hps_core.errors import ConfigError
 from hps_core.triton_repo import InstanceGroup, ServingOptions, embedding_config_pbtxt
-from triton_backend.model_settings import check_io, read_settings
+from triton_backend.model_settings import (
+    ModelSettings,
+    check_instance_device,
+    check_io,
+    read_settings,
+)
 
 REQUIRED_INPUTS = {"KEYS": "TYPE_INT64", "NUMKEYS": "TYPE_INT32"}
 REQUIRED_OUTPUTS = {"OUTPUT0": "TYPE_FP32"}
@@ -171,3 +176,15 @@ def test_check_io_without_any_tensor_section() -> None:
         "NUMKEYS",
         "OUTPUT0",
     ]
+
+
+def test_gpu_instance_outside_deployed_devices_is_refused() -> None:
+    def settings(kind: str, device: int) -> ModelSettings:
+        return ModelSettings("m", "m", Path("/ps.json"), kind, device, {}, instance_name="m_0")
+
+    check_instance_device(settings("GPU", 1), [0, 1], "model 'm'")
+    check_instance_device(settings("CPU", 3), [0], "model 'm'")  # CPU instances use no cache
+    with pytest.raises(ConfigError) as info:
+        check_instance_device(settings("GPU", 2), [0, 1], "model 'm'")
+    text = str(info.value)
+    assert "model 'm'.deployed_device_list" in text and "GPU 2" in text and "m_0" in text

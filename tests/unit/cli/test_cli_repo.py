@@ -15,8 +15,9 @@ from tritonclient.grpc import model_config_pb2
 
 from hps_core import HPS
 from hps_core.cli.main import main
-from hps_core.config import load_ps_config
+from hps_core.config import load_ps_config, parse_ps_config
 from hps_core.formats.sparse import inspect_sparse_table
+from hps_core.triton_repo import InstanceGroup, ServingOptions, placed_on_deployed_devices
 from triton_backend.model_settings import read_settings
 
 
@@ -205,3 +206,25 @@ def test_table_name_with_a_quote_gives_a_loadable_config_or_a_clear_error(
         return
     config = parse_pbtxt(tmp_path / "repo" / "wdl" / "config.pbtxt")
     assert config.parameters["table_names"].string_value == 'wide"table,deep'
+
+
+def test_gpu_instances_default_to_the_deployed_devices() -> None:
+    config = parse_ps_config(
+        {
+            "supportlonglong": True,
+            "models": [
+                {
+                    "model": "m",
+                    "sparse_files": ["t"],
+                    "embedding_vecsize_per_table": [4],
+                    "default_value_for_each_table": [0.0],
+                    "maxnum_catfeature_query_per_table_per_sample": [2],
+                    "deployed_device_list": [1, 3],
+                }
+            ],
+        },
+        base_dir=".",
+    )
+    groups = (InstanceGroup(2, "KIND_GPU"), InstanceGroup(1, "KIND_GPU", (0,)), InstanceGroup())
+    placed = placed_on_deployed_devices(ServingOptions(instances=groups), config.models[0])
+    assert [g.gpus for g in placed.instances] == [(1, 3), (0,), ()]
