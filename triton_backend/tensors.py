@@ -1,6 +1,6 @@
 """Tensors in and out of Triton's Python backend through DLPack.
 
-Triton 2.51's stub was built against NumPy 1.x: with NumPy 2, ``Tensor.as_numpy()`` returns
+Triton 2.51's stub was built against NumPy 1.x: with NumPy 2, ``Tensor.as_numpy`` returns
 wrong data and ``Tensor(name, ndarray)`` sends an empty tensor. DLPack works both ways for
 NumPy 2 and CuPy, on CPU and GPU, so it is the only path used here.
 """

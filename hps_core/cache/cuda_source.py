@@ -78,6 +78,19 @@ __device__ __forceinline__ void copy_row(float* dst, const float* src, const int
   for (int d = lane; d < dim; d += WARP) dst[d] = src[d];
 }
 
+// A row copied by the QUERY_LANES lanes of a key's group; `vectorized` (16-byte accesses)
+// needs a width of whole float4s and 16-byte aligned rows (a dim-128 row: 4 per lane).
+__device__ __forceinline__ void copy_row_in_group(float* dst, const float* src, const int dim,
+                                                  const int lane, const bool vectorized) {
+  if (vectorized) {
+    float4* d4 = reinterpret_cast<float4*>(dst);
+    const float4* s4 = reinterpret_cast<const float4*>(src);
+    for (int d = lane; d < dim / 4; d += QUERY_LANES) d4[d] = __ldg(s4 + d);
+  } else {
+    for (int d = lane; d < dim; d += QUERY_LANES) dst[d] = src[d];
+  }
+}
+
 // hps_core.hashing.mix64 (SplitMix64's finaliser, a bijection).
 __device__ __forceinline__ u64 mix64(const i64 key) {
   u64 z = (u64)key;
@@ -142,15 +155,7 @@ extern "C" __global__ void cache_query(
     if (way >= 0) atomicMax(&slot_stamps[first + way], clock + (u64)item);
   }
   if (way >= 0) {
-    float* dst = out + item * dim;
-    const float* src = slot_values + (first + way) * dim;
-    if (vectorized) {
-      float4* d4 = reinterpret_cast<float4*>(dst);
-      const float4* s4 = reinterpret_cast<const float4*>(src);
-      for (int d = lane; d < dim / 4; d += QUERY_LANES) d4[d] = __ldg(s4 + d);
-    } else {
-      for (int d = lane; d < dim; d += QUERY_LANES) dst[d] = src[d];
-    }
+    copy_row_in_group(out + item * dim, slot_values + (first + way) * dim, dim, lane, vectorized);
   }
   const int hits = __syncthreads_count(valid && lane == 0 && way >= 0);
   const int misses = __syncthreads_count(valid && lane == 0 && way < 0);
@@ -256,17 +261,7 @@ extern "C" __global__ void static_query(
   const bool valid = item < n;
   const i64 row = valid ? static_row(keys[item], hashes, starts, bits) : -1;
   if (valid && lane == 0) hit[item] = row >= 0;
-  if (row >= 0) {
-    float* dst = out + item * dim;
-    const float* src = values + row * dim;
-    if (vectorized) {
-      float4* d4 = reinterpret_cast<float4*>(dst);
-      const float4* s4 = reinterpret_cast<const float4*>(src);
-      for (int d = lane; d < dim / 4; d += QUERY_LANES) d4[d] = __ldg(s4 + d);
-    } else {
-      for (int d = lane; d < dim; d += QUERY_LANES) dst[d] = src[d];
-    }
-  }
+  if (row >= 0) copy_row_in_group(out + item * dim, values + row * dim, dim, lane, vectorized);
   const int hits = __syncthreads_count(valid && lane == 0 && row >= 0);
   const int misses = __syncthreads_count(valid && lane == 0 && row < 0);
   if (threadIdx.x == 0) {
