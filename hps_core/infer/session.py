@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+from collections.abc import Sequence
 from types import ModuleType
 from typing import Any, Protocol
 
@@ -31,8 +32,8 @@ def _device(xp: ModuleType, device_id: int | None) -> contextlib.AbstractContext
 class TableLookup(Protocol):
     """What the session needs from a lookup session (e.g. :class:`~hps_core.lookup.ModelLookup`)."""
 
-    def lookup(self, table_id: int, keys: np.ndarray) -> Any:
-        """float32 ``[len(keys), dim]`` vectors of ``keys`` in table ``table_id``."""
+    def lookup_many(self, table_ids: Sequence[int], keys: Sequence[np.ndarray]) -> list[Any]:
+        """float32 ``[len(keys[i]), dim]`` vectors of ``keys[i]`` in table ``table_ids[i]``."""
         ...
 
 
@@ -108,21 +109,22 @@ class RankingSession:
         return self.executor.ctx.xp
 
     def embeddings(self, batch: SparseBatch) -> dict[str, UnpooledEmbedding]:
-        """Look up every key of ``batch``: one lookup per table.
+        """Look up every key of ``batch``: one lookup per table, started together.
 
         Args:
             batch: the samples.
 
         Returns:
             Embedding layer name -> its vectors and row offsets (in ``xp``), for the layers
-            the prediction uses.
+            the prediction uses. All tables are looked up in one :meth:`lookup_many` call.
         """
         self._check(batch)
         xp = self.xp
         out = {}
         with _device(xp, self.device_id):
-            for feed in self._feeds:
-                values = self.lookup.lookup(feed.table, batch.keys[feed.table])
+            tables = [feed.table for feed in self._feeds]
+            found = self.lookup.lookup_many(tables, [batch.keys[t] for t in tables])
+            for feed, values in zip(self._feeds, found, strict=True):
                 offsets = xp.asarray(batch.row_offsets[feed.table])
                 out[feed.layer] = UnpooledEmbedding(xp.asarray(values), offsets)
         return out

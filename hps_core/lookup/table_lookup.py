@@ -143,6 +143,31 @@ class HostTableLookup:
         """Nothing to release besides the host tier, which the session owns."""
 
 
+@dataclass
+class PendingLookup:
+    """A cached lookup between :meth:`CachedTableLookup.begin` and ``finish``.
+
+    Args:
+        start: host clock when it began.
+        n: number of keys asked for.
+        unique: the distinct keys, on the cache's device.
+        unique_h: the same on the host when the keys came from the host, else ``None``.
+        inverse: position of each key in ``unique`` (cache's device).
+        rows: ``[len(unique), dim]`` rows being filled.
+        hit: the query's hit mask (``None`` for an empty lookup).
+        out: the caller's output array, or ``None``.
+    """
+
+    start: float
+    n: int
+    unique: Any
+    unique_h: np.ndarray | None
+    inverse: Any
+    rows: Any
+    hit: Any
+    out: Any
+
+
 class CachedTableLookup:
     """Lookups through an embedding cache backed by the host tier.
 
@@ -186,7 +211,7 @@ class CachedTableLookup:
         return self.host.dim
 
     def lookup(self, keys: Any, out: Any = None) -> Any:
-        """Vectors of ``keys`` through the cache.
+        """Vectors of ``keys`` through the cache (:meth:`begin` then :meth:`finish`).
 
         Keys on the host (what Triton hands over unless a client uses CUDA shared memory) are
         deduplicated on the host, so the GPU sees one copy of the unique keys; keys already on
@@ -200,6 +225,21 @@ class CachedTableLookup:
         Returns:
             float32 ``[n, dim]`` array of ``xp``.
         """
+        return self.finish(self.begin(keys, out))
+
+    def begin(self, keys: Any, out: Any = None) -> PendingLookup:
+        """Deduplicate and launch the cache query without waiting for it.
+
+        Starting every table's query before finishing any lets a model with many tables wait
+        for the GPU once instead of once per table.
+
+        Args:
+            keys: 1-D int64 keys (NumPy or CuPy).
+            out: optional float32 ``[n, dim]`` array of ``xp`` to write into.
+
+        Returns:
+            The lookup in flight, for :meth:`finish`.
+        """
         xp = self.xp
         start = time.perf_counter()
         if module_of(keys) is np:
@@ -210,11 +250,29 @@ class CachedTableLookup:
             host_keys = keys = xp.asarray(keys, dtype=xp.int64).ravel()
             unique, inverse = xp.unique(keys, return_inverse=True)
             unique_h = None
-        n, u = int(host_keys.shape[0]), int(unique.shape[0])
-        if n == 0:
-            return xp.empty((0, self.dim), xp.float32) if out is None else out
-        rows = xp.empty((u, self.dim), xp.float32)
-        _, hit = self.cache.query(unique, out=rows)
+        rows = xp.empty((int(unique.shape[0]), self.dim), xp.float32)
+        hit = self.cache.query(unique, out=rows)[1] if host_keys.shape[0] else None
+        return PendingLookup(
+            start, int(host_keys.shape[0]), unique, unique_h, inverse, rows, hit, out
+        )
+
+    def finish(self, pending: PendingLookup) -> Any:
+        """Fetch the misses, insert them, and scatter the rows back to request order.
+
+        Args:
+            pending: what :meth:`begin` returned.
+
+        Returns:
+            float32 ``[n, dim]`` array of ``xp``.
+        """
+        xp = self.xp
+        p = pending
+        if p.n == 0:
+            return xp.empty((0, self.dim), xp.float32) if p.out is None else p.out
+        start, n, unique, unique_h, inverse, rows, hit, out = (
+            p.start, p.n, p.unique, p.unique_h, p.inverse, p.rows, p.hit, p.out
+        )  # fmt: skip
+        u = int(unique.shape[0])
         miss_h = np.flatnonzero(~to_host(hit))
         misses = len(miss_h)
         unknown = inserted = 0

@@ -59,9 +59,10 @@ class RecordingLookup:
         self.inner = inner
         self.calls: list[tuple[int, list[int]]] = []
 
-    def lookup(self, table_id: int, keys: np.ndarray):
-        self.calls.append((table_id, keys.tolist()))
-        return self.inner.lookup(table_id, keys)
+    def lookup_many(self, table_ids, keys):
+        for table_id, table_keys in zip(table_ids, keys, strict=True):
+            self.calls.append((table_id, table_keys.tolist()))
+        return self.inner.lookup_many(table_ids, keys)
 
 
 def test_batches_join_into_one_lookup_per_table(tmp_path: Path) -> None:
