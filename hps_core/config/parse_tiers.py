@@ -39,6 +39,28 @@ _PERSISTENT_IGNORED = ("max_get_batch_size", "max_set_batch_size")
 _UPDATE_SOURCE_IGNORED = ("max_receive_buffer_size",)
 
 
+def _section(
+    c: Collector,
+    value: Any,
+    where: str,
+    fields: dict[str, Any],
+    defaults: dict[str, Any],
+    ignored_keys: tuple[str, ...],
+    config_type: type,
+) -> Any:
+    """Read one section: its fields, then the config, or ``None`` if it had problems."""
+    obj = c.object(value, where)
+    if obj is None:
+        return None
+    start = len(c.problems)
+    r = ObjectReader(c, obj, where)
+    values = r.read(fields, defaults)
+    ignored = r.finish(ignored_keys)
+    if len(c.problems) > start:
+        return None
+    return config_type(**values, ignored_keys=ignored)
+
+
 def volatile_defaults(c: Collector) -> dict[str, Any]:
     """Defaults of ``volatile_db``, with the TLS file paths resolved against ``c.base_dir``."""
     defaults = dataclass_defaults(VolatileDBConfig)
@@ -49,15 +71,13 @@ def volatile_defaults(c: Collector) -> dict[str, Any]:
 
 def volatile_db(c: Collector, value: Any, where: str) -> VolatileDBConfig | None:
     """Read the ``volatile_db`` section."""
-    obj = c.object(value, where)
-    if obj is None:
-        return None
-    start = len(c.problems)
-    r = ObjectReader(c, obj, where)
     defaults = volatile_defaults(c)
     # HugeCTR: a volatile_db section without "type" is disabled; no section at all is not.
     defaults["type"] = DatabaseType.DISABLED
-    values = r.read(
+    return _section(
+        c,
+        value,
+        where,
         {
             "type": partial(c.choice, names=DATABASE_TYPE_NAMES, allowed=VOLATILE_DATABASE_TYPES),
             "address": partial(c.string, nonempty=True),
@@ -84,21 +104,17 @@ def volatile_db(c: Collector, value: Any, where: str) -> VolatileDBConfig | None
             "update_filters": c.list_of(c.regex),
         },
         defaults,
+        _VOLATILE_IGNORED,
+        VolatileDBConfig,
     )
-    ignored = r.finish(_VOLATILE_IGNORED)
-    if len(c.problems) > start:
-        return None
-    return VolatileDBConfig(**values, ignored_keys=ignored)
 
 
 def persistent_db(c: Collector, value: Any, where: str) -> PersistentDBConfig | None:
     """Read the ``persistent_db`` section."""
-    obj = c.object(value, where)
-    if obj is None:
-        return None
-    start = len(c.problems)
-    r = ObjectReader(c, obj, where)
-    values = r.read(
+    return _section(
+        c,
+        value,
+        where,
         {
             "type": partial(c.choice, names=DATABASE_TYPE_NAMES, allowed=PERSISTENT_DATABASE_TYPES),
             "path": c.path,
@@ -109,21 +125,17 @@ def persistent_db(c: Collector, value: Any, where: str) -> PersistentDBConfig | 
             "update_filters": c.list_of(c.regex),
         },
         dataclass_defaults(PersistentDBConfig),
+        _PERSISTENT_IGNORED,
+        PersistentDBConfig,
     )
-    ignored = r.finish(_PERSISTENT_IGNORED)
-    if len(c.problems) > start:
-        return None
-    return PersistentDBConfig(**values, ignored_keys=ignored)
 
 
 def update_source(c: Collector, value: Any, where: str) -> UpdateSourceConfig | None:
     """Read the ``update_source`` section."""
-    obj = c.object(value, where)
-    if obj is None:
-        return None
-    start = len(c.problems)
-    r = ObjectReader(c, obj, where)
-    values = r.read(
+    return _section(
+        c,
+        value,
+        where,
         {
             "type": partial(c.choice, names=UPDATE_SOURCE_TYPE_NAMES),
             "brokers": partial(c.string, nonempty=True),
@@ -135,8 +147,6 @@ def update_source(c: Collector, value: Any, where: str) -> UpdateSourceConfig | 
             "max_commit_interval": c.int_in(),
         },
         dataclass_defaults(UpdateSourceConfig),
+        _UPDATE_SOURCE_IGNORED,
+        UpdateSourceConfig,
     )
-    ignored = r.finish(_UPDATE_SOURCE_IGNORED)
-    if len(c.problems) > start:
-        return None
-    return UpdateSourceConfig(**values, ignored_keys=ignored)
