@@ -89,12 +89,15 @@ class ServingOptions:
         max_queue_delay_us: how long the batcher waits to fill a batch.
         instances: the instance groups.
         warmup: add a warm-up request that loads the tables before the model is READY.
+        share_gpu_cache: GPU instances on one GPU share its dynamic caches (parameter
+            ``share_gpu_cache``); ``False`` gives each instance its own copy.
     """
 
     max_batch_size: int = 16
     max_queue_delay_us: int = 100
     instances: tuple[InstanceGroup, ...] = (InstanceGroup(),)
     warmup: bool = True
+    share_gpu_cache: bool = True
 
 
 def placed_on_deployed_devices(options: ServingOptions, model: ModelConfig) -> ServingOptions:
@@ -177,6 +180,7 @@ def _config_pbtxt(
         # GPU instances take inputs where the client put them (e.g. CUDA shared memory),
         # so keys already on the GPU are never copied to the host and back.
         params = [*params, ("FORCE_CPU_ONLY_INPUT_TENSORS", "no")]
+        params.append(("share_gpu_cache", "true" if options.share_gpu_cache else "false"))
     parameters = [
         f"{{ key: {_quoted(k)} value: {{ string_value: {_quoted(v)} }} }}" for k, v in params
     ]

@@ -4,7 +4,9 @@
   ``execute`` (implicit initialisation): :meth:`LookupService.session` opens the model's
   tables, fills the GPU caches when HugeCTR would (``gpucache`` and
   ``cache_refresh_percentage_per_iteration > 0``), and starts the cache refresher when
-  ``refresh_interval > 0``.
+  ``refresh_interval > 0``. Instances on one GPU share its dynamic caches (parameter
+  ``share_gpu_cache``, on by default); then only the instance that created them fills and
+  refreshes them.
 - After an ``execute`` the table counters go to Triton's metrics endpoint (at most twice a
   second).
 - ``finalize`` stops background work and detaches from the shared host tier.
@@ -92,12 +94,13 @@ class LookupService:
         s = self.settings
         session = HPS(s.ps_json).model(s.hps_model, s.lookup_device)
         session.miss_policy = s.miss_policy
+        session.share_caches = s.share_gpu_cache
         session.open_all()
         model = session.model
         if session.uses_cache and model.cache_refresh_percentage_per_iteration > 0:
             names = [t.name for t in model.tables]
             session.initialize_caches(load_hot_keys(s.hot_keys, names))
-            if model.refresh_interval > 0:
+            if model.refresh_interval > 0 and session.lead:
                 self._refresher = CacheRefresher(
                     session,
                     model.refresh_delay,

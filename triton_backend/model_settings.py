@@ -19,6 +19,8 @@ PS_JSON_PARAMETER = "ps_json"
 HPS_MODEL_PARAMETER = "hps_model_name"
 MISS_POLICY_PARAMETER = "async_miss_policy"
 HOT_KEYS_PARAMETER = "hot_keys"
+SHARE_CACHE_PARAMETER = "share_gpu_cache"
+_BOOLEANS = {"true": True, "yes": True, "1": True, "false": False, "no": False, "0": False}
 
 
 @dataclass(frozen=True)
@@ -37,6 +39,8 @@ class ModelSettings:
             or ``"default"`` (HugeCTR: default vectors, counted).
         hot_keys: folder of ``<table name>.npy`` key arrays, hottest first, to warm the GPU
             caches with; ``None`` uses each sparse folder's ``meta`` file or file order.
+        share_gpu_cache: GPU instances on one GPU share its dynamic caches (CUDA IPC) instead
+            of holding one copy each.
     """
 
     triton_model: str
@@ -48,6 +52,7 @@ class ModelSettings:
     instance_name: str = ""
     miss_policy: str = "fetch"
     hot_keys: Path | None = None
+    share_gpu_cache: bool = True
 
     @property
     def lookup_device(self) -> int | None:
@@ -165,6 +170,14 @@ def read_settings(args: Mapping[str, str]) -> ModelSettings:
         raise ConfigError(
             Problem(f"config.pbtxt parameters.{HOT_KEYS_PARAMETER}", f"not a folder: {hot_keys}")
         )
+    share = _parameter(config, SHARE_CACHE_PARAMETER) or "true"
+    if share.lower() not in _BOOLEANS:
+        raise ConfigError(
+            Problem(
+                f"config.pbtxt parameters.{SHARE_CACHE_PARAMETER}",
+                f"must be 'true' or 'false', got '{share}'",
+            )
+        )
     return ModelSettings(
         triton_model=name,
         hps_model=_parameter(config, HPS_MODEL_PARAMETER) or name,
@@ -175,4 +188,5 @@ def read_settings(args: Mapping[str, str]) -> ModelSettings:
         instance_name=args.get("model_instance_name", name),
         miss_policy=policy,
         hot_keys=hot_keys,
+        share_gpu_cache=_BOOLEANS[share.lower()],
     )

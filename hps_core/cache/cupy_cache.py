@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+from collections.abc import Iterator
 from typing import Any
 
 import cupy
@@ -16,6 +17,7 @@ import numpy as np
 
 from hps_core.cache.cuda_source import KERNEL_NAMES, QUERY_LANES, THREADS_PER_BLOCK, cuda_source
 from hps_core.cache.dynamic import DynamicCache
+from hps_core.cache.ipc_group import SharedCacheGroup
 from hps_core.cache.layout import RunPlan, plan_runs
 from hps_core.errors import HPSError
 
@@ -60,15 +62,49 @@ class CupyDynamicCache(DynamicCache):
         sync_checks: synchronise after every kernel so that a fault inside it is reported
             with its name (slower; meant for tests and debugging). Launch errors are always
             reported.
+        group: share the slots with the other processes of this group (CUDA IPC), as table
+            ``group_index``; see :mod:`hps_core.cache.ipc_group`.
+        group_index: the table's index in ``group``.
     """
 
     def __init__(
-        self, num_sets: int, dim: int, *, name: str = "cache", sync_checks: bool = False
+        self,
+        num_sets: int,
+        dim: int,
+        *,
+        name: str = "cache",
+        sync_checks: bool = False,
+        group: SharedCacheGroup | None = None,
+        group_index: int = 0,
     ) -> None:
         self._device_id = cupy.cuda.Device().id
-        super().__init__(num_sets, dim, cupy, name)
+        self._group = group
+        slots, self._created_here = None, True
+        if group is not None:
+            slots, self._created_here = group.table_slots(group_index, int(num_sets), int(dim))
+        super().__init__(num_sets, dim, cupy, name, slots)
         self.sync_checks = sync_checks
         self._kernels = load_kernels(self._device_id)
+
+    @property
+    def shared(self) -> bool:
+        """Whether other processes use the same slots."""
+        return self._group is not None
+
+    @property
+    def created_here(self) -> bool:
+        """Whether this process allocated the slots (always, unless it joined a group)."""
+        return self._created_here
+
+    @contextlib.contextmanager
+    def _section(self) -> Iterator[None]:
+        if self._group is None:
+            with self._lock, self._device():
+                yield
+            return
+        # The group first, then the cache: every thread takes the two in this order.
+        with self._group.section(), self._lock, self._device():
+            yield
 
     @property
     def device_id(self) -> int:

@@ -22,6 +22,11 @@ Semantics (both implementations):
 
 Every call advances the clock by its batch length (``query`` and ``replace``), so each touch
 has a unique stamp and eviction follows exact LRU order.
+
+A cache may live in memory it does not own (:class:`CacheSlots`): the CUDA cache shares its
+slots and clock with other processes on the same GPU that way
+(:mod:`hps_core.cache.ipc_group`); every operation then runs inside :meth:`DynamicCache._section`,
+which subclasses extend to order the work of those processes.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ from __future__ import annotations
 import contextlib
 import threading
 from abc import ABC, abstractmethod
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -60,6 +66,43 @@ class CacheState:
     clock: int
 
 
+@dataclass(frozen=True)
+class CacheSlots:
+    """The arrays that hold a dynamic cache's state (see :mod:`hps_core.cache.layout`).
+
+    Attributes:
+        keys: int64 ``[num_sets, WAYS]``.
+        stamps: uint64 ``[num_sets, WAYS]``.
+        values: float32 ``[num_sets * WAYS, dim]``.
+        clock: host uint64 ``[1]``: the stamp the next call starts from. Shared caches keep it
+            in shared memory next to the slots' owner record.
+    """
+
+    keys: Any
+    stamps: Any
+    values: Any
+    clock: np.ndarray
+
+
+def new_slots(num_sets: int, dim: int, xp: Any) -> CacheSlots:
+    """Empty slots of a fresh cache, allocated with ``xp`` on the current device.
+
+    Args:
+        num_sets: number of 64-slot sets.
+        dim: embedding width.
+        xp: ``numpy`` or ``cupy``.
+
+    Returns:
+        Keys all ``EMPTY_KEY``, stamps and values zero, clock zero.
+    """
+    return CacheSlots(
+        keys=xp.full((num_sets, WAYS), EMPTY_KEY, dtype=xp.int64),
+        stamps=xp.zeros((num_sets, WAYS), dtype=xp.uint64),
+        values=xp.zeros((num_sets * WAYS, dim), dtype=xp.float32),
+        clock=np.zeros(1, dtype=np.uint64),
+    )
+
+
 def _to_host(arr: Any) -> np.ndarray:
     # CuPy arrays copy to host with .get(); NumPy arrays are copied so the state is a snapshot.
     return arr.get() if hasattr(arr, "get") else arr.copy()
@@ -73,12 +116,16 @@ class DynamicCache(ABC):
         dim: embedding width (floats per row).
         xp: array module holding the cache (``numpy`` or ``cupy``).
         name: label used in error messages, e.g. ``"dcn.table0"``.
+        slots: the state's arrays when the caller allocated them (shared memory); by default
+            new empty ones on the current device.
 
     Raises:
         ValueError: ``num_sets`` or ``dim`` is not a positive integer.
     """
 
-    def __init__(self, num_sets: int, dim: int, xp: Any, name: str) -> None:
+    def __init__(
+        self, num_sets: int, dim: int, xp: Any, name: str, slots: CacheSlots | None = None
+    ) -> None:
         for label, value in (("num_sets", num_sets), ("dim", dim)):
             if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 1:
                 raise ValueError(
@@ -89,12 +136,14 @@ class DynamicCache(ABC):
         self._where = f"cache {name!r}"
         self._num_sets = int(num_sets)
         self._dim = int(dim)
-        self._clock = 0
         self._lock = threading.Lock()
         with self._device():
-            self._keys = xp.full((self._num_sets, WAYS), EMPTY_KEY, dtype=xp.int64)
-            self._stamps = xp.zeros((self._num_sets, WAYS), dtype=xp.uint64)
-            self._values = xp.zeros((self._num_sets * WAYS, self._dim), dtype=xp.float32)
+            if slots is None:
+                slots = new_slots(self._num_sets, self._dim, xp)
+            self._keys, self._stamps, self._values = slots.keys, slots.stamps, slots.values
+            self._clock = slots.clock
+            # Counters stay private to the process even when the slots are shared: each
+            # instance reports what its own lookups did.
             self._counters = xp.zeros(NUM_COUNTERS, dtype=xp.int64)
 
     @property
@@ -115,7 +164,7 @@ class DynamicCache(ABC):
     @property
     def size(self) -> int:
         """Number of rows stored now."""
-        with self._lock, self._device():
+        with self._section():
             return int(self.xp.count_nonzero(self._keys != EMPTY_KEY))
 
     def query(self, keys: Any, out: Any = None) -> tuple[Any, Any]:
@@ -137,14 +186,14 @@ class DynamicCache(ABC):
             array([ True, False])
         """
         xp = self.xp
-        with self._lock, self._device():
+        with self._section():
             keys = as_keys(keys, xp, self._where)
             n = int(keys.shape[0])
             out = output_rows(out, n, self._dim, xp, self._where)
             if n == 0:
                 return out, xp.zeros(0, dtype=bool)
-            hit = self._query(keys, out, np.uint64(self._clock))
-            self._clock += n
+            hit = self._query(keys, out, self._clock[0])
+            self._clock[0] += n
             return out, hit
 
     def replace(self, keys: Any, values: Any) -> None:
@@ -155,7 +204,7 @@ class DynamicCache(ABC):
             values: float ``[n, dim]`` vectors, row ``i`` for ``keys[i]``.
         """
         xp = self.xp
-        with self._lock, self._device():
+        with self._section():
             # Plan the batch where its keys are: keys on the host (a lookup's misses) are
             # sorted by NumPy, which for small batches beats a round of GPU sorts and syncs.
             plan_xp = np if isinstance(keys, np.ndarray) else xp
@@ -171,8 +220,8 @@ class DynamicCache(ABC):
                 if plan_xp is not xp:
                     keys, sets = xp.asarray(keys), xp.asarray(sets)
                     plan = RunPlan(order=xp.asarray(plan.order), bounds=xp.asarray(plan.bounds))
-                self._replace(keys, rows, sets, plan, np.uint64(self._clock))
-            self._clock += n
+                self._replace(keys, rows, sets, plan, self._clock[0])
+            self._clock[0] += n
 
     def update(self, keys: Any, values: Any) -> None:
         """Overwrite the vectors of keys that are stored; ignore the others.
@@ -182,7 +231,7 @@ class DynamicCache(ABC):
             values: float ``[n, dim]`` vectors, row ``i`` for ``keys[i]``.
         """
         xp = self.xp
-        with self._lock, self._device():
+        with self._section():
             keys = as_keys(keys, xp, self._where)
             n = int(keys.shape[0])
             rows = as_rows(values, n, self._dim, xp, self._where)
@@ -208,13 +257,13 @@ class DynamicCache(ABC):
             raise ValueError(
                 f"{self._where}: set range [{set_start}, {end}) is not within [0, {self._num_sets}]"
             )
-        with self._lock, self._device():
+        with self._section():
             stored = self._keys[set_start:end].reshape(-1)
             return stored[stored != EMPTY_KEY]
 
     def clear(self) -> None:
         """Empty every slot. Counters and the clock keep running."""
-        with self._lock, self._device():
+        with self._section():
             self._keys.fill(EMPTY_KEY)
             self._stamps.fill(0)
 
@@ -225,13 +274,24 @@ class DynamicCache(ABC):
 
     def export_state(self) -> CacheState:
         """Copy the whole state to host memory."""
-        with self._lock, self._device():
+        with self._section():
             return CacheState(
                 keys=_to_host(self._keys),
                 stamps=_to_host(self._stamps),
                 values=_to_host(self._values),
-                clock=self._clock,
+                clock=int(self._clock[0]),
             )
+
+    @property
+    def created_here(self) -> bool:
+        """Whether this process created the cache (False when it joined a shared one)."""
+        return True
+
+    @contextlib.contextmanager
+    def _section(self) -> Iterator[None]:
+        """Where every operation on the state runs: this cache's lock, on its device."""
+        with self._lock, self._device():
+            yield
 
     def _device(self) -> contextlib.AbstractContextManager[Any]:
         """Context that makes the cache's device current (nothing to do for NumPy)."""

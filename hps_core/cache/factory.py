@@ -28,6 +28,8 @@ def make_cache(
     name: str = "cache",
     contents: tuple[Any, Any] | None = None,
     sync_checks: bool = False,
+    group: Any = None,
+    group_index: int = 0,
 ) -> DynamicCache | StaticTable:
     """Build a ``dynamic`` (LRU) or ``static`` (whole table) embedding cache.
 
@@ -40,6 +42,9 @@ def make_cache(
         name: label for error messages, e.g. ``"dcn.table0"``.
         contents: static only: ``(keys, values)`` of the whole table.
         sync_checks: CuPy dynamic cache only: synchronise after each kernel (tests, debugging).
+        group: CuPy dynamic cache only: a :class:`~hps_core.cache.ipc_group.SharedCacheGroup`
+            whose processes share the cache's slots, as its table ``group_index``.
+        group_index: the table's index in ``group``.
 
     Returns:
         The cache.
@@ -67,11 +72,18 @@ def make_cache(
         if contents is not None:
             raise ValueError(f"{where}: a dynamic cache starts empty; contents is for 'static'")
         if xp is np:
+            if group is not None:
+                raise ValueError(f"{where}: only a CuPy cache can be shared between processes")
             return NumpyDynamicCache(num_sets_for(capacity_rows), dim, name=name)
         from hps_core.cache.cupy_cache import CupyDynamicCache
 
         return CupyDynamicCache(
-            num_sets_for(capacity_rows), dim, name=name, sync_checks=sync_checks
+            num_sets_for(capacity_rows),
+            dim,
+            name=name,
+            sync_checks=sync_checks,
+            group=group,
+            group_index=group_index,
         )
     if kind_name == "static":
         if contents is None:

@@ -27,6 +27,7 @@ def run(args: argparse.Namespace) -> int:
         max_batch_size=args.max_batch_size,
         instances=(InstanceGroup(args.instances, args.kind, gpus),),
         warmup=not args.no_warmup,
+        share_gpu_cache=not args.private_gpu_caches,
     )
     try:
         folders = write_repository(args.ps_json, args.out_dir, options)
@@ -66,5 +67,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument(
         "--no-warmup", action="store_true", help="load tables on the first request, not at load"
+    )
+    parser.add_argument(
+        "--private-gpu-caches",
+        action="store_true",
+        help="give each GPU instance its own copy of the dynamic caches instead of sharing "
+        "one per GPU",
     )
     parser.set_defaults(func=run)

@@ -4,12 +4,18 @@ On the host (CPU instances) each table is read from the shared host tier. On a G
 ``gpucache: true``, each table gets an embedding cache in front of the host tier: dynamic
 (``gpucacheper`` of the rows, LRU) or static (the whole table). See
 :mod:`hps_core.lookup.table_lookup` for the steps of one lookup.
+
+With ``share_caches``, the dynamic caches are shared with the other processes that serve
+the same model on the same GPU (Triton instances of one server): see
+:mod:`hps_core.cache.ipc_group`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
+import os
 import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -40,6 +46,12 @@ class ModelLookup:
         model: the model to serve.
         device_id: CUDA device of the embedding caches, or ``None`` for host lookups.
         miss_policy: ``"fetch"`` or ``"default"`` (see :class:`CachedTableLookup`).
+        share_caches: share dynamic GPU caches with the processes of ``share_scope`` that
+            serve this model on the same GPU, instead of holding a private copy.
+        share_scope: who may share; by default the children of this process's parent (the
+            stubs of one Triton server).
+
+    Both may be changed until the first table opens.
     """
 
     def __init__(
@@ -48,14 +60,20 @@ class ModelLookup:
         model: ModelConfig,
         device_id: int | None = None,
         miss_policy: str = "fetch",
+        share_caches: bool = False,
+        share_scope: str | None = None,
     ) -> None:
         self.config = config
         self.model = model
         self.device_id = device_id
         self.xp = array_module(device_id)
         self.miss_policy = miss_policy
+        self.share_caches = share_caches
+        self.share_scope = share_scope
         self._tables: list[TableLookup | None] = [None] * len(model.tables)
         self._lock = threading.Lock()
+        self._group: Any = None
+        self._group_tried = False
 
     @property
     def num_tables(self) -> int:
@@ -86,11 +104,62 @@ class ModelLookup:
             with self._lock:
                 table = self._tables[table_id]
                 if table is None:
-                    table = self._open(self.model.tables[table_id])
+                    table = self._open(table_id)
                     self._tables[table_id] = table
         return table
 
-    def _open(self, table: TableConfig) -> TableLookup:
+    @property
+    def shares_caches(self) -> bool:
+        """Whether the dynamic caches are shared with other processes (a group was joined)."""
+        return self._group is not None
+
+    @property
+    def lead(self) -> bool:
+        """Whether this process warms and refreshes the caches: always, unless it joined a
+        group that another process built."""
+        return self._group is None or self._group.lead
+
+    def _cache_group(self) -> Any:
+        """The shared-cache group of this model and GPU, joined on first use; ``None`` when
+        caches are private (not asked for, static, or sharing failed: logged)."""
+        if self._group_tried:
+            return self._group
+        self._group_tried = True
+        if not (self.share_caches and self.uses_cache):
+            return None
+        if self.model.embedding_cache_type != EmbeddingCacheType.DYNAMIC:
+            return None
+        from hps_core.cache.ipc_group import SharedCacheGroup, SharingError, group_name
+        from hps_core.tiers.host_table import segment_name
+
+        tables = [
+            f"{segment_name(t.sparse_file, t.dim)}:{self.model.gpucacheper}"
+            for t in self.model.tables
+        ]
+        scope = self.share_scope or f"ppid{os.getppid()}"
+        bus_id = self.xp.cuda.Device(self.device_id).pci_bus_id
+        name = group_name(scope, self.model.name, bus_id, tables)
+        try:
+            self._group = SharedCacheGroup(name, self.num_tables, self.device_id)
+        except (SharingError, OSError) as exc:
+            logger.warning(
+                "model %s on GPU %d: caches not shared (%s); using private caches",
+                self.model.name,
+                self.device_id,
+                exc,
+            )
+        else:
+            logger.info(
+                "model %s on GPU %d: caches shared with the other instances on this GPU (%s, %s)",
+                self.model.name,
+                self.device_id,
+                name,
+                "built here" if self._group.lead else "joined",
+            )
+        return self._group
+
+    def _open(self, table_id: int) -> TableLookup:
+        table = self.model.tables[table_id]
         host = open_host_table(self.config, table)
         if not self.uses_cache:
             return HostTableLookup(host, self.xp)
@@ -103,12 +172,27 @@ class ModelLookup:
                 )
             else:
                 capacity = math.ceil(self.model.gpucacheper * host.rows)
-                cache = make_cache(
-                    self.model.embedding_cache_type, capacity, table.dim, self.xp, name=name
-                )
+                cache = self._dynamic_cache(capacity, table.dim, name, table_id)
         return CachedTableLookup(
             host, cache, self.xp, self.model.hit_rate_threshold, self.miss_policy, name
         )
+
+    def _dynamic_cache(self, capacity: int, dim: int, name: str, table_id: int) -> Any:
+        group = self._cache_group()
+        if group is not None:
+            from hps_core.cache.ipc_group import SharingError
+
+            try:
+                return make_cache(
+                    "dynamic", capacity, dim, self.xp, name=name, group=group, group_index=table_id
+                )
+            except SharingError as exc:
+                logger.warning("%s: private cache: %s", name, exc)
+        return make_cache(self.model.embedding_cache_type, capacity, dim, self.xp, name=name)
+
+    def _section(self) -> Any:
+        """Context for GPU work on every table at once (one lock round for a shared group)."""
+        return self._group.section() if self._group is not None else contextlib.nullcontext()
 
     def open_all(self) -> None:
         """Open every table now instead of on first use."""
@@ -165,15 +249,24 @@ class ModelLookup:
         tables = [self.table(t) for t in table_ids]
         if self.device_id is None:
             return [table.lookup(k) for table, k in zip(tables, keys, strict=True)]
+        cached = [isinstance(table, CachedTableLookup) for table in tables]
         with self.xp.cuda.Device(self.device_id):
-            started = [
-                table.begin(k) if isinstance(table, CachedTableLookup) else table.lookup(k)
-                for table, k in zip(tables, keys, strict=True)
+            # Shared caches: the queries of all tables are launched in one section, and the
+            # inserts in another; the host work between them holds no lock.
+            with self._section():
+                started = [
+                    table.begin(k) if c else table.lookup(k)
+                    for table, k, c in zip(tables, keys, cached, strict=True)
+                ]
+            resolved = [
+                table.resolve(p) if c else p
+                for table, p, c in zip(tables, started, cached, strict=True)
             ]
-            return [
-                table.finish(p) if isinstance(table, CachedTableLookup) else p
-                for table, p in zip(tables, started, strict=True)
-            ]
+            with self._section():
+                return [
+                    table.complete(r) if c else r
+                    for table, r, c in zip(tables, resolved, cached, strict=True)
+                ]
 
     def counters(self) -> list[TableCounters]:
         """A snapshot of each table's counters (zeros for tables not opened yet)."""
@@ -190,6 +283,14 @@ class ModelLookup:
             hot_keys: optional keys per table id, hottest first.
         """
         if not self.uses_cache:
+            return
+        if not self.lead:
+            logger.info(
+                'EC initialization for model: "%s" on device %d: caches shared with the '
+                "instance that fills them; skipped here",
+                self.model.name,
+                self.device_id,
+            )
             return
         logger.info(
             'EC initialization for model: "%s", num_tables: %d', self.model.name, self.num_tables
@@ -223,6 +324,10 @@ class ModelLookup:
                     table.close()
                     table.host.close()
             self._tables = [None] * self.num_tables
+            if self._group is not None:
+                self._group.close()
+                self._group = None
+            self._group_tried = False
 
 
 def _warm_keys(table: TableConfig, given: np.ndarray | None) -> tuple[np.ndarray, str]:

@@ -168,6 +168,27 @@ class PendingLookup:
     out: Any
 
 
+@dataclass
+class ResolvedLookup:
+    """A cached lookup after :meth:`CachedTableLookup.resolve`: every row is answered.
+
+    Args:
+        pending: the lookup as :meth:`CachedTableLookup.begin` started it.
+        misses: unique keys the cache did not hold.
+        unknown: unique keys the table does not hold.
+        inserted: keys handed to the cache for insertion.
+        mode: ``"sync"``, ``"async"`` or ``None`` (nothing inserted).
+        insert: ``(keys, values)`` to insert before answering (synchronous mode).
+    """
+
+    pending: PendingLookup
+    misses: int = 0
+    unknown: int = 0
+    inserted: int = 0
+    mode: str | None = None
+    insert: tuple[np.ndarray, np.ndarray] | None = None
+
+
 class CachedTableLookup:
     """Lookups through an embedding cache backed by the host tier.
 
@@ -265,59 +286,86 @@ class CachedTableLookup:
         Returns:
             float32 ``[n, dim]`` array of ``xp``.
         """
+        return self.complete(self.resolve(pending))
+
+    def resolve(self, pending: PendingLookup) -> ResolvedLookup:
+        """Wait for the query, answer its misses from the host tier, start background inserts.
+
+        Args:
+            pending: what :meth:`begin` returned.
+
+        Returns:
+            The lookup with every row answered, for :meth:`complete`.
+        """
         xp = self.xp
         p = pending
+        resolved = ResolvedLookup(p)
+        if p.n == 0:
+            return resolved
+        miss_h = np.flatnonzero(~to_host(p.hit))
+        misses = resolved.misses = len(miss_h)
+        if not misses:
+            return resolved
+        rows, unique_h = p.rows, p.unique_h
+        miss = xp.asarray(miss_h)
+        miss_keys = unique_h[miss_h] if unique_h is not None else to_host(p.unique[miss])
+        background = 1.0 - misses / int(p.unique.shape[0]) >= self.hit_rate_threshold
+        if self._static:
+            # A static cache holds the whole table: a miss is a key the table lacks.
+            rows[miss] = self.host.default_value
+            resolved.unknown = misses
+        elif background and self.miss_policy == "default":
+            rows[miss] = self.host.default_value
+            self._submit(self._fetch_and_insert, miss_keys)
+            resolved.mode = "async"
+        else:
+            values, found = self.host.lookup(miss_keys)
+            rows[miss] = xp.asarray(values)
+            inserted = resolved.inserted = int(np.count_nonzero(found))
+            resolved.unknown = misses - inserted
+            if inserted:
+                # Host keys: the cache plans the insert on the host, no GPU sort.
+                known_keys, known_values = miss_keys[found], values[found]
+                if background:
+                    self._submit(self.cache.replace, known_keys, known_values)
+                    resolved.mode = "async"
+                else:
+                    resolved.insert = (known_keys, known_values)
+                    resolved.mode = "sync"
+        return resolved
+
+    def complete(self, resolved: ResolvedLookup) -> Any:
+        """Apply the synchronous insert, scatter the rows to request order and count.
+
+        Args:
+            resolved: what :meth:`resolve` returned.
+
+        Returns:
+            float32 ``[n, dim]`` array of ``xp``.
+        """
+        xp = self.xp
+        r, p = resolved, resolved.pending
         if p.n == 0:
             return xp.empty((0, self.dim), xp.float32) if p.out is None else p.out
-        start, n, unique, unique_h, inverse, rows, hit, out = (
-            p.start, p.n, p.unique, p.unique_h, p.inverse, p.rows, p.hit, p.out
-        )  # fmt: skip
-        u = int(unique.shape[0])
-        miss_h = np.flatnonzero(~to_host(hit))
-        misses = len(miss_h)
-        unknown = inserted = 0
-        mode = None
-        if misses:
-            miss = xp.asarray(miss_h)
-            miss_keys = unique_h[miss_h] if unique_h is not None else to_host(unique[miss])
-            background = 1.0 - misses / u >= self.hit_rate_threshold
-            if self._static:
-                # A static cache holds the whole table: a miss is a key the table lacks.
-                rows[miss] = self.host.default_value
-                unknown = misses
-            elif background and self.miss_policy == "default":
-                rows[miss] = self.host.default_value
-                self._submit(self._fetch_and_insert, miss_keys)
-                mode = "async"
-            else:
-                values, found = self.host.lookup(miss_keys)
-                rows[miss] = xp.asarray(values)
-                inserted = int(np.count_nonzero(found))
-                unknown = misses - inserted
-                if inserted:
-                    # Host keys: the cache plans the insert on the host, no GPU sort.
-                    known_keys, known_values = miss_keys[found], values[found]
-                    if background:
-                        self._submit(self.cache.replace, known_keys, known_values)
-                        mode = "async"
-                    else:
-                        self.cache.replace(known_keys, known_values)
-                        mode = "sync"
+        if r.insert is not None:
+            self.cache.replace(*r.insert)
+        rows, inverse, out = p.rows, p.inverse, p.out
         result = rows[inverse] if out is None else xp.take(rows, inverse, axis=0, out=out)
+        u = int(p.unique.shape[0])
         with self._lock:
             c = self.counters
             c.lookups += 1
-            c.keys += n
+            c.keys += p.n
             c.unique_keys += u
-            c.cache_hits += u - misses
-            c.cache_misses += misses
-            c.unknown_keys += unknown
-            if mode == "sync":
+            c.cache_hits += u - r.misses
+            c.cache_misses += r.misses
+            c.unknown_keys += r.unknown
+            if r.mode == "sync":
                 c.sync_inserts += 1
-            elif mode == "async":
+            elif r.mode == "async":
                 c.async_inserts += 1
-            c.inserted_keys += inserted
-            c.seconds += time.perf_counter() - start
+            c.inserted_keys += r.inserted
+            c.seconds += time.perf_counter() - p.start
         return result
 
     def snapshot(self) -> TableCounters:

@@ -129,3 +129,14 @@ def test_metrics_show_cache_traffic_per_gpu(served) -> None:
     assert hits, text[-2000:]
     assert sum(float(line.rsplit(" ", 1)[1]) for line in hits) > 0
     assert "hps_cache_hit_rate" in text and "hps_unknown_keys_total" in text
+
+
+def test_two_instances_share_one_cache_per_table(served) -> None:
+    _, _, log = served
+    text = log.read_text()
+    shared = [
+        line for line in text.splitlines() if "caches shared with the other instances" in line
+    ]
+    assert sum("built here" in line for line in shared) == 1, text[-3000:]
+    assert sum("joined" in line for line in shared) == 1, text[-3000:]
+    assert "skipped here" in text  # only the instance that built the caches fills them

@@ -188,3 +188,22 @@ def test_gpu_instance_outside_deployed_devices_is_refused() -> None:
         check_instance_device(settings("GPU", 2), [0, 1], "model 'm'")
     text = str(info.value)
     assert "model 'm'.deployed_device_list" in text and "GPU 2" in text and "m_0" in text
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"), [(None, True), ("true", True), ("False", False), ("no", False)]
+)
+def test_share_gpu_cache_parameter(tmp_path: Path, value: str | None, expected: bool) -> None:
+    (tmp_path / "ps.json").write_text("{}")
+    config = with_parameter(triton_config(), "share_gpu_cache", value)
+    assert read_settings(triton_args(tmp_path, config)).share_gpu_cache is expected
+
+
+def test_share_gpu_cache_parameter_must_be_a_boolean(tmp_path: Path) -> None:
+    (tmp_path / "ps.json").write_text("{}")
+    config = with_parameter(triton_config(), "share_gpu_cache", "sometimes")
+    with pytest.raises(ConfigError) as info:
+        read_settings(triton_args(tmp_path, config))
+    [problem] = info.value.problems
+    assert problem.where == "config.pbtxt parameters.share_gpu_cache"
+    assert "'sometimes'" in problem.message

@@ -159,6 +159,16 @@ def test_serving_options(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> 
     assert (group.count, list(group.gpus)) == (3, [0, 1])
     assert model_config_pb2.ModelInstanceGroup.Kind.Name(group.kind) == "KIND_GPU"
     assert not (folder / "warmup").exists()
+    assert config.parameters["share_gpu_cache"].string_value == "true"
+
+
+def test_private_gpu_caches(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    ps, _ = write_model(tmp_path / "src")
+    args = ["--kind", "KIND_GPU", "--private-gpu-caches"]
+    code, _, err = run_repo(capsys, str(ps), str(tmp_path / "repo"), *args)
+    assert code == 0, err
+    config = parse_pbtxt(tmp_path / "repo" / "wdl" / "config.pbtxt")
+    assert config.parameters["share_gpu_cache"].string_value == "false"
 
 
 def test_one_folder_per_model(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

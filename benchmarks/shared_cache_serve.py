@@ -1,0 +1,189 @@
+"""Serving with GPU caches shared by the instances on one GPU vs one private copy each.
+
+Serves a ranking model (HugeCTR ``hugectr`` contract, the ``<model>`` folder of ``hps repo``)
+with N KIND_GPU instances on GPU 0, once with ``share_gpu_cache: true`` and once with
+``false``, each on a fresh server, and measures with perf_analyzer (gRPC): throughput,
+latency, GPU memory in use (nvidia-smi) and the hit rate of the caches (metrics endpoint).
+
+Each perf_analyzer request carries ``--samples`` one-hot samples with Zipf (``--alpha``)
+keys per table, 16 different requests in turn. A first pass at the highest concurrency warms
+the caches; the measured passes follow on the same server.
+
+Prints a table; writes ``shared_cache_serve.csv`` and the raw perf_analyzer output to ``--out``.
+
+Usage:
+    python benchmarks/make_large_dlrm.py --out /tmp/dlrm --max-rows-per-table 1000000
+    python benchmarks/shared_cache_serve.py --ps-json /tmp/dlrm/ps.json --out results
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+
+from hps_core.config import load_ps_config
+from hps_core.formats.sparse import KEY_FILE
+from hps_core.server.perf import run_perf_analyzer
+from hps_core.server.process import TritonServer
+from hps_core.triton_repo import InstanceGroup, ServingOptions, write_repository
+from hps_core.workload import zipf_keys
+
+REQUESTS = 16
+
+
+def gpu_memory_mib() -> int:
+    """Memory in use on GPU 0, as nvidia-smi reports it."""
+    out = subprocess.run(
+        ["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits", "-i", "0"],
+        check=True, capture_output=True, text=True,
+    )  # fmt: skip
+    return int(out.stdout.strip())
+
+
+def hit_rate(metrics_url: str) -> tuple[float, int]:
+    """Cache hits over unique keys, summed over instances and tables; and the lookups."""
+    text = urllib.request.urlopen(metrics_url, timeout=10).read().decode()
+    sums = {"hps_cache_hits_total": 0.0, "hps_cache_misses_total": 0.0, "hps_lookups_total": 0.0}
+    for line in text.splitlines():
+        name = line.split("{", 1)[0]
+        if name in sums:
+            sums[name] += float(line.rsplit(" ", 1)[1])
+    queried = sums["hps_cache_hits_total"] + sums["hps_cache_misses_total"]
+    rate = sums["hps_cache_hits_total"] / queried if queried else 0.0
+    return rate, int(sums["hps_lookups_total"])
+
+
+def write_input(ps_json: Path, model: str, samples: int, alpha: float, path: Path) -> None:
+    """perf_analyzer input: REQUESTS requests of ``samples`` one-hot samples (DES, CATCOLUMN,
+    ROWINDEX), keys Zipf-distributed over each table (key i is row i)."""
+    config = load_ps_config(ps_json).model(model)
+    rng = np.random.default_rng(0)
+    rows = [(t.sparse_file / KEY_FILE).stat().st_size // 8 for t in config.tables]
+    dense_dim = config.maxnum_des_feature_per_sample
+    rowindex = np.tile(np.arange(samples + 1, dtype=np.int32), len(rows))
+    data = []
+    for _ in range(REQUESTS):
+        keys = np.stack([zipf_keys(rng, samples, r, alpha) for r in rows], axis=1)
+        dense = rng.random(samples * dense_dim, dtype=np.float32)
+        data.append(
+            {
+                "DES": {"content": dense.round(4).tolist(), "shape": [dense.size]},
+                "CATCOLUMN": {"content": keys.ravel().tolist(), "shape": [keys.size]},
+                "ROWINDEX": {"content": rowindex.tolist(), "shape": [rowindex.size]},
+            }
+        )
+    path.write_text(json.dumps({"data": data}))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--ps-json", required=True, help="a ranking model's ps.json")
+    parser.add_argument("--instances", type=int, default=2)
+    parser.add_argument("--samples", type=int, default=1024, help="samples per request")
+    parser.add_argument("--gpucacheper", type=float, default=0.5)
+    parser.add_argument("--concurrency", default="2,8")
+    parser.add_argument("--alpha", type=float, default=1.05)
+    parser.add_argument("--window-ms", type=int, default=3000)
+    parser.add_argument("--stability", type=float, default=25.0, help="perf_analyzer -s")
+    parser.add_argument("--out", default="bench_results")
+    args = parser.parse_args()
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    levels = [int(c) for c in args.concurrency.split(",")]
+    source = Path(args.ps_json).resolve()
+    ps = json.loads(source.read_text())
+    model = ps["models"][0]["model"]
+    rows, logs = [], []
+    with tempfile.TemporaryDirectory(prefix="hps-shared-cache-") as tmp:
+        # The ps.json beside the model files, with the cache settings of this run.
+        ps["models"][0].update(gpucache=True, gpucacheper=args.gpucacheper, hit_rate_threshold=0.9)
+        ps_json = source.with_name(f"ps_shared_bench_{args.gpucacheper}.json")
+        ps_json.write_text(json.dumps(ps, indent=1))
+        perf_input = Path(tmp) / "input.json"
+        write_input(ps_json, model, args.samples, args.alpha, perf_input)
+        idle = gpu_memory_mib()
+        for share in (True, False):
+            repo = Path(tmp) / f"repo-{share}"
+            options = ServingOptions(
+                instances=(InstanceGroup(args.instances, "KIND_GPU", (0,)),),
+                share_gpu_cache=share,
+            )
+            write_repository(ps_json, repo, options)
+            for folder in repo.iterdir():  # serve the hugectr-contract model alone
+                if folder.name != model:
+                    shutil.rmtree(folder)
+            started = time.perf_counter()
+            with TritonServer(repo, startup_timeout_s=900) as server:
+                load_s = time.perf_counter() - started
+                url = server.grpc_url.split("//")[-1]
+                _, log = run_perf_analyzer(
+                    model,
+                    url,
+                    "grpc",
+                    perf_input,
+                    [max(levels)],
+                    measurement_ms=args.window_ms,
+                    stability_percent=100.0,
+                    max_trials=3,
+                )  # fmt: skip  (warm-up pass)
+                found, log = run_perf_analyzer(
+                    model, url, "grpc", perf_input, levels,
+                    measurement_ms=args.window_ms, stability_percent=args.stability,
+                )  # fmt: skip
+                logs.append(log)
+                memory = gpu_memory_mib() - idle
+                rate, lookups = hit_rate(server.metrics_url)
+            for r in found:
+                rows.append(
+                    {
+                        "share_gpu_cache": share,
+                        "instances": args.instances,
+                        "samples_per_request": args.samples,
+                        "concurrency": r.concurrency,
+                        "infer_per_s": r.throughput,
+                        "samples_per_s": r.throughput * args.samples,
+                        "p50_ms": r.p50_us / 1e3,
+                        "p99_ms": r.p99_us / 1e3,
+                        "gpu_mib": memory,
+                        "hit_rate": rate,
+                        "lookups": lookups,
+                        "load_s": load_s,
+                    }
+                )
+    print(
+        f"{model}: {args.instances} KIND_GPU instances on GPU 0, {args.samples} samples per "
+        f"request, Zipf {args.alpha}, gpucacheper {args.gpucacheper}, gRPC, window "
+        f"{args.window_ms} ms, stability {args.stability}%; GPU MiB = in use while serving "
+        f"minus before the server started"
+    )
+    print(
+        f"{'shared':>6} {'conc':>4} {'infer/s':>8} {'samples/s':>10} {'p50 ms':>7} "
+        f"{'p99 ms':>7} {'GPU MiB':>8} {'hit rate':>8} {'load s':>6}"
+    )
+    for r in rows:
+        print(
+            f"{r['share_gpu_cache']!s:>6} {r['concurrency']:>4} {r['infer_per_s']:>8.1f} "
+            f"{r['samples_per_s']:>10.0f} {r['p50_ms']:>7.2f} {r['p99_ms']:>7.2f} "
+            f"{r['gpu_mib']:>8} {r['hit_rate']:>8.3f} {r['load_s']:>6.1f}"
+        )
+    with (out / "shared_cache_serve.csv").open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    (out / "shared_cache_serve.log").write_text("\n".join(logs))
+    print(f"wrote {out / 'shared_cache_serve.csv'}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
