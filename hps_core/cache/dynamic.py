@@ -204,7 +204,9 @@ class DynamicCache(ABC):
             values: float ``[n, dim]`` vectors, row ``i`` for ``keys[i]``.
         """
         xp = self.xp
-        with self._section():
+        # The plan is made before entering the section: a shared cache holds its lock only
+        # while kernels are launched.
+        with self._device():
             # Plan the batch where its keys are: keys on the host (a lookup's misses) are
             # sorted by NumPy, which for small batches beats a round of GPU sorts and syncs.
             plan_xp = np if isinstance(keys, np.ndarray) else xp
@@ -214,12 +216,15 @@ class DynamicCache(ABC):
             if n == 0:
                 return
             positions = plan_xp.flatnonzero(keys != EMPTY_KEY)
+            plan = None
             if positions.shape[0]:
                 sets = set_of(keys, self._num_sets, plan_xp)
                 plan = plan_runs(sets, positions, plan_xp)
                 if plan_xp is not xp:
                     keys, sets = xp.asarray(keys), xp.asarray(sets)
                     plan = RunPlan(order=xp.asarray(plan.order), bounds=xp.asarray(plan.bounds))
+        with self._section():
+            if plan is not None:
                 self._replace(keys, rows, sets, plan, self._clock[0])
             self._clock[0] += n
 

@@ -251,22 +251,20 @@ class ModelLookup:
             return [table.lookup(k) for table, k in zip(tables, keys, strict=True)]
         cached = [isinstance(table, CachedTableLookup) for table in tables]
         with self.xp.cuda.Device(self.device_id):
-            # Shared caches: the queries of all tables are launched in one section, and the
-            # inserts in another; the host work between them holds no lock.
-            with self._section():
-                started = [
-                    table.begin(k) if c else table.lookup(k)
-                    for table, k, c in zip(tables, keys, cached, strict=True)
-                ]
-            resolved = [
-                table.resolve(p) if c else p
-                for table, p, c in zip(tables, started, cached, strict=True)
+            pending = [
+                table.prepare(k) if c else table.lookup(k)
+                for table, k, c in zip(tables, keys, cached, strict=True)
             ]
+            # Shared caches: every query is launched in one section (one lock round); the
+            # host work before and after holds no lock.
             with self._section():
-                return [
-                    table.complete(r) if c else r
-                    for table, r, c in zip(tables, resolved, cached, strict=True)
-                ]
+                for table, p, c in zip(tables, pending, cached, strict=True):
+                    if c:
+                        table.launch(p)
+            return [
+                table.finish(p) if c else p
+                for table, p, c in zip(tables, pending, cached, strict=True)
+            ]
 
     def counters(self) -> list[TableCounters]:
         """A snapshot of each table's counters (zeros for tables not opened yet)."""

@@ -261,6 +261,18 @@ class CachedTableLookup:
         Returns:
             The lookup in flight, for :meth:`finish`.
         """
+        return self.launch(self.prepare(keys, out))
+
+    def prepare(self, keys: Any, out: Any = None) -> PendingLookup:
+        """Deduplicate the keys and put them on the cache's device; no cache access yet.
+
+        Args:
+            keys: 1-D int64 keys (NumPy or CuPy).
+            out: optional float32 ``[n, dim]`` array of ``xp`` to write into.
+
+        Returns:
+            The lookup, for :meth:`launch`.
+        """
         xp = self.xp
         start = time.perf_counter()
         if module_of(keys) is np:
@@ -272,10 +284,22 @@ class CachedTableLookup:
             unique, inverse = xp.unique(keys, return_inverse=True)
             unique_h = None
         rows = xp.empty((int(unique.shape[0]), self.dim), xp.float32)
-        hit = self.cache.query(unique, out=rows)[1] if host_keys.shape[0] else None
         return PendingLookup(
-            start, int(host_keys.shape[0]), unique, unique_h, inverse, rows, hit, out
+            start, int(host_keys.shape[0]), unique, unique_h, inverse, rows, None, out
         )
+
+    def launch(self, pending: PendingLookup) -> PendingLookup:
+        """Launch the cache query of a prepared lookup (the only step that touches the cache).
+
+        Args:
+            pending: what :meth:`prepare` returned.
+
+        Returns:
+            ``pending``, with its hit mask on the way.
+        """
+        if pending.n:
+            pending.hit = self.cache.query(pending.unique, out=pending.rows)[1]
+        return pending
 
     def finish(self, pending: PendingLookup) -> Any:
         """Fetch the misses, insert them, and scatter the rows back to request order.
