@@ -27,7 +27,12 @@ from hps_core.config import EmbeddingCacheType, ModelConfig, PSConfig, TableConf
 from hps_core.errors import RequestError
 from hps_core.formats.sparse import KEY_DTYPE, KEY_FILE, META_FILE
 from hps_core.lookup.devices import array_module
-from hps_core.lookup.table_lookup import CachedTableLookup, HostTableLookup, TableCounters
+from hps_core.lookup.table_lookup import (
+    CachedTableLookup,
+    HostTableLookup,
+    TableCounters,
+    lookup_cached_tables,
+)
 from hps_core.tiers.factory import open_host_table
 
 logger = logging.getLogger("hps_core")
@@ -249,22 +254,10 @@ class ModelLookup:
         tables = [self.table(t) for t in table_ids]
         if self.device_id is None:
             return [table.lookup(k) for table, k in zip(tables, keys, strict=True)]
-        cached = [isinstance(table, CachedTableLookup) for table in tables]
         with self.xp.cuda.Device(self.device_id):
-            pending = [
-                table.prepare(k) if c else table.lookup(k)
-                for table, k, c in zip(tables, keys, cached, strict=True)
-            ]
-            # Shared caches: every query is launched in one section (one lock round); the
-            # host work before and after holds no lock.
-            with self._section():
-                for table, p, c in zip(tables, pending, cached, strict=True):
-                    if c:
-                        table.launch(p)
-            return [
-                table.finish(p) if c else p
-                for table, p, c in zip(tables, pending, cached, strict=True)
-            ]
+            if not all(isinstance(table, CachedTableLookup) for table in tables):
+                return [table.lookup(k) for table, k in zip(tables, keys, strict=True)]
+            return lookup_cached_tables(tables, keys, self.xp, self._section)
 
     def counters(self) -> list[TableCounters]:
         """A snapshot of each table's counters (zeros for tables not opened yet)."""

@@ -94,3 +94,33 @@ def test_snapshot_reports_cache_evictions(tmp_path: Path) -> None:
         lookup.lookup(keys[start : start + 500])
     assert lookup.snapshot().evictions == lookup.cache.stats().evictions > 0
     lookup.close()
+
+
+@pytest.mark.parametrize("threshold", [0.0, 0.9, 1.1])
+def test_several_tables_at_once_equal_the_truth(tmp_path: Path, threshold: float) -> None:
+    from cached_lookup_cases import query_stream
+
+    from hps_core.lookup.table_lookup import lookup_cached_tables
+
+    shapes = [(3000, 4, "dynamic"), (500, 16, "static"), (2000, 1, "dynamic"), (800, 8, "dynamic")]
+    tables, references = [], []
+    for t, (rows, dim, kind) in enumerate(shapes):
+        host, reference = make_host(tmp_path / f"t{t}", rows, dim, seed=t)
+        if kind == "static":
+            cache = make_cache("static", rows, dim, np, contents=host.contents())
+        else:
+            cache = make_cache("dynamic", rows // 5, dim, np)
+        tables.append(CachedTableLookup(host, cache, np, threshold, name=f"t{t}"))
+        references.append(reference)
+    streams = [query_stream(ref, 12, 300 + 50 * t, seed=t) for t, ref in enumerate(references)]
+    for step in range(12):
+        keys = [stream[step] for stream in streams]
+        keys[2] = keys[2][: step % 3 * 40]  # sometimes empty
+        got = lookup_cached_tables(tables, keys, np)
+        for t, (k, (_, dim, _)) in enumerate(zip(keys, shapes, strict=True)):
+            np.testing.assert_array_equal(got[t], expected(references[t], k, dim))
+    for t, table in enumerate(tables):
+        table.flush()
+        counters = table.snapshot()
+        assert counters.lookups == (8 if t == 2 else 12)  # empty lookups are not counted
+        assert counters.cache_hits > 0 and counters.cache_misses > 0
