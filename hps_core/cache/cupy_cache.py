@@ -85,6 +85,11 @@ class CupyDynamicCache(DynamicCache):
         super().__init__(num_sets, dim, cupy, name, slots)
         self.sync_checks = sync_checks
         self._kernels = load_kernels(self._device_id)
+        # Kernel arguments that never change, made once: a query is short enough for the
+        # host's per-call work to matter.
+        self._num_sets_arg = np.uint64(self._num_sets)
+        self._dim_arg = np.int32(self._dim)
+        self._rows_aligned = self._dim % 4 == 0 and self._values.data.ptr % 16 == 0
 
     @property
     def shared(self) -> bool:
@@ -96,12 +101,13 @@ class CupyDynamicCache(DynamicCache):
         """Whether this process allocated the slots (always, unless it joined a group)."""
         return self._created_here
 
-    @contextlib.contextmanager
-    def _section(self) -> Iterator[None]:
+    def _section(self) -> contextlib.AbstractContextManager[Any]:
         if self._group is None:
-            with self._lock, self._device():
-                yield
-            return
+            return super()._section()
+        return self._shared_section()
+
+    @contextlib.contextmanager
+    def _shared_section(self) -> Iterator[None]:
         # The group first, then the cache: every thread takes the two in this order.
         with self._group.section(), self._lock, self._device():
             yield
@@ -135,17 +141,17 @@ class CupyDynamicCache(DynamicCache):
             (
                 keys,
                 np.int64(n),
-                np.uint64(self._num_sets),
+                self._num_sets_arg,
                 self._keys,
                 self._stamps,
                 self._values,
-                np.int32(self._dim),
+                self._dim_arg,
                 clock,
                 out,
                 hit,
                 self._counters,
                 # 16-byte row copies need rows of whole float4s on 16-byte boundaries.
-                self._dim % 4 == 0 and out.data.ptr % 16 == 0 and self._values.data.ptr % 16 == 0,
+                self._rows_aligned and out.data.ptr % 16 == 0,
             ),
             lanes=QUERY_LANES,
         )

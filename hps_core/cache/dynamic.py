@@ -34,7 +34,6 @@ from __future__ import annotations
 import contextlib
 import threading
 from abc import ABC, abstractmethod
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -101,6 +100,31 @@ def new_slots(num_sets: int, dim: int, xp: Any) -> CacheSlots:
         values=xp.zeros((num_sets * WAYS, dim), dtype=xp.float32),
         clock=np.zeros(1, dtype=np.uint64),
     )
+
+
+class _Held:
+    """Context of one operation: hold ``lock``, with ``device`` current (a plain class: this
+    runs on every query, where a generator-based context manager costs microseconds)."""
+
+    __slots__ = ("_device", "_lock")
+
+    def __init__(self, lock: threading.Lock, device: contextlib.AbstractContextManager[Any]):
+        self._lock = lock
+        self._device = device
+
+    def __enter__(self) -> None:
+        self._lock.acquire()
+        try:
+            self._device.__enter__()
+        except BaseException:
+            self._lock.release()
+            raise
+
+    def __exit__(self, *exc: object) -> None:
+        try:
+            self._device.__exit__(*exc)
+        finally:
+            self._lock.release()
 
 
 def _to_host(arr: Any) -> np.ndarray:
@@ -292,11 +316,14 @@ class DynamicCache(ABC):
         """Whether this process created the cache (False when it joined a shared one)."""
         return True
 
-    @contextlib.contextmanager
-    def _section(self) -> Iterator[None]:
+    @property
+    def shared(self) -> bool:
+        """Whether other processes use the same slots."""
+        return False
+
+    def _section(self) -> contextlib.AbstractContextManager[Any]:
         """Where every operation on the state runs: this cache's lock, on its device."""
-        with self._lock, self._device():
-            yield
+        return _Held(self._lock, self._device())
 
     def _device(self) -> contextlib.AbstractContextManager[Any]:
         """Context that makes the cache's device current (nothing to do for NumPy)."""

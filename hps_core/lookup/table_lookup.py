@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import functools
 import logging
 import threading
 import time
@@ -297,6 +298,18 @@ def lookup_cached_tables(
     return [table.complete(r) for table, r in zip(tables, resolved, strict=True)]
 
 
+_thread_state = threading.local()
+
+
+def _use_own_stream(device_id: int) -> None:
+    """Make a new non-blocking CUDA stream on ``device_id`` current in this thread."""
+    import cupy
+
+    cupy.cuda.Device(device_id).use()
+    _thread_state.stream = cupy.cuda.Stream(non_blocking=True)
+    _thread_state.stream.use()
+
+
 class CachedTableLookup:
     """Lookups through an embedding cache backed by the host tier.
 
@@ -544,8 +557,15 @@ class CachedTableLookup:
 
     def _submit(self, fn: Any, *args: Any) -> None:
         if self._worker is None:
+            initializer = None
+            if not self._static and self.cache.shared:
+                # A shared cache orders the work of every process through events recorded
+                # on the stream that launched it. On the default stream, an insert's event
+                # would also cover the forward pass this process queued meanwhile, and other
+                # instances would wait for it: inserts get a stream of their own.
+                initializer = functools.partial(_use_own_stream, self.cache.device_id)
             self._worker = concurrent.futures.ThreadPoolExecutor(
-                1, thread_name_prefix=f"hps-insert-{self.name}"
+                1, thread_name_prefix=f"hps-insert-{self.name}", initializer=initializer
             )
         future = self._worker.submit(fn, *args)
         future.add_done_callback(self._report)
