@@ -5,8 +5,7 @@ constants it shares with Python (ways, empty key, counter positions) are generat
 Python modules, so the two cannot drift apart.
 
 Work split: ``cache_query`` gives each key a group of 8 lanes (4 keys per warp), each lane
-loading 8 of the set's 64 slot tags (16 bits of the key's mix, kept beside the keys by
-``cache_replace``) in one 16-byte load; a tag match is confirmed against the slot's key.
+loading 8 of the set's 64 slot keys, so that many probes are in flight; ballots find the key.
 ``cache_replace`` and ``cache_update`` use one warp per work item, lane ``l`` holding slots
 ``l`` and ``l + 32`` of a set, with one item per run of a
 :class:`~hps_core.cache.layout.RunPlan` and walk the run in batch order, so no two warps touch
@@ -120,59 +119,37 @@ __device__ __forceinline__ i64 static_row(const i64 key, const u64* __restrict__
   return -1;
 }
 
-// Tag of a key: the top 16 bits of its mix (the set comes from the same mix, modulo the number
-// of sets). Slot tags let a probe read 128 bytes of a set instead of its 512 bytes of keys.
-__device__ __forceinline__ unsigned tag_of(const u64 mixed) { return (unsigned)(mixed >> 48); }
-
-// Bit i set where 16-bit tag i of `word` (two tags) equals `tag`, shifted by `shift`.
-__device__ __forceinline__ unsigned tag_matches(const unsigned word, const unsigned tag,
-                                                const int shift) {
-  return (((word & 0xFFFFu) == tag) ? 1u << shift : 0u) |
-         (((word >> 16) == tag) ? 2u << shift : 0u);
-}
-
-// Eight lanes per key, four keys per warp. Each lane reads 8 of the set's 64 slot tags (one
-// 16-byte load; the group reads the set's 128 bytes of tags), confirms any tag match with the
-// slot's key (a key is stored at most once per set, so one lane confirms it), and the group
-// copies the row. Hit rows of `out` get the stored vector, miss rows are not written. A hit
-// stamps its slot with clock + position; atomicMax keeps the later of duplicate keys. The set
-// is computed here and the counters are summed per block (one atomic per block), so a query
-// is a single launch.
+// Eight lanes per key, four keys per warp: each lane loads 8 of the set's 64 slot keys at once
+// (independent loads, so four keys' probes are in flight per warp instead of one), then the
+// group copies the row. Hit rows of `out` get the stored vector, miss rows are not written.
+// A hit stamps its slot with clock + position; atomicMax keeps the later of duplicate keys.
+// The set is computed here and the counters are summed per block (one atomic per block), so
+// a query is a single launch.
 extern "C" __global__ void cache_query(
     const i64* __restrict__ keys, const i64 n, const u64 num_sets,
-    const i64* __restrict__ slot_keys, const unsigned short* __restrict__ slot_tags,
-    u64* __restrict__ slot_stamps, const float* __restrict__ slot_values, const int dim,
-    const u64 clock, float* __restrict__ out, bool* __restrict__ hit,
-    i64* __restrict__ counters, const bool vectorized) {
+    const i64* __restrict__ slot_keys, u64* __restrict__ slot_stamps,
+    const float* __restrict__ slot_values, const int dim, const u64 clock,
+    float* __restrict__ out, bool* __restrict__ hit, i64* __restrict__ counters,
+    const bool vectorized) {
   const i64 item = ((i64)blockIdx.x * blockDim.x + threadIdx.x) / QUERY_LANES;
   const int lane = threadIdx.x % QUERY_LANES;
   const int group_shift = (threadIdx.x % WARP) / QUERY_LANES * QUERY_LANES;
   const bool valid = item < n;  // no early return: every lane takes part in ballots and counts
   const i64 key = valid ? keys[item] : EMPTY_KEY;
   const bool probe = valid && key != EMPTY_KEY;
-  const u64 mixed = probe ? mix64(key) : 0;
-  const i64 first = probe ? (i64)(mixed % num_sets) * WAYS : 0;
-  unsigned candidates = 0;
-  if (probe) {
-    const uint4 tags = __ldg(reinterpret_cast<const uint4*>(slot_tags + first) + lane);
-    const unsigned tag = tag_of(mixed);
-    candidates = tag_matches(tags.x, tag, 0) | tag_matches(tags.y, tag, 2) |
-                 tag_matches(tags.z, tag, 4) | tag_matches(tags.w, tag, 6);
+  const i64 first = probe ? set_of(key, num_sets) * WAYS : 0;
+  i64 stored[WAYS / QUERY_LANES];
+#pragma unroll
+  for (int j = 0; j < WAYS / QUERY_LANES; ++j) {
+    stored[j] = probe ? slot_keys[first + j * QUERY_LANES + lane] : 0;
   }
-  int found = -1;  // way confirmed by this lane
-  while (candidates != 0u) {
-    const int w = lane * (WAYS / QUERY_LANES) + __ffs(candidates) - 1;
-    candidates &= candidates - 1u;
-    if (slot_keys[first + w] == key) {
-      found = w;
-      break;
-    }
+  int way = -1;
+#pragma unroll
+  for (int j = 0; j < WAYS / QUERY_LANES; ++j) {
+    const unsigned mine =
+        (__ballot_sync(FULL_MASK, probe && stored[j] == key) >> group_shift) & QUERY_GROUP_MASK;
+    if (way < 0 && mine != 0u) way = j * QUERY_LANES + __ffs(mine) - 1;
   }
-  const unsigned mine =
-      (__ballot_sync(FULL_MASK, found >= 0) >> group_shift) & QUERY_GROUP_MASK;
-  const int owner = group_shift + (mine != 0u ? __ffs(mine) - 1 : 0);
-  const int confirmed = __shfl_sync(FULL_MASK, found, owner);
-  const int way = mine != 0u ? confirmed : -1;
   if (valid && lane == 0) {
     hit[item] = way >= 0;
     if (way >= 0) atomicMax(&slot_stamps[first + way], clock + (u64)item);
@@ -196,8 +173,7 @@ extern "C" __global__ void cache_query(
 extern "C" __global__ void cache_replace(
     const i64* __restrict__ keys, const float* __restrict__ values,
     const i64* __restrict__ order, const i64* __restrict__ bounds, const i64 runs,
-    const i64* __restrict__ sets, i64* __restrict__ slot_keys,
-    unsigned short* __restrict__ slot_tags, u64* __restrict__ slot_stamps,
+    const i64* __restrict__ sets, i64* __restrict__ slot_keys, u64* __restrict__ slot_stamps,
     float* __restrict__ slot_values, const int dim, const u64 clock,
     i64* __restrict__ counters) {
   const i64 run = warp_item();
@@ -238,8 +214,6 @@ extern "C" __global__ void cache_replace(
   }
   slot_keys[first + lane] = key_lo;
   slot_keys[first + WARP + lane] = key_hi;
-  slot_tags[first + lane] = (unsigned short)tag_of(mix64(key_lo));
-  slot_tags[first + WARP + lane] = (unsigned short)tag_of(mix64(key_hi));
   slot_stamps[first + lane] = stamp_lo;
   slot_stamps[first + WARP + lane] = stamp_hi;
   if (lane == 0) {

@@ -75,16 +75,12 @@ class CacheSlots:
         values: float32 ``[num_sets * WAYS, dim]``.
         clock: host uint64 ``[1]``: the stamp the next call starts from. Shared caches keep it
             in shared memory next to the slots' owner record.
-        tags: uint16 ``[num_sets, WAYS]``, the CUDA cache's probe filter (top 16 bits of each
-            slot key's mix, see :mod:`hps_core.cache.cuda_source`); ``None`` for the twin.
-            Only a key comparison decides a hit, so stale tags of empty slots are harmless.
     """
 
     keys: Any
     stamps: Any
     values: Any
     clock: np.ndarray
-    tags: Any = None
 
 
 def new_slots(num_sets: int, dim: int, xp: Any) -> CacheSlots:
@@ -96,14 +92,13 @@ def new_slots(num_sets: int, dim: int, xp: Any) -> CacheSlots:
         xp: ``numpy`` or ``cupy``.
 
     Returns:
-        Keys all ``EMPTY_KEY``, stamps, values and tags zero, clock zero.
+        Keys all ``EMPTY_KEY``, stamps and values zero, clock zero.
     """
     return CacheSlots(
         keys=xp.full((num_sets, WAYS), EMPTY_KEY, dtype=xp.int64),
         stamps=xp.zeros((num_sets, WAYS), dtype=xp.uint64),
         values=xp.zeros((num_sets * WAYS, dim), dtype=xp.float32),
         clock=np.zeros(1, dtype=np.uint64),
-        tags=None if xp is np else xp.zeros((num_sets, WAYS), dtype=xp.uint16),
     )
 
 
@@ -170,7 +165,6 @@ class DynamicCache(ABC):
             if slots is None:
                 slots = new_slots(self._num_sets, self._dim, xp)
             self._keys, self._stamps, self._values = slots.keys, slots.stamps, slots.values
-            self._tags = slots.tags
             self._clock = slots.clock
             # Counters stay private to the process even when the slots are shared: each
             # instance reports what its own lookups did.

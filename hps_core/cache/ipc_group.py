@@ -45,7 +45,7 @@ from hps_core.tiers.shm_segment import SharedSegment
 logger = logging.getLogger("hps_core")
 
 # Part of every group name: bump it when the segment layout changes.
-_LAYOUT_VERSION = 2
+_LAYOUT_VERSION = 1
 _MAGIC = 0x4850_5347_5250_0001  # "HPSGRP" + version
 MAX_PROCESSES = 64
 """Processes that can use one group at once (more fall back to private caches)."""
@@ -235,10 +235,8 @@ class SharedCacheGroup:
         Raises:
             SharingError: the published cache has another shape, or could not be mapped.
         """
-        # One allocation: keys, stamps, tags, values, each on an _ALIGN boundary.
-        keys_bytes = _aligned(num_sets * WAYS * 8)
-        tags_offset = 2 * keys_bytes
-        values_offset = tags_offset + _aligned(num_sets * WAYS * 2)
+        keys_bytes = num_sets * WAYS * 8
+        values_offset = 2 * _aligned(keys_bytes)
         nbytes = values_offset + num_sets * WAYS * dim * 4
         with self.section():
             entry = self._tables[index : index + 1]
@@ -268,15 +266,13 @@ class SharedCacheGroup:
 
             slots = CacheSlots(
                 keys=view(0, (num_sets, WAYS), cupy.int64),
-                stamps=view(keys_bytes, (num_sets, WAYS), cupy.uint64),
+                stamps=view(_aligned(keys_bytes), (num_sets, WAYS), cupy.uint64),
                 values=view(values_offset, (num_sets * WAYS, dim), cupy.float32),
                 clock=self._tables["clock"][index : index + 1],
-                tags=view(tags_offset, (num_sets, WAYS), cupy.uint16),
             )
             if created:
                 slots.keys.fill(EMPTY_KEY)
                 slots.stamps.fill(0)
-                slots.tags.fill(0)
                 handle = cupy.cuda.runtime.ipcGetMemHandle(ptr)
                 entry["handle"][0] = np.frombuffer(handle, np.uint8)
                 entry["num_sets"], entry["dim"], entry["nbytes"] = num_sets, dim, nbytes
