@@ -40,7 +40,7 @@ import numpy as np
 from hps_core.cache.dynamic import CacheSlots
 from hps_core.cache.layout import EMPTY_KEY, WAYS
 from hps_core.errors import HPSError
-from hps_core.tiers.shm_segment import SharedSegment
+from hps_core.tiers.shm_segment import SharedSegment, pid_alive
 
 logger = logging.getLogger("hps_core")
 
@@ -116,7 +116,6 @@ class SharedCacheGroup:
         )
         buf = self._segment.buffer
         assert buf is not None
-        self._buffer = buf
         self._header = np.frombuffer(buf, _HEADER, 1, 0)
         self._tables = np.frombuffer(buf, _TABLE, num_tables, _HEADER.itemsize)
         self._processes = np.frombuffer(
@@ -130,11 +129,12 @@ class SharedCacheGroup:
         self._memory: dict[int, Any] = {}
         self._opened: list[int] = []
         self._events: dict[int, tuple[int, Any]] = {}
-        with cupy.cuda.Device(device_id):
-            self._event = cupy.cuda.Event(block=False, disable_timing=True, interprocess=True)
         try:
-            if int(self._header["magic"][0]) != _MAGIC:
-                raise SharingError(f"shared cache segment {name} is not a cache group")
+            header = self._header[0]
+            if int(header["magic"]) != _MAGIC or int(header["num_tables"]) != num_tables:
+                raise SharingError(f"shared cache segment {name} is not this model's group")
+            with cupy.cuda.Device(device_id):
+                self._event = cupy.cuda.Event(block=False, disable_timing=True, interprocess=True)
             self._slot = self._register()
         except BaseException:
             self._release()
@@ -156,7 +156,7 @@ class SharedCacheGroup:
         with self._locked():
             for slot, proc in enumerate(self._processes):
                 pid = int(proc["pid"])
-                if pid == 0 or not _alive(pid):
+                if pid == 0 or not pid_alive(pid):
                     self._processes["event"][slot] = handle
                     self._processes["pid"][slot] = os.getpid()
                     return slot
@@ -282,8 +282,10 @@ class SharedCacheGroup:
 
     def close(self) -> None:
         """Finish this process's work on the caches, then detach (the last user frees them)."""
-        with self._locked(), cupy.cuda.Device(self.device_id):
-            self._event.synchronize()
+        with self._locked(), cupy.cuda.Device(self.device_id) as device:
+            # Every stream of this process (background inserts have their own) must be done
+            # with the slots before they are unmapped or freed.
+            device.synchronize()
             if int(self._processes["pid"][self._slot]) == os.getpid():
                 self._processes["pid"][self._slot] = 0
         self._release()
@@ -306,13 +308,3 @@ class SharedCacheGroup:
         # Views of the mapping must go before the segment unmaps it.
         del self._header, self._tables, self._processes
         self._segment.close()
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True

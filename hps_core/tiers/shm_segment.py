@@ -231,7 +231,8 @@ def _unlink_segment_files(seg: SharedSegment) -> None:
             path.unlink()
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` exists (one that belongs to another user counts as alive)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -257,7 +258,7 @@ def remove_stale_segments(directory: Path | None = None) -> list[str]:
     for path in sorted(directory.glob(f"{PREFIX}*")):
         tmp = _TMP_RE.search(path.name)
         if tmp is not None:
-            if not _pid_alive(int(tmp.group(1))):
+            if not pid_alive(int(tmp.group(1))):
                 with contextlib.suppress(FileNotFoundError):
                     path.unlink()
                 removed.append(path.name)
