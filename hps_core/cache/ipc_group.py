@@ -38,6 +38,7 @@ import cupy
 import numpy as np
 
 from hps_core.cache.dynamic import CacheSlots
+from hps_core.cache.ipc_files import remove_own_event_files_at_exit
 from hps_core.cache.layout import EMPTY_KEY, WAYS
 from hps_core.errors import HPSError
 from hps_core.tiers.shm_segment import SharedSegment, pid_alive
@@ -135,6 +136,7 @@ class SharedCacheGroup:
                 raise SharingError(f"shared cache segment {name} is not this model's group")
             with cupy.cuda.Device(device_id):
                 self._event = cupy.cuda.Event(block=False, disable_timing=True, interprocess=True)
+            remove_own_event_files_at_exit()
             self._slot = self._register()
         except BaseException:
             self._release()

@@ -26,6 +26,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO
 
+from hps_core.cache.ipc_files import remove_cuda_event_files
 from hps_core.errors import HPSError
 from hps_core.server.install import TritonInstallation, find_triton, prepend_paths
 from hps_core.server.ports import listening_ports, pick_free_ports
@@ -186,6 +187,7 @@ class TritonServer:
         proc = self._process
         if proc is None:
             return self._returncode
+        members = _group_members(proc.pid)
         try:
             if proc.poll() is None:
                 with contextlib.suppress(ProcessLookupError):
@@ -200,6 +202,8 @@ class TritonServer:
             _RUNNING.discard(self)
             if self._shm_prefix:
                 _remove_shared_memory(self._shm_prefix)
+            # Stubs that shared GPU caches and had to be killed leave CUDA's event files.
+            remove_cuda_event_files(members)
             self._run_on_stopped()
         return self._returncode
 
@@ -462,6 +466,19 @@ def process_group_members(pgid: int) -> list[int]:
         state, _ppid, pgrp = stat.rsplit(")", 1)[1].split()[:3]
         if int(pgrp) == pgid and state != "Z":
             members.append(int(entry.name))
+    return members
+
+
+def _group_members(pgid: int) -> list[int]:
+    """Processes of process group ``pgid`` (the server and its stubs), from /proc."""
+    members = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            # The fields after the command name (which may hold spaces) start with state, ppid,
+            # pgrp.
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            if int(fields[2]) == pgid:
+                members.append(int(stat.parent.name))
     return members
 
 

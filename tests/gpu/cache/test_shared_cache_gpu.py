@@ -20,6 +20,7 @@ cupy = pytest.importorskip("cupy")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import shared_cache_workers as workers  # noqa: E402
 
+from hps_core.cache.ipc_files import cuda_event_files  # noqa: E402
 from hps_core.cache.layout import EMPTY_KEY  # noqa: E402
 from hps_core.formats.sparse_writer import write_sparse_table  # noqa: E402
 from hps_core.hps import HPS  # noqa: E402
@@ -54,6 +55,7 @@ def test_processes_share_one_cache_and_every_hit_is_exact(tmp_path: Path) -> Non
     for proc in procs:
         proc.join(TIMEOUT_S)
         assert proc.exitcode == 0
+        assert cuda_event_files(proc.pid) == []  # CUDA's event file went with the process
     for seed, wrong, hits, lead in reports:
         assert wrong == 0, f"process {seed}: {wrong} hits returned another key's vector"
         assert hits > 0 and not lead
