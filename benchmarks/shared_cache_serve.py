@@ -22,68 +22,16 @@ import argparse
 import contextlib
 import csv
 import json
-import shutil
-import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 
-import numpy as np
+from ranking_load import gpu_memory_mib, hit_rate, metric_sums, write_input, write_model_repository
 
-from hps_core.config import load_ps_config
-from hps_core.formats.sparse import KEY_FILE
 from hps_core.server.perf import PerfAnalyzerError, run_perf_analyzer
 from hps_core.server.process import TritonServer
-from hps_core.triton_repo import InstanceGroup, ServingOptions, write_repository
-from hps_core.workload import zipf_keys
-
-REQUESTS = 16
-
-
-def gpu_memory_mib() -> int:
-    """Memory in use on GPU 0, as nvidia-smi reports it."""
-    out = subprocess.run(
-        ["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits", "-i", "0"],
-        check=True, capture_output=True, text=True,
-    )  # fmt: skip
-    return int(out.stdout.strip())
-
-
-def hit_rate(metrics_url: str) -> tuple[float, int]:
-    """Cache hits over unique keys, summed over instances and tables; and the lookups."""
-    text = urllib.request.urlopen(metrics_url, timeout=10).read().decode()
-    sums = {"hps_cache_hits_total": 0.0, "hps_cache_misses_total": 0.0, "hps_lookups_total": 0.0}
-    for line in text.splitlines():
-        name = line.split("{", 1)[0]
-        if name in sums:
-            sums[name] += float(line.rsplit(" ", 1)[1])
-    queried = sums["hps_cache_hits_total"] + sums["hps_cache_misses_total"]
-    rate = sums["hps_cache_hits_total"] / queried if queried else 0.0
-    return rate, int(sums["hps_lookups_total"])
-
-
-def write_input(ps_json: Path, model: str, samples: int, alpha: float, path: Path) -> None:
-    """perf_analyzer input: REQUESTS requests of ``samples`` one-hot samples (DES, CATCOLUMN,
-    ROWINDEX), keys Zipf-distributed over each table (key i is row i)."""
-    config = load_ps_config(ps_json).model(model)
-    rng = np.random.default_rng(0)
-    rows = [(t.sparse_file / KEY_FILE).stat().st_size // 8 for t in config.tables]
-    dense_dim = config.maxnum_des_feature_per_sample
-    rowindex = np.tile(np.arange(samples + 1, dtype=np.int32), len(rows))
-    data = []
-    for _ in range(REQUESTS):
-        keys = np.stack([zipf_keys(rng, samples, r, alpha) for r in rows], axis=1)
-        dense = rng.random(samples * dense_dim, dtype=np.float32)
-        data.append(
-            {
-                "DES": {"content": dense.round(4).tolist(), "shape": [dense.size]},
-                "CATCOLUMN": {"content": keys.ravel().tolist(), "shape": [keys.size]},
-                "ROWINDEX": {"content": rowindex.tolist(), "shape": [rowindex.size]},
-            }
-        )
-    path.write_text(json.dumps({"data": data}))
+from hps_core.triton_repo import InstanceGroup, ServingOptions
 
 
 def main() -> None:
@@ -113,17 +61,14 @@ def main() -> None:
         ps_json.write_text(json.dumps(ps, indent=1))
         perf_input = Path(tmp) / "input.json"
         write_input(ps_json, model, args.samples, args.alpha, perf_input)
-        idle = gpu_memory_mib()
+        idle = gpu_memory_mib()[0]
         for share in (True, False):
             repo = Path(tmp) / f"repo-{share}"
             options = ServingOptions(
                 instances=(InstanceGroup(args.instances, "KIND_GPU", (0,)),),
                 share_gpu_cache=share,
             )
-            write_repository(ps_json, repo, options)
-            for folder in repo.iterdir():  # serve the hugectr-contract model alone
-                if folder.name != model:
-                    shutil.rmtree(folder)
+            write_model_repository(ps_json, model, repo, options)
             started = time.perf_counter()
             with TritonServer(repo, startup_timeout_s=900) as server:
                 load_s = time.perf_counter() - started
@@ -147,8 +92,10 @@ def main() -> None:
                         measurement_ms=args.window_ms, stability_percent=stability,
                     )  # fmt: skip
                 logs.append(log)
-                memory = gpu_memory_mib() - idle
-                rate, lookups = hit_rate(server.metrics_url)
+                memory = gpu_memory_mib()[0] - idle
+                names = ("hps_cache_hits_total", "hps_cache_misses_total", "hps_lookups_total")
+                [sums] = metric_sums(server.metrics_url, names, by="model").values()
+                rate, lookups = hit_rate(sums), int(sums["hps_lookups_total"])
             for r in found:
                 rows.append(
                     {

@@ -1,0 +1,88 @@
+"""What the serving benchmarks of a ranking model share: its perf_analyzer input, a model
+repository of its ``hugectr``-contract model alone, and readings of nvidia-smi and of Triton's
+metrics endpoint."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+
+from hps_core.config import load_ps_config
+from hps_core.formats.sparse import KEY_FILE
+from hps_core.triton_repo import ServingOptions, write_repository
+from hps_core.workload import zipf_keys
+
+REQUESTS = 16
+"""Different requests in a perf_analyzer input (sent in turn)."""
+
+_METRIC = re.compile(r"^(\w+)\{([^}]*)\} (\S+)$")
+
+
+def write_input(ps_json: Path, model: str, samples: int, alpha: float, path: Path) -> None:
+    """perf_analyzer input: REQUESTS requests of ``samples`` one-hot samples (DES, CATCOLUMN,
+    ROWINDEX), keys Zipf-distributed over each table (key i is row i, as
+    ``make_large_dlrm.py`` writes them)."""
+    config = load_ps_config(ps_json).model(model)
+    rng = np.random.default_rng(0)
+    rows = [(t.sparse_file / KEY_FILE).stat().st_size // 8 for t in config.tables]
+    dense_dim = config.maxnum_des_feature_per_sample
+    rowindex = np.tile(np.arange(samples + 1, dtype=np.int32), len(rows))
+    data = []
+    for _ in range(REQUESTS):
+        keys = np.stack([zipf_keys(rng, samples, r, alpha) for r in rows], axis=1)
+        dense = rng.random(samples * dense_dim, dtype=np.float32)
+        data.append(
+            {
+                "DES": {"content": dense.round(4).tolist(), "shape": [dense.size]},
+                "CATCOLUMN": {"content": keys.ravel().tolist(), "shape": [keys.size]},
+                "ROWINDEX": {"content": rowindex.tolist(), "shape": [rowindex.size]},
+            }
+        )
+    path.write_text(json.dumps({"data": data}))
+
+
+def write_model_repository(ps_json: Path, model: str, repo: Path, options: ServingOptions) -> None:
+    """``hps repo`` of ``ps_json`` into ``repo``, keeping the ``hugectr``-contract model alone."""
+    write_repository(ps_json, repo, options)
+    for folder in repo.iterdir():
+        if folder.name != model:
+            shutil.rmtree(folder)
+
+
+def gpu_memory_mib() -> list[int]:
+    """Memory in use on each GPU, as nvidia-smi reports it."""
+    out = subprocess.run(
+        ["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
+        check=True, capture_output=True, text=True,
+    )  # fmt: skip
+    return [int(line) for line in out.stdout.split()]
+
+
+def metric_sums(metrics_url: str, names: tuple[str, ...], by: str) -> dict[str, dict[str, float]]:
+    """Sums of Triton metrics ``names`` per value of label ``by`` (e.g. ``device``).
+
+    Returns:
+        ``{label value: {metric name: sum}}``.
+    """
+    text = urllib.request.urlopen(metrics_url, timeout=10).read().decode()
+    sums: dict[str, dict[str, float]] = {}
+    for line in text.splitlines():
+        match = _METRIC.match(line)
+        if match is None or match.group(1) not in names:
+            continue
+        labels = dict(re.findall(r'(\w+)="([^"]*)"', match.group(2)))
+        group = sums.setdefault(labels.get(by, ""), dict.fromkeys(names, 0.0))
+        group[match.group(1)] += float(match.group(3))
+    return sums
+
+
+def hit_rate(sums: dict[str, float]) -> float:
+    """Unique-key hit rate from sums of ``hps_cache_hits_total`` and ``..._misses_total``."""
+    hits, misses = sums["hps_cache_hits_total"], sums["hps_cache_misses_total"]
+    return hits / (hits + misses) if hits + misses else 0.0
