@@ -25,7 +25,14 @@ import sys
 import tempfile
 from pathlib import Path
 
-from ranking_load import gpu_memory_mib, hit_rate, metric_sums, write_input, write_model_repository
+from ranking_load import (
+    add_load_arguments,
+    gpu_memory_mib,
+    hit_rate,
+    metric_sums,
+    write_input,
+    write_model_repository,
+)
 
 from hps_core.server.perf import run_perf_analyzer
 from hps_core.server.process import TritonServer
@@ -36,16 +43,9 @@ _METRICS = ("hps_cache_hits_total", "hps_cache_misses_total", "hps_lookups_total
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--ps-json", required=True, help="a ranking model's ps.json")
+    add_load_arguments(parser, concurrency="4,8,16")
     parser.add_argument("--gpus", default="0,1", help="the GPUs of the multi-GPU configuration")
     parser.add_argument("--instances-per-gpu", type=int, default=2)
-    parser.add_argument("--samples", type=int, default=1024, help="samples per request")
-    parser.add_argument("--gpucacheper", type=float, default=0.5)
-    parser.add_argument("--concurrency", default="4,8,16")
-    parser.add_argument("--alpha", type=float, default=1.05)
-    parser.add_argument("--window-ms", type=int, default=3000)
-    parser.add_argument("--stability", type=float, default=25.0, help="perf_analyzer -s")
-    parser.add_argument("--out", default="bench_results")
     args = parser.parse_args()
 
     gpus = tuple(int(g) for g in args.gpus.split(","))

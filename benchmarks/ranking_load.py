@@ -4,6 +4,7 @@ metrics endpoint."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import re
 import shutil
@@ -22,6 +23,18 @@ REQUESTS = 16
 """Different requests in a perf_analyzer input (sent in turn)."""
 
 _METRIC = re.compile(r"^(\w+)\{([^}]*)\} (\S+)$")
+
+
+def add_load_arguments(parser: argparse.ArgumentParser, concurrency: str) -> None:
+    """The options every ranking-load benchmark takes: model, load shape, measurement."""
+    parser.add_argument("--ps-json", required=True, help="a ranking model's ps.json")
+    parser.add_argument("--samples", type=int, default=1024, help="samples per request")
+    parser.add_argument("--gpucacheper", type=float, default=0.5)
+    parser.add_argument("--concurrency", default=concurrency)
+    parser.add_argument("--alpha", type=float, default=1.05)
+    parser.add_argument("--window-ms", type=int, default=3000)
+    parser.add_argument("--stability", type=float, default=25.0, help="perf_analyzer -s")
+    parser.add_argument("--out", default="bench_results")
 
 
 def write_input(ps_json: Path, model: str, samples: int, alpha: float, path: Path) -> None:

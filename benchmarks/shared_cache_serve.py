@@ -27,7 +27,14 @@ import tempfile
 import time
 from pathlib import Path
 
-from ranking_load import gpu_memory_mib, hit_rate, metric_sums, write_input, write_model_repository
+from ranking_load import (
+    add_load_arguments,
+    gpu_memory_mib,
+    hit_rate,
+    metric_sums,
+    write_input,
+    write_model_repository,
+)
 
 from hps_core.server.perf import PerfAnalyzerError, run_perf_analyzer
 from hps_core.server.process import TritonServer
@@ -36,15 +43,8 @@ from hps_core.triton_repo import InstanceGroup, ServingOptions
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--ps-json", required=True, help="a ranking model's ps.json")
+    add_load_arguments(parser, concurrency="2,8")
     parser.add_argument("--instances", type=int, default=2)
-    parser.add_argument("--samples", type=int, default=1024, help="samples per request")
-    parser.add_argument("--gpucacheper", type=float, default=0.5)
-    parser.add_argument("--concurrency", default="2,8")
-    parser.add_argument("--alpha", type=float, default=1.05)
-    parser.add_argument("--window-ms", type=int, default=3000)
-    parser.add_argument("--stability", type=float, default=25.0, help="perf_analyzer -s")
-    parser.add_argument("--out", default="bench_results")
     args = parser.parse_args()
 
     out = Path(args.out)
