@@ -171,7 +171,7 @@ class CupyDynamicCache(DynamicCache):
                 self._keys,
                 self._stamps,
                 self._values,
-                np.int32(self._dim),
+                self._dim_arg,
                 clock,
                 self._counters,
             ),
@@ -191,7 +191,7 @@ class CupyDynamicCache(DynamicCache):
                 sets,
                 self._keys,
                 self._values,
-                np.int32(self._dim),
+                self._dim_arg,
                 self._counters,
             ),
         )
