@@ -19,6 +19,7 @@ from hps_core.cache.cuda_source import KERNEL_NAMES, QUERY_LANES, THREADS_PER_BL
 from hps_core.cache.dynamic import DynamicCache
 from hps_core.cache.ipc_group import SharedCacheGroup
 from hps_core.cache.layout import RunPlan, plan_runs
+from hps_core.cache.order import StreamOrder
 from hps_core.errors import HPSError
 
 _WARP = 32
@@ -90,6 +91,9 @@ class CupyDynamicCache(DynamicCache):
         self._num_sets_arg = np.uint64(self._num_sets)
         self._dim_arg = np.int32(self._dim)
         self._rows_aligned = self._dim % 4 == 0 and self._values.data.ptr % 16 == 0
+        #: Orders this cache's kernels after those of other streams touching it (set by the
+        #: GPU pipeline, see :mod:`hps_core.cache.order`); a shared cache's group does that.
+        self.order: StreamOrder | None = None
 
     @property
     def shared(self) -> bool:
@@ -102,14 +106,15 @@ class CupyDynamicCache(DynamicCache):
         return self._created_here
 
     def _section(self) -> contextlib.AbstractContextManager[Any]:
-        if self._group is None:
+        if self._group is None and self.order is None:
             return super()._section()
-        return self._shared_section()
+        return self._ordered_section()
 
     @contextlib.contextmanager
-    def _shared_section(self) -> Iterator[None]:
-        # The group first, then the cache: every thread takes the two in this order.
-        with self._group.section(), self._lock, self._device():
+    def _ordered_section(self) -> Iterator[None]:
+        # The group (or order) first, then the cache: every thread takes them in this order.
+        outer = self._group if self._group is not None else self.order
+        with outer.section(), self._lock, self._device():
             yield
 
     @property

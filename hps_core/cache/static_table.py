@@ -100,6 +100,20 @@ class StaticTable:
         """Number of rows."""
         return self._rows
 
+    @property
+    def bucket_bits(self) -> int:
+        """log2 of the number of buckets of the row index."""
+        return self._layout.bucket_bits
+
+    @property
+    def values_ptr(self) -> int:
+        """Device address of the rows (CuPy tables only), in index order."""
+        return int(self._values.data.ptr)
+
+    def index_arrays(self) -> tuple[Any, Any]:
+        """The row index: sorted hashes (one padding entry) and the bucket directory."""
+        return self._hashes, self._starts
+
     def _find(self, keys: Any) -> Any:
         """Row of each key in the table, or -1."""
         xp = self.xp

@@ -21,6 +21,7 @@ from hps_core.errors import RequestError
 from hps_core.hps import HPS
 from hps_core.infer.batch import SparseBatch
 from hps_core.infer.layout import RankingLayout, load_ranking_graph
+from hps_core.lookup.model_lookup import ModelLookup
 from hps_core.nn import DenseExecutor, Precision, UnpooledEmbedding, read_dense_blob
 
 
@@ -45,6 +46,8 @@ class RankingSession:
         lookup: the model's embedding lookup.
         executor: the model's dense network (NumPy, or CuPy on ``device_id``).
         device_id: GPU the lookups and the network run on; ``None`` for the host.
+        graphs: on a GPU, record each batch size bucket as CUDA graphs (see
+            :mod:`hps_core.gpu.pipeline`).
 
     Example:
         >>> session = RankingSession.open("model_repository/dlrm/ps.json", "dlrm")  # doctest: +SKIP
@@ -58,6 +61,7 @@ class RankingSession:
         lookup: TableLookup,
         executor: DenseExecutor,
         device_id: int | None = None,
+        graphs: bool = True,
     ) -> None:
         self.layout = layout
         self.lookup = lookup
@@ -66,6 +70,15 @@ class RankingSession:
         # An embedding layer the prediction does not depend on needs no lookup.
         used = set(executor.embedding_names)
         self._feeds = tuple(feed for feed in layout.tables if feed.layer in used)
+        self.pipeline: Any = None
+        if device_id is not None and isinstance(lookup, ModelLookup):
+            # On a GPU a batch is one pass over the device (hps_core.gpu.pipeline); the
+            # per-table path below stays for the host and for lookups of other kinds.
+            from hps_core.gpu.pipeline import GpuRankingPipeline
+
+            with _device(executor.ctx.xp, device_id):
+                self.pipeline = GpuRankingPipeline(layout, executor, lookup, graphs=graphs)
+            lookup.attach(self.pipeline)
 
     @classmethod
     def open(
@@ -74,6 +87,7 @@ class RankingSession:
         model_name: str,
         device_id: int | None = None,
         precision: str | Precision = Precision.FP32,
+        graphs: bool = True,
     ) -> RankingSession:
         """Load the network and dense parameters of a ps.json model; tables open on first use.
 
@@ -82,7 +96,8 @@ class RankingSession:
             model_name: a model of it with ``network_file`` and ``dense_file``.
             device_id: GPU that runs the lookups (through its embedding caches) and the dense
                 network with CuPy; ``None``: the host and NumPy.
-            precision: ``"fp32"`` or ``"fp16"``.
+            precision: ``"fp32"``, ``"tf32"`` or ``"fp16"``.
+            graphs: on a GPU, record each batch size bucket as CUDA graphs.
 
         Returns:
             The session.
@@ -101,7 +116,7 @@ class RankingSession:
         lookup = hps.model(model_name, device_id)
         with _device(lookup.xp, device_id):
             executor = DenseExecutor(graph, params, lookup.xp, precision)
-        return cls(layout, lookup, executor, device_id)
+        return cls(layout, lookup, executor, device_id, graphs)
 
     @property
     def xp(self) -> ModuleType:
@@ -136,11 +151,15 @@ class RankingSession:
             batch: the samples.
 
         Returns:
-            float32 ``[batch_size, label_dim]`` in ``xp``.
+            float32 ``[batch_size, label_dim]``: NumPy on the host and from the GPU pipeline,
+            ``xp`` otherwise.
 
         Raises:
             RequestError: the batch does not fit the model (wrong widths, offsets).
         """
+        if self.pipeline is not None:
+            self._check(batch)
+            return self.pipeline.predict(batch)
         embeddings = self.embeddings(batch)
         with _device(self.xp, self.device_id):
             return self.executor.forward(self.xp.asarray(batch.dense), embeddings)

@@ -18,7 +18,7 @@ import math
 import os
 import threading
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -38,6 +38,18 @@ from hps_core.tiers.factory import open_host_table
 logger = logging.getLogger("hps_core")
 
 TableLookup = HostTableLookup | CachedTableLookup
+
+
+class LookupExtension(Protocol):
+    """Something that looks keys up through a session's tables by its own means."""
+
+    def table_counters(self) -> Sequence[TableCounters]:
+        """Its counters per table of the model (may be shorter, or empty)."""
+        ...
+
+    def close(self) -> None:
+        """Release what it holds of the session's tables."""
+        ...
 
 
 class ModelLookup:
@@ -79,6 +91,8 @@ class ModelLookup:
         self._lock = threading.Lock()
         self._group: Any = None
         self._group_tried = False
+        self._extensions: list[LookupExtension] = []
+        self._order: Any = None
 
     @property
     def num_tables(self) -> int:
@@ -117,6 +131,21 @@ class ModelLookup:
     def shares_caches(self) -> bool:
         """Whether the dynamic caches are shared with other processes (a group was joined)."""
         return self._group is not None
+
+    def stream_order(self) -> Any:
+        """The :class:`~hps_core.cache.order.StreamOrder` of this model's caches on its GPU
+        (made on first use): work of other streams on the private caches waits for it."""
+        with self._lock:
+            if self._order is None:
+                from hps_core.cache.order import StreamOrder
+
+                self._order = StreamOrder(self.device_id)
+            return self._order
+
+    @property
+    def cache_group(self) -> Any:
+        """The :class:`~hps_core.cache.ipc_group.SharedCacheGroup` joined, or ``None``."""
+        return self._group
 
     @property
     def lead(self) -> bool:
@@ -259,9 +288,23 @@ class ModelLookup:
                 return [table.lookup(k) for table, k in zip(tables, keys, strict=True)]
             return lookup_cached_tables(tables, keys, self.xp, self._section)
 
+    def attach(self, extension: LookupExtension) -> None:
+        """Count ``extension``'s lookups with this session's and close it before the tables.
+
+        Args:
+            extension: e.g. a GPU pipeline that reads this session's caches and host tiers.
+        """
+        with self._lock:
+            self._extensions.append(extension)
+
     def counters(self) -> list[TableCounters]:
-        """A snapshot of each table's counters (zeros for tables not opened yet)."""
-        return [TableCounters() if table is None else table.snapshot() for table in self._tables]
+        """A snapshot of each table's counters (zeros for tables not opened yet), lookups of
+        attached extensions included."""
+        counters = [TableCounters() if t is None else t.snapshot() for t in self._tables]
+        for extension in list(self._extensions):
+            for t, extra in enumerate(extension.table_counters()):
+                counters[t] = counters[t] + extra
+        return counters
 
     def initialize_caches(self, hot_keys: Mapping[int, np.ndarray] | None = None) -> None:
         """Fill the embedding caches before serving (HugeCTR's EC initialisation).
@@ -310,6 +353,9 @@ class ModelLookup:
     def close(self) -> None:
         """Stop background work and detach from every opened table."""
         with self._lock:
+            for extension in self._extensions:
+                extension.close()
+            self._extensions = []
             for table in self._tables:
                 if table is not None:
                     table.close()

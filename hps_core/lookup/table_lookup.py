@@ -85,6 +85,12 @@ class TableCounters:
         """A copy, safe to read while lookups go on."""
         return TableCounters(**{f.name: getattr(self, f.name) for f in fields(self)})
 
+    def __add__(self, other: TableCounters) -> TableCounters:
+        """Field-wise sum (counters of two lookup paths over one table)."""
+        return TableCounters(
+            **{f.name: getattr(self, f.name) + getattr(other, f.name) for f in fields(self)}
+        )
+
 
 class HostTableLookup:
     """Lookups straight from the shared host tier.

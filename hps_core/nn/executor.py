@@ -24,6 +24,7 @@ from hps_core.nn.dense_blob import read_dense_blob
 from hps_core.nn.graph import GraphNode, NetworkGraph, build_graph
 from hps_core.nn.layers import Array, EmbeddingLayer, InnerProduct, Layer, UnpooledEmbedding
 from hps_core.nn.layers.activation import ReLU
+from hps_core.nn.layers.shape_ops import Concat
 from hps_core.nn.network_json import load_network_json
 from hps_core.nn.precision import ComputeContext, Precision
 from hps_core.nn.profile import ForwardProfile, LayerTime, StepClock, layer_flops, step_clock
@@ -136,6 +137,69 @@ class DenseExecutor:
             RequestError: a missing, unexpected or mis-shaped input.
         """
         return _deliver(self._run(dense, embeddings, None), out)
+
+    def embedding_tops(self) -> tuple[str, ...]:
+        """The output tensor of each embedding layer :meth:`forward` needs, in table order."""
+        tops = {step.name: step.outputs[0] for step in self._steps}
+        return tuple(tops[name] for name in self._embedding_names)
+
+    def embedding_concat(self) -> str | None:
+        """The output of a Concat that stacks every embedding layer's output, if there is one.
+
+        DLRM-style networks concatenate ``[B, S_t, D]`` embeddings of all tables along the slot
+        axis; a producer that writes each table straight into its slice of that tensor makes
+        the Concat free (see :meth:`forward_given`).
+
+        Returns:
+            The Concat's output name when it reads exactly the embedding outputs, in table
+            order, along axis 1 of 3-D tensors of one width; else ``None``.
+        """
+        tops = self.embedding_tops()
+        for step in self._steps:
+            layer = step.layer
+            if isinstance(layer, Concat) and step.inputs == tops and layer.axis == 1:
+                shapes = step.input_shapes
+                if all(s.rank == 3 and s.dims[1] == shapes[0].dims[1] for s in shapes):
+                    return step.outputs[0]
+        return None
+
+    def forward_given(self, dense: Array, given: Mapping[str, Array]) -> Array:
+        """Compute the predictions from the dense input and already computed tensors.
+
+        A step whose outputs are all in ``given`` is skipped; so a caller that pools the
+        embeddings itself passes each embedding layer's output (``[B, S_t, D]``), or the
+        output of :meth:`embedding_concat` (then that Concat is skipped too). Nothing is
+        checked against the host's data, so the pass never waits for the GPU and can be
+        recorded in a CUDA graph.
+
+        Args:
+            dense: ``[batch, dense_dim]`` dense features.
+            given: tensor name -> array in the storage dtype.
+
+        Returns:
+            float32 ``[batch, width]`` predictions.
+
+        Raises:
+            RequestError: a step needs a tensor that neither ``given`` nor an earlier step
+                provides.
+        """
+        xp, data = self.ctx.xp, self.graph.spec.data
+        batch = dense.shape[0]
+        tensors = dict(given)
+        tensors[data.dense_name] = self.ctx.cast(xp.asarray(dense))
+        for step in self._steps:
+            if all(name in given for name in step.outputs):
+                continue
+            missing = [name for name in step.inputs if name not in tensors]
+            if missing or isinstance(step.layer, EmbeddingLayer):
+                raise RequestError(f"step '{step.name}' needs tensors not given: {missing}")
+            outputs = step.layer.forward(
+                self.ctx, [tensors[name] for name in step.inputs], step.params
+            )
+            tensors.update(zip(step.outputs, outputs, strict=True))
+            for name in step.release:
+                tensors.pop(name, None)
+        return tensors[self.graph.output].reshape(batch, -1).astype(np.float32, copy=False)
 
     def profile(self, dense: Array, embeddings: Mapping[str, EmbeddingInput]) -> ForwardProfile:
         """Run :meth:`forward` once, timing each step of the plan.

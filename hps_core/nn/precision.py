@@ -15,19 +15,18 @@ How each mode runs:
 =========  =====================================  ==========================================
 mode       CuPy                                   NumPy
 =========  =====================================  ==========================================
-FP32       cuBLAS SGEMM-class GEMM (SIMT)         sgemm
-TF32       cuBLAS on TF32 tensor cores            :func:`round_to_tf32` on both operands,
-           (:func:`_tf32_tensor_cores`)           then sgemm (an emulation for checking)
+FP32       cuBLAS GEMM, ``CUBLAS_COMPUTE_32F``    sgemm
+TF32       cuBLAS GEMM on TF32 tensor cores       :func:`round_to_tf32` on both operands,
+           (``CUBLAS_COMPUTE_32F_FAST_TF32``)     then sgemm (an emulation for checking)
 FP16       cuBLAS on float16 operands, float32    both operands widened to float32, sgemm,
            compute type (tensor cores)            result rounded to float16
 =========  =====================================  ==========================================
 
-CuPy's ``matmul`` on float16 operands already accumulates in float32: its GEMM calls pass
-``CUBLAS_COMPUTE_32F`` for half-precision outputs whatever compute type is configured (only
-``COMPUTE_TYPE_PEDANTIC`` changes it, to ``CUBLAS_COMPUTE_32F_PEDANTIC``). A product whose
-result is one element is not a GEMM in CuPy (it runs a reduction kernel that would add in the
-output dtype), so :meth:`ComputeContext.matmul` computes that case in float32 from the rounded
-operands on both array modules.
+On CuPy the products go through :mod:`hps_core.gpu.blas`, which calls cuBLAS directly with the
+compute type of the mode (no process-wide switch) and can be recorded in a CUDA graph, which
+CuPy's own ``matmul`` cannot. A product whose result is one element is computed in float32
+from the rounded operands on both array modules (``ComputeContext._dot_in_float32``): cuBLAS
+may run such a product without tensor cores, where TF32 would not be applied.
 
 Accuracy measured on the CPU (NumPy) on the four HugeCTR fixture networks (DCN, DeepFM,
 DLRM, W&D; parameters from ``random_dense_params(seed=11)``, inputs normal with standard
@@ -47,9 +46,7 @@ GPU (CuPy, H200) accuracy: to be filled in from ``benchmarks/nn_forward_bench.py
 
 from __future__ import annotations
 
-import contextlib
 import enum
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
@@ -63,11 +60,6 @@ TF32_MANTISSA_BITS = 10
 _DROPPED_BITS = 23 - TF32_MANTISSA_BITS
 _HALF_DROPPED = (1 << (_DROPPED_BITS - 1)) - 1  # 0x0FFF: just under half a TF32 step
 _KEPT_MASK = (0xFFFFFFFF >> _DROPPED_BITS) << _DROPPED_BITS  # 0xFFFFE000
-
-#: ``cublasMath_t`` value of ``CUBLAS_TF32_TENSOR_OP_MATH`` (cublas_api.h); CuPy's ``cublas``
-#: module names only ``CUBLAS_DEFAULT_MATH`` and ``CUBLAS_TENSOR_OP_MATH``.
-CUBLAS_TF32_TENSOR_OP_MATH = 3
-
 
 class Precision(enum.Enum):
     """Numeric mode of the dense network."""
@@ -140,7 +132,7 @@ class ComputeContext:
 
     Raises:
         NotAvailableError: TF32 on a GPU without TF32 tensor cores (compute capability below
-            8.0), or with a CuPy that lacks the switches :func:`_tf32_tensor_cores` uses.
+            8.0).
     """
 
     xp: ModuleType
@@ -152,6 +144,11 @@ class ComputeContext:
         object.__setattr__(self, "_on_gpu", on_gpu)
         if on_gpu and self.precision is Precision.TF32:
             _check_tf32_available(self.xp)
+
+    @property
+    def on_gpu(self) -> bool:
+        """Whether arrays are CuPy's (layers may then use fused GPU kernels)."""
+        return self._on_gpu
 
     @property
     def dtype(self) -> np.dtype:
@@ -187,23 +184,26 @@ class ComputeContext:
         if a.shape[-2] == 1 and b.shape[-1] == 1:
             return self._dot_in_float32(a, b)
         xp = self.xp
+        if self._on_gpu:
+            from hps_core.gpu.blas import matmul
+
+            return matmul(a, b, self.precision.value)
         if self.precision is Precision.FP32:
             return xp.matmul(a, b)
         if self.precision is Precision.TF32:
-            if self._on_gpu:
-                with _tf32_tensor_cores(xp):
-                    return xp.matmul(a, b)
             return xp.matmul(round_to_tf32(xp, a), round_to_tf32(xp, b))
-        if self._on_gpu:
-            return xp.matmul(a, b)
         return xp.matmul(self.widen(a), self.widen(b)).astype(np.float16)
 
     def _dot_in_float32(self, a: Any, b: Any) -> Any:
         """Products with one output element per matrix, from the rounded operands."""
         if self.precision is Precision.TF32:
             a, b = round_to_tf32(self.xp, a), round_to_tf32(self.xp, b)
-        product = self.xp.matmul(self.widen(a), self.widen(b))
-        return self.cast(product)
+        a, b = self.widen(a), self.widen(b)
+        if self._on_gpu:
+            from hps_core.gpu.blas import matmul
+
+            return self.cast(matmul(a, b, Precision.FP32.value))
+        return self.cast(self.xp.matmul(a, b))
 
     def sum(self, array: Any, axis: int, keepdims: bool = False) -> Any:
         """Sum along ``axis`` accumulated in float32, returned in float32."""
@@ -218,61 +218,3 @@ def _check_tf32_available(cupy: ModuleType) -> None:
             f"precision 'tf32' needs TF32 tensor cores (compute capability 8.0 or newer); "
             f"GPU {device.id} has {capability // 10}.{capability % 10}"
         )
-    try:
-        from cupy._core import _routines_linalg as linalg
-    except ImportError as exc:
-        raise NotAvailableError(f"precision 'tf32': {exc}") from None
-    needed = (
-        (linalg, "get_compute_type"),
-        (linalg, "set_compute_type"),
-        (linalg, "COMPUTE_TYPE_TF32"),
-        (cupy.cuda.cublas, "getMathMode"),
-        (cupy.cuda.cublas, "setMathMode"),
-        (cupy.cuda.device, "get_cublas_handle"),
-    )
-    missing = [f"{module.__name__}.{name}" for module, name in needed if not hasattr(module, name)]
-    if missing:
-        raise NotAvailableError(
-            f"precision 'tf32' needs switches this CuPy {cupy.__version__} lacks: "
-            + ", ".join(missing)
-        )
-
-
-@contextlib.contextmanager
-def _tf32_tensor_cores(cupy: ModuleType) -> Iterator[None]:
-    """Let float32 products issued inside the block run on TF32 tensor cores.
-
-    Two switches are set because CuPy's ``matmul`` reaches cuBLAS two ways (read in CuPy's
-    ``cupy/_core/_routines_linalg.pyx``):
-
-    - 2-D products call ``cublasGemmEx`` with an explicit compute type taken from CuPy's
-      per-dtype setting (``cupy._core._routines_linalg.get_compute_type``):
-      ``CUBLAS_COMPUTE_32F`` by default, ``CUBLAS_COMPUTE_32F_FAST_TF32`` when float32's
-      setting is ``COMPUTE_TYPE_TF32``. The explicit fast-TF32 compute type is the documented
-      way to ask cuBLAS for TF32, so this setting is the switch for them. ``CUPY_TF32=1``
-      seeds the same setting, but once per process and for every product, which is why it is
-      not used here.
-    - Batched products (the Interaction's Gram matrices) call
-      ``cublasGemmStridedBatchedEx`` (or ``cublasSgemmBatched``) with the legacy
-      ``CUDA_R_32F`` compute type and never read CuPy's setting; for those the handle's math
-      mode ``CUBLAS_TF32_TENSOR_OP_MATH`` is the only switch.
-
-    ``tests/gpu/nn/test_nn_tf32_fp16.py`` checks that both kinds of product really round their
-    operands to TF32 (and that full float32 is back after the block). Both settings are
-    restored even on error, so other float32 products of the process keep full precision.
-    CuPy keeps the compute-type setting per process, not per thread: do not issue float32
-    products from other threads while a TF32 product is being issued.
-    """
-    from cupy._core import _routines_linalg as linalg
-
-    cublas = cupy.cuda.cublas
-    handle = cupy.cuda.device.get_cublas_handle()
-    previous_mode = cublas.getMathMode(handle)
-    previous_type = linalg.get_compute_type(np.float32)
-    linalg.set_compute_type(np.float32, linalg.COMPUTE_TYPE_TF32)
-    try:
-        cublas.setMathMode(handle, CUBLAS_TF32_TENSOR_OP_MATH)
-        yield
-    finally:
-        cublas.setMathMode(handle, previous_mode)
-        linalg.set_compute_type(np.float32, previous_type)

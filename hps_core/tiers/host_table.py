@@ -130,6 +130,24 @@ class SharedHostTable:
         """Bytes of shared memory the table occupies."""
         return self.layout.nbytes
 
+    def buffer_address(self) -> tuple[int, int]:
+        """Address and length of this process's mapping of the segment (for GPU access).
+
+        Returns:
+            ``(address, bytes)``; the hashes start at the address, the rows at
+            ``address + layout.values_offset``.
+        """
+        return int(self._hashes.ctypes.data), self.layout.nbytes
+
+    def index_arrays(self) -> tuple[np.ndarray, np.ndarray]:
+        """The row index: sorted hashes (one padding entry) and the bucket directory.
+
+        Returns:
+            Read-only views ``(hashes, starts)`` of the segment (see
+            :class:`~hps_core.tiers.hash_layout.HashLayout`).
+        """
+        return self._hashes, self._starts
+
     def _build(self, buffer: mmap.mmap) -> None:
         keys = np.fromfile(self.sparse_dir / KEY_FILE, dtype=KEY_DTYPE, count=self.rows)
         if len(keys) != self.rows:

@@ -46,8 +46,8 @@ def test_gpu_session_equals_the_reference(repo: Path, name: str) -> None:
     for batch in (1, 64, 256):
         dense, keys = model.samples(rng, batch)
         got = gpu.predict(contract.parse(*encode_hugectr(dense, keys)))
-        assert isinstance(got, cupy.ndarray)
-        model.check(got.get(), dense, keys)
+        assert isinstance(got, np.ndarray)  # the pipeline hands scores back on the host
+        model.check(got, dense, keys)
     assert gpu.lookup.uses_cache
     HPS.close_all()
 

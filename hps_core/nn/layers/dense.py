@@ -52,8 +52,12 @@ class InnerProduct(Layer):
     ) -> tuple[Array, ...]:
         weight, bias = params
         y = ctx.matmul(inputs[0], weight)
+        if ctx.on_gpu:
+            from hps_core.gpu.dense_ops import bias_activation
+
+            return (bias_activation(y, ctx.cast(bias), self.fuse_relu),)
         # In place on the product, which is in the storage dtype: under FP16 each element is
-        # added in float32 and rounded once, on NumPy and CuPy alike.
+        # added in float32 and rounded once (the fused GPU kernel does the same).
         y += ctx.cast(bias)
         if self.fuse_relu:
             ctx.xp.maximum(y, 0, out=y)

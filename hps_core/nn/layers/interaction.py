@@ -10,7 +10,7 @@ import numpy as np
 
 from hps_core.nn.layers.base import Array, Layer, expect_counts, expect_rank
 from hps_core.nn.network_json import LayerSpec
-from hps_core.nn.precision import ComputeContext
+from hps_core.nn.precision import ComputeContext, Precision
 from hps_core.nn.shapes import TensorShape
 
 
@@ -54,6 +54,12 @@ class Interaction(Layer):
         xp = ctx.xp
         mlp, emb = inputs
         rows, n = mlp.shape[0], self.num_vectors
+        if ctx.on_gpu:
+            from hps_core.gpu import dense_ops
+
+            if dense_ops.interaction_fits(n, mlp.shape[1]):
+                tf32 = ctx.precision is Precision.TF32
+                return (dense_ops.interaction(ctx.cast(mlp), ctx.cast(emb), tf32),)
         stacked = xp.concatenate([mlp[:, None, :], emb], axis=1)
         gram = ctx.matmul(stacked, stacked.transpose(0, 2, 1)).reshape(rows, n * n)
         pairs = xp.take(gram, self._lower_triangle(xp), axis=1)

@@ -1,0 +1,360 @@
+"""A ranking batch on the GPU: hps-triton's pipeline against the PyTorch DLRM a user would write.
+
+Model: a ps.json ranking model with HugeCTR's DLRM layout as ``make_large_dlrm.py`` writes it
+(``--ps-json``; 26 tables, dim 128, one key per slot, key ``i`` is row ``i``). Keys are drawn
+Zipf(``--alpha``) over each table's rows, dense features uniform, one-hot samples, on the
+host (what Triton hands over) as :class:`~hps_core.infer.SparseBatch`.
+
+hps-triton: :class:`~hps_core.infer.RankingSession` on GPU 0 (the CUDA-graph pipeline of
+:mod:`hps_core.gpu.pipeline`), for each cache setting (``--caches``: ``gpucacheper`` values
+and ``static``), after ``--warmup`` warm-up batches of 16,384 samples; predict() returns host
+scores, so each timed call is keys in -> scores out, synchronised.
+
+The peer: the same network in PyTorch with every table whole on the GPU (``nn.EmbeddingBag``
+per table), the bottom MLP, HugeCTR's dot interaction (Gram matrix, lower triangle, a zero),
+the top MLP and a sigmoid, with the same weights; inputs copied from pinned host buffers with
+``non_blocking=True``; eager, and replayed from a CUDA graph per batch size. Both compute the
+same function: the script checks their scores agree before timing.
+
+Per (batch, precision): median over ``--runs`` calls on fresh batches; ms, samples/s, ratio
+to the eager peer, key-occurrence and unique-key hit rate of the timed batches, GPU memory.
+Also the GPU time of the pipeline's two graphs (lookup+insert, dense) from CUDA events.
+Writes ``ranking_vs_pytorch.csv`` and a plot (with matplotlib) under ``--out``.
+
+Usage:
+    python benchmarks/make_large_dlrm.py --out /tmp/dlrm --max-rows-per-table 1000000 \\
+        --max-batch-size 65536
+    python benchmarks/ranking_vs_pytorch.py --ps-json /tmp/dlrm/ps.json --out $OUT
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import statistics
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import cupy
+import numpy as np
+import torch
+
+from hps_core.config import load_ps_config
+from hps_core.formats.sparse import read_sparse_table
+from hps_core.hps import HPS
+from hps_core.infer import RankingSession, SparseBatch, load_ranking_graph
+from hps_core.nn import read_dense_blob
+from hps_core.workload import zipf_keys
+
+WARMUP_BATCH = 16384
+
+
+class TorchDlrm(torch.nn.Module):
+    """HugeCTR's DLRM graph in PyTorch: EmbeddingBag per table, MLPs, dot interaction."""
+
+    def __init__(self, tables: list[np.ndarray], bottom, top) -> None:
+        super().__init__()
+        self.tables = torch.nn.ModuleList(
+            torch.nn.EmbeddingBag.from_pretrained(torch.from_numpy(t), mode="sum")
+            for t in tables
+        )
+        self.bottom = torch.nn.ModuleList(_linear(w, b) for w, b in bottom)
+        self.top = torch.nn.ModuleList(_linear(w, b) for w, b in top)
+        n = len(tables) + 1
+        i, j = np.tril_indices(n, k=-1)
+        self.register_buffer("pairs", torch.from_numpy(i * n + j))
+
+    def forward(self, dense: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
+        x = dense
+        for layer in self.bottom:
+            x = torch.relu(layer(x))
+        batch = keys.shape[0]
+        offsets = torch.arange(batch, device=keys.device)
+        emb = [bag(keys[:, t], offsets) for t, bag in enumerate(self.tables)]
+        stacked = torch.stack([x, *emb], dim=1)
+        gram = torch.bmm(stacked, stacked.transpose(1, 2)).flatten(1)
+        z = torch.cat([x, gram[:, self.pairs], x.new_zeros(batch, 1)], dim=1)
+        for k, layer in enumerate(self.top):
+            z = layer(z)
+            if k < len(self.top) - 1:
+                z = torch.relu(z)
+        return torch.sigmoid(z)
+
+
+def _linear(weight: np.ndarray, bias: np.ndarray) -> torch.nn.Linear:
+    layer = torch.nn.Linear(weight.shape[0], weight.shape[1])
+    with torch.no_grad():
+        layer.weight.copy_(torch.from_numpy(np.ascontiguousarray(weight.T)))
+        layer.bias.copy_(torch.from_numpy(bias.ravel()))
+    return layer
+
+
+def torch_peer(ps_json: Path, model: str) -> TorchDlrm:
+    config = load_ps_config(ps_json).model(model)
+    graph, _ = load_ranking_graph(config)
+    params = read_dense_blob(config.dense_file, graph.dense_layout())
+    fcs = [n for n in params if "_fc" in n]
+    bottom = [params[n] for n in sorted(f for f in fcs if f.startswith("bot"))]
+    top = [params[n] for n in sorted(f for f in fcs if f.startswith("top"))]
+    tables = []
+    for table in config.tables:
+        keys, vectors = read_sparse_table(table.sparse_file, table.dim)
+        assert np.array_equal(keys, np.arange(len(keys))), "key i must be row i"
+        tables.append(vectors)
+    return TorchDlrm(tables, bottom, top).cuda().eval()
+
+
+class PeerRunner:
+    """The peer as a careful user runs it: pinned inputs, non-blocking copies, optionally
+    replayed from a CUDA graph per batch size."""
+
+    def __init__(self, net: TorchDlrm, graphs: bool) -> None:
+        self.net = net
+        self.graphs = graphs
+        self._state: dict[int, Any] = {}
+
+    def __call__(self, dense: np.ndarray, keys: np.ndarray) -> np.ndarray:
+        batch = dense.shape[0]
+        state = self._state.get(batch)
+        if state is None:
+            state = self._state[batch] = self._prepare(dense, keys)
+        pin_dense, pin_keys, dev_dense, dev_keys, graph, out = state
+        pin_dense.numpy()[:] = dense
+        pin_keys.numpy()[:] = keys
+        dev_dense.copy_(pin_dense, non_blocking=True)
+        dev_keys.copy_(pin_keys, non_blocking=True)
+        with torch.no_grad():
+            if graph is not None:
+                graph.replay()
+                result = out
+            else:
+                result = self.net(dev_dense, dev_keys)
+        return result.cpu().numpy()
+
+    def _prepare(self, dense: np.ndarray, keys: np.ndarray):
+        pin_dense = torch.from_numpy(dense.copy()).pin_memory()
+        pin_keys = torch.from_numpy(keys.copy()).pin_memory()
+        dev_dense, dev_keys = pin_dense.cuda(), pin_keys.cuda()
+        graph = out = None
+        if self.graphs:
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side), torch.no_grad():
+                for _ in range(3):
+                    self.net(dev_dense, dev_keys)
+            torch.cuda.current_stream().wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph), torch.no_grad():
+                out = self.net(dev_dense, dev_keys)
+        return pin_dense, pin_keys, dev_dense, dev_keys, graph, out
+
+
+def make_batch(rng: np.random.Generator, rows: list[int], batch: int, alpha: float, dense_dim: int):
+    keys = np.stack(
+        [zipf_keys(rng, batch, r, alpha, permutation_seed=t) for t, r in enumerate(rows)], axis=1
+    )
+    dense = rng.random((batch, dense_dim), dtype=np.float32)
+    offsets = np.arange(batch + 1, dtype=np.int64)
+    sparse = SparseBatch(dense, tuple(keys[:, t].copy() for t in range(len(rows))),
+                         tuple(offsets for _ in rows))  # fmt: skip
+    return dense, keys, sparse
+
+
+def variant(ps_json: Path, cache: str) -> Path:
+    ps = json.loads(ps_json.read_text())
+    model = ps["models"][0]
+    if cache == "static":
+        model["embedding_cache_type"] = "static"
+    else:
+        model["gpucacheper"] = float(cache)
+        model["embedding_cache_type"] = "dynamic"
+    model["max_batch_size"] = max(model.get("max_batch_size", 0), 65536)
+    path = ps_json.parent / f"ps_bench_{cache}.json"
+    path.write_text(json.dumps(ps))
+    return path
+
+
+def timed(fn, calls: list[tuple], runs: int) -> float:
+    """Median seconds of ``runs`` calls of ``fn``, cycling through the argument tuples."""
+    times = []
+    for i in range(runs):
+        args = calls[i % len(calls)]
+        start = time.perf_counter()
+        fn(*args)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def unique_hit_rate(session: RankingSession, keys: np.ndarray) -> float:
+    """Share of the distinct (table, key) pairs of ``keys`` the GPU holds now."""
+    hits = total = 0
+    for t in range(keys.shape[1]):
+        table = session.lookup.table(t)
+        unique = np.unique(keys[:, t])
+        total += len(unique)
+        cache = getattr(table, "cache", None)
+        if cache is None or not hasattr(cache, "dump"):
+            hits += len(unique) if cache is not None else 0
+            continue
+        hits += int(np.count_nonzero(np.isin(unique, cache.dump().get())))
+    return hits / total if total else 0.0
+
+
+def graph_times(session: RankingSession, sparse: SparseBatch) -> tuple[float, float]:
+    """GPU ms of the lookup graph and of the dense graph for this batch (CUDA events)."""
+    pipe = session.pipeline
+    from hps_core.gpu.staging import bucket_for
+
+    bucket = pipe._bucket(bucket_for(sparse.batch_size))
+    pipe._stage(bucket, sparse)
+    events = [cupy.cuda.Event() for _ in range(3)]
+    stream = pipe._stream
+    sparse_graph, dense_graph = bucket.graphs
+    with cupy.cuda.Device(0), stream:
+        events[0].record(stream)
+        with pipe.bank.section():
+            sparse_graph.launch(stream)
+        events[1].record(stream)
+        dense_graph.launch(stream)
+        events[2].record(stream)
+        events[2].synchronize()
+    return (cupy.cuda.get_elapsed_time(events[0], events[1]),
+            cupy.cuda.get_elapsed_time(events[1], events[2]))  # fmt: skip
+
+
+def gpu_memory_mib() -> int:
+    out = subprocess.run(
+        ["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
+        check=True, capture_output=True, text=True,
+    )  # fmt: skip
+    return int(out.stdout.split()[0])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--ps-json", type=Path, required=True)
+    parser.add_argument("--batches", default="1,64,1024,16384,65536")
+    parser.add_argument("--precisions", default="fp32,tf32")
+    parser.add_argument("--caches", default="0.2,0.5,static")
+    parser.add_argument("--alpha", type=float, default=1.05)
+    parser.add_argument("--warmup", type=int, default=40)
+    parser.add_argument("--runs", type=int, default=10)
+    parser.add_argument("--out", type=Path, default=Path("bench_results"))
+    args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    batches = [int(b) for b in args.batches.split(",")]
+    config = load_ps_config(args.ps_json).model(load_ps_config(args.ps_json).models[0].name)
+    name = config.name
+    rows = [(t.sparse_file / "key").stat().st_size // 8 for t in config.tables]
+    dense_dim = config.maxnum_des_feature_per_sample
+    print(f"model {name}: {len(rows)} tables, {sum(rows):,} rows, GPU "
+          f"{cupy.cuda.runtime.getDeviceProperties(0)['name'].decode()}")  # fmt: skip
+    started = time.perf_counter()
+    net = torch_peer(args.ps_json, name)
+    print(f"peer loaded in {time.perf_counter() - started:.1f} s")
+    rng = np.random.default_rng(0)
+    results = []
+    for precision in args.precisions.split(","):
+        torch.backends.cuda.matmul.allow_tf32 = precision == "tf32"
+        torch.backends.cudnn.allow_tf32 = precision == "tf32"
+        peers = {"eager": PeerRunner(net, graphs=False), "graph": PeerRunner(net, graphs=True)}
+        peer_ms: dict[tuple[str, int], float] = {}
+        for batch in batches:
+            inputs = [make_batch(rng, rows, batch, args.alpha, dense_dim) for _ in range(4)]
+            for kind, runner in peers.items():
+                for dense, keys, _ in inputs[:2]:
+                    runner(dense, keys)  # warm-up (and graph capture)
+                ms = timed(runner, [(d, k) for d, k, _ in inputs], runs=args.runs)
+                peer_ms[(kind, batch)] = 1e3 * ms
+                results.append(dict(system=f"pytorch-{kind}", cache="all on GPU",
+                                    precision=precision, batch=batch, ms=1e3 * ms))  # fmt: skip
+            torch.cuda.empty_cache()
+        for cache in args.caches.split(","):
+            ps = variant(args.ps_json, cache)
+            session = RankingSession.open(ps, name, device_id=0, precision=precision)
+            started = time.perf_counter()
+            for _ in range(args.warmup):
+                session.predict(make_batch(rng, rows, WARMUP_BATCH, args.alpha, dense_dim)[2])
+            print(f"{precision} cache {cache}: warmed in {time.perf_counter() - started:.1f} s")
+            for batch in batches:
+                inputs = [make_batch(rng, rows, batch, args.alpha, dense_dim) for _ in range(4)]
+                want = PeerRunner(net, graphs=False)(inputs[0][0], inputs[0][1])
+                got = session.predict(inputs[0][2])
+                error = float(np.max(np.abs(got - want)))
+                for _, _, sparse in inputs[1:3]:
+                    session.predict(sparse)
+                unique = unique_hit_rate(session, inputs[3][1])
+                before = session.lookup.counters()
+                ms = timed(session.predict, [(s,) for _, _, s in inputs], runs=args.runs)
+                after = session.lookup.counters()
+                hits = sum(a.cache_hits - b.cache_hits for a, b in zip(after, before, strict=True))
+                keys = sum(a.keys - b.keys for a, b in zip(after, before, strict=True))
+                lookup_ms, dense_ms = graph_times(session, inputs[1][2])
+                results.append(dict(
+                    system="hps-triton", cache=cache, precision=precision, batch=batch,
+                    ms=1e3 * ms, key_hit_rate=hits / keys if keys else 0.0,
+                    unique_hit_rate=unique, max_abs_diff_vs_peer=error,
+                    gpu_lookup_ms=lookup_ms, gpu_dense_ms=dense_ms,
+                    gpu_mib=gpu_memory_mib(),
+                ))  # fmt: skip
+                peer = peer_ms[("eager", batch)]
+                print(f"  batch {batch}: {1e3 * ms:.3f} ms (peer eager {peer:.3f}), |diff| "
+                      f"{error:.2e}, GPU lookup {lookup_ms:.3f} dense {dense_ms:.3f} ms",
+                      flush=True)  # fmt: skip
+            HPS(ps).close()
+        for r in results:
+            if r["precision"] == precision:
+                r["samples_per_s"] = r["batch"] / (r["ms"] / 1e3)
+                r["x_peer_eager"] = peer_ms[("eager", r["batch"])] / r["ms"]
+    columns = ["system", "cache", "precision", "batch", "ms", "samples_per_s", "x_peer_eager",
+               "key_hit_rate", "unique_hit_rate", "gpu_lookup_ms", "gpu_dense_ms", "gpu_mib",
+               "max_abs_diff_vs_peer"]  # fmt: skip
+    with open(args.out / "ranking_vs_pytorch.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, columns, extrasaction="ignore")
+        writer.writeheader()
+        writer.writerows(results)
+    print(f"\n| {' | '.join(columns)} |")
+    print("|" + " --- |" * len(columns))
+    for r in results:
+        cells = []
+        for c in columns:
+            v = r.get(c, "")
+            cells.append(f"{v:,.4g}" if isinstance(v, float) else str(v))
+        print(f"| {' | '.join(cells)} |")
+    plot(results, args.out / "ranking_vs_pytorch.png")
+
+
+def plot(results: list[dict], path: Path) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return
+    precisions = sorted({r["precision"] for r in results})
+    fig, axes = plt.subplots(1, len(precisions), figsize=(6 * len(precisions), 4.5), squeeze=False)
+    for ax, precision in zip(axes[0], precisions, strict=True):
+        series: dict[str, list[tuple[int, float]]] = {}
+        for r in results:
+            if r["precision"] == precision:
+                label = r["system"] if r["system"] != "hps-triton" else f"hps-triton {r['cache']}"
+                series.setdefault(label, []).append((r["batch"], r["samples_per_s"]))
+        for label, points in sorted(series.items()):
+            xs, ys = zip(*sorted(points), strict=True)
+            ax.plot(xs, ys, marker="o", label=label)
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("samples per batch")
+        ax.set_ylabel("samples/s")
+        ax.set_title(f"DLRM on one GPU, {precision}")
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,14 @@
+"""The ranking pipeline on a GPU: a batch of samples in, scores out, in one pass over the device.
+
+Data flow of one batch (:mod:`~hps_core.gpu.pipeline`)::
+
+    SparseBatch (host) -> pinned staging (staging) -> one copy to the GPU
+      -> bank_lookup: every table at once (bank, kernels/bank.cu): GPU cache, host tier read
+         in place (host_mapping), default vectors; pooled into the dense network's input
+      -> bank_insert: misses into the dynamic caches
+      -> dense network: cuBLAS products (blas) with fused epilogues (dense_ops, kernels/dense.cu)
+      -> one copy of the scores to the host
+
+Every module but :mod:`~hps_core.gpu.staging` needs CuPy; none is imported here, so the
+package imports on machines without it.
+"""

@@ -1,0 +1,243 @@
+"""The device state of every table of one model on one GPU, described to the kernels at once.
+
+A :class:`CacheBank` gathers, per table the dense network uses: its dynamic cache's slots (the
+caches :class:`~hps_core.lookup.ModelLookup` made, shared with other processes or not), or its
+static table, the row index of its host tier copied to the GPU (8 bytes per row of sorted
+hashes plus the bucket directory, so misses are found without a host round trip), the address
+of its host-tier rows mapped for zero-copy reads (:mod:`hps_core.gpu.host_mapping`), insert
+locks, and device counters. :meth:`CacheBank.descriptors` turns that, plus where each table's
+keys and outputs sit in a batch, into the ``Table`` array ``kernels/bank.cu`` reads.
+
+Per-table Python runs here, once, at load time; a batch is then two kernel launches for all
+tables (``bank_lookup``, ``bank_insert``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import cupy
+import numpy as np
+
+from hps_core.cache.cupy_cache import CupyDynamicCache
+from hps_core.cache.order import StreamOrder
+from hps_core.cache.static_table import StaticTable
+from hps_core.gpu.counters import (
+    C_EVICTIONS,
+    C_HITS,
+    C_INSERTS,
+    C_KEYS,
+    C_MISSES,
+    C_UNKNOWN,
+    NUM_COUNTERS,
+)
+from hps_core.gpu.host_mapping import map_host_table, unmap_host_table
+from hps_core.lookup.model_lookup import ModelLookup
+from hps_core.lookup.table_lookup import CachedTableLookup, TableCounters
+
+TABLE_DTYPE = np.dtype(
+    [
+        ("cache_keys", "<u8"),
+        ("cache_stamps", "<u8"),
+        ("cache_values", "<u8"),
+        ("locks", "<u8"),
+        ("index_hashes", "<u8"),
+        ("index_starts", "<u8"),
+        ("values", "<u8"),
+        ("cache_sets", "<u8"),
+        ("keys_at", "<i8"),
+        ("offsets_at", "<i8"),
+        ("out_at", "<i8"),
+        ("out_shift", "<i8"),
+        ("out_stride", "<i8"),
+        ("slot_num", "<i4"),
+        ("dim", "<i4"),
+        ("bucket_bits", "<i4"),
+        ("starts64", "<i4"),
+        ("combiner", "<i4"),
+        ("host_values", "<i4"),
+        ("default_value", "<f4"),
+        ("pad", "<i4"),
+    ]
+)
+"""``struct Table`` of ``kernels/bank.cu``, field for field."""
+
+MISS_DTYPE = np.dtype([("key", "<i8"), ("src", "<u8"), ("table", "<i4"), ("pad", "<i4")])
+"""``struct Miss`` of ``kernels/bank.cu``."""
+
+
+@dataclass(frozen=True)
+class TablePlacement:
+    """Where one table's keys and pooled outputs sit in a batch of ``B`` samples (elements).
+
+    Args:
+        table: the table's index in the model.
+        slot_num: slots per sample.
+        combiner: ``0`` sum, ``1`` mean (``kernels.COMBINER_*``).
+        keys_at: its keys start at ``B * keys_at`` of the key buffer.
+        offsets_at: its row offsets start at ``B * offsets_at + position`` of the offset buffer
+            (``position``: its index among the placed tables).
+        out_at, out_shift, out_stride: its output for sample ``b``, slot ``s`` starts at
+            ``B * out_at + out_shift + b * out_stride + s * dim`` of the output buffer.
+    """
+
+    table: int
+    slot_num: int
+    combiner: int
+    keys_at: int
+    offsets_at: int
+    out_at: int
+    out_shift: int
+    out_stride: int
+
+
+@dataclass
+class _TableState:
+    cache: CupyDynamicCache | None
+    static: StaticTable | None
+    host: Any
+    index: tuple[Any, Any] | None  # host index on the GPU: (hashes, starts)
+    values_ptr: int  # device-visible address of the rows the index points into
+    host_values: bool
+    locks: Any
+    bucket_bits: int
+    default_value: float
+    dim: int
+
+
+class CacheBank:
+    """Device state of a model's tables on one GPU, for the batch kernels.
+
+    Args:
+        lookup: the model's lookup session on that GPU; every table is opened.
+        tables: the tables to serve, in the order of their descriptors.
+
+    Raises:
+        NotAvailableError: a host tier cannot be mapped for GPU access.
+    """
+
+    def __init__(self, lookup: ModelLookup, tables: Sequence[int]) -> None:
+        if lookup.device_id is None:
+            raise ValueError("a cache bank needs a GPU lookup session")
+        self.lookup = lookup
+        self.device_id = lookup.device_id
+        self.tables = tuple(tables)
+        lookup.open_all()
+        self._states: list[_TableState] = []
+        with cupy.cuda.Device(self.device_id):
+            self.order: StreamOrder = lookup.stream_order()
+            # Warm-up and earlier lookups ran on other streams: let them finish first.
+            cupy.cuda.Device(self.device_id).synchronize()
+            try:
+                for t in self.tables:
+                    self._states.append(self._open(t))
+            except BaseException:
+                self.close()
+                raise
+            self.counters = cupy.zeros((len(self.tables), NUM_COUNTERS), dtype=cupy.uint64)
+        self.batches = 0
+
+    def _open(self, t: int) -> _TableState:
+        table = self.lookup.table(t)
+        host = table.host
+        cache = static = None
+        if isinstance(table, CachedTableLookup):
+            if isinstance(table.cache, StaticTable):
+                static = table.cache
+            else:
+                cache = table.cache
+                if not cache.shared:
+                    cache.order = self.order
+        locks = cupy.zeros(cache.num_sets if cache is not None else 1, dtype=cupy.int32)
+        if static is not None:
+            return _TableState(
+                None, static, host, None, static.values_ptr, False, locks,
+                static.bucket_bits, float(host.default_value), host.dim,
+            )  # fmt: skip
+        hashes, starts = host.index_arrays()
+        index = (cupy.asarray(hashes), cupy.asarray(starts))
+        values_ptr = map_host_table(host, self.device_id)
+        return _TableState(
+            cache, None, host, index, values_ptr, True, locks, host.layout.bucket_bits,
+            float(host.default_value), host.dim,
+        )  # fmt: skip
+
+    @property
+    def shared(self) -> bool:
+        """Whether the dynamic caches are shared with other processes."""
+        return self.lookup.shares_caches
+
+    def section(self) -> contextlib.AbstractContextManager[Any]:
+        """Context for launching work on the caches: after (and before) every other stream's
+        and, for shared caches, every other process's work on them."""
+        group = self.lookup.cache_group
+        return group.section() if group is not None else self.order.section()
+
+    def descriptors(self, placements: Sequence[TablePlacement]) -> Any:
+        """The ``Table`` array of ``kernels/bank.cu`` for ``placements`` (one per table, in
+        the bank's order), on the GPU.
+
+        Args:
+            placements: where each table's keys and outputs sit in a batch.
+
+        Returns:
+            A CuPy uint8 array of ``len(placements) * TABLE_DTYPE.itemsize`` bytes.
+        """
+        rows = np.zeros(len(placements), dtype=TABLE_DTYPE)
+        for row, place, state in zip(rows, placements, self._states, strict=True):
+            if state.cache is not None:
+                row["cache_keys"] = state.cache._keys.data.ptr
+                row["cache_stamps"] = state.cache._stamps.data.ptr
+                row["cache_values"] = state.cache._values.data.ptr
+                row["cache_sets"] = state.cache.num_sets
+            if state.static is not None:
+                hashes, starts = state.static.index_arrays()
+            else:
+                hashes, starts = state.index
+            row["index_hashes"] = hashes.data.ptr
+            row["index_starts"] = starts.data.ptr
+            row["starts64"] = int(starts.dtype.itemsize == 8)
+            row["values"] = state.values_ptr
+            row["locks"] = state.locks.data.ptr
+            row["host_values"] = int(state.host_values)
+            row["bucket_bits"] = state.bucket_bits
+            row["default_value"] = state.default_value
+            row["dim"] = state.dim
+            for name in ("slot_num", "combiner", "keys_at", "offsets_at", "out_at"):
+                row[name] = getattr(place, name)
+            row["out_shift"] = place.out_shift
+            row["out_stride"] = place.out_stride
+        with cupy.cuda.Device(self.device_id):
+            return cupy.asarray(rows.view(np.uint8))
+
+    def table_counters(self) -> list[TableCounters]:
+        """The device counters per model table (zeros for tables the bank does not serve);
+        one device-to-host copy."""
+        with cupy.cuda.Device(self.device_id):
+            values = self.counters.get()
+        out = [TableCounters() for _ in range(self.lookup.num_tables)]
+        for row, t in zip(values.tolist(), self.tables, strict=True):
+            keys = int(row[C_KEYS])
+            out[t] = TableCounters(
+                lookups=self.batches,
+                keys=keys,
+                unique_keys=keys,  # not deduplicated: the hit rate is per key occurrence
+                cache_hits=int(row[C_HITS]),
+                cache_misses=int(row[C_MISSES]),
+                unknown_keys=int(row[C_UNKNOWN]),
+                inserted_keys=int(row[C_INSERTS]),
+                evictions=int(row[C_EVICTIONS]),
+            )
+        return out
+
+    def close(self) -> None:
+        """Release the host mappings (before the host tables close)."""
+        for state in self._states:
+            if state.host_values:
+                unmap_host_table(state.host)
+            if state.cache is not None and state.cache.order is self.order:
+                state.cache.order = None
+        self._states = []

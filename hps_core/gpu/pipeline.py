@@ -1,0 +1,377 @@
+"""A ranking model on one GPU: a batch of samples in, scores out, in one pass over the GPU.
+
+Per batch the host validates nothing on the device and waits for the GPU once:
+
+1. the batch is copied into a pinned staging buffer laid out as its device twin (the keys of
+   every table, their CSR row offsets as int32, the dense features), padded to a size bucket;
+2. one host-to-device copy;
+3. ``bank_lookup`` (one launch, every table): cache probe, host-tier rows read in place for
+   misses, default vectors for unknown keys, pooled straight into the dense network's input
+   (the output of the Concat of all embeddings when the network has one);
+4. ``bank_insert``: the misses go into the dynamic caches, on the GPU;
+5. the dense network (:meth:`~hps_core.nn.DenseExecutor.forward_given`: cuBLAS products with
+   fused bias and activation, the dot interaction in one kernel);
+6. one device-to-host copy of the scores; the only synchronisation.
+
+Steps 2-4 and 5-6 are each recorded once per bucket as a CUDA graph (batch sizes are padded
+to the next power of two; padded samples have no keys and their scores are dropped), so a
+batch costs two graph launches however many tables and layers the model has. The graphs'
+intermediate tensors live in a memory pool of their own, which nothing else uses. Step 2-4 runs
+inside the caches' ordering section (:meth:`CacheBank.section`), so other streams and, for
+shared caches, other processes never see a half-done insert.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import cupy
+import numpy as np
+
+from hps_core.errors import RequestError
+from hps_core.gpu import kernels
+from hps_core.gpu.bank import MISS_DTYPE, CacheBank, TablePlacement
+from hps_core.gpu.staging import BatchLayout, bucket_for
+from hps_core.infer.batch import SparseBatch
+from hps_core.infer.layout import RankingLayout, TableFeed
+from hps_core.lookup.model_lookup import ModelLookup
+from hps_core.nn import Combiner, DenseExecutor
+
+logger = logging.getLogger("hps_core")
+
+_H2D, _D2H = 1, 2  # cudaMemcpyHostToDevice, cudaMemcpyDeviceToHost
+_CAPTURE_THREAD_LOCAL = 1  # cudaStreamCaptureModeThreadLocal
+_INSERT_BLOCKS_PER_SM = 8
+
+
+@dataclass
+class _Bucket:
+    layout: BatchLayout
+    staging: np.ndarray  # pinned, the host twin of `inputs`
+    inputs: Any
+    embeddings: Any
+    given: dict[str, Any]
+    misses: Any
+    miss_count: Any
+    scores_host: np.ndarray  # pinned
+    pool: Any
+    scores: Any = None
+    graphs: tuple[Any, Any] | None = None
+    batches: int = 0
+
+
+class GpuRankingPipeline:
+    """Scores of a ranking model on one GPU, a batch at a time (see the module docstring).
+
+    Args:
+        layout: the model's tables and widths.
+        executor: its dense network on CuPy, on ``lookup``'s GPU.
+        lookup: its lookup session on that GPU (tables, caches, shared-cache group).
+        graphs: record each bucket as CUDA graphs (``False``: launch every kernel each time;
+            for debugging and to measure what the graphs save).
+
+    Example:
+        >>> pipeline = GpuRankingPipeline(layout, executor, lookup)  # doctest: +SKIP
+        >>> pipeline.predict(batch).shape  # doctest: +SKIP
+        (1024, 1)
+    """
+
+    def __init__(
+        self,
+        layout: RankingLayout,
+        executor: DenseExecutor,
+        lookup: ModelLookup,
+        graphs: bool = True,
+    ) -> None:
+        if lookup.device_id is None:
+            raise ValueError("the GPU pipeline needs a lookup session on a GPU")
+        self.layout = layout
+        self.executor = executor
+        self.lookup = lookup
+        self.device_id = lookup.device_id
+        self.graphs = graphs
+        used = set(executor.embedding_names)
+        self.feeds: tuple[TableFeed, ...] = tuple(f for f in layout.tables if f.layer in used)
+        self._tops = dict(zip(executor.embedding_names, executor.embedding_tops(), strict=True))
+        self._concat = executor.embedding_concat()
+        self._placements = self._place()
+        self._slot_table = np.concatenate(
+            [np.full(f.slot_num, u, np.int32) for u, f in enumerate(self.feeds)] or [[]]
+        ).astype(np.int32)
+        self._slot_local = np.concatenate(
+            [np.arange(f.slot_num, dtype=np.int32) for f in self.feeds] or [[]]
+        ).astype(np.int32)
+        self._keys_per_sample = sum(f.max_keys_per_sample for f in self.feeds)
+        self._bank: CacheBank | None = None
+        self._buckets: dict[int, _Bucket] = {}
+        self._lock = threading.Lock()
+        with cupy.cuda.Device(self.device_id):
+            self._stream = cupy.cuda.Stream(non_blocking=True)
+            self._bank_kernels = kernels.module("bank", self.device_id)
+            self._insert_blocks = (
+                cupy.cuda.Device().attributes["MultiProcessorCount"] * _INSERT_BLOCKS_PER_SM
+            )
+
+    # -- layout -------------------------------------------------------------------------------
+
+    def _place(self) -> tuple[TablePlacement, ...]:
+        """Where each table's keys, offsets and pooled output go (see :class:`TablePlacement`).
+
+        With a Concat of all embeddings the output is that Concat's ``[B, S, D]`` tensor;
+        otherwise each table has its own ``[B, S_t, D_t]`` region, regions padded to whole
+        16-byte units so every row stays aligned for vector loads.
+        """
+        placements = []
+        keys_at = offsets_at = out_at = slot_at = 0
+        total_slots = sum(f.slot_num for f in self.feeds)
+        for f in self.feeds:
+            if self._concat is not None:
+                shift, stride, at = slot_at * f.vec_size, total_slots * f.vec_size, 0
+            else:
+                shift, stride, at = 0, f.slot_num * f.vec_size, out_at
+            combiner = kernels.COMBINER_MEAN if f.combiner is Combiner.MEAN else 0
+            placements.append(
+                TablePlacement(
+                    f.table, f.slot_num, combiner, keys_at, offsets_at, at, shift, stride
+                )
+            )
+            keys_at += f.max_keys_per_sample
+            offsets_at += f.slot_num
+            out_at += -(-f.slot_num * f.vec_size // 4) * 4
+            slot_at += f.slot_num
+        self._out_per_sample = (
+            total_slots * self.feeds[0].vec_size if self._concat is not None and self.feeds
+            else out_at
+        )  # fmt: skip
+        return tuple(placements)
+
+    @property
+    def bank(self) -> CacheBank:
+        """The device state of the tables (opened on first use)."""
+        if self._bank is None:
+            self._bank = CacheBank(self.lookup, [p.table for p in self._placements])
+            with cupy.cuda.Device(self.device_id):
+                self._descriptors = self._bank.descriptors(self._placements)
+                self._slot_table_d = cupy.asarray(self._slot_table)
+                self._slot_local_d = cupy.asarray(self._slot_local)
+        return self._bank
+
+    # -- serving ------------------------------------------------------------------------------
+
+    def predict(self, batch: SparseBatch) -> np.ndarray:
+        """Scores of every sample of ``batch``.
+
+        Args:
+            batch: host arrays, validated by a request contract (offsets rise from 0 to the
+                number of keys of each table).
+
+        Returns:
+            float32 ``[batch_size, label_dim]`` on the host.
+
+        Raises:
+            RequestError: the batch does not fit the model.
+        """
+        samples = batch.batch_size
+        if samples == 0:
+            return np.empty((0, self.layout.label_dim), np.float32)
+        size = bucket_for(max(samples, self._samples_for_keys(batch)))
+        with self._lock, cupy.cuda.Device(self.device_id):
+            bank = self.bank
+            bucket = self._bucket(size)
+            self._stage(bucket, batch)
+            self._run(bucket)
+            self._stream.synchronize()
+            bank.batches += 1
+            bucket.batches += 1
+            return bucket.scores_host[:samples].copy()
+
+    def _samples_for_keys(self, batch: SparseBatch) -> int:
+        """Samples whose key capacity holds every table's keys (multi-hot requests may carry
+        more keys per sample than ``maxnum_catfeature_query_per_table_per_sample``)."""
+        need = 0
+        for f in self.feeds:
+            n = int(batch.keys[f.table].shape[0])
+            need = max(need, -(-n // max(f.max_keys_per_sample, 1)))
+        return need
+
+    def _stage(self, bucket: _Bucket, batch: SparseBatch) -> None:
+        lay = bucket.layout
+        keys, offsets, dense = lay.views(bucket.staging)
+        samples = batch.batch_size
+        if batch.dense.shape != (samples, lay.dense_dim):
+            raise RequestError(
+                f"dense features must be [batch, {lay.dense_dim}], got {batch.dense.shape}"
+            )
+        dense[:samples] = batch.dense
+        for u, (f, p) in enumerate(zip(self.feeds, self._placements, strict=True)):
+            table_keys = batch.keys[f.table]
+            row_offsets = batch.row_offsets[f.table]
+            bags = samples * f.slot_num
+            if row_offsets.shape != (bags + 1,):
+                raise RequestError(
+                    f"table {f.table} ('{f.layer}', {f.slot_num} slots): {samples} samples "
+                    f"need {bags + 1} row offsets, got {row_offsets.shape}"
+                )
+            start = lay.size * p.keys_at
+            keys[start : start + table_keys.shape[0]] = table_keys
+            at = lay.size * p.offsets_at + u
+            offsets[at : at + bags + 1] = row_offsets
+            # Padded samples: empty bags after the last key.
+            offsets[at + bags + 1 : at + lay.size * f.slot_num + 1] = table_keys.shape[0]
+
+    def _run(self, bucket: _Bucket) -> None:
+        stream = self._stream
+        with stream:
+            if bucket.graphs is not None:
+                sparse, dense = bucket.graphs
+                with self.bank.section():
+                    sparse.launch(stream)
+                dense.launch(stream)
+                return
+            with self.bank.section():
+                self._sparse_step(bucket)
+            with cupy.cuda.using_allocator(bucket.pool.malloc):
+                self._dense_step(bucket)
+
+    def _sparse_step(self, bucket: _Bucket) -> None:
+        lay = bucket.layout
+        stream = self._stream
+        cupy.cuda.runtime.memcpyAsync(
+            bucket.inputs.data.ptr, bucket.staging.ctypes.data, lay.nbytes, _H2D, stream.ptr
+        )
+        keys, offsets, _ = lay.views(bucket.inputs)
+        bucket.miss_count.fill(0)
+        bags = lay.size * lay.slots
+        if bags == 0:
+            return
+        threads = kernels.THREADS
+        self._bank_kernels.get_function("bank_lookup")(
+            (-(-bags * kernels.LANES // threads),), (threads,),
+            (self._descriptors, self._slot_table_d, self._slot_local_d, np.int32(lay.slots),
+             np.int64(lay.size), keys, offsets, bucket.embeddings, bucket.misses,
+             bucket.miss_count, self._bank.counters),
+        )  # fmt: skip
+        self._bank_kernels.get_function("bank_insert")(
+            (self._insert_blocks,), (threads,),
+            (self._descriptors, bucket.misses, bucket.miss_count, self._bank.counters),
+        )  # fmt: skip
+
+    def _dense_step(self, bucket: _Bucket) -> None:
+        _, _, dense = bucket.layout.views(bucket.inputs)
+        cast = self.executor.ctx.cast  # FP16 networks take half embeddings: one pass each
+        given = {name: cast(array) for name, array in bucket.given.items()}
+        scores = self.executor.forward_given(dense, given)
+        bucket.scores = scores  # keeps the pool block alive for the graph's later replays
+        cupy.cuda.runtime.memcpyAsync(
+            bucket.scores_host.ctypes.data, scores.data.ptr, scores.nbytes, _D2H,
+            self._stream.ptr,
+        )  # fmt: skip
+
+    # -- buckets ------------------------------------------------------------------------------
+
+    def _bucket(self, size: int) -> _Bucket:
+        bucket = self._buckets.get(size)
+        if bucket is None:
+            started = time.perf_counter()
+            bucket = self._new_bucket(size)
+            self._buckets[size] = bucket
+            if self.graphs:
+                self._record(bucket)
+            logger.info(
+                "model %s on GPU %d: batch bucket %d ready (%s) in %.0f ms",
+                self.layout.model, self.device_id, size,
+                "CUDA graphs" if self.graphs else "eager", 1e3 * (time.perf_counter() - started),
+            )  # fmt: skip
+        return bucket
+
+    def _new_bucket(self, size: int) -> _Bucket:
+        lay = BatchLayout(
+            size, self._keys_per_sample, len(self._slot_table), len(self.feeds),
+            self.layout.dense_dim,
+        )  # fmt: skip
+        staging = _pinned(lay.nbytes, np.uint8)
+        _, offsets, dense = lay.views(staging)
+        offsets[:] = 0
+        dense[:] = 0
+        scores_host = _pinned(size * self.layout.label_dim, np.float32).reshape(size, -1)
+        inputs = cupy.zeros(lay.nbytes, dtype=cupy.uint8)
+        embeddings = cupy.zeros(size * self._out_per_sample, dtype=cupy.float32)
+        given = self._given(embeddings, size)
+        capacity = size * self._keys_per_sample
+        misses = cupy.zeros(max(capacity, 1) * MISS_DTYPE.itemsize, dtype=cupy.uint8)
+        miss_count = cupy.zeros(1, dtype=cupy.uint64)
+        return _Bucket(
+            lay, staging, inputs, embeddings, given, misses, miss_count, scores_host,
+            cupy.cuda.MemoryPool(),
+        )  # fmt: skip
+
+    def _given(self, embeddings: Any, size: int) -> dict[str, Any]:
+        """The executor's inputs that live in ``embeddings`` (float32 views): each table's
+        ``[B, S_t, D_t]`` output (a strided view when a Concat of all of them is fed instead)
+        and that Concat's output."""
+        given = {}
+        if self._concat is not None:
+            dim = self.feeds[0].vec_size
+            stacked = embeddings.reshape(size, -1, dim)
+            given[self._concat] = stacked
+            at = 0
+            for f in self.feeds:
+                given[self._tops[f.layer]] = stacked[:, at : at + f.slot_num]
+                at += f.slot_num
+            return given
+        for f, p in zip(self.feeds, self._placements, strict=True):
+            start = size * p.out_at
+            region = embeddings[start : start + size * f.slot_num * f.vec_size]
+            given[self._tops[f.layer]] = region.reshape(size, f.slot_num, f.vec_size)
+        return given
+
+    def _record(self, bucket: _Bucket) -> None:
+        """Run the bucket once eagerly (compiles kernels, fills its memory pool), then record
+        its two graphs."""
+        stream = self._stream
+        self._run(bucket)
+        stream.synchronize()
+        bucket.scores = None
+        with stream, cupy.cuda.using_allocator(bucket.pool.malloc):
+            stream.begin_capture(_CAPTURE_THREAD_LOCAL)
+            try:
+                self._sparse_step(bucket)
+            finally:
+                sparse = stream.end_capture()
+            stream.begin_capture(_CAPTURE_THREAD_LOCAL)
+            try:
+                self._dense_step(bucket)
+            finally:
+                dense = stream.end_capture()
+        sparse.upload(stream)
+        dense.upload(stream)
+        stream.synchronize()
+        bucket.graphs = (sparse, dense)
+
+    def table_counters(self) -> Sequence[Any]:
+        """Device counters per model table (one copy from the GPU), for metrics."""
+        if self._bank is None:
+            return []
+        return self._bank.table_counters()
+
+    def close(self) -> None:
+        """Drop the graphs and buffers and release the host mappings."""
+        with self._lock:
+            if self._bank is not None:
+                with cupy.cuda.Device(self.device_id):
+                    self._stream.synchronize()
+                self._bank.close()
+                self._bank = None
+            self._buckets.clear()
+
+
+def _pinned(count: int, dtype: Any) -> np.ndarray:
+    """A NumPy array in page-locked host memory (fast, asynchronous copies)."""
+    dtype = np.dtype(dtype)
+    memory = cupy.cuda.alloc_pinned_memory(max(count, 1) * dtype.itemsize)
+    return np.frombuffer(memory, dtype, count)

@@ -1,0 +1,86 @@
+"""Where a batch's arrays sit in the pipeline's staging and device input buffers (NumPy only).
+
+A batch of ``size`` samples (the size bucket: the next power of two) is one buffer:
+
+- the keys of every table (int64), table ``t``'s at ``size * keys_at[t]``, room for
+  ``maxnum_catfeature_query_per_table_per_sample`` keys per sample and table;
+- the CSR row offsets of every table (int32), table ``t``'s ``size * S_t + 1`` entries at
+  ``size * offsets_at[t] + t``; the bags of padded samples are empty;
+- the dense features (float32) ``[size, dense_dim]``.
+
+Each region starts on a 256-byte boundary. The host fills the pinned twin; one copy moves it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+_ALIGN = 256
+
+
+def _aligned(n: int) -> int:
+    return -(-n // _ALIGN) * _ALIGN
+
+
+def bucket_for(samples: int) -> int:
+    """Size bucket of a batch: the next power of two (at least 1)."""
+    return 1 << max(0, int(samples) - 1).bit_length()
+
+
+@dataclass(frozen=True)
+class BatchLayout:
+    """Byte layout of a batch of ``size`` samples in the staging and device input buffers.
+
+    Args:
+        size: samples (the bucket).
+        keys_per_sample: key capacity per sample, all tables.
+        slots: slots per sample, all tables.
+        tables: number of tables.
+        dense_dim: dense features per sample.
+
+    Example:
+        >>> lay = BatchLayout(size=4, keys_per_sample=3, slots=3, tables=2, dense_dim=13)
+        >>> lay.offsets_at, lay.offsets_len, lay.dense_at, lay.nbytes
+        (256, 14, 512, 768)
+    """
+
+    size: int
+    keys_per_sample: int
+    slots: int
+    tables: int
+    dense_dim: int
+
+    @property
+    def keys_bytes(self) -> int:
+        """Bytes of the key region."""
+        return self.size * self.keys_per_sample * 8
+
+    @property
+    def offsets_at(self) -> int:
+        """Byte offset of the row offsets."""
+        return _aligned(self.keys_bytes)
+
+    @property
+    def offsets_len(self) -> int:
+        """Number of row offsets (int32)."""
+        return self.size * self.slots + self.tables
+
+    @property
+    def dense_at(self) -> int:
+        """Byte offset of the dense features."""
+        return self.offsets_at + _aligned(self.offsets_len * 4)
+
+    @property
+    def nbytes(self) -> int:
+        """Size of the whole buffer."""
+        return self.dense_at + _aligned(self.size * self.dense_dim * 4)
+
+    def views(self, buffer: Any) -> tuple[Any, Any, Any]:
+        """``(keys, offsets, dense)`` views of a uint8 buffer (NumPy or CuPy) of ``nbytes``."""
+        keys = buffer[: self.keys_bytes].view(np.int64)
+        offsets = buffer[self.offsets_at : self.offsets_at + self.offsets_len * 4].view(np.int32)
+        dense = buffer[self.dense_at : self.dense_at + self.size * self.dense_dim * 4]
+        return keys, offsets, dense.view(np.float32).reshape(self.size, self.dense_dim)

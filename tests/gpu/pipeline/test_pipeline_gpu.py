@@ -1,0 +1,179 @@
+"""The GPU ranking pipeline (``hps_core.gpu``) against the NumPy path and the references.
+
+The NumPy path (host tier lookups, ``pool_embeddings``, the dense network on NumPy) is the
+pipeline's twin: on the same batches both must give the same scores, and both must equal the
+independent references (PyTorch for the DLRM, float64 NumPy for DCN and W&D). Batches cover
+multi-hot and empty slots, unknown keys, padded size buckets and repeated buckets (graph
+replays), for each kind of table: a small dynamic cache (misses, inserts, evictions), a
+static table, and no cache (host tier read in place).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+cupy = pytest.importorskip("cupy")
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "unit" / "infer"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "integration"))
+from ranking_reference import encode_hugectr, encode_samples  # noqa: E402
+from test_ranking_models import MODELS, Model  # noqa: E402
+
+from hps_core.cache.layout import EMPTY_KEY  # noqa: E402
+from hps_core.demo import DEMO_MODELS  # noqa: E402
+from hps_core.hps import HPS  # noqa: E402
+from hps_core.infer import RankingSession  # noqa: E402
+from hps_core.triton_repo import InstanceGroup, ServingOptions  # noqa: E402
+from triton_backend.ranking_contracts import HugeCTRContract, SamplesContract  # noqa: E402
+
+VARIANTS = {
+    "dynamic": {"gpucacheper": 0.05},  # a small cache: misses, inserts and evictions
+    "static": {"embedding_cache_type": "static"},
+    "host": {"gpucache": False},
+}
+BATCHES = (1, 5, 64, 200, 256, 3)
+
+
+@pytest.fixture(scope="module")
+def repo(tmp_path_factory: pytest.TempPathFactory):
+    root = tmp_path_factory.mktemp("gpu_pipeline")
+    options = ServingOptions(instances=(InstanceGroup(count=1, kind="KIND_GPU"),))
+    for name in MODELS:
+        DEMO_MODELS[name](root, options)
+    yield root
+    HPS.close_all()
+
+
+def variant(repo: Path, name: str, kind: str, **extra: object) -> Path:
+    """A copy of the model's ps.json (same folder, same files) with the variant's settings."""
+    ps = json.loads((repo / name / "ps.json").read_text())
+    ps["models"][0].update(VARIANTS[kind], **extra)
+    tag = "_".join([kind, *(f"{k}{v}" for k, v in extra.items())])
+    path = repo / name / f"ps_{tag}.json"
+    path.write_text(json.dumps(ps))
+    return path
+
+
+@pytest.mark.parametrize("kind", VARIANTS)
+@pytest.mark.parametrize("name", MODELS)
+def test_pipeline_equals_numpy_path_and_reference(repo: Path, name: str, kind: str) -> None:
+    ps = variant(repo, name, kind)
+    model = Model(repo, name)
+    gpu = RankingSession.open(ps, name, device_id=0)
+    cpu = RankingSession.open(ps, name)
+    assert gpu.pipeline is not None and cpu.pipeline is None
+    contract = HugeCTRContract(gpu.layout)
+    rng = np.random.default_rng(7)
+    for batch in BATCHES:
+        dense, keys = model.samples(rng, batch)
+        parsed = contract.parse(*encode_hugectr(dense, keys))
+        got = gpu.predict(parsed)
+        assert isinstance(got, np.ndarray) and got.shape == (batch, gpu.layout.label_dim)
+        np.testing.assert_allclose(got, cpu.predict(parsed), rtol=1e-5, atol=1e-6)
+        model.check(got, dense, keys)
+    buckets = gpu.pipeline._buckets
+    assert set(buckets) == {1, 4, 8, 64, 256}
+    assert all(b.graphs is not None for b in buckets.values())
+    assert buckets[256].batches == 2  # the second batch of 256 replayed the graphs
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_graphs_equal_eager_launches(repo: Path, name: str) -> None:
+    ps = variant(repo, name, "dynamic")
+    model = Model(repo, name)
+    graphed = RankingSession.open(ps, name, device_id=0)
+    eager = RankingSession.open(ps, name, device_id=0, graphs=False)
+    contract = SamplesContract(graphed.layout)
+    rng = np.random.default_rng(11)
+    for batch in (1, 33, 128):
+        dense, keys = model.samples(rng, batch, one_hot=True)
+        parsed = contract.parse(*encode_samples(dense, keys))
+        np.testing.assert_array_equal(graphed.predict(parsed), eager.predict(parsed))
+    assert all(b.graphs is None for b in eager.pipeline._buckets.values())
+
+
+@pytest.mark.parametrize("precision", ["tf32", "fp16"])
+@pytest.mark.parametrize("name", MODELS)
+def test_reduced_precisions_agree_with_numpy(repo: Path, name: str, precision: str) -> None:
+    ps = variant(repo, name, "dynamic")
+    model = Model(repo, name)
+    gpu = RankingSession.open(ps, name, device_id=0, precision=precision)
+    cpu = RankingSession.open(ps, name, precision=precision)
+    contract = HugeCTRContract(gpu.layout)
+    rng = np.random.default_rng(5)
+    tolerance = 2e-4 if precision == "tf32" else 3e-3  # on probabilities (see nn.precision)
+    for batch in (1, 64, 256):
+        dense, keys = model.samples(rng, batch)
+        parsed = contract.parse(*encode_hugectr(dense, keys))
+        np.testing.assert_allclose(gpu.predict(parsed), cpu.predict(parsed), atol=tolerance)
+
+
+def test_counters_and_cache_contents(repo: Path) -> None:
+    name = "dcn"
+    ps = variant(repo, name, "dynamic", hit_rate_threshold=0.5)  # a session of its own
+    model = Model(repo, name)
+    gpu = RankingSession.open(ps, name, device_id=0)
+    contract = HugeCTRContract(gpu.layout)
+    rng = np.random.default_rng(3)
+    dense, keys = model.samples(rng, 256)
+    parsed = contract.parse(*encode_hugectr(dense, keys))
+    flat = parsed.keys[0]
+    unknown = int(np.count_nonzero(~np.isin(flat, model.known[0])))
+    first = gpu.predict(parsed)
+    after_one = gpu.lookup.counters()[0]
+    second = gpu.predict(parsed)
+    after_two = gpu.lookup.counters()[0]
+    np.testing.assert_array_equal(first, second)
+    assert after_one.keys == len(flat) and after_two.keys == 2 * len(flat)
+    assert after_one.cache_hits + after_one.cache_misses == after_one.keys
+    assert after_one.unknown_keys == unknown and after_two.unknown_keys == 2 * unknown
+    assert after_one.inserted_keys > 0
+    # The second pass finds what the first inserted (minus what a full set evicted).
+    assert after_two.cache_hits - after_one.cache_hits > after_one.cache_hits
+    # Every cached row is the host tier's row of its key; no key is cached twice.
+    table = gpu.lookup.table(0)
+    state = table.cache.export_state()
+    stored = state.keys.ravel()
+    slots = np.flatnonzero(stored != EMPTY_KEY)
+    assert len(np.unique(stored[slots])) == len(slots) > 0
+    want, found = table.host.lookup(stored[slots])
+    assert found.all()
+    np.testing.assert_array_equal(state.values[slots], want)
+
+
+def test_keys_beyond_the_per_sample_limit_take_a_larger_bucket(repo: Path) -> None:
+    name = "dcn"
+    ps = variant(repo, name, "host")
+    model = Model(repo, name)
+    gpu = RankingSession.open(ps, name, device_id=0)
+    cpu = RankingSession.open(ps, name)
+    rng = np.random.default_rng(1)
+    # One sample whose first slot holds 200 keys (the ps.json allows 52 per sample).
+    dense, keys = model.samples(rng, 1, one_hot=True)
+    keys[0][0][0] = [int(k) for k in rng.choice(model.known[0], 200)]
+    parsed = HugeCTRContract(gpu.layout).parse(*encode_hugectr(dense, keys))
+    np.testing.assert_allclose(gpu.predict(parsed), cpu.predict(parsed), rtol=1e-5, atol=1e-6)
+    model.check(gpu.predict(parsed), dense, keys)
+    assert max(gpu.pipeline._buckets) == 4  # 200 keys / 52 per sample -> 4 samples' room
+
+
+def test_shared_caches(repo: Path) -> None:
+    name = "dlrm"
+    ps = variant(repo, name, "dynamic", hit_rate_threshold=0.5)  # a session of its own
+    model = Model(repo, name)
+    gpu = RankingSession.open(ps, name, device_id=0)
+    gpu.lookup.share_caches = True
+    gpu.lookup.share_scope = f"pipeline-test-{os.getpid()}"
+    contract = SamplesContract(gpu.layout)
+    rng = np.random.default_rng(13)
+    for batch in (1, 100, 100):
+        dense, keys = model.samples(rng, batch, one_hot=True)
+        got = gpu.predict(contract.parse(*encode_samples(dense, keys)))
+        model.check(got, dense, keys)
+    assert gpu.lookup.shares_caches

@@ -1,0 +1,33 @@
+"""The batch layout of the GPU pipeline's staging buffer (NumPy only: runs without a GPU)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from hps_core.gpu.staging import BatchLayout, bucket_for
+
+
+@pytest.mark.parametrize(
+    ("samples", "bucket"), [(0, 1), (1, 1), (2, 2), (3, 4), (1024, 1024), (1025, 2048)]
+)
+def test_buckets_are_the_next_power_of_two(samples: int, bucket: int) -> None:
+    assert bucket_for(samples) == bucket
+
+
+@pytest.mark.parametrize("size", [1, 3, 64, 1000])
+def test_regions_are_aligned_disjoint_and_cover_the_buffer(size: int) -> None:
+    lay = BatchLayout(size=size, keys_per_sample=29, slots=27, tables=3, dense_dim=13)
+    buffer = np.zeros(lay.nbytes, np.uint8)
+    keys, offsets, dense = lay.views(buffer)
+    assert keys.dtype == np.int64 and keys.shape == (size * 29,)
+    assert offsets.dtype == np.int32 and offsets.shape == (size * 27 + 3,)
+    assert dense.dtype == np.float32 and dense.shape == (size, 13)
+    for region in (keys, offsets, dense):
+        assert (region.ctypes.data - buffer.ctypes.data) % 256 == 0
+    keys[:] = -1
+    offsets[:] = -2
+    dense[:] = -3.0
+    # Writing one region leaves the others intact: no overlap.
+    assert (keys == -1).all() and (offsets == -2).all() and (dense == -3.0).all()
+    assert dense.ctypes.data + dense.nbytes <= buffer.ctypes.data + lay.nbytes

@@ -1,0 +1,73 @@
+"""``DenseExecutor.forward_given``: the forward pass from tensors a caller already computed
+(what the GPU pipeline feeds), against ``forward`` on the same inputs, on every fixture."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from nn_testdata import FIXTURES, graph_inputs, graph_of
+
+from hps_core.errors import RequestError
+from hps_core.nn import DenseExecutor, build_graph, load_network_json, random_dense_params
+
+
+def executor_of(path) -> DenseExecutor:
+    graph = build_graph(load_network_json(path))
+    return DenseExecutor(graph, random_dense_params(graph.dense_layout(), seed=3))
+
+
+@pytest.mark.parametrize("path", FIXTURES, ids=lambda p: p.stem)
+@pytest.mark.parametrize("batch", [1, 7, 64])
+def test_given_embedding_outputs_equal_forward(path, batch) -> None:
+    executor = executor_of(path)
+    dense, pooled = graph_inputs(executor.graph, batch, np.random.default_rng(batch))
+    want = executor.forward(dense, {n: pooled[n] for n in executor.embedding_names})
+    tops = dict(zip(executor.embedding_names, executor.embedding_tops(), strict=True))
+    given = {tops[n]: pooled[n] for n in executor.embedding_names}
+    np.testing.assert_array_equal(executor.forward_given(dense, given), want)
+
+
+def _embedding(name: str, bottom: str) -> dict:
+    hparam = {"embedding_vec_size": 4, "combiner": "sum"}
+    return {"name": name, "type": "LocalizedSlotSparseEmbeddingHash", "bottom": bottom,
+            "top": name, "sparse_embedding_hparam": hparam}  # fmt: skip
+
+
+def test_a_concat_of_all_embeddings_is_found_and_skipped() -> None:
+    layers = [
+        _embedding("emb_a", "keys_a"),
+        _embedding("emb_b", "keys_b"),
+        {"name": "cat", "type": "Concat", "bottom": ["emb_a", "emb_b"], "top": "cat"},
+        {"name": "flat", "type": "Reshape", "bottom": "cat", "top": "flat", "leading_dim": 20},
+        {"name": "both", "type": "Concat", "bottom": ["flat", "dense"], "top": "both"},
+        {"name": "fc", "type": "InnerProduct", "bottom": "both", "top": "fc",
+         "fc_param": {"num_output": 1}},
+    ]  # fmt: skip
+    graph = graph_of(layers, sparse=(("keys_a", 2, 1), ("keys_b", 3, 2)))
+    executor = DenseExecutor(graph, random_dense_params(graph.dense_layout(), seed=3))
+    concat = executor.embedding_concat()
+    assert concat == "cat"
+    dense, pooled = graph_inputs(executor.graph, 5, np.random.default_rng(0))
+    want = executor.forward(dense, {n: pooled[n] for n in executor.embedding_names})
+    stacked = np.concatenate([pooled[n] for n in executor.embedding_names], axis=1)
+    # Only the Concat's output: the embedding steps and the Concat are skipped.
+    got = executor.forward_given(dense, {concat: stacked} | _tops_as_garbage(executor))
+    np.testing.assert_array_equal(got, want)
+
+
+def _tops_as_garbage(executor: DenseExecutor) -> dict[str, np.ndarray]:
+    # The embedding outputs are given too (as the pipeline does) but must not be read.
+    return {top: np.full((5, 1, 1), np.nan, np.float32) for top in executor.embedding_tops()}
+
+
+@pytest.mark.parametrize("path", FIXTURES, ids=lambda p: p.stem)
+def test_fixtures_have_no_such_concat(path) -> None:
+    # HugeCTR's own files use one embedding layer per input, read without a Concat.
+    assert executor_of(path).embedding_concat() is None
+
+
+def test_a_missing_tensor_is_named() -> None:
+    executor = executor_of(FIXTURES[0])
+    dense, _ = graph_inputs(executor.graph, 2, np.random.default_rng(0))
+    with pytest.raises(RequestError, match="needs tensors not given"):
+        executor.forward_given(dense, {})
