@@ -204,7 +204,8 @@ def unique_hit_rate(session: RankingSession, keys: np.ndarray) -> float:
 
 
 def graph_times(session: RankingSession, sparse: SparseBatch) -> tuple[float, float]:
-    """GPU ms of the lookup graph and of the dense graph for this batch (CUDA events)."""
+    """GPU ms of the lookup graph and of the dense graph for this batch (CUDA events; the
+    batch's misses are inserted, as in predict())."""
     pipe = session.pipeline
     from hps_core.gpu.staging import bucket_for
 
@@ -225,6 +226,23 @@ def graph_times(session: RankingSession, sparse: SparseBatch) -> tuple[float, fl
             cupy.cuda.get_elapsed_time(events[1], events[2]))  # fmt: skip
 
 
+def profile(session, rng, rows, batch, args, dense_dim, precision) -> None:
+    """cProfile of predict() on fresh batches: where the host's time goes."""
+    import cProfile
+    import pstats
+
+    batches = [make_batch(rng, rows, batch, args.alpha, dense_dim)[2] for _ in range(50)]
+    profiler = cProfile.Profile()
+    profiler.enable()
+    for sparse in batches:
+        session.predict(sparse)
+    profiler.disable()
+    with open(args.out / f"profile_{precision}_{batch}.txt", "w") as f:
+        stats = pstats.Stats(profiler, stream=f)
+        stats.sort_stats("tottime").print_stats(30)
+        stats.sort_stats("cumulative").print_stats(30)
+
+
 def gpu_memory_mib() -> int:
     out = subprocess.run(
         ["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
@@ -242,6 +260,7 @@ def main() -> None:
     parser.add_argument("--alpha", type=float, default=1.05)
     parser.add_argument("--warmup", type=int, default=40)
     parser.add_argument("--runs", type=int, default=10)
+    parser.add_argument("--profile-batch", type=int, default=1024, help="cProfile this size")
     parser.add_argument("--out", type=Path, default=Path("bench_results"))
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
@@ -252,6 +271,8 @@ def main() -> None:
     dense_dim = config.maxnum_des_feature_per_sample
     print(f"model {name}: {len(rows)} tables, {sum(rows):,} rows, GPU "
           f"{cupy.cuda.runtime.getDeviceProperties(0)['name'].decode()}")  # fmt: skip
+    # Keep the host tier mapped between cache settings (it is built once, not per setting).
+    HPS(args.ps_json).model(name).open_all()
     started = time.perf_counter()
     net = torch_peer(args.ps_json, name)
     print(f"peer loaded in {time.perf_counter() - started:.1f} s")
@@ -292,7 +313,12 @@ def main() -> None:
                 after = session.lookup.counters()
                 hits = sum(a.cache_hits - b.cache_hits for a, b in zip(after, before, strict=True))
                 keys = sum(a.keys - b.keys for a, b in zip(after, before, strict=True))
-                lookup_ms, dense_ms = graph_times(session, inputs[1][2])
+                fresh = [make_batch(rng, rows, batch, args.alpha, dense_dim)[2] for _ in range(3)]
+                gpu_ms = [graph_times(session, f) for f in fresh]
+                lookup_ms = statistics.median(t[0] for t in gpu_ms)
+                dense_ms = statistics.median(t[1] for t in gpu_ms)
+                if batch == args.profile_batch and cache == args.caches.split(",")[0]:
+                    profile(session, rng, rows, batch, args, dense_dim, precision)
                 results.append(dict(
                     system="hps-triton", cache=cache, precision=precision, batch=batch,
                     ms=1e3 * ms, key_hit_rate=hits / keys if keys else 0.0,

@@ -151,7 +151,7 @@ class CacheBank:
                 cache = table.cache
                 if not cache.shared:
                     cache.order = self.order
-        locks = cupy.zeros(cache.num_sets if cache is not None else 1, dtype=cupy.int32)
+        locks = cupy.zeros(2 * cache.num_sets if cache is not None else 1, dtype=cupy.int32)
         if static is not None:
             return _TableState(
                 None, static, host, None, static.values_ptr, False, locks,

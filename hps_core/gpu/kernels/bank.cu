@@ -25,7 +25,7 @@ struct Table {
   const i64* cache_keys;      // [cache_sets * WAYS], EMPTY_KEY in free slots
   u64* cache_stamps;          // last touch, GPU global timer (ns)
   const float* cache_values;  // [cache_sets * WAYS, dim]
-  int* locks;                 // [cache_sets] insert locks, 0 = free
+  int* locks;                 // [2 * cache_sets]: insert locks (0 = free), misses per set
   const u64* index_hashes;    // mix64 of every row's key, sorted (+1 padding entry)
   const void* index_starts;   // bucket directory, int32 or int64 (starts64)
   const float* values;        // [rows, dim] in index order: GPU memory or mapped host memory
@@ -191,7 +191,11 @@ extern "C" __global__ void bank_lookup(
           ++n_misses;
           if (src == nullptr) ++n_unknown;
         }
-        if (!hit && src != nullptr && tab.cache_sets != 0) {
+        // A set takes at most WAYS new keys per batch (more would only evict each other):
+        // the rank of a miss in its set caps the inserts, and with them the warps that queue
+        // for one set's lock in bank_insert.
+        if (!hit && src != nullptr && tab.cache_sets != 0 &&
+            atomicAdd(tab.locks + tab.cache_sets + (i64)(mix64(key) % tab.cache_sets), 1) < WAYS) {
           Miss m;
           m.key = key;
           // A bag of one key holds the row itself, in GPU memory: insert from there.
@@ -257,8 +261,9 @@ __device__ __forceinline__ int lru_way(const u64 lo, const u64 hi, const int lan
   return way;
 }
 
-// One warp per recorded miss (grid-stride: the count is known on the GPU only). The warp takes
-// its set's lock, so misses of one set are applied one at a time in any order: a key already
+// One warp per recorded miss (grid-stride: the count is known on the GPU only; at most WAYS
+// per set). The warp takes its set's lock, so misses of one set are applied one at a time in
+// any order: a key already
 // stored (a repeat in the batch) is only re-stamped; a new key takes a free way, else evicts
 // the least recently used one. Slots are read through L2 (another SM may have just written
 // them under the same lock).
@@ -304,6 +309,7 @@ extern "C" __global__ void bank_insert(const Table* __restrict__ tables,
     __threadfence();
     __syncwarp();
     if (lane == 0) {
+      lock[tab.cache_sets] = 0;  // the set's miss count, for the next batch
       atomicExch(lock, 0);
       u64* c = counters + (i64)m.table * NUM_COUNTERS;
       if (inserted) atomicAdd(c + C_INSERTS, 1ull);
