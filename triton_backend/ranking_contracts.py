@@ -247,12 +247,12 @@ class SamplesContract:
                 f"input '{SPARSE}': {sparse.shape[0]} samples, but '{DENSE}' has {batch}"
             )
         _check_batch_size(DENSE, batch, layout)
-        keys, offsets, start = [], [], 0
+        keys, start = [], 0
         for slots in layout.slot_nums:
             keys.append(np.ascontiguousarray(sparse[:, start : start + slots]).reshape(-1))
-            offsets.append(np.arange(batch * slots + 1, dtype=np.int64))
             start += slots
-        return SparseBatch(dense, tuple(keys), tuple(offsets))
+        # One key per slot: no row offsets (see SparseBatch).
+        return SparseBatch(dense, tuple(keys), (None,) * len(keys))
 
     def response(self, scores: Any) -> Any:
         """``score`` of one request: its ``[B, label_dim]`` predictions as they are."""

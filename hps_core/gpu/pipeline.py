@@ -2,8 +2,9 @@
 
 Per batch the host validates nothing on the device and waits for the GPU once:
 
-1. the batch is copied into a pinned staging buffer laid out as its device twin (the keys of
-   every table, their CSR row offsets as int32, the dense features), padded to a size bucket;
+1. the batch is copied into a pinned staging buffer laid out as its device twin
+   (:mod:`~hps_core.gpu.staging`: the keys of every table, their CSR row offsets as int32
+   unless a table is one-hot, the dense features), padded to a size bucket;
 2. one host-to-device copy;
 3. ``bank_lookup`` (one launch, every table): cache probe, host-tier rows read in place for
    misses, default vectors for unknown keys, pooled straight into the dense network's input
@@ -23,6 +24,7 @@ shared caches, other processes never see a half-done insert.
 
 from __future__ import annotations
 
+import concurrent.futures
 import logging
 import threading
 import time
@@ -47,6 +49,8 @@ logger = logging.getLogger("hps_core")
 _H2D, _D2H = 1, 2  # cudaMemcpyHostToDevice, cudaMemcpyDeviceToHost
 _CAPTURE_THREAD_LOCAL = 1  # cudaStreamCaptureModeThreadLocal
 _INSERT_BLOCKS_PER_SM = 8
+_PARALLEL_STAGING_SAMPLES = 4096
+_STAGING_THREADS = 4
 
 
 @dataclass
@@ -110,6 +114,7 @@ class GpuRankingPipeline:
         self._bank: CacheBank | None = None
         self._buckets: dict[int, _Bucket] = {}
         self._lock = threading.Lock()
+        self._copy_pool: concurrent.futures.ThreadPoolExecutor | None = None
         with cupy.cuda.Device(self.device_id):
             self._stream = cupy.cuda.Stream(non_blocking=True)
             self._bank_kernels = kernels.module("bank", self.device_id)
@@ -201,28 +206,40 @@ class GpuRankingPipeline:
 
     def _stage(self, bucket: _Bucket, batch: SparseBatch) -> None:
         lay = bucket.layout
-        keys, offsets, dense = lay.views(bucket.staging)
+        keys, header, offsets, dense = lay.views(bucket.staging)
         samples = batch.batch_size
         if batch.dense.shape != (samples, lay.dense_dim):
             raise RequestError(
                 f"dense features must be [batch, {lay.dense_dim}], got {batch.dense.shape}"
             )
-        dense[:samples] = batch.dense
+        header[0] = samples
+        copies = [(dense[:samples], batch.dense)]
         for u, (f, p) in enumerate(zip(self.feeds, self._placements, strict=True)):
             table_keys = batch.keys[f.table]
-            row_offsets = batch.row_offsets[f.table]
-            bags = samples * f.slot_num
-            if row_offsets.shape != (bags + 1,):
-                raise RequestError(
-                    f"table {f.table} ('{f.layer}', {f.slot_num} slots): {samples} samples "
-                    f"need {bags + 1} row offsets, got {row_offsets.shape}"
-                )
             start = lay.size * p.keys_at
-            keys[start : start + table_keys.shape[0]] = table_keys
+            copies.append((keys[start : start + table_keys.shape[0]], table_keys))
+            row_offsets = batch.row_offsets[f.table]
+            header[1 + u] = row_offsets is None
+            if row_offsets is None:
+                continue  # one-hot (RankingSession checked the key count)
+            bags = samples * f.slot_num
             at = lay.size * p.offsets_at + u
-            offsets[at : at + bags + 1] = row_offsets
+            copies.append((offsets[at : at + bags + 1], row_offsets))
             # Padded samples: empty bags after the last key.
             offsets[at + bags + 1 : at + lay.size * f.slot_num + 1] = table_keys.shape[0]
+        if samples >= _PARALLEL_STAGING_SAMPLES:
+            # Large batches: NumPy releases the GIL while it copies, so threads copy in parallel.
+            list(self._copier().map(_copy_into, copies))
+        else:
+            for target, source in copies:
+                target[...] = source
+
+    def _copier(self) -> concurrent.futures.ThreadPoolExecutor:
+        if self._copy_pool is None:
+            self._copy_pool = concurrent.futures.ThreadPoolExecutor(
+                _STAGING_THREADS, thread_name_prefix=f"hps-stage-{self.layout.model}"
+            )
+        return self._copy_pool
 
     def _run(self, bucket: _Bucket) -> None:
         stream = self._stream
@@ -244,7 +261,7 @@ class GpuRankingPipeline:
         cupy.cuda.runtime.memcpyAsync(
             bucket.inputs.data.ptr, bucket.staging.ctypes.data, lay.nbytes, _H2D, stream.ptr
         )
-        keys, offsets, _ = lay.views(bucket.inputs)
+        keys, header, offsets, _ = lay.views(bucket.inputs)
         bucket.miss_count.fill(0)
         bags = lay.size * lay.slots
         if bags == 0:
@@ -253,7 +270,7 @@ class GpuRankingPipeline:
         self._bank_kernels.get_function("bank_lookup")(
             (-(-bags * kernels.LANES // threads),), (threads,),
             (self._descriptors, self._slot_table_d, self._slot_local_d, np.int32(lay.slots),
-             np.int64(lay.size), keys, offsets, bucket.embeddings, bucket.misses,
+             np.int64(lay.size), keys, header, offsets, bucket.embeddings, bucket.misses,
              bucket.miss_count, self._bank.counters),
         )  # fmt: skip
         self._bank_kernels.get_function("bank_insert")(
@@ -262,7 +279,7 @@ class GpuRankingPipeline:
         )  # fmt: skip
 
     def _dense_step(self, bucket: _Bucket) -> None:
-        _, _, dense = bucket.layout.views(bucket.inputs)
+        dense = bucket.layout.views(bucket.inputs)[3]
         cast = self.executor.ctx.cast  # FP16 networks take half embeddings: one pass each
         given = {name: cast(array) for name, array in bucket.given.items()}
         scores = self.executor.forward_given(dense, given)
@@ -295,9 +312,7 @@ class GpuRankingPipeline:
             self.layout.dense_dim,
         )  # fmt: skip
         staging = _pinned(lay.nbytes, np.uint8)
-        _, offsets, dense = lay.views(staging)
-        offsets[:] = 0
-        dense[:] = 0
+        staging[:] = 0  # no samples, empty bags: what the graphs are recorded with
         scores_host = _pinned(size * self.layout.label_dim, np.float32).reshape(size, -1)
         inputs = cupy.zeros(lay.nbytes, dtype=cupy.uint8)
         embeddings = cupy.zeros(size * self._out_per_sample, dtype=cupy.float32)
@@ -368,6 +383,14 @@ class GpuRankingPipeline:
                 self._bank.close()
                 self._bank = None
             self._buckets.clear()
+            if self._copy_pool is not None:
+                self._copy_pool.shutdown()
+                self._copy_pool = None
+
+
+def _copy_into(pair: tuple[np.ndarray, np.ndarray]) -> None:
+    target, source = pair
+    target[...] = source
 
 
 def _pinned(count: int, dtype: Any) -> np.ndarray:

@@ -4,8 +4,10 @@ A batch of ``size`` samples (the size bucket: the next power of two) is one buff
 
 - the keys of every table (int64), table ``t``'s at ``size * keys_at[t]``, room for
   ``maxnum_catfeature_query_per_table_per_sample`` keys per sample and table;
-- the CSR row offsets of every table (int32), table ``t``'s ``size * S_t + 1`` entries at
-  ``size * offsets_at[t] + t``; the bags of padded samples are empty;
+- a header (int32): the number of real samples, then per table 1 if it is one-hot (its
+  batch has no offsets: key ``i`` fills bag ``i``), else 0;
+- the CSR row offsets of every table that has them (int32), table ``t``'s ``size * S_t + 1``
+  entries at ``size * offsets_at[t] + t``; the bags of padded samples are empty;
 - the dense features (float32) ``[size, dense_dim]``.
 
 Each region starts on a 256-byte boundary. The host fills the pinned twin; one copy moves it.
@@ -43,8 +45,8 @@ class BatchLayout:
 
     Example:
         >>> lay = BatchLayout(size=4, keys_per_sample=3, slots=3, tables=2, dense_dim=13)
-        >>> lay.offsets_at, lay.offsets_len, lay.dense_at, lay.nbytes
-        (256, 14, 512, 768)
+        >>> lay.header_at, lay.offsets_at, lay.offsets_len, lay.dense_at, lay.nbytes
+        (256, 512, 14, 768, 1024)
     """
 
     size: int
@@ -59,9 +61,14 @@ class BatchLayout:
         return self.size * self.keys_per_sample * 8
 
     @property
+    def header_at(self) -> int:
+        """Byte offset of the header (samples, one-hot flag per table)."""
+        return _aligned(self.keys_bytes)
+
+    @property
     def offsets_at(self) -> int:
         """Byte offset of the row offsets."""
-        return _aligned(self.keys_bytes)
+        return self.header_at + _aligned(4 * (1 + self.tables))
 
     @property
     def offsets_len(self) -> int:
@@ -78,9 +85,11 @@ class BatchLayout:
         """Size of the whole buffer."""
         return self.dense_at + _aligned(self.size * self.dense_dim * 4)
 
-    def views(self, buffer: Any) -> tuple[Any, Any, Any]:
-        """``(keys, offsets, dense)`` views of a uint8 buffer (NumPy or CuPy) of ``nbytes``."""
+    def views(self, buffer: Any) -> tuple[Any, Any, Any, Any]:
+        """``(keys, header, offsets, dense)`` views of a uint8 buffer (NumPy or CuPy) of
+        ``nbytes``."""
         keys = buffer[: self.keys_bytes].view(np.int64)
+        header = buffer[self.header_at : self.header_at + 4 * (1 + self.tables)].view(np.int32)
         offsets = buffer[self.offsets_at : self.offsets_at + self.offsets_len * 4].view(np.int32)
         dense = buffer[self.dense_at : self.dense_at + self.size * self.dense_dim * 4]
-        return keys, offsets, dense.view(np.float32).reshape(self.size, self.dense_dim)
+        return keys, header, offsets, dense.view(np.float32).reshape(self.size, self.dense_dim)

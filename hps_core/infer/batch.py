@@ -4,7 +4,9 @@ Per table the keys are in CSR form over (sample, slot) pairs, sample-major: the 
 ``b``, slot ``s`` of table ``t`` are ``keys[t][row_offsets[t][b * S_t + s] :
 row_offsets[t][b * S_t + s + 1]]``, where ``S_t`` is the table's slot count. This is HugeCTR's
 ``row_ptrs`` layout for one table, and what
-:class:`~hps_core.nn.UnpooledEmbedding` takes once the keys are looked up.
+:class:`~hps_core.nn.UnpooledEmbedding` takes once the keys are looked up. A table whose every
+slot holds exactly one key (one-hot) may have ``None`` instead of offsets: then key ``i`` is
+the key of (sample, slot) pair ``i``, and nothing has to build, copy or check offsets.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ class SparseBatch:
         dense: float32 ``[batch, dense_dim]``.
         keys: per table, int64 ``[n_t]`` keys in (sample, slot) order.
         row_offsets: per table, int64 ``[batch * S_t + 1]`` offsets into ``keys[t]``, from 0
-            to ``n_t``.
+            to ``n_t``; or ``None`` for a one-hot table (``n_t = batch * S_t``).
 
     Example:
         Two samples of a model with one table of two slots; sample 0 has keys 7 and 8 in
@@ -35,12 +37,19 @@ class SparseBatch:
 
     dense: np.ndarray
     keys: tuple[np.ndarray, ...]
-    row_offsets: tuple[np.ndarray, ...]
+    row_offsets: tuple[np.ndarray | None, ...]
 
     @property
     def batch_size(self) -> int:
         """Number of samples."""
         return int(self.dense.shape[0])
+
+    def table_offsets(self, table: int) -> np.ndarray:
+        """The row offsets of ``table``, made for a one-hot table (``0, 1, ..., n``)."""
+        offsets = self.row_offsets[table]
+        if offsets is None:
+            return np.arange(self.keys[table].shape[0] + 1, dtype=np.int64)
+        return offsets
 
 
 def concat_batches(batches: Sequence[SparseBatch]) -> SparseBatch:
@@ -58,9 +67,12 @@ def concat_batches(batches: Sequence[SparseBatch]) -> SparseBatch:
     keys, offsets = [], []
     for t in range(len(batches[0].keys)):
         keys.append(np.concatenate([b.keys[t] for b in batches]))
+        if all(b.row_offsets[t] is None for b in batches):
+            offsets.append(None)
+            continue
         parts, base = [np.zeros(1, dtype=np.int64)], 0
         for b in batches:
-            parts.append(b.row_offsets[t][1:] + base)
+            parts.append(b.table_offsets(t)[1:] + base)
             base += len(b.keys[t])
         offsets.append(np.concatenate(parts))
     return SparseBatch(dense, tuple(keys), tuple(offsets))

@@ -140,7 +140,7 @@ class RankingSession:
             tables = [feed.table for feed in self._feeds]
             found = self.lookup.lookup_many(tables, [batch.keys[t] for t in tables])
             for feed, values in zip(self._feeds, found, strict=True):
-                offsets = xp.asarray(batch.row_offsets[feed.table])
+                offsets = xp.asarray(batch.table_offsets(feed.table))
                 out[feed.layer] = UnpooledEmbedding(xp.asarray(values), offsets)
         return out
 
@@ -178,6 +178,14 @@ class RankingSession:
             )
         for feed in layout.tables:
             offsets = batch.row_offsets[feed.table]
+            if offsets is None:
+                if batch.keys[feed.table].shape != (n * feed.slot_num,):
+                    raise RequestError(
+                        f"table {feed.table} ('{feed.layer}', {feed.slot_num} slots): {n} "
+                        f"one-hot samples need {n * feed.slot_num} keys, got "
+                        f"{batch.keys[feed.table].shape}"
+                    )
+                continue
             if offsets.shape != (n * feed.slot_num + 1,):
                 raise RequestError(
                     f"table {feed.table} ('{feed.layer}', {feed.slot_num} slots): "

@@ -5,7 +5,8 @@
 // hps_core/gpu/bank.py and Miss by MISS_DTYPE there; change them together.
 //
 // A batch is a jagged batch of bags: bag (b, g) holds the keys of sample b in slot g (slots of
-// all tables numbered together). Work is slot-major (bag = g * batch + b), so the lanes of a
+// all tables numbered together), given by CSR row offsets per table, or, for a one-hot table
+// (flagged in the header after the number of samples), one key per bag. Work is slot-major (bag = g * batch + b), so the lanes of a
 // block mostly serve one table. Per key, in this order:
 //   1. the table's dynamic GPU cache (set-associative, 64 ways; 8 lanes probe a set at once),
 //   2. the table's row index (sorted mixed keys + bucket directory, on the GPU) and its rows,
@@ -140,7 +141,8 @@ __device__ __forceinline__ void scale_row(float* dst, const float f, const int d
 extern "C" __global__ void bank_lookup(
     const Table* __restrict__ tables, const int* __restrict__ slot_table,
     const int* __restrict__ slot_local, const int total_slots, const i64 batch,
-    const i64* __restrict__ keys, const int* __restrict__ offsets, float* __restrict__ out,
+    const i64* __restrict__ keys, const int* __restrict__ header,
+    const int* __restrict__ offsets, float* __restrict__ out,
     Miss* __restrict__ misses, u64* __restrict__ miss_count, u64* __restrict__ counters) {
   __shared__ u64 block_counts[4];  // C_KEYS .. C_UNKNOWN of the table of the block's first bag
   const i64 bag = ((i64)blockIdx.x * blockDim.x + threadIdx.x) / LANES;
@@ -160,10 +162,16 @@ extern "C" __global__ void bank_lookup(
     t = slot_table[g];
     const Table& tab = tables[t];
     const int s = slot_local[g];
-    const int* off = offsets + batch * tab.offsets_at + t;
     const i64 row = b * tab.slot_num + s;
-    const int begin = off[row];
-    const int end = off[row + 1];
+    int begin, end;
+    if (header[1 + t]) {  // one-hot: key `row` fills bag `row`; padded samples have none
+      begin = (int)row;
+      end = b < header[0] ? begin + 1 : begin;
+    } else {
+      const int* off = offsets + batch * tab.offsets_at + t;
+      begin = off[row];
+      end = off[row + 1];
+    }
     const i64* bag_keys = keys + batch * tab.keys_at;
     float* dst = out + batch * tab.out_at + tab.out_shift + b * tab.out_stride + (i64)s * tab.dim;
     const bool vec = tab.dim % 4 == 0;  // the host aligns every region to 16 bytes

@@ -19,15 +19,18 @@ def test_buckets_are_the_next_power_of_two(samples: int, bucket: int) -> None:
 def test_regions_are_aligned_disjoint_and_cover_the_buffer(size: int) -> None:
     lay = BatchLayout(size=size, keys_per_sample=29, slots=27, tables=3, dense_dim=13)
     buffer = np.zeros(lay.nbytes, np.uint8)
-    keys, offsets, dense = lay.views(buffer)
+    keys, header, offsets, dense = lay.views(buffer)
     assert keys.dtype == np.int64 and keys.shape == (size * 29,)
+    assert header.dtype == np.int32 and header.shape == (4,)
     assert offsets.dtype == np.int32 and offsets.shape == (size * 27 + 3,)
     assert dense.dtype == np.float32 and dense.shape == (size, 13)
-    for region in (keys, offsets, dense):
+    for region in (keys, header, offsets, dense):
         assert (region.ctypes.data - buffer.ctypes.data) % 256 == 0
     keys[:] = -1
+    header[:] = -4
     offsets[:] = -2
     dense[:] = -3.0
     # Writing one region leaves the others intact: no overlap.
-    assert (keys == -1).all() and (offsets == -2).all() and (dense == -3.0).all()
+    assert (keys == -1).all() and (header == -4).all()
+    assert (offsets == -2).all() and (dense == -3.0).all()
     assert dense.ctypes.data + dense.nbytes <= buffer.ctypes.data + lay.nbytes

@@ -49,3 +49,20 @@ def test_split_samples_cuts_rows_in_order() -> None:
     assert [p.shape for p in pieces] == [(3, 2), (0, 2), (6, 2), (1, 2)]
     np.testing.assert_array_equal(np.concatenate(pieces), scores)
     assert all(np.shares_memory(p, scores) for p in pieces if p.size)
+
+
+def test_one_hot_tables_join_without_offsets_and_mix_with_others() -> None:
+    rng = np.random.default_rng(5)
+    keys = random_keys(rng, 4, [2, 1], [np.arange(20), np.arange(30)], max_hot=1)
+    full = to_sparse_batch(np.ones((4, 2), np.float32), keys)
+    first, second = to_sparse_batch(full.dense[:2], keys[:2]), full
+    one_hot = type(full)(first.dense, first.keys, (None, None))
+    # Two one-hot parts stay one-hot; a one-hot part joined with offsets gets offsets.
+    joined = concat_batches([one_hot, one_hot])
+    assert joined.row_offsets == (None, None)
+    assert joined.table_offsets(0).tolist() == list(range(9))
+    mixed = concat_batches([one_hot, second])
+    expected = concat_batches([first, second])
+    for t in range(2):
+        np.testing.assert_array_equal(mixed.row_offsets[t], expected.row_offsets[t])
+        np.testing.assert_array_equal(mixed.keys[t], expected.keys[t])

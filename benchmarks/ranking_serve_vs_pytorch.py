@@ -1,0 +1,141 @@
+"""Served on the GPU: hps-triton's ranking model against the PyTorch peer, in one Triton server.
+
+Both models take HugeCTR's ``hugectr`` contract (``DES``, ``CATCOLUMN``, ``ROWINDEX``) for
+one-hot samples: ``--ps-json``'s model as ``hps repo`` writes it (its GPU pipeline,
+``gpucacheper`` from ``--gpucacheper``), and ``<model>_pytorch``, the PyTorch DLRM of
+``torch_dlrm.py`` with every table on the GPU, as a Python-backend model
+(``triton_peer/model.py``). Same instance count on GPU 0, same dynamic batching, same
+perf_analyzer input: ``ranking_load.REQUESTS`` requests of ``--samples`` Zipf samples each.
+perf_analyzer over gRPC (``--shared-memory cuda`` for requests of more than one sample), per
+concurrency; samples/s = infer/s x samples per request.
+
+Usage:
+    python benchmarks/ranking_serve_vs_pytorch.py --ps-json /tmp/dlrm/ps.json --out $OUT
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import shutil
+import tempfile
+from pathlib import Path
+
+from ranking_load import gpu_memory_mib, hit_rate, metric_sums, write_input
+
+from hps_core.config import load_ps_config
+from hps_core.server.perf import run_perf_analyzer
+from hps_core.server.process import TritonServer
+from hps_core.triton_repo import InstanceGroup, ServingOptions, write_repository
+
+HERE = Path(__file__).resolve().parent
+
+
+def peer_folder(repo: Path, model: str, ps_json: Path, instances: int, max_batch: int) -> str:
+    """Write ``<model>_pytorch`` next to ``model`` in ``repo``: same inputs and batching."""
+    name = f"{model}_pytorch"
+    folder = repo / name
+    (folder / "1").mkdir(parents=True)
+    shutil.copy(HERE / "triton_peer" / "model.py", folder / "1" / "model.py")
+    params = {"ps_json": str(ps_json), "hps_model_name": model, "benchmarks_dir": str(HERE)}
+    parameters = ",\n".join(
+        f'  {{ key: "{k}" value: {{ string_value: "{v}" }} }}' for k, v in params.items()
+    )
+    (folder / "config.pbtxt").write_text(
+        f"""name: "{name}"
+backend: "python"
+max_batch_size: {max_batch}
+dynamic_batching {{ max_queue_delay_microseconds: 100 }}
+input [
+  {{ name: "DES" data_type: TYPE_FP32 dims: [ -1 ] allow_ragged_batch: true }},
+  {{ name: "CATCOLUMN" data_type: TYPE_INT64 dims: [ -1 ] allow_ragged_batch: true }},
+  {{ name: "ROWINDEX" data_type: TYPE_INT32 dims: [ -1 ] allow_ragged_batch: true }}
+]
+output [ {{ name: "OUTPUT0" data_type: TYPE_FP32 dims: [ -1 ] }} ]
+instance_group [ {{ count: {instances} kind: KIND_GPU gpus: [ 0 ] }} ]
+parameters [
+{parameters}
+]
+"""
+    )
+    return name
+
+
+def cache_variant(ps_json: Path, gpucacheper: float) -> Path:
+    ps = json.loads(ps_json.read_text())
+    ps["models"][0]["gpucacheper"] = gpucacheper
+    path = ps_json.parent / f"ps_serve_{gpucacheper}.json"
+    path.write_text(json.dumps(ps))
+    return path
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--ps-json", type=Path, required=True)
+    parser.add_argument("--samples", default="1,1024", help="samples per request")
+    parser.add_argument("--concurrency", default="1,8")
+    parser.add_argument("--instances", type=int, default=2)
+    parser.add_argument("--gpucacheper", type=float, default=0.2)
+    parser.add_argument("--alpha", type=float, default=1.05)
+    parser.add_argument("--window-ms", type=int, default=3000)
+    parser.add_argument("--stability", type=float, default=25.0)
+    parser.add_argument("--out", type=Path, default=Path("bench_results"))
+    args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    ps_json = cache_variant(args.ps_json.resolve(), args.gpucacheper)
+    model = load_ps_config(ps_json).models[0].name
+    levels = [int(c) for c in args.concurrency.split(",")]
+    results, logs = [], []
+    with tempfile.TemporaryDirectory(prefix="hps-serve-peer-") as tmp:
+        repo = Path(tmp) / "repo"
+        options = ServingOptions(instances=(InstanceGroup(args.instances, "KIND_GPU"),))
+        write_repository(ps_json, repo, options)
+        for folder in repo.iterdir():
+            if folder.name != model:
+                shutil.rmtree(folder)
+        peer = peer_folder(repo, model, ps_json, args.instances, options.max_batch_size)
+        inputs = {}
+        for samples in [int(s) for s in args.samples.split(",")]:
+            inputs[samples] = Path(tmp) / f"input_{samples}.json"
+            write_input(ps_json, model, samples, args.alpha, inputs[samples])
+        with TritonServer(repo, startup_timeout_s=600, log_file=args.out / "server.log") as server:
+            url = server.grpc_url
+            for samples, data in inputs.items():
+                extra = ["--shared-memory", "cuda"] if samples > 1 else []
+                for name in (model, peer):
+                    found, log = run_perf_analyzer(
+                        name, url, "grpc", data, levels, measurement_ms=args.window_ms,
+                        stability_percent=args.stability, extra_args=extra,
+                    )  # fmt: skip
+                    logs.append(log)
+                    for r in found:
+                        results.append(dict(
+                            model=name, samples=samples, concurrency=r.concurrency,
+                            samples_per_s=r.throughput * samples, infer_per_s=r.throughput,
+                            p50_ms=r.p50_us / 1e3, p99_ms=r.p99_us / 1e3,
+                        ))  # fmt: skip
+            sums = metric_sums(
+                server.metrics_url,
+                ("hps_cache_hits_total", "hps_cache_misses_total"), "model",
+            )  # fmt: skip
+    (args.out / "serve_vs_pytorch.log").write_text("\n".join(logs))
+    rate = hit_rate(sums.get(model, {"hps_cache_hits_total": 0, "hps_cache_misses_total": 0}))
+    print(f"{args.instances} KIND_GPU instances each; gpucacheper {args.gpucacheper}; key hit "
+          f"rate {rate:.3f}; GPU memory {gpu_memory_mib()} MiB at the end")  # fmt: skip
+    columns = ["model", "samples", "concurrency", "samples_per_s", "infer_per_s", "p50_ms",
+               "p99_ms"]  # fmt: skip
+    with open(args.out / "serve_vs_pytorch.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, columns)
+        writer.writeheader()
+        writer.writerows(results)
+    print(f"| {' | '.join(columns)} |")
+    print("|" + " --- |" * len(columns))
+    for r in results:
+        print("| " + " | ".join(
+            f"{r[c]:,.2f}" if isinstance(r[c], float) else str(r[c]) for c in columns
+        ) + " |")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
