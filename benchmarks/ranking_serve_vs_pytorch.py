@@ -16,6 +16,7 @@ Usage:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import json
 import shutil
@@ -25,7 +26,7 @@ from pathlib import Path
 from ranking_load import gpu_memory_mib, hit_rate, metric_sums, write_input
 
 from hps_core.config import load_ps_config
-from hps_core.server.perf import run_perf_analyzer
+from hps_core.server.perf import PerfAnalyzerError, run_perf_analyzer
 from hps_core.server.process import TritonServer
 from hps_core.triton_repo import InstanceGroup, ServingOptions, write_repository
 
@@ -60,6 +61,27 @@ parameters [
 """
     )
     return name
+
+
+def measure(name: str, url: str, data: Path, levels: list[int], args, extra: list[str]):
+    """perf_analyzer at each concurrency after a warm-up run (fills caches and CUDA-graph
+    buckets; its latencies drift, so no stability is asked of it); a measurement that does
+    not stabilise is repeated with twice the tolerance."""
+    with contextlib.suppress(PerfAnalyzerError):
+        run_perf_analyzer(
+            name, url, "grpc", data, [max(levels)], measurement_ms=args.window_ms,
+            stability_percent=100.0, max_trials=3, extra_args=extra,
+        )  # fmt: skip
+    try:
+        return run_perf_analyzer(
+            name, url, "grpc", data, levels, measurement_ms=args.window_ms,
+            stability_percent=args.stability, extra_args=extra,
+        )  # fmt: skip
+    except PerfAnalyzerError:
+        return run_perf_analyzer(
+            name, url, "grpc", data, levels, measurement_ms=args.window_ms,
+            stability_percent=2 * args.stability, extra_args=extra,
+        )  # fmt: skip
 
 
 def cache_variant(ps_json: Path, gpucacheper: float) -> Path:
@@ -104,10 +126,7 @@ def main() -> None:
             for samples, data in inputs.items():
                 extra = ["--shared-memory", "cuda"] if samples > 1 else []
                 for name in (model, peer):
-                    found, log = run_perf_analyzer(
-                        name, url, "grpc", data, levels, measurement_ms=args.window_ms,
-                        stability_percent=args.stability, extra_args=extra,
-                    )  # fmt: skip
+                    found, log = measure(name, url, data, levels, args, extra)
                     logs.append(log)
                     for r in found:
                         results.append(dict(
@@ -122,7 +141,7 @@ def main() -> None:
     (args.out / "serve_vs_pytorch.log").write_text("\n".join(logs))
     rate = hit_rate(sums.get(model, {"hps_cache_hits_total": 0, "hps_cache_misses_total": 0}))
     print(f"{args.instances} KIND_GPU instances each; gpucacheper {args.gpucacheper}; key hit "
-          f"rate {rate:.3f}; GPU memory {gpu_memory_mib()} MiB at the end")  # fmt: skip
+          f"rate {rate:.3f}; GPU memory {gpu_memory_mib()[0]} MiB at the end")  # fmt: skip
     columns = ["model", "samples", "concurrency", "samples_per_s", "infer_per_s", "p50_ms",
                "p99_ms"]  # fmt: skip
     with open(args.out / "serve_vs_pytorch.csv", "w", newline="") as f:
