@@ -7,6 +7,7 @@ NumPy 2 and CuPy, on CPU and GPU, so it is the only path used here.
 
 from __future__ import annotations
 
+import ctypes
 from typing import Any
 
 import numpy as np
@@ -53,9 +54,49 @@ def output_tensor(name: str, array: Any) -> Any:
     Returns:
         The Triton tensor.
     """
-    if isinstance(array, np.ndarray):
-        array = np.ascontiguousarray(array)
-    return pb_utils.Tensor.from_dlpack(name, array)
+    if not isinstance(array, np.ndarray):
+        return pb_utils.Tensor.from_dlpack(name, array)
+    exporter = _NumpyExporter(np.ascontiguousarray(array))
+    tensor = pb_utils.Tensor.from_dlpack(name, exporter)
+    exporter.release()
+    return tensor
+
+
+# The stub takes the DLPack capsule of a NumPy array, owns its tensor from then on (it calls
+# the tensor's deleter itself) and renames the capsule "used_dlpack". NumPy 2's capsule
+# destructor knows only DLPack's name for a consumed capsule, "used_dltensor": for any other it
+# looks for an unconsumed tensor, fails, and prints a traceback (once per response, into the
+# server log). Renaming the consumed capsule to DLPack's name lets the destructor do nothing,
+# which is right: the stub already owns and frees the tensor. The name must outlive the
+# capsule (PyCapsule_SetName keeps the pointer), hence a module constant.
+_CONSUMED = b"used_dltensor"
+_STUB_CONSUMED = b"used_dlpack"
+_capsule_api = ctypes.pythonapi
+_capsule_api.PyCapsule_IsValid.argtypes = [ctypes.py_object, ctypes.c_char_p]
+_capsule_api.PyCapsule_IsValid.restype = ctypes.c_int
+_capsule_api.PyCapsule_SetName.argtypes = [ctypes.py_object, ctypes.c_char_p]
+_capsule_api.PyCapsule_SetName.restype = ctypes.c_int
+
+
+class _NumpyExporter:
+    """A NumPy array as ``pb_utils.Tensor.from_dlpack`` consumes it, keeping the capsule."""
+
+    def __init__(self, array: np.ndarray) -> None:
+        self._array = array
+        self._capsule: Any = None
+
+    def __dlpack__(self, stream: Any = None) -> Any:
+        self._capsule = self._array.__dlpack__(stream=stream)
+        return self._capsule
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        return self._array.__dlpack_device__()
+
+    def release(self) -> None:
+        """Give the consumed capsule DLPack's consumed name (see above) and drop it."""
+        capsule, self._capsule = self._capsule, None
+        if capsule is not None and _capsule_api.PyCapsule_IsValid(capsule, _STUB_CONSUMED):
+            _capsule_api.PyCapsule_SetName(capsule, _CONSUMED)
 
 
 def error_response(message: str, code: Any = None) -> Any:

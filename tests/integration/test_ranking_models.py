@@ -290,3 +290,16 @@ def test_perf_analyzer_batches_samples(served, tmp_path: Path) -> None:
     assert "error" not in output.lower(), output
     inferences, executions = np.subtract(_counts(url, "dlrm_samples"), before)
     assert inferences >= 8 * executions > 0  # every request carried 8 samples
+
+
+def test_served_responses_leave_no_traceback_in_the_server_log(served) -> None:
+    # NumPy 2's DLPack capsule destructor printed one traceback per response unless the
+    # output tensor's consumed capsule carries DLPack's name (triton_backend/tensors.py).
+    server, models = served
+    rng = np.random.default_rng(8)
+    for module, client in clients(server):
+        dense, keys = models["dlrm"].samples(rng, 3, one_hot=True)
+        infer_samples(module, client, "dlrm", *encode_samples(dense, keys))
+        infer_hugectr(module, client, "dlrm", *encode_hugectr(dense, keys))
+    log = server.log_path.read_text()
+    assert "Traceback" not in log and "PyCapsule" not in log, log[-2000:]
