@@ -42,6 +42,7 @@ requests up to ``max_batch_size`` samples.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -130,6 +131,11 @@ class HugeCTRContract:
                 f"{layout.dense_dim} dense features, so {batch * layout.dense_dim} values are "
                 f"expected, got {len(dense)}"
             )
+        one_hot = self._one_hot_keys(keys, rows, batch)
+        if one_hot is not None:
+            return SparseBatch(
+                dense.reshape(batch, layout.dense_dim), one_hot, (None,) * len(one_hot)
+            )
         offsets = self._table_offsets(rows, batch)
         ends = [int(o[-1]) for o in offsets]
         if sum(ends) != len(keys):
@@ -162,6 +168,30 @@ class HugeCTRContract:
         _check_batch_size(ROWINDEX, batch, layout)
         return batch
 
+    def _one_hot_keys(
+        self, keys: np.ndarray, rows: np.ndarray, batch: int
+    ) -> tuple[np.ndarray, ...] | None:
+        """Each table's keys when every slot of the request holds exactly one key, else None.
+
+        Then every table's offsets are ``0, 1, ..., B * S_t`` (which also makes them valid),
+        the keys are ``[B, S]`` sample-major, and a table's keys are its columns: no offsets
+        to keep and, for one-slot tables, no copy. One vectorised check instead of a pass per
+        table, which is what most recommender traffic (one key per categorical feature)
+        takes.
+        """
+        layout = self.layout
+        if len(keys) != batch * layout.total_slots:
+            return None
+        if not np.array_equal(rows, _one_hot_rowindex(layout.slot_nums, batch)):
+            return None
+        columns = keys.reshape(batch, layout.total_slots)
+        table_keys, start = [], 0
+        for slots in layout.slot_nums:
+            block = columns[:, start : start + slots]
+            table_keys.append(block[:, 0] if slots == 1 else block.reshape(-1))
+            start += slots
+        return tuple(table_keys)
+
     def _table_offsets(self, rows: np.ndarray, batch: int) -> list[np.ndarray]:
         offsets = []
         start = 0
@@ -187,6 +217,14 @@ class HugeCTRContract:
             offsets.append(segment)
             start += size
         return offsets
+
+
+@functools.lru_cache(maxsize=64)
+def _one_hot_rowindex(slot_nums: tuple[int, ...], batch: int) -> np.ndarray:
+    """``ROWINDEX`` of a request of ``batch`` one-hot samples (cached per batch size)."""
+    rows = np.concatenate([np.arange(batch * s + 1, dtype=np.int32) for s in slot_nums])
+    rows.flags.writeable = False
+    return rows
 
 
 def _keys_per_table(

@@ -108,6 +108,11 @@ __device__ __forceinline__ const float* probe_cache(const Table& t, const i64 ke
   return t.cache_values + (first + way) * t.dim;
 }
 
+// Loads per lane issued before any store: `dst` and `src` may alias as far as the compiler
+// knows, so a load/store loop would wait for each load in turn, and a row in host memory
+// costs one PCIe round trip per load.
+#define ROW_UNROLL 4
+
 // dst = src (or the default value), or dst += it; the group's lanes split the row.
 __device__ __forceinline__ void pool_row(float* dst, const float* src, const float fill,
                                          const int dim, const int lane, const bool first,
@@ -115,20 +120,41 @@ __device__ __forceinline__ void pool_row(float* dst, const float* src, const flo
   if (vec) {
     float4* d4 = reinterpret_cast<float4*>(dst);
     const float4* s4 = reinterpret_cast<const float4*>(src);
-    for (int d = lane; d < dim / 4; d += LANES) {
-      const float4 v = src ? s4[d] : make_float4(fill, fill, fill, fill);
-      if (first) {
-        d4[d] = v;
-      } else {
-        float4 a = d4[d];
-        a.x += v.x; a.y += v.y; a.z += v.z; a.w += v.w;
-        d4[d] = a;
+    const int n = dim / 4;
+    for (int base = lane; base < n; base += LANES * ROW_UNROLL) {
+      float4 v[ROW_UNROLL];
+#pragma unroll
+      for (int u = 0; u < ROW_UNROLL; ++u) {
+        const int d = base + u * LANES;
+        if (d < n) v[u] = src ? s4[d] : make_float4(fill, fill, fill, fill);
+      }
+#pragma unroll
+      for (int u = 0; u < ROW_UNROLL; ++u) {
+        const int d = base + u * LANES;
+        if (d >= n) break;
+        if (first) {
+          d4[d] = v[u];
+        } else {
+          float4 a = d4[d];
+          a.x += v[u].x; a.y += v[u].y; a.z += v[u].z; a.w += v[u].w;
+          d4[d] = a;
+        }
       }
     }
   } else {
-    for (int d = lane; d < dim; d += LANES) {
-      const float v = src ? src[d] : fill;
-      dst[d] = first ? v : dst[d] + v;
+    for (int base = lane; base < dim; base += LANES * ROW_UNROLL) {
+      float v[ROW_UNROLL];
+#pragma unroll
+      for (int u = 0; u < ROW_UNROLL; ++u) {
+        const int d = base + u * LANES;
+        if (d < dim) v[u] = src ? src[d] : fill;
+      }
+#pragma unroll
+      for (int u = 0; u < ROW_UNROLL; ++u) {
+        const int d = base + u * LANES;
+        if (d >= dim) break;
+        dst[d] = first ? v[u] : dst[d] + v[u];
+      }
     }
   }
 }
@@ -308,7 +334,19 @@ extern "C" __global__ void bank_insert(const Table* __restrict__ tables,
         evicted = true;
       }
       float* row = const_cast<float*>(tab.cache_values) + (first + way) * tab.dim;
-      for (int d = lane; d < tab.dim; d += WARP) __stcg(row + d, m.src[d]);
+      for (int base = lane; base < tab.dim; base += WARP * ROW_UNROLL) {
+        float v[ROW_UNROLL];
+#pragma unroll
+        for (int u = 0; u < ROW_UNROLL; ++u) {
+          const int d = base + u * WARP;
+          if (d < tab.dim) v[u] = m.src[d];
+        }
+#pragma unroll
+        for (int u = 0; u < ROW_UNROLL; ++u) {
+          const int d = base + u * WARP;
+          if (d < tab.dim) __stcg(row + d, v[u]);
+        }
+      }
     }
     if (lane == way % WARP) {
       if (inserted) __stcg(slot_keys + first + way, m.key);

@@ -173,3 +173,19 @@ def test_bad_samples_request_names_the_input(inputs, words) -> None:
     message = str(info.value)
     assert message.startswith(f"input '{words[0]}'")
     assert all(w in message for w in words), message
+
+
+def test_one_hot_hugectr_requests_need_no_offsets() -> None:
+    rng = np.random.default_rng(12)
+    layout = make_layout([1, 3, 1], 2, 16)
+    dense, keys = random_request(rng, layout, 5, max_hot=1, empty=0.0)
+    request = encode_hugectr(dense, keys)
+    parsed = HugeCTRContract(layout).parse(*request)
+    assert parsed.row_offsets == (None, None, None)
+    assert_same_batch(parsed, to_sparse_batch(dense, keys))
+    assert np.shares_memory(parsed.keys[0], request[1])  # a one-slot table is a column view
+    # One empty slot and the request is not one-hot any more: offsets are kept.
+    keys[2][1][0] = []
+    parsed = HugeCTRContract(layout).parse(*encode_hugectr(dense, keys))
+    assert all(o is not None for o in parsed.row_offsets)
+    assert_same_batch(parsed, to_sparse_batch(dense, keys))
