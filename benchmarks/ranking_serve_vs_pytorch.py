@@ -138,10 +138,11 @@ def main() -> None:
                 server.metrics_url,
                 ("hps_cache_hits_total", "hps_cache_misses_total"), "model",
             )  # fmt: skip
+            memory = gpu_memory_mib()[0]
     (args.out / "serve_vs_pytorch.log").write_text("\n".join(logs))
     rate = hit_rate(sums.get(model, {"hps_cache_hits_total": 0, "hps_cache_misses_total": 0}))
     print(f"{args.instances} KIND_GPU instances each; gpucacheper {args.gpucacheper}; key hit "
-          f"rate {rate:.3f}; GPU memory {gpu_memory_mib()[0]} MiB at the end")  # fmt: skip
+          f"rate {rate:.3f}; GPU memory {memory} MiB in use while serving")  # fmt: skip
     columns = ["model", "samples", "concurrency", "samples_per_s", "infer_per_s", "p50_ms",
                "p99_ms"]  # fmt: skip
     with open(args.out / "serve_vs_pytorch.csv", "w", newline="") as f:
