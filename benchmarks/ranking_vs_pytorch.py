@@ -18,7 +18,9 @@ same function: the script checks their scores agree before timing.
 
 Per (batch, precision): median over ``--runs`` calls on fresh batches; ms, samples/s, ratio
 to the eager peer, key-occurrence and unique-key hit rate of the timed batches, GPU memory.
-Also the GPU time of the pipeline's two graphs (lookup+insert, dense) from CUDA events.
+Also the GPU time of the pipeline's two graphs (lookup+insert, dense) from CUDA events, and
+of each step run without graphs (``GpuRankingPipeline.profile``: upload, lookup, insert,
+forward, download).
 Writes ``ranking_vs_pytorch.csv`` and a plot (with matplotlib) under ``--out``.
 
 Usage:
@@ -205,7 +207,7 @@ def main() -> None:
     parser.add_argument("--alpha", type=float, default=1.05)
     parser.add_argument("--warmup", type=int, default=40)
     parser.add_argument("--runs", type=int, default=10)
-    parser.add_argument("--profile-batch", type=int, default=1024, help="cProfile this size")
+    parser.add_argument("--profile-batches", default="1024,16384", help="cProfile these sizes")
     parser.add_argument("--out", type=Path, default=Path("bench_results"))
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
@@ -262,13 +264,18 @@ def main() -> None:
                 gpu_ms = [graph_times(session, f) for f in fresh]
                 lookup_ms = statistics.median(t[0] for t in gpu_ms)
                 dense_ms = statistics.median(t[1] for t in gpu_ms)
-                if batch == args.profile_batch and cache == args.caches.split(",")[0]:
+                fresh = [make_batch(rng, rows, batch, args.alpha, dense_dim)[2] for _ in range(3)]
+                steps = [session.pipeline.profile(f) for f in fresh]
+                split = {k: statistics.median(s[k] for s in steps) for k in steps[0]}
+                profiled = [int(b) for b in args.profile_batches.split(",")]
+                if batch in profiled and cache == args.caches.split(",")[0]:
                     profile(session, rng, rows, batch, args, dense_dim, precision)
                 results.append(dict(
                     system="hps-triton", cache=cache, precision=precision, batch=batch,
                     ms=1e3 * ms, key_hit_rate=hits / keys if keys else 0.0,
                     unique_hit_rate=unique, max_abs_diff_vs_peer=error,
                     gpu_lookup_ms=lookup_ms, gpu_dense_ms=dense_ms,
+                    **{f"eager_{k}_ms": v for k, v in split.items()},
                     gpu_mib=gpu_memory_mib(),
                 ))  # fmt: skip
                 peer = peer_ms[("eager", batch)]
@@ -282,7 +289,8 @@ def main() -> None:
                 r["x_peer_eager"] = peer_ms[("eager", r["batch"])] / r["ms"]
     columns = ["system", "cache", "precision", "batch", "ms", "samples_per_s", "x_peer_eager",
                "key_hit_rate", "unique_hit_rate", "gpu_lookup_ms", "gpu_dense_ms", "gpu_mib",
-               "max_abs_diff_vs_peer"]  # fmt: skip
+               "max_abs_diff_vs_peer", "eager_upload_ms", "eager_lookup_ms", "eager_insert_ms",
+               "eager_forward_ms", "eager_download_ms"]  # fmt: skip
     with open(args.out / "ranking_vs_pytorch.csv", "w", newline="") as f:
         writer = csv.DictWriter(f, columns, extrasaction="ignore")
         writer.writeheader()

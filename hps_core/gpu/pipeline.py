@@ -256,11 +256,29 @@ class GpuRankingPipeline:
                 self._dense_step(bucket)
 
     def _sparse_step(self, bucket: _Bucket) -> None:
-        lay = bucket.layout
-        stream = self._stream
+        for step in self._sparse_parts:
+            step(bucket)
+
+    def _dense_step(self, bucket: _Bucket) -> None:
+        for step in self._dense_parts:
+            step(bucket)
+
+    @property
+    def _sparse_parts(self) -> tuple[Any, ...]:
+        return (self._upload, self._lookup, self._insert)
+
+    @property
+    def _dense_parts(self) -> tuple[Any, ...]:
+        return (self._forward, self._download)
+
+    def _upload(self, bucket: _Bucket) -> None:
         cupy.cuda.runtime.memcpyAsync(
-            bucket.inputs.data.ptr, bucket.staging.ctypes.data, lay.nbytes, _H2D, stream.ptr
-        )
+            bucket.inputs.data.ptr, bucket.staging.ctypes.data, bucket.layout.nbytes, _H2D,
+            self._stream.ptr,
+        )  # fmt: skip
+
+    def _lookup(self, bucket: _Bucket) -> None:
+        lay = bucket.layout
         keys, header, offsets, _ = lay.views(bucket.inputs)
         bucket.miss_count.fill(0)
         bags = lay.size * lay.slots
@@ -273,21 +291,55 @@ class GpuRankingPipeline:
              np.int64(lay.size), keys, header, offsets, bucket.embeddings, bucket.misses,
              bucket.miss_count, self._bank.counters),
         )  # fmt: skip
+
+    def _insert(self, bucket: _Bucket) -> None:
+        if bucket.layout.size * bucket.layout.slots == 0:
+            return
         self._bank_kernels.get_function("bank_insert")(
-            (self._insert_blocks,), (threads,),
+            (self._insert_blocks,), (kernels.THREADS,),
             (self._descriptors, bucket.misses, bucket.miss_count, self._bank.counters),
         )  # fmt: skip
 
-    def _dense_step(self, bucket: _Bucket) -> None:
+    def _forward(self, bucket: _Bucket) -> None:
         dense = bucket.layout.views(bucket.inputs)[3]
         cast = self.executor.ctx.cast  # FP16 networks take half embeddings: one pass each
         given = {name: cast(array) for name, array in bucket.given.items()}
-        scores = self.executor.forward_given(dense, given)
-        bucket.scores = scores  # keeps the pool block alive for the graph's later replays
+        # Keeping the scores keeps their pool block for the graph's later replays.
+        bucket.scores = self.executor.forward_given(dense, given)
+
+    def _download(self, bucket: _Bucket) -> None:
+        scores = bucket.scores
         cupy.cuda.runtime.memcpyAsync(
             bucket.scores_host.ctypes.data, scores.data.ptr, scores.nbytes, _D2H,
             self._stream.ptr,
         )  # fmt: skip
+
+    def profile(self, batch: SparseBatch) -> dict[str, float]:
+        """Run one batch step by step, without graphs, timing each step with CUDA events.
+
+        Args:
+            batch: as for :meth:`predict` (its misses are inserted, as in ``predict``).
+
+        Returns:
+            GPU milliseconds of ``upload``, ``lookup``, ``insert``, ``forward`` (the dense
+            network) and ``download``.
+        """
+        size = bucket_for(max(batch.batch_size, self._samples_for_keys(batch)))
+        with self._lock, cupy.cuda.Device(self.device_id), self._stream:
+            bucket = self._bucket(size)
+            self._stage(bucket, batch)
+            parts = (*self._sparse_parts, *self._dense_parts)
+            events = [cupy.cuda.Event() for _ in range(len(parts) + 1)]
+            events[0].record(self._stream)
+            with self.bank.section(), cupy.cuda.using_allocator(bucket.pool.malloc):
+                for step, event in zip(parts, events[1:], strict=True):
+                    step(bucket)
+                    event.record(self._stream)
+            events[-1].synchronize()
+            return {
+                step.__name__.lstrip("_"): cupy.cuda.get_elapsed_time(start, stop)
+                for step, start, stop in zip(parts, events, events[1:], strict=True)
+            }
 
     # -- buckets ------------------------------------------------------------------------------
 

@@ -180,3 +180,17 @@ def test_shared_caches(repo: Path) -> None:
         got = gpu.predict(contract.parse(*encode_samples(dense, keys)))
         model.check(got, dense, keys)
     assert gpu.lookup.shares_caches
+
+
+def test_profile_times_every_step_and_changes_no_answer(repo: Path) -> None:
+    name = "dcn"
+    ps = variant(repo, name, "dynamic")
+    model = Model(repo, name)
+    gpu = RankingSession.open(ps, name, device_id=0)
+    contract = HugeCTRContract(gpu.layout)
+    dense, keys = model.samples(np.random.default_rng(21), 40)
+    parsed = contract.parse(*encode_hugectr(dense, keys))
+    steps = gpu.pipeline.profile(parsed)
+    assert list(steps) == ["upload", "lookup", "insert", "forward", "download"]
+    assert all(ms >= 0 for ms in steps.values()) and steps["forward"] > 0
+    model.check(gpu.predict(parsed), dense, keys)
