@@ -338,7 +338,7 @@ class GpuRankingPipeline:
             events[-1].synchronize()
             return {
                 step.__name__.lstrip("_"): cupy.cuda.get_elapsed_time(start, stop)
-                for step, start, stop in zip(parts, events, events[1:], strict=True)
+                for step, start, stop in zip(parts, events[:-1], events[1:], strict=True)
             }
 
     # -- buckets ------------------------------------------------------------------------------
