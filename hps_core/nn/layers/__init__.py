@@ -10,7 +10,13 @@ from __future__ import annotations
 
 from hps_core.nn.layers.activation import Dropout, LossAsSigmoid, ReLU, Sigmoid
 from hps_core.nn.layers.base import Array, Layer, ParamShape
-from hps_core.nn.layers.dense import InnerProduct, MultiCross, WeightMultiply
+from hps_core.nn.layers.dense import (
+    MLP,
+    FusedInnerProduct,
+    InnerProduct,
+    MultiCross,
+    WeightMultiply,
+)
 from hps_core.nn.layers.elementwise import Add, ElementwiseMultiply, ReduceSum
 from hps_core.nn.layers.embedding import (
     Combiner,
@@ -29,9 +35,11 @@ DENSE_LAYERS: dict[str, type[Layer]] = {
         Dropout,
         ElementwiseMultiply,
         FmOrder2,
+        FusedInnerProduct,
         InnerProduct,
         Interaction,
         LossAsSigmoid,
+        MLP,
         MultiCross,
         ReduceSum,
         ReLU,
@@ -48,7 +56,7 @@ EMBEDDING_TYPES: frozenset[str] = frozenset(EmbeddingLayer.type_names)
 #: HugeCTR layer types this engine cannot run yet; those with trainable parameters make the
 #: dense model file's layout unknown.
 NOT_RUNNABLE_TRAINABLE: frozenset[str] = frozenset(
-    {"BatchNorm", "FusedInnerProduct", "GRU", "LayerNorm", "MLP"}
+    {"BatchNorm", "GRU", "LayerNorm"}
 )
 NOT_RUNNABLE: frozenset[str] = NOT_RUNNABLE_TRAINABLE | {
     "Cast",

@@ -1,9 +1,11 @@
-"""Layers with trainable parameters: InnerProduct, MultiCross and WeightMultiply.
+"""Layers with trainable parameters: InnerProduct, FusedInnerProduct, MLP, MultiCross and
+WeightMultiply.
 
 Parameter shapes and their order are HugeCTR's, which is how the dense model file lays them
-out: InnerProduct ``weight [in, out]`` then ``bias [1, out]``; MultiCross per cross layer
-``w [1, D]``, ``b [1, D]`` (DCN v1) or ``U [D, P]``, ``V [P, D]``, ``b [1, D]`` (DCN v2,
-``projection_dim`` P > 0); WeightMultiply ``weight [slots, vec]``.
+out (float32 whatever the training precision): InnerProduct and FusedInnerProduct
+``weight [in, out]`` then ``bias [1, out]``; MLP the same pair for each of its layers in turn;
+MultiCross per cross layer ``w [1, D]``, ``b [1, D]`` (DCN v1) or ``U [D, P]``, ``V [P, D]``,
+``b [1, D]`` (DCN v2, ``projection_dim`` P > 0); WeightMultiply ``weight [slots, vec]``.
 """
 
 from __future__ import annotations
@@ -51,16 +53,156 @@ class InnerProduct(Layer):
         self, ctx: ComputeContext, inputs: Sequence[Array], params: Sequence[Array]
     ) -> tuple[Array, ...]:
         weight, bias = params
-        y = ctx.matmul(inputs[0], weight)
+        return (_affine(ctx, inputs[0], weight, bias, self.fuse_relu),)
+
+
+def _affine(ctx: ComputeContext, x: Array, weight: Array, bias: Array | None, relu: bool) -> Array:
+    """``x @ weight (+ bias)``, then ReLU if asked; each element rounded once to the storage
+    dtype after the bias is added in float32 (one fused kernel on a GPU)."""
+    y = ctx.matmul(x, weight)
+    if bias is not None:
         if ctx.on_gpu:
             from hps_core.gpu.dense_ops import bias_activation
 
-            return (bias_activation(y, ctx.cast(bias), self.fuse_relu),)
-        # In place on the product, which is in the storage dtype: under FP16 each element is
-        # added in float32 and rounded once (the fused GPU kernel does the same).
+            return bias_activation(y, ctx.cast(bias), relu)
         y += ctx.cast(bias)
-        if self.fuse_relu:
-            ctx.xp.maximum(y, 0, out=y)
+    if relu:
+        ctx.xp.maximum(y, 0, out=y)
+    return y
+
+
+_ACTIVATIONS = {"Relu": True, "None": False}
+
+
+@dataclass(frozen=True)
+class FusedInnerProduct(Layer):
+    """HugeCTR's FusedInnerProduct (``FusedReluBiasFullyConnectedLayer``, FP16 training):
+    ``act(x @ weight + bias)``, ``act`` from the layer's ``activation`` ("Relu", HugeCTR's
+    default, or "None").
+
+    In training form the layer also passes ReLU masks and bias gradients between neighbours:
+    bottoms after the first and tops after the first exist only for that and are not read at
+    inference (the extra tops get the output's shape). Weights as InnerProduct (HugeCTR
+    ``set_weight(0, {in, out})``, ``set_weight(1, {1, out})``; NVIDIA's ``hugectr2onnx`` loader
+    reads them the same way).
+    """
+
+    type_names = ("FusedInnerProduct",)
+    trainable = True
+    output_shapes: tuple[TensorShape, ...]
+    in_features: int
+    out_features: int
+    relu: bool
+
+    @classmethod
+    def consumed_bottoms(cls, spec: LayerSpec) -> tuple[str, ...]:
+        return spec.bottoms[:1]
+
+    @classmethod
+    def build(cls, spec: LayerSpec, inputs: Sequence[TensorShape]) -> FusedInnerProduct:
+        expect_counts(spec, inputs, 1, n_out=None)
+        shape = inputs[0]
+        expect_rank(spec, shape, (2,), 0)
+        out_features = spec.int_field("fc_param.num_output", minimum=1)
+        relu = _activation(spec, "activation", spec.raw.get("activation", "Relu"))
+        out = TensorShape(shape.rows_per_sample, (out_features,))
+        return cls((out,) * len(spec.tops), shape.dims[0], out_features, relu)
+
+    def param_shapes(self) -> tuple[ParamShape, ...]:
+        return (
+            ParamShape("weight", (self.in_features, self.out_features)),
+            ParamShape("bias", (1, self.out_features)),
+        )
+
+    def forward(
+        self, ctx: ComputeContext, inputs: Sequence[Array], params: Sequence[Array]
+    ) -> tuple[Array, ...]:
+        y = _affine(ctx, inputs[0], params[0], params[1], self.relu)
+        return (y,) * len(self.output_shapes)
+
+
+def _activation(spec: LayerSpec, field: str, value: object) -> bool:
+    if value not in _ACTIVATIONS:
+        raise spec.error(f"must be 'Relu' or 'None', got {value!r}", field)
+    return _ACTIVATIONS[value]
+
+
+@dataclass(frozen=True)
+class MLP(Layer):
+    """HugeCTR's fused MLP layer: fully connected layers in a row,
+    ``y_i = act_i(y_{i-1} @ W_i + b_i)``.
+
+    Fields (``mlp_param``, as HugeCTR's parser reads them): ``num_outputs`` (widths, required;
+    the output is the last; ``num_output`` is written by HugeCTR but not used by its layer),
+    ``activations`` (per layer "Relu" or "None") or ``activation`` (all layers; default
+    "Relu"), ``biases`` (per layer) or ``use_bias`` (all layers; default true). A second bottom
+    (the training form's ReLU mask) is not read.
+
+    Dense file: ``W_0 [in, out_0]``, ``b_0 [1, out_0]``, ``W_1``, ``b_1``, ...: HugeCTR's
+    ``MLPLayer`` calls ``set_weight(2i, {in, out})`` and ``set_weight(2i + 1, {1, out})`` for
+    layer ``i`` (``HugeCTR/src/layers/mlp_layer.cu``), and a bias is allocated, hence stored,
+    even for a layer without one (then it is not added).
+    """
+
+    type_names = ("MLP",)
+    trainable = True
+    output_shapes: tuple[TensorShape, ...]
+    widths: tuple[int, ...]  # input width, then each layer's output width
+    relus: tuple[bool, ...]
+    biases: tuple[bool, ...]
+
+    @classmethod
+    def consumed_bottoms(cls, spec: LayerSpec) -> tuple[str, ...]:
+        return spec.bottoms[:1]
+
+    @classmethod
+    def build(cls, spec: LayerSpec, inputs: Sequence[TensorShape]) -> MLP:
+        expect_counts(spec, inputs, 1)
+        shape = inputs[0]
+        expect_rank(spec, shape, (2,), 0)
+        outputs = spec.int_list_field("mlp_param.num_outputs", minimum=1)
+        relus = cls._per_layer(spec, "activations", "activation", "Relu", len(outputs))
+        biases = cls._per_layer(spec, "biases", "use_bias", True, len(outputs))
+        out = TensorShape(shape.rows_per_sample, (outputs[-1],))
+        return cls((out,), (shape.dims[0], *outputs), relus, biases)
+
+    @staticmethod
+    def _per_layer(
+        spec: LayerSpec, many: str, one: str, default: object, layers: int
+    ) -> tuple[bool, ...]:
+        param = spec.raw.get("mlp_param", {})
+        is_act = many == "activations"
+        if many in param:
+            values = param[many]
+            if not isinstance(values, list) or len(values) != layers:
+                raise spec.error(
+                    f"must be a list of {layers} values (one per layer of num_outputs), "
+                    f"got {values!r}",
+                    f"mlp_param.{many}",
+                )
+        else:
+            values = [param.get(one, default)] * layers
+        field = f"mlp_param.{many if many in param else one}"
+        if is_act:
+            return tuple(_activation(spec, field, v) for v in values)
+        if not all(isinstance(v, bool) for v in values):
+            raise spec.error(
+                f"must be true or false, got {param.get(many, param.get(one))!r}", field
+            )
+        return tuple(values)
+
+    def param_shapes(self) -> tuple[ParamShape, ...]:
+        shapes: list[ParamShape] = []
+        for i, (n_in, n_out) in enumerate(zip(self.widths[:-1], self.widths[1:], strict=True)):
+            shapes += [ParamShape(f"W{i}", (n_in, n_out)), ParamShape(f"b{i}", (1, n_out))]
+        return tuple(shapes)
+
+    def forward(
+        self, ctx: ComputeContext, inputs: Sequence[Array], params: Sequence[Array]
+    ) -> tuple[Array, ...]:
+        y = inputs[0]
+        for i, (relu, bias) in enumerate(zip(self.relus, self.biases, strict=True)):
+            y = _affine(ctx, y, params[2 * i], params[2 * i + 1] if bias else None, relu)
         return (y,)
 
 

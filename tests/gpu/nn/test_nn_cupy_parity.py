@@ -48,6 +48,26 @@ LAYER_CASES = [
     ("InnerProduct", ["a"], ["o"], {"fc_param": {"num_output": 5}}, [(1, (4, 9))]),
     ("MultiCross", ["a"], ["o"], {"mc_param": {"num_layers": 3}}, [(1, (40,))]),
     (
+        "MLP",
+        ["a"],
+        ["o"],
+        {
+            "mlp_param": {
+                "num_outputs": [64, 17, 1],
+                "activations": ["Relu", "None", "Relu"],
+                "biases": [True, False, True],
+            }
+        },
+        [(1, (70,))],
+    ),
+    (
+        "FusedInnerProduct",
+        ["a"],
+        ["o", "mask", "drelu", "db"],
+        {"fc_param": {"num_output": 33}, "activation": "Relu"},
+        [(1, (70,))],
+    ),
+    (
         "MultiCross",
         ["a"],
         ["o"],

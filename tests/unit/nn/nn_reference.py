@@ -86,6 +86,20 @@ def pool(values, offsets, slot_num, combiner):
     return out.reshape(rows // slot_num, slot_num, values.shape[1])
 
 
+def mlp(x, param, blob):
+    """HugeCTR's MLP layer: per width, ``x @ W (+ b)`` then ReLU unless the layer's activation
+    is "None"; W and b are stored for every layer, b even where it is not added."""
+    widths = param["num_outputs"]
+    acts = param.get("activations", [param.get("activation", "Relu")] * len(widths))
+    biases = param.get("biases", [param.get("use_bias", True)] * len(widths))
+    for n, act, use_bias in zip(widths, acts, biases, strict=True):
+        weight, bias = blob.take(x.shape[-1], n), blob.take(1, n)
+        x = x @ weight + (bias if use_bias else 0.0)
+        if act == "Relu":
+            x = relu(x)
+    return x
+
+
 def _names(value):
     return [value] if isinstance(value, str) else list(value)
 
@@ -127,6 +141,12 @@ def network_forward(path: str | Path, flat_params, dense, pooled: dict[str, np.n
         elif kind == "InnerProduct":
             n = layer["fc_param"]["num_output"]
             outs = [fc(x, blob.take(x.shape[-1], n), blob.take(1, n))]
+        elif kind == "FusedInnerProduct":  # HugeCTR: activation "Relu" unless "None"
+            n = layer["fc_param"]["num_output"]
+            y = fc(x, blob.take(x.shape[-1], n), blob.take(1, n))
+            outs = [relu(y) if layer.get("activation", "Relu") == "Relu" else y] * len(tops)
+        elif kind == "MLP":
+            outs = [mlp(x, layer["mlp_param"], blob)]
         elif kind == "ReLU":
             outs = [relu(x)]
         elif kind in ("Sigmoid", "BinaryCrossEntropyLoss", "MultiCrossEntropyLoss"):

@@ -44,7 +44,26 @@ EVERY_LAYER = [
     {"type": "InnerProduct", "bottom": "dense", "top": "fc1", "fc_param": {"num_output": 12}},
     {"type": "ReLU", "bottom": "fc1", "top": "relu1"},
     {"type": "ElementwiseMultiply", "bottom": ["relu1", "picked"], "top": "mul"},
-    {"type": "Add", "bottom": ["fc1", "mul"], "top": "add0"},
+    {
+        "type": "MLP",
+        "bottom": "dense",
+        "top": "mlp",
+        "mlp_param": {
+            "num_output": 1,  # written by HugeCTR, not read by its layer
+            "num_outputs": [10, 9, 12],
+            "activations": ["Relu", "None", "Relu"],
+            "biases": [False, True, True],
+        },
+    },
+    {
+        "type": "FusedInnerProduct",
+        "bottom": "mlp",
+        "top": ["fip", "fip_mask", "fip_drelu", "fip_db"],
+        "position": "Head",
+        "activation": "Relu",
+        "fc_param": {"num_output": 12},
+    },
+    {"type": "Add", "bottom": ["fc1", "mul", "fip"], "top": "add0"},
     {"type": "Concat", "bottom": ["add0", "back"], "top": "cat"},
     {"type": "MultiCross", "bottom": "cat", "top": "mc1", "mc_param": {"num_layers": 2}},
     {
@@ -59,6 +78,35 @@ EVERY_LAYER = [
     {"type": "BinaryCrossEntropyLoss", "bottom": ["fc2", "label"], "top": "loss"},
 ]
 SPARSE = (("keys", 5, 3), ("keys2", 3, 2))
+# HugeCTR's samples/dlrm: bottom and top MLPs as fused MLP layers around the Interaction.
+DLRM_MLP = [
+    {
+        "name": "sparse_embedding",
+        "type": "LocalizedSlotSparseEmbeddingHash",
+        "bottom": "keys",
+        "top": "sparse_embedding",
+        "sparse_embedding_hparam": {"embedding_vec_size": 16, "combiner": "sum"},
+    },
+    {
+        "type": "MLP",
+        "bottom": "dense",
+        "top": "mlp1",
+        "mlp_param": {"num_output": 16, "num_outputs": [32, 24, 16], "activation": "Relu"},
+    },
+    {"type": "Interaction", "bottom": ["mlp1", "sparse_embedding"], "top": "interaction1"},
+    {
+        "type": "MLP",
+        "bottom": "interaction1",
+        "top": "mlp2",
+        "mlp_param": {
+            "num_output": 1,
+            "num_outputs": [64, 32, 1],
+            "activations": ["Relu", "Relu", "None"],
+            "use_bias": True,
+        },
+    },
+    {"type": "BinaryCrossEntropyLoss", "bottom": ["mlp2", "label"], "top": "loss"},
+]
 
 
 @pytest.fixture(scope="module")
@@ -67,8 +115,10 @@ def networks(tmp_path_factory):
     root = tmp_path_factory.mktemp("networks")
     every = root / "every_layer.json"
     every.write_text(network_text(EVERY_LAYER, dense_dim=6, sparse=SPARSE))
+    dlrm_mlp = root / "dlrm_mlp.json"
+    dlrm_mlp.write_text(network_text(DLRM_MLP, dense_dim=13, sparse=(("keys", 26, 1),)))
     out = {}
-    for path in [*FIXTURES, every]:
+    for path in [*FIXTURES, every, dlrm_mlp]:
         graph = build_graph(load_network_json(path))
         dense_file = root / f"{path.stem}_dense.model"
         write_dense_blob(random_dense_params(graph.dense_layout(), seed=11), dense_file)
@@ -80,7 +130,7 @@ def reference(path, dense_file, dense, pooled):
     return network_forward(path, np.fromfile(dense_file, dtype="<f4"), dense, pooled)
 
 
-NAMES = [p.stem for p in FIXTURES] + ["every_layer"]
+NAMES = [p.stem for p in FIXTURES] + ["every_layer", "dlrm_mlp"]
 
 
 @pytest.mark.parametrize("name", NAMES)

@@ -286,3 +286,48 @@ def test_wrong_input_count_and_rank_name_the_layer():
         DENSE_LAYERS["InnerProduct"].build(
             make_spec("InnerProduct", "a", "fc"), [TensorShape(1, (3,))]
         )
+
+
+@pytest.mark.parametrize(
+    ("param", "field", "words"),
+    [
+        ({"num_output": 4}, "mlp_param.num_outputs", "is required"),
+        ({"num_outputs": [4, 2], "activations": ["Relu"]}, "activations", "list of 2 values"),
+        ({"num_outputs": [4], "activation": "Tanh"}, "activation", "'Relu' or 'None'"),
+        ({"num_outputs": [4, 2], "biases": [True, 1]}, "biases", "true or false"),
+        ({"num_outputs": [4], "use_bias": "yes"}, "use_bias", "true or false"),
+    ],
+)
+def test_mlp_fields_are_checked(param, field, words) -> None:
+    spec = make_spec("MLP", "x", "y", mlp_param=param)
+    with pytest.raises(ConfigError, match=rf"'y'.*{field}.*{words}"):
+        DENSE_LAYERS["MLP"].build(spec, [TensorShape(1, (6,))])
+
+
+def test_mlp_defaults_and_parameter_layout() -> None:
+    # HugeCTR defaults: ReLU after every layer, a bias in every layer; W_i then b_i per layer.
+    spec = make_spec("MLP", ["x", "mask"], "y", mlp_param={"num_outputs": [4, 3]})
+    assert DENSE_LAYERS["MLP"].consumed_bottoms(spec) == ("x",)
+    layer = DENSE_LAYERS["MLP"].build(spec, [TensorShape(1, (6,))])
+    assert layer.relus == (True, True) and layer.biases == (True, True)
+    assert [p.shape for p in layer.param_shapes()] == [(6, 4), (1, 4), (4, 3), (1, 3)]
+    assert layer.output_shapes == (TensorShape(1, (3,)),)
+
+
+def test_fused_inner_product_activation() -> None:
+    shapes = [TensorShape(1, (5,))]
+    tops = ["y", "mask", "drelu", "db"]
+    relu = DENSE_LAYERS["FusedInnerProduct"].build(
+        make_spec("FusedInnerProduct", "x", tops, fc_param={"num_output": 3}), shapes
+    )
+    assert relu.relu and len(relu.output_shapes) == 4
+    plain = DENSE_LAYERS["FusedInnerProduct"].build(
+        make_spec("FusedInnerProduct", "x", "y", activation="None", fc_param={"num_output": 3}),
+        shapes,
+    )
+    assert not plain.relu
+    with pytest.raises(ConfigError, match=r"'y'.activation: must be 'Relu' or 'None'"):
+        DENSE_LAYERS["FusedInnerProduct"].build(
+            make_spec("FusedInnerProduct", "x", "y", activation="Gelu", fc_param={"num_output": 3}),
+            shapes,
+        )
