@@ -152,8 +152,7 @@ def unique_hit_rate(session: RankingSession, keys: np.ndarray) -> float:
 
 def graph_times(session: RankingSession, sparse: SparseBatch) -> tuple[float, float]:
     """GPU ms of the lookup graph and of the dense graph for this batch (CUDA events; the
-    batch's misses are inserted, as in predict()); for an overlapped bucket, of its one
-    graph, and NaN."""
+    batch's misses are inserted, as in predict())."""
     pipe = session.pipeline
     from hps_core.gpu.staging import bucket_for
 
@@ -161,14 +160,6 @@ def graph_times(session: RankingSession, sparse: SparseBatch) -> tuple[float, fl
     pipe._stage(bucket, sparse)
     events = [cupy.cuda.Event() for _ in range(3)]
     stream = pipe._stream
-    if len(bucket.graphs) == 1:  # overlapped: lookups and dense network in one graph
-        with cupy.cuda.Device(0), stream:
-            events[0].record(stream)
-            with pipe.bank.section():
-                bucket.graphs[0].launch(stream)
-            events[1].record(stream)
-            events[1].synchronize()
-        return cupy.cuda.get_elapsed_time(events[0], events[1]), float("nan")
     sparse_graph, dense_graph = bucket.graphs
     with cupy.cuda.Device(0), stream:
         events[0].record(stream)
