@@ -16,12 +16,10 @@ Per batch the host validates nothing on the device and waits for the GPU once:
 
 Steps 2-4 and 5-6 are each recorded once per bucket as a CUDA graph (batch sizes are padded
 to the next power of two; padded samples have no keys and their scores are dropped), so a
-batch costs two graph launches however many tables and layers the model has. Large batches
-on private caches are cut into chunks whose dense network (on a second stream) overlaps the
-next chunk's lookup, one graph over both streams (``GpuRankingPipeline._overlapped_step``).
-The graphs' intermediate tensors live in a memory pool of their own, which nothing else uses.
-Steps 2-4 run inside the caches' ordering section (:meth:`CacheBank.section`), so other
-streams and, for shared caches, other processes never see a half-done insert.
+batch costs two graph launches however many tables and layers the model has. The graphs'
+intermediate tensors live in a memory pool of their own, which nothing else uses. Step 2-4 runs
+inside the caches' ordering section (:meth:`CacheBank.section`), so other streams and, for
+shared caches, other processes never see a half-done insert.
 """
 
 from __future__ import annotations
@@ -53,8 +51,6 @@ _CAPTURE_THREAD_LOCAL = 1  # cudaStreamCaptureModeThreadLocal
 _INSERT_BLOCKS_PER_SM = 8
 _PARALLEL_STAGING_SAMPLES = 4096
 _STAGING_THREADS = 4
-_CHUNKS = 8
-_MIN_CHUNK = 4096
 
 
 @dataclass
@@ -68,9 +64,8 @@ class _Bucket:
     miss_count: Any
     scores_host: np.ndarray  # pinned
     pool: Any
-    chunk: int  # samples per lookup / dense-network step (the whole bucket unless overlapped)
     scores: Any = None
-    graphs: tuple[Any, ...] | None = None
+    graphs: tuple[Any, Any] | None = None
     batches: int = 0
 
 
@@ -83,9 +78,6 @@ class GpuRankingPipeline:
         lookup: its lookup session on that GPU (tables, caches, shared-cache group).
         graphs: record each bucket as CUDA graphs (``False``: launch every kernel each time;
             for debugging and to measure what the graphs save).
-        overlap: with private caches, split batches of ``2 * 4096`` samples or more into
-            chunks (8 at most) and run the dense network of one chunk while the next one is
-            looked up (see :meth:`_overlapped_step`).
 
     Example:
         >>> pipeline = GpuRankingPipeline(layout, executor, lookup)  # doctest: +SKIP
@@ -99,7 +91,6 @@ class GpuRankingPipeline:
         executor: DenseExecutor,
         lookup: ModelLookup,
         graphs: bool = True,
-        overlap: bool = True,
     ) -> None:
         if lookup.device_id is None:
             raise ValueError("the GPU pipeline needs a lookup session on a GPU")
@@ -108,7 +99,6 @@ class GpuRankingPipeline:
         self.lookup = lookup
         self.device_id = lookup.device_id
         self.graphs = graphs
-        self.overlap = overlap
         used = set(executor.embedding_names)
         self.feeds: tuple[TableFeed, ...] = tuple(f for f in layout.tables if f.layer in used)
         self._tops = dict(zip(executor.embedding_names, executor.embedding_tops(), strict=True))
@@ -127,7 +117,6 @@ class GpuRankingPipeline:
         self._copy_pool: concurrent.futures.ThreadPoolExecutor | None = None
         with cupy.cuda.Device(self.device_id):
             self._stream = cupy.cuda.Stream(non_blocking=True)
-            self._side = cupy.cuda.Stream(non_blocking=True)  # dense steps of overlapped batches
             self._bank_kernels = kernels.module("bank", self.device_id)
             self._insert_blocks = (
                 cupy.cuda.Device().attributes["MultiProcessorCount"] * _INSERT_BLOCKS_PER_SM
@@ -256,50 +245,15 @@ class GpuRankingPipeline:
         stream = self._stream
         with stream:
             if bucket.graphs is not None:
-                if len(bucket.graphs) == 1:  # overlapped: one graph over both streams
-                    with self.bank.section():
-                        bucket.graphs[0].launch(stream)
-                    return
                 sparse, dense = bucket.graphs
                 with self.bank.section():
                     sparse.launch(stream)
                 dense.launch(stream)
                 return
-            if bucket.chunk < bucket.layout.size:
-                with self.bank.section(), cupy.cuda.using_allocator(bucket.pool.malloc):
-                    self._overlapped_step(bucket)
-                return
             with self.bank.section():
                 self._sparse_step(bucket)
             with cupy.cuda.using_allocator(bucket.pool.malloc):
                 self._dense_step(bucket)
-
-    def _overlapped_step(self, bucket: _Bucket) -> None:
-        """The whole batch with the dense network of chunk ``i`` running on the side stream
-        while chunk ``i + 1`` is looked up on the main one.
-
-        Lookups and inserts stay in order on the main stream (a lookup never reads a slot an
-        insert is writing); chunk ``i``'s dense step waits only for chunk ``i``'s lookup (its
-        rows of the embedding buffer), so the misses' reads over PCIe of one chunk overlap
-        the GEMMs of the previous one. The side stream rejoins the main one at the end.
-        """
-        main, side = self._stream, self._side
-        with main:
-            self._upload(bucket)
-        bucket.scores = []
-        chunk = bucket.chunk
-        for first in range(0, bucket.layout.size, chunk):
-            with main:
-                self._lookup(bucket, first, chunk)
-                looked_up = cupy.cuda.Event(block=False, disable_timing=True)
-                looked_up.record(main)
-                self._insert(bucket)
-            side.wait_event(looked_up)
-            with side:
-                self._forward_rows(bucket, first, chunk)
-        done = cupy.cuda.Event(block=False, disable_timing=True)
-        done.record(side)
-        main.wait_event(done)
 
     def _sparse_step(self, bucket: _Bucket) -> None:
         for step in self._sparse_parts:
@@ -323,21 +277,19 @@ class GpuRankingPipeline:
             self._stream.ptr,
         )  # fmt: skip
 
-    def _lookup(self, bucket: _Bucket, first: int = 0, count: int | None = None) -> None:
-        """Look up the samples ``[first, first + count)`` (all by default) of the batch."""
+    def _lookup(self, bucket: _Bucket) -> None:
         lay = bucket.layout
-        count = lay.size if count is None else count
         keys, header, offsets, _ = lay.views(bucket.inputs)
         bucket.miss_count.fill(0)
-        bags = count * lay.slots
+        bags = lay.size * lay.slots
         if bags == 0:
             return
         threads = kernels.THREADS
         self._bank_kernels.get_function("bank_lookup")(
             (-(-bags * kernels.LANES // threads),), (threads,),
             (self._descriptors, self._slot_table_d, self._slot_local_d, np.int32(lay.slots),
-             np.int64(lay.size), np.int64(first), np.int64(count), keys, header, offsets,
-             bucket.embeddings, bucket.misses, bucket.miss_count, self._bank.counters),
+             np.int64(lay.size), keys, header, offsets, bucket.embeddings, bucket.misses,
+             bucket.miss_count, self._bank.counters),
         )  # fmt: skip
 
     def _insert(self, bucket: _Bucket) -> None:
@@ -354,20 +306,6 @@ class GpuRankingPipeline:
         given = {name: cast(array) for name, array in bucket.given.items()}
         # Keeping the scores keeps their pool block for the graph's later replays.
         bucket.scores = self.executor.forward_given(dense, given)
-
-    def _forward_rows(self, bucket: _Bucket, first: int, count: int) -> None:
-        """Dense network and score download of samples ``[first, first + count)``, on the
-        current stream."""
-        rows = slice(first, first + count)
-        dense = bucket.layout.views(bucket.inputs)[3][rows]
-        cast = self.executor.ctx.cast
-        given = {name: cast(array[rows]) for name, array in bucket.given.items()}
-        scores = self.executor.forward_given(dense, given)
-        bucket.scores.append(scores)
-        cupy.cuda.runtime.memcpyAsync(
-            bucket.scores_host[rows].ctypes.data, scores.data.ptr, scores.nbytes, _D2H,
-            cupy.cuda.get_current_stream().ptr,
-        )  # fmt: skip
 
     def _download(self, bucket: _Bucket) -> None:
         scores = bucket.scores
@@ -436,16 +374,8 @@ class GpuRankingPipeline:
         miss_count = cupy.zeros(1, dtype=cupy.uint64)
         return _Bucket(
             lay, staging, inputs, embeddings, given, misses, miss_count, scores_host,
-            cupy.cuda.MemoryPool(), self._chunk_for(size),
+            cupy.cuda.MemoryPool(),
         )  # fmt: skip
-
-    def _chunk_for(self, size: int) -> int:
-        """Samples per step of a bucket: chunks only with private caches (with shared ones
-        the caches' section would cover the dense network too, and hold other instances
-        back)."""
-        if not self.overlap or self.bank.shared or size < 2 * _MIN_CHUNK:
-            return size
-        return max(_MIN_CHUNK, size // _CHUNKS)
 
     def _given(self, embeddings: Any, size: int) -> dict[str, Any]:
         """The executor's inputs that live in ``embeddings`` (float32 views): each table's
@@ -469,22 +399,11 @@ class GpuRankingPipeline:
 
     def _record(self, bucket: _Bucket) -> None:
         """Run the bucket once eagerly (compiles kernels, fills its memory pool), then record
-        its two graphs (one, over both streams, for an overlapped bucket)."""
+        its two graphs."""
         stream = self._stream
         self._run(bucket)
         stream.synchronize()
         bucket.scores = None
-        if bucket.chunk < bucket.layout.size:
-            with stream, cupy.cuda.using_allocator(bucket.pool.malloc):
-                stream.begin_capture(_CAPTURE_THREAD_LOCAL)
-                try:
-                    self._overlapped_step(bucket)
-                finally:
-                    graph = stream.end_capture()
-            graph.upload(stream)
-            stream.synchronize()
-            bucket.graphs = (graph,)
-            return
         with stream, cupy.cuda.using_allocator(bucket.pool.malloc):
             stream.begin_capture(_CAPTURE_THREAD_LOCAL)
             try:

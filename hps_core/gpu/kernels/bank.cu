@@ -6,9 +6,8 @@
 //
 // A batch is a jagged batch of bags: bag (b, g) holds the keys of sample b in slot g (slots of
 // all tables numbered together), given by CSR row offsets per table, or, for a one-hot table
-// (flagged in the header after the number of samples), one key per bag. A launch serves the
-// samples [first, first + count) of the batch; work is slot-major (item = g * count + b -
-// first), so the lanes of a block mostly serve one table. Per key, in this order:
+// (flagged in the header after the number of samples), one key per bag. Work is slot-major (bag = g * batch + b), so the lanes of a
+// block mostly serve one table. Per key, in this order:
 //   1. the table's dynamic GPU cache (set-associative, 64 ways; 8 lanes probe a set at once),
 //   2. the table's row index (sorted mixed keys + bucket directory, on the GPU) and its rows,
 //      which live in GPU memory (static table) or in the host tier, read in place through a
@@ -168,24 +167,24 @@ __device__ __forceinline__ void scale_row(float* dst, const float f, const int d
 extern "C" __global__ void bank_lookup(
     const Table* __restrict__ tables, const int* __restrict__ slot_table,
     const int* __restrict__ slot_local, const int total_slots, const i64 batch,
-    const i64 first, const i64 count, const i64* __restrict__ keys,
-    const int* __restrict__ header, const int* __restrict__ offsets, float* __restrict__ out,
+    const i64* __restrict__ keys, const int* __restrict__ header,
+    const int* __restrict__ offsets, float* __restrict__ out,
     Miss* __restrict__ misses, u64* __restrict__ miss_count, u64* __restrict__ counters) {
   __shared__ u64 block_counts[4];  // C_KEYS .. C_UNKNOWN of the table of the block's first bag
-  const i64 item = ((i64)blockIdx.x * blockDim.x + threadIdx.x) / LANES;
+  const i64 bag = ((i64)blockIdx.x * blockDim.x + threadIdx.x) / LANES;
   const int lane = threadIdx.x % LANES;
   const int shift = (threadIdx.x % WARP) / LANES * LANES;
   const unsigned mask = GROUP_MASK << shift;
-  const i64 items = count * total_slots;
-  const i64 first_item = ((i64)blockIdx.x * blockDim.x) / LANES;
-  const int block_table = first_item < items ? slot_table[first_item / count] : -1;
+  const i64 bags = batch * total_slots;
+  const i64 first_bag = ((i64)blockIdx.x * blockDim.x) / LANES;
+  const int block_table = first_bag < bags ? slot_table[first_bag / batch] : -1;
   if (threadIdx.x < 4) block_counts[threadIdx.x] = 0;
   __syncthreads();
   u64 n_keys = 0, n_hits = 0, n_misses = 0, n_unknown = 0;
   int t = -1;
-  if (item < items) {  // no early return: the block meets at __syncthreads below
-    const int g = (int)(item / count);
-    const i64 b = first + item - (i64)g * count;
+  if (bag < bags) {  // no early return: the block meets at __syncthreads below
+    const int g = (int)(bag / batch);
+    const i64 b = bag - (i64)g * batch;
     t = slot_table[g];
     const Table& tab = tables[t];
     const int s = slot_local[g];

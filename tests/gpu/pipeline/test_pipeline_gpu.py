@@ -194,22 +194,3 @@ def test_profile_times_every_step_and_changes_no_answer(repo: Path) -> None:
     assert list(steps) == ["upload", "lookup", "insert", "forward", "download"]
     assert all(ms >= 0 for ms in steps.values()) and steps["forward"] > 0
     model.check(gpu.predict(parsed), dense, keys)
-
-
-def test_large_batches_overlap_lookups_with_the_dense_network(repo: Path) -> None:
-    name = "dcn"  # multi-hot slots, mean pooling, unknown keys
-    ps = variant(repo, name, "dynamic", max_batch_size=16384)
-    model = Model(repo, name)
-    overlapped = RankingSession.open(ps, name, device_id=0)
-    eager = RankingSession.open(ps, name, device_id=0, graphs=False)
-    plain = RankingSession.open(ps, name, device_id=0, graphs=False)
-    plain.pipeline.overlap = False
-    dense, keys = model.samples(np.random.default_rng(31), 9000)  # bucket 16384: 4 chunks
-    parsed = HugeCTRContract(overlapped.layout).parse(*encode_hugectr(dense, keys))
-    want = plain.predict(parsed)
-    for session in (overlapped, eager, overlapped):
-        np.testing.assert_allclose(session.predict(parsed), want, rtol=1e-5, atol=1e-6)
-    bucket = overlapped.pipeline._buckets[16384]
-    assert bucket.chunk == 4096 and len(bucket.graphs) == 1 and bucket.batches == 2
-    assert plain.pipeline._buckets[16384].chunk == 16384
-    model.check(want, dense, keys)
