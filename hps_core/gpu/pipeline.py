@@ -65,8 +65,9 @@ class _Bucket:
     scores_host: np.ndarray  # pinned
     pool: Any
     scores: Any = None
-    graphs: tuple[Any, Any] | None = None
+    graphs: tuple[Any, Any | None] | None = None
     batches: int = 0
+    samples: int = 0  # real samples of the batch staged last
 
 
 class GpuRankingPipeline:
@@ -213,6 +214,7 @@ class GpuRankingPipeline:
                 f"dense features must be [batch, {lay.dense_dim}], got {batch.dense.shape}"
             )
         header[0] = samples
+        bucket.samples = samples
         copies = [(dense[:samples], batch.dense)]
         for u, (f, p) in enumerate(zip(self.feeds, self._placements, strict=True)):
             table_keys = batch.keys[f.table]
@@ -248,7 +250,11 @@ class GpuRankingPipeline:
                 sparse, dense = bucket.graphs
                 with self.bank.section():
                     sparse.launch(stream)
-                dense.launch(stream)
+                if dense is not None:
+                    dense.launch(stream)
+                    return
+                with cupy.cuda.using_allocator(bucket.pool.malloc):
+                    self._dense_step(bucket)
                 return
             with self.bank.section():
                 self._sparse_step(bucket)
@@ -301,9 +307,12 @@ class GpuRankingPipeline:
         )  # fmt: skip
 
     def _forward(self, bucket: _Bucket) -> None:
-        dense = bucket.layout.views(bucket.inputs)[3]
+        # A network whose layers take statistics over the batch (DIN's Dice) sees the real
+        # samples only, never the bucket's padding.
+        rows = slice(0, bucket.samples) if self.executor.batch_dependent else slice(None)
+        dense = bucket.layout.views(bucket.inputs)[3][rows]
         cast = self.executor.ctx.cast  # FP16 networks take half embeddings: one pass each
-        given = {name: cast(array) for name, array in bucket.given.items()}
+        given = {name: cast(array[rows]) for name, array in bucket.given.items()}
         # Keeping the scores keeps their pool block for the graph's later replays.
         bucket.scores = self.executor.forward_given(dense, given)
 
@@ -399,7 +408,8 @@ class GpuRankingPipeline:
 
     def _record(self, bucket: _Bucket) -> None:
         """Run the bucket once eagerly (compiles kernels, fills its memory pool), then record
-        its two graphs."""
+        its two graphs (only the lookup's for a batch-dependent network, whose dense step runs
+        eagerly on the real samples)."""
         stream = self._stream
         self._run(bucket)
         stream.synchronize()
@@ -410,13 +420,16 @@ class GpuRankingPipeline:
                 self._sparse_step(bucket)
             finally:
                 sparse = stream.end_capture()
-            stream.begin_capture(_CAPTURE_THREAD_LOCAL)
-            try:
-                self._dense_step(bucket)
-            finally:
-                dense = stream.end_capture()
+            dense = None
+            if not self.executor.batch_dependent:  # else its shapes follow each batch
+                stream.begin_capture(_CAPTURE_THREAD_LOCAL)
+                try:
+                    self._dense_step(bucket)
+                finally:
+                    dense = stream.end_capture()
         sparse.upload(stream)
-        dense.upload(stream)
+        if dense is not None:
+            dense.upload(stream)
         stream.synchronize()
         bucket.graphs = (sparse, dense)
 

@@ -87,6 +87,10 @@ class DenseExecutor:
             node.layer for node in graph.embeddings if node.used
         )
         self._embedding_names = tuple(n.spec.name for n in graph.embeddings if n.used)
+        #: Whether a sample's prediction depends on the other samples of its batch (a layer
+        #: takes statistics over the batch, as DIN's Dice does): then a batch must not be
+        #: padded with extra rows.
+        self.batch_dependent = any(step.layer.batch_dependent for step in self._steps)
 
     @classmethod
     def from_files(

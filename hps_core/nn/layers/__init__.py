@@ -8,7 +8,15 @@ HugeCTR's layer catalog are known but not runnable yet, so a graph using them ge
 
 from __future__ import annotations
 
-from hps_core.nn.layers.activation import Dropout, LossAsSigmoid, ReLU, Sigmoid
+from hps_core.nn.layers.activation import (
+    ELU,
+    Dropout,
+    LossAsSigmoid,
+    PReLUDice,
+    ReLU,
+    Sigmoid,
+    Softmax,
+)
 from hps_core.nn.layers.base import Array, Layer, ParamShape
 from hps_core.nn.layers.dense import (
     MLP,
@@ -17,35 +25,53 @@ from hps_core.nn.layers.dense import (
     MultiCross,
     WeightMultiply,
 )
-from hps_core.nn.layers.elementwise import Add, ElementwiseMultiply, ReduceSum
+from hps_core.nn.layers.elementwise import Add, ElementwiseMultiply, ReduceMean, ReduceSum, Sub
 from hps_core.nn.layers.embedding import (
     Combiner,
     EmbeddingLayer,
     UnpooledEmbedding,
     pool_embeddings,
 )
-from hps_core.nn.layers.interaction import FmOrder2, Interaction
-from hps_core.nn.layers.shape_ops import Concat, Reshape, Slice
+from hps_core.nn.layers.interaction import FmOrder2, Interaction, MatrixMultiply
+from hps_core.nn.layers.shape_ops import (
+    Cast,
+    Concat,
+    FusedReshapeConcat,
+    FusedReshapeConcatGeneral,
+    Reshape,
+    Scale,
+    Slice,
+)
 
 DENSE_LAYERS: dict[str, type[Layer]] = {
     name: cls
     for cls in (
         Add,
+        Cast,
         Concat,
         Dropout,
+        ELU,
         ElementwiseMultiply,
         FmOrder2,
         FusedInnerProduct,
+        FusedReshapeConcat,
+        FusedReshapeConcatGeneral,
         InnerProduct,
         Interaction,
         LossAsSigmoid,
         MLP,
+        MatrixMultiply,
         MultiCross,
+        PReLUDice,
+        ReduceMean,
         ReduceSum,
         ReLU,
         Reshape,
+        Scale,
         Sigmoid,
         Slice,
+        Softmax,
+        Sub,
         WeightMultiply,
     )
     for name in cls.type_names
@@ -59,24 +85,15 @@ NOT_RUNNABLE_TRAINABLE: frozenset[str] = frozenset(
     {"BatchNorm", "GRU", "LayerNorm"}
 )
 NOT_RUNNABLE: frozenset[str] = NOT_RUNNABLE_TRAINABLE | {
-    "Cast",
     "CrossEntropyLoss",
-    "DotProduct",
-    "ELU",
-    "FusedReshapeConcat",
-    "FusedReshapeConcatGeneral",
+    # HugeCTR cannot build it either: at 24.x it is made a Select over dim 0, which that layer
+    # refuses, and the older GatherLayer never allocated its output.
     "Gather",
     "HybridSparseEmbedding",
     "MaskedSoftmax",
-    "MatrixMultiply",
     "MultiHeadAttention",
-    "PReLU_Dice",
-    "ReduceMean",
-    "Scale",
     "Select",
     "SequenceMask",
-    "Softmax",
-    "Sub",
 }
 
 __all__ = [

@@ -1,4 +1,5 @@
-"""Element-wise activations, Dropout (the identity at inference) and loss layers.
+"""Activations (ReLU, Sigmoid, ELU, DIN's Dice, Softmax), Dropout (the identity at inference)
+and loss layers.
 
 At inference HugeCTR replaces ``BinaryCrossEntropyLoss`` and ``MultiCrossEntropyLoss`` by a
 Sigmoid on their first bottom (the prediction); the second bottom is the label, which
@@ -9,8 +10,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import ClassVar
 
-from hps_core.nn.layers.base import Array, Layer, expect_counts
+import numpy as np
+
+from hps_core.nn.layers.base import Array, Layer, expect_counts, expect_rank
 from hps_core.nn.network_json import LayerSpec
 from hps_core.nn.precision import ComputeContext
 from hps_core.nn.shapes import TensorShape
@@ -92,3 +96,90 @@ class Dropout(Layer):
         self, ctx: ComputeContext, inputs: Sequence[Array], params: Sequence[Array]
     ) -> tuple[Array, ...]:
         return (inputs[0],)
+
+
+@dataclass(frozen=True)
+class ELU(Layer):
+    """``alpha * (exp(x) - 1)`` where ``x < 0``, else ``x`` (HugeCTR ``elu_param.alpha``)."""
+
+    type_names = ("ELU",)
+    output_shapes: tuple[TensorShape, ...]
+    alpha: float
+
+    @classmethod
+    def build(cls, spec: LayerSpec, inputs: Sequence[TensorShape]) -> ELU:
+        expect_counts(spec, inputs, 1)
+        return cls((inputs[0],), spec.float_field("elu_param.alpha"))
+
+    def forward(
+        self, ctx: ComputeContext, inputs: Sequence[Array], params: Sequence[Array]
+    ) -> tuple[Array, ...]:
+        xp, x = ctx.xp, ctx.widen(inputs[0])
+        # HugeCTR computes exp(x) - 1 (not expm1); so does this.
+        y = xp.where(x < 0, np.float32(self.alpha) * (xp.exp(xp.minimum(x, 0)) - 1), x)
+        return (ctx.cast(y),)
+
+
+@dataclass(frozen=True)
+class PReLUDice(Layer):
+    """DIN's Dice activation: ``p * x + (1 - p) * alpha * x`` with
+    ``p = sigmoid((x - mean) / sqrt(var + eps))``.
+
+    As in HugeCTR (``PRelu_Dice_Layer::fprop``), the mean and the (population) variance
+    ``E[x^2] - E[x]^2`` are taken per column over the rows of the batch being computed, at
+    inference too: a sample's prediction depends on the other samples of its batch, and a
+    batch of one sample gets ``0.5 * (1 + alpha) * x``. Fields ``prelu_dice_param.alpha`` and
+    ``eps`` (HugeCTR writes ``alpha`` but its own reader asks for ``elu_alpha``; both are read).
+    """
+
+    type_names = ("PReLU_Dice",)
+    batch_dependent: ClassVar[bool] = True
+    output_shapes: tuple[TensorShape, ...]
+    alpha: float
+    eps: float
+
+    @classmethod
+    def build(cls, spec: LayerSpec, inputs: Sequence[TensorShape]) -> PReLUDice:
+        expect_counts(spec, inputs, 1)
+        expect_rank(spec, inputs[0], (2,), 0)
+        name = "alpha" if spec.has("prelu_dice_param.alpha") else "elu_alpha"
+        alpha = spec.float_field(f"prelu_dice_param.{name}")
+        return cls((inputs[0],), alpha, spec.float_field("prelu_dice_param.eps"))
+
+    def forward(
+        self, ctx: ComputeContext, inputs: Sequence[Array], params: Sequence[Array]
+    ) -> tuple[Array, ...]:
+        xp, x = ctx.xp, ctx.widen(inputs[0])
+        mean = x.mean(axis=0, dtype=np.float32)
+        var = (x * x).mean(axis=0, dtype=np.float32) - mean * mean
+        p = 1 / (1 + xp.exp((mean - x) / xp.sqrt(var + np.float32(self.eps))))
+        return (ctx.cast(p * x + (1 - p) * np.float32(self.alpha) * x),)
+
+
+@dataclass(frozen=True)
+class Softmax(Layer):
+    """Softmax over the last axis (HugeCTR ``SoftmaxLayer``; one bottom, any rank).
+
+    HugeCTR exponentiates without subtracting the row maximum; the maximum is subtracted here,
+    which gives the same values wherever HugeCTR's are finite. ``factor`` only scales the
+    masked (two-bottom) variant of BST and is ignored with one bottom, as in HugeCTR.
+    """
+
+    type_names = ("Softmax",)
+    output_shapes: tuple[TensorShape, ...]
+
+    @classmethod
+    def build(cls, spec: LayerSpec, inputs: Sequence[TensorShape]) -> Softmax:
+        if len(inputs) != 1:
+            raise spec.error(
+                "the masked Softmax (two bottoms, BST) cannot run yet; one bottom is supported",
+                "bottom",
+            )
+        return cls((inputs[0],))
+
+    def forward(
+        self, ctx: ComputeContext, inputs: Sequence[Array], params: Sequence[Array]
+    ) -> tuple[Array, ...]:
+        xp, x = ctx.xp, ctx.widen(inputs[0])
+        e = xp.exp(x - x.max(axis=-1, keepdims=True))
+        return (ctx.cast(e / e.sum(axis=-1, keepdims=True)),)

@@ -45,6 +45,9 @@ class Layer(ABC):
     type_names: ClassVar[tuple[str, ...]] = ()
     #: Whether the layer has parameters in the dense model file.
     trainable: ClassVar[bool] = False
+    #: Whether a sample's output depends on the other samples of its batch (statistics over
+    #: the batch, as DIN's Dice takes them at inference too).
+    batch_dependent: ClassVar[bool] = False
 
     output_shapes: tuple[TensorShape, ...]
 

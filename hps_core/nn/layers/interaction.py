@@ -1,4 +1,5 @@
-"""Feature-interaction layers: DLRM's dot Interaction and DeepFM's FmOrder2."""
+"""Feature-interaction layers: DLRM's dot Interaction, DeepFM's FmOrder2 and DIN's
+MatrixMultiply."""
 
 from __future__ import annotations
 
@@ -103,3 +104,43 @@ class FmOrder2(Layer):
         x = x.reshape(x.shape[0], -1, self.out_dim)
         total = x.sum(axis=1)
         return (ctx.cast(0.5 * (total * total - (x * x).sum(axis=1))),)
+
+
+@dataclass(frozen=True)
+class MatrixMultiply(Layer):
+    """Batched matrix product of two 3-D or 4-D inputs of one leading shape:
+    ``[B, m, n] @ [B, n, k] -> [B, m, k]`` (HugeCTR ``MatrixMultiplyLayer``, float32 GEMMs;
+    DIN's attention-weighted sum of the behaviour history). HugeCTR's 2-D forms multiply
+    across the batch rows, which has no per-sample meaning at inference, and are refused."""
+
+    type_names = ("MatrixMultiply",)
+    output_shapes: tuple[TensorShape, ...]
+
+    @classmethod
+    def build(cls, spec: LayerSpec, inputs: Sequence[TensorShape]) -> MatrixMultiply:
+        expect_counts(spec, inputs, 2)
+        a, b = inputs
+        expect_rank(spec, a, (3, 4), 0)
+        if (
+            b.rank != a.rank
+            or b.rows_per_sample != a.rows_per_sample
+            or b.dims[:-2] != a.dims[:-2]
+            or b.dims[-2] != a.dims[-1]
+        ):
+            raise spec.error(
+                f"inputs must be [B, ..., m, n] and [B, ..., n, k], got '{spec.bottoms[0]}' "
+                f"{a} and '{spec.bottoms[1]}' {b}",
+                "bottom",
+            )
+        return cls((TensorShape(a.rows_per_sample, (*a.dims[:-1], b.dims[-1])),))
+
+    def forward(
+        self, ctx: ComputeContext, inputs: Sequence[Array], params: Sequence[Array]
+    ) -> tuple[Array, ...]:
+        a, b = inputs
+        if a.ndim == 4:  # [B, H, m, n]: one batch of B * H products
+            lead = a.shape[:2]
+            a = a.reshape(-1, *a.shape[2:])
+            b = b.reshape(-1, *b.shape[2:])
+            return (ctx.matmul(a, b).reshape(*lead, a.shape[1], b.shape[2]),)
+        return (ctx.matmul(a, b),)

@@ -1,4 +1,5 @@
-"""Layers that only move data: Reshape, Concat and Slice."""
+"""Layers that only move data: Reshape, Concat, Slice, Scale (repeat), DIN's
+FusedReshapeConcat and FusedReshapeConcatGeneral, and Cast."""
 
 from __future__ import annotations
 
@@ -129,3 +130,128 @@ class Slice(Layer):
     ) -> tuple[Array, ...]:
         x = inputs[0]
         return tuple(x[:, start:end] for start, end in self.ranges)
+
+
+@dataclass(frozen=True)
+class Scale(Layer):
+    """HugeCTR's Scale: repeat a 2-D input ``factor`` times (``scale_param``).
+
+    ``axis`` 0 repeats each element along the row (``[B, N] -> [B, N * factor]``), ``axis`` 1
+    repeats each row (``[B, N] -> [B * factor, N]``): HugeCTR names the axes the other way
+    round from NumPy (``ScaleLayer``'s ``upscale_kernel``). The factor is written as a float
+    and truncated to an integer, as HugeCTR does.
+    """
+
+    type_names = ("Scale",)
+    output_shapes: tuple[TensorShape, ...]
+    axis: int
+    factor: int
+
+    @classmethod
+    def build(cls, spec: LayerSpec, inputs: Sequence[TensorShape]) -> Scale:
+        expect_counts(spec, inputs, 1)
+        shape = inputs[0]
+        expect_rank(spec, shape, (2,), 0)
+        axis = spec.int_field("scale_param.axis", minimum=0)
+        if axis > 1:
+            raise spec.error(f"must be 0 or 1, got {axis}", "scale_param.axis")
+        factor = int(spec.float_field("scale_param.factor"))
+        if factor < 1:
+            raise spec.error(f"must be at least 1, got {factor}", "scale_param.factor")
+        if axis == 0:
+            out = TensorShape(shape.rows_per_sample, (shape.dims[0] * factor,))
+        else:
+            out = TensorShape(shape.rows_per_sample * factor, shape.dims)
+        return cls((out,), axis, factor)
+
+    def forward(
+        self, ctx: ComputeContext, inputs: Sequence[Array], params: Sequence[Array]
+    ) -> tuple[Array, ...]:
+        return (ctx.xp.repeat(inputs[0], self.factor, axis=1 - self.axis),)
+
+
+def _stacked(spec: LayerSpec, inputs: Sequence[TensorShape]) -> tuple[int, int]:
+    """Slots and summed width of 3-D inputs ``[B, S, w_k]`` of one ``B`` and ``S``."""
+    expect_counts(spec, inputs, None if len(inputs) != 1 else 1, n_out=None)
+    for i, shape in enumerate(inputs):
+        expect_rank(spec, shape, (3,), i)
+        if shape.rows_per_sample != inputs[0].rows_per_sample or shape.dims[0] != inputs[0].dims[0]:
+            raise spec.error(
+                f"inputs must be [B, S, w] of one B and S, got '{spec.bottoms[0]}' "
+                f"{inputs[0]} and '{spec.bottoms[i]}' {shape}",
+                "bottom",
+            )
+    return inputs[0].dims[0], sum(shape.dims[1] for shape in inputs)
+
+
+@dataclass(frozen=True)
+class FusedReshapeConcat(Layer):
+    """DIN's split of behaviour history from target: the 3-D inputs ``[B, S, w_k]`` are
+    concatenated along the width, then slots ``0 .. S-2`` become rows ``[B * (S-1), W]``
+    (top 0, the history) and slot ``S-1`` becomes ``[B, W]`` (top 1, the target), as
+    HugeCTR's ``fused_reshape_concat_kernel`` lays them out."""
+
+    type_names = ("FusedReshapeConcat",)
+    output_shapes: tuple[TensorShape, ...]
+    slots: int
+
+    @classmethod
+    def build(cls, spec: LayerSpec, inputs: Sequence[TensorShape]) -> FusedReshapeConcat:
+        slots, width = _stacked(spec, inputs)
+        if len(spec.tops) != 2:
+            raise spec.error(f"needs 2 tops (history, target), got {len(spec.tops)}", "top")
+        if slots < 2:
+            raise spec.error(f"needs at least 2 slots (history and target), got {slots}")
+        rows = inputs[0].rows_per_sample
+        history = TensorShape(rows * (slots - 1), (width,))
+        return cls((history, TensorShape(rows, (width,))), slots)
+
+    def forward(
+        self, ctx: ComputeContext, inputs: Sequence[Array], params: Sequence[Array]
+    ) -> tuple[Array, ...]:
+        stacked = ctx.xp.concatenate(list(inputs), axis=2)
+        width = stacked.shape[2]
+        history = stacked[:, : self.slots - 1, :].reshape(-1, width)
+        return (history, ctx.xp.ascontiguousarray(stacked[:, self.slots - 1, :]))
+
+
+@dataclass(frozen=True)
+class FusedReshapeConcatGeneral(Layer):
+    """3-D inputs ``[B, S, w_k]`` concatenated along the width and reshaped to
+    ``[B * S, W]`` (HugeCTR ``FusedReshapeConcatGeneralLayer``)."""
+
+    type_names = ("FusedReshapeConcatGeneral",)
+    output_shapes: tuple[TensorShape, ...]
+
+    @classmethod
+    def build(cls, spec: LayerSpec, inputs: Sequence[TensorShape]) -> FusedReshapeConcatGeneral:
+        slots, width = _stacked(spec, inputs)
+        if len(spec.tops) != 1:
+            raise spec.error(f"needs 1 top, got {len(spec.tops)}", "top")
+        return cls((TensorShape(inputs[0].rows_per_sample * slots, (width,)),))
+
+    def forward(
+        self, ctx: ComputeContext, inputs: Sequence[Array], params: Sequence[Array]
+    ) -> tuple[Array, ...]:
+        stacked = ctx.xp.concatenate(list(inputs), axis=2)
+        return (stacked.reshape(-1, stacked.shape[2]),)
+
+
+@dataclass(frozen=True)
+class Cast(Layer):
+    """HugeCTR's Cast between float32 and float16, whose direction follows the model's mixed
+    precision setting, not the file. Here every tensor is already in the engine's storage
+    dtype (:mod:`hps_core.nn.precision`), so a Cast passes its input through."""
+
+    type_names = ("Cast",)
+    output_shapes: tuple[TensorShape, ...]
+
+    @classmethod
+    def build(cls, spec: LayerSpec, inputs: Sequence[TensorShape]) -> Cast:
+        expect_counts(spec, inputs, 1)
+        return cls((inputs[0],))
+
+    def forward(
+        self, ctx: ComputeContext, inputs: Sequence[Array], params: Sequence[Array]
+    ) -> tuple[Array, ...]:
+        return (ctx.cast(inputs[0]),)

@@ -86,6 +86,14 @@ def pool(values, offsets, slot_num, combiner):
     return out.reshape(rows // slot_num, slot_num, values.shape[1])
 
 
+def dice(x, alpha, eps):
+    """DIN's Dice with HugeCTR's statistics: per column over the rows of this batch."""
+    mean = x.mean(axis=0)
+    var = (x * x).mean(axis=0) - mean * mean
+    p = 1 / (1 + np.exp(-(x - mean) / np.sqrt(var + eps)))
+    return p * x + (1 - p) * alpha * x
+
+
 def mlp(x, param, blob):
     """HugeCTR's MLP layer: per width, ``x @ W (+ b)`` then ReLU unless the layer's activation
     is "None"; W and b are stored for every layer, b even where it is not added."""
@@ -149,6 +157,32 @@ def network_forward(path: str | Path, flat_params, dense, pooled: dict[str, np.n
             outs = [mlp(x, layer["mlp_param"], blob)]
         elif kind == "ReLU":
             outs = [relu(x)]
+        elif kind == "ELU":
+            alpha = layer["elu_param"]["alpha"]
+            outs = [np.where(x < 0, alpha * (np.exp(np.minimum(x, 0)) - 1), x)]
+        elif kind == "PReLU_Dice":
+            param = layer["prelu_dice_param"]
+            outs = [dice(x, param.get("alpha", param.get("elu_alpha")), param["eps"])]
+        elif kind == "Softmax":
+            e = np.exp(x - x.max(axis=-1, keepdims=True))
+            outs = [e / e.sum(axis=-1, keepdims=True)]
+        elif kind == "Sub":
+            outs = [xs[0] - xs[1]]
+        elif kind == "ReduceMean":
+            outs = [x.mean(axis=layer["axis"], keepdims=True)]
+        elif kind == "Scale":  # HugeCTR: axis 0 repeats elements in a row, axis 1 whole rows
+            axis, factor = layer["scale_param"]["axis"], int(layer["scale_param"]["factor"])
+            outs = [np.repeat(x, factor, axis=1 if axis == 0 else 0)]
+        elif kind == "FusedReshapeConcat":
+            c = np.concatenate(xs, axis=2)
+            outs = [c[:, :-1, :].reshape(-1, c.shape[2]), c[:, -1, :]]
+        elif kind == "FusedReshapeConcatGeneral":
+            c = np.concatenate(xs, axis=2)
+            outs = [c.reshape(-1, c.shape[2])]
+        elif kind == "MatrixMultiply":
+            outs = [np.matmul(xs[0], xs[1])]
+        elif kind == "Cast":
+            outs = [x]
         elif kind in ("Sigmoid", "BinaryCrossEntropyLoss", "MultiCrossEntropyLoss"):
             outs = [sigmoid(x)]
         elif kind == "Dropout":
@@ -171,7 +205,7 @@ def network_forward(path: str | Path, flat_params, dense, pooled: dict[str, np.n
             outs = [x.sum(axis=layer["axis"], keepdims=True)]
         elif kind == "Add":
             outs = [sum(xs)]
-        elif kind == "ElementwiseMultiply":
+        elif kind in ("ElementwiseMultiply", "DotProduct"):
             outs = [np.prod(np.stack(xs), axis=0)]
         elif kind == "Interaction":
             outs = [interaction(*xs)]

@@ -108,6 +108,60 @@ DLRM_MLP = [
     {"type": "BinaryCrossEntropyLoss", "bottom": ["mlp2", "label"], "top": "loss"},
 ]
 
+# HugeCTR's samples/din (attention over 10 behaviours of goods and categories, Dice
+# activations), with the remaining DIN-family layers on a side branch.
+DIN = [
+    *(
+        {
+            "name": name,
+            "type": "DistributedSlotSparseEmbeddingHash",
+            "bottom": bottom,
+            "top": name,
+            "sparse_embedding_hparam": {"embedding_vec_size": 6, "combiner": "sum"},
+        }
+        for name, bottom in (("user", "user_keys"), ("good", "good_keys"), ("cate", "cate_keys"))
+    ),
+    {"type": "FusedReshapeConcat", "bottom": ["good", "cate"], "top": ["his", "item"]},
+    {"type": "Scale", "bottom": "item", "top": "item_rep",
+     "scale_param": {"axis": 1, "factor": 4.0}},
+    {"type": "Sub", "bottom": ["item_rep", "his"], "top": "sub"},
+    {"type": "DotProduct", "bottom": ["item_rep", "his"], "top": "mul"},
+    {"type": "Concat", "bottom": ["item_rep", "his", "sub", "mul"], "top": "att_in"},
+    {"type": "InnerProduct", "bottom": "att_in", "top": "att_fc1", "fc_param": {"num_output": 8}},
+    {"type": "PReLU_Dice", "bottom": "att_fc1", "top": "att_dice",
+     "prelu_dice_param": {"alpha": 0.2, "eps": 1e-8}},
+    {"type": "InnerProduct", "bottom": "att_dice", "top": "att_fc2", "fc_param": {"num_output": 1}},
+    {"type": "Reshape", "bottom": "att_fc2", "top": "scores", "leading_dim": 4},
+    {"type": "Softmax", "bottom": "scores", "top": "weights", "factor": 1.0},
+    {"type": "Scale", "bottom": "weights", "top": "weights_rep",
+     "scale_param": {"axis": 0, "factor": 12}},
+    {"type": "Reshape", "bottom": "his", "top": "his_flat", "leading_dim": 48},
+    {"type": "ElementwiseMultiply", "bottom": ["weights_rep", "his_flat"], "top": "weighted"},
+    {"type": "Reshape", "bottom": "weighted", "top": "weighted_3d", "leading_dim": 12,
+     "time_step": 4},
+    {"type": "ReduceSum", "bottom": "weighted_3d", "top": "pooled_3d", "axis": 1},
+    {"type": "Reshape", "bottom": "pooled_3d", "top": "pooled", "leading_dim": 12},
+    {"type": "Reshape", "bottom": "weights", "top": "weights_3d", "leading_dim": 4,
+     "time_step": 1},
+    {"type": "Reshape", "bottom": "his", "top": "his_3d", "leading_dim": 12, "time_step": 4},
+    {"type": "MatrixMultiply", "bottom": ["weights_3d", "his_3d"], "top": "att_mm"},
+    {"type": "ReduceMean", "bottom": "att_mm", "top": "att_mean", "axis": 1},
+    {"type": "Reshape", "bottom": "att_mean", "top": "att_vec", "leading_dim": 12},
+    {"type": "FusedReshapeConcatGeneral", "bottom": ["good", "cate"], "top": "all_rows"},
+    {"type": "ELU", "bottom": "all_rows", "top": "all_elu", "elu_param": {"alpha": 0.7}},
+    {"type": "Reshape", "bottom": "all_elu", "top": "all_flat", "leading_dim": 60},
+    {"type": "Cast", "bottom": "all_flat", "top": "all_cast"},
+    {"type": "Reshape", "bottom": "user", "top": "user_flat", "leading_dim": 6},
+    {"type": "Concat", "bottom": ["user_flat", "item", "pooled", "att_vec", "all_cast"],
+     "top": "features"},
+    {"type": "InnerProduct", "bottom": "features", "top": "fc1", "fc_param": {"num_output": 16}},
+    {"type": "PReLU_Dice", "bottom": "fc1", "top": "dice1",
+     "prelu_dice_param": {"elu_alpha": 0.1, "eps": 1e-6}},
+    {"type": "InnerProduct", "bottom": "dice1", "top": "fc2", "fc_param": {"num_output": 1}},
+    {"type": "BinaryCrossEntropyLoss", "bottom": ["fc2", "label"], "top": "loss"},
+]  # fmt: skip
+DIN_SPARSE = (("user_keys", 1, 1), ("good_keys", 5, 1), ("cate_keys", 5, 1))
+
 
 @pytest.fixture(scope="module")
 def networks(tmp_path_factory):
@@ -117,8 +171,10 @@ def networks(tmp_path_factory):
     every.write_text(network_text(EVERY_LAYER, dense_dim=6, sparse=SPARSE))
     dlrm_mlp = root / "dlrm_mlp.json"
     dlrm_mlp.write_text(network_text(DLRM_MLP, dense_dim=13, sparse=(("keys", 26, 1),)))
+    din = root / "din.json"
+    din.write_text(network_text(DIN, dense_dim=0, sparse=DIN_SPARSE))
     out = {}
-    for path in [*FIXTURES, every, dlrm_mlp]:
+    for path in [*FIXTURES, every, dlrm_mlp, din]:
         graph = build_graph(load_network_json(path))
         dense_file = root / f"{path.stem}_dense.model"
         write_dense_blob(random_dense_params(graph.dense_layout(), seed=11), dense_file)
@@ -130,7 +186,7 @@ def reference(path, dense_file, dense, pooled):
     return network_forward(path, np.fromfile(dense_file, dtype="<f4"), dense, pooled)
 
 
-NAMES = [p.stem for p in FIXTURES] + ["every_layer", "dlrm_mlp"]
+NAMES = [p.stem for p in FIXTURES] + ["every_layer", "dlrm_mlp", "din"]
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -244,10 +300,10 @@ def test_unrunnable_networks_and_precisions_are_refused(networks, tmp_path):
     with pytest.raises(ConfigError, match="unknown precision 'fp8'"):
         DenseExecutor.from_files(path, dense_file, precision="fp8")
     doc = json.loads(path.read_text())
-    doc["layers"][5]["type"] = "ELU"
+    doc["layers"][5]["type"] = "SequenceMask"
     bad = tmp_path / "elu.json"
     bad.write_text(json.dumps(doc, indent=2))
     with pytest.raises(
-        NotAvailableError, match=r"elu.json:\d+ layers\[5\] 'relu1'.type: type 'ELU'"
+        NotAvailableError, match=r"elu.json:\d+ layers\[5\] 'relu1'.type: type 'SequenceMask'"
     ):
         DenseExecutor.from_files(bad, dense_file)

@@ -172,7 +172,8 @@ def test_layers_that_cannot_run_are_listed_with_lines_and_block_downstream():
 def test_layout_stays_known_when_only_parameter_free_layers_cannot_run():
     graph = graph_of(
         [
-            {"type": "ELU", "bottom": "dense", "top": "side", "elu_param": {"alpha": 1.0}},
+            {"type": "SequenceMask", "bottom": "dense", "top": "side",
+             "max_sequence_len_from": 5, "max_sequence_len_to": 5},
             {"type": "InnerProduct", "bottom": "dense", "top": "fc", "fc_param": {"num_output": 3}},
         ],
         dense_dim=5,

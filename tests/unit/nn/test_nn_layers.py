@@ -3,6 +3,8 @@ each layer's refusal of fields or shapes that do not fit."""
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 from nn_reference import fc, fm_order2, interaction, multi_cross, relu, sigmoid, weight_multiply
@@ -175,7 +177,7 @@ def test_reduce_sum(rng, batch, axis):
     close(out, x.sum(axis=axis, keepdims=True))
 
 
-@pytest.mark.parametrize(("axis", "message"), [(0, "sums over the batch"), (2, "out of range")])
+@pytest.mark.parametrize(("axis", "message"), [(0, "reduces over the batch"), (2, "out of range")])
 def test_reduce_sum_bad_axis(axis, message):
     with pytest.raises(ConfigError, match=message):
         DENSE_LAYERS["ReduceSum"].build(
@@ -331,3 +333,69 @@ def test_fused_inner_product_activation() -> None:
             make_spec("FusedInnerProduct", "x", "y", activation="Gelu", fc_param={"num_output": 3}),
             shapes,
         )
+
+
+@pytest.mark.parametrize(
+    ("layer_type", "bottoms", "tops", "fields", "shapes", "words"),
+    [
+        ("Scale", "x", "y", {"scale_param": {"axis": 2, "factor": 3}}, [(1, (4,))], "0 or 1"),
+        ("Scale", "x", "y", {"scale_param": {"axis": 0, "factor": 0.5}}, [(1, (4,))], "at least"),
+        ("Scale", "x", "y", {"scale_param": {"axis": 0, "factor": 2}}, [(1, (2, 4))], "2-D"),
+        ("FusedReshapeConcat", ["a", "b"], "y", {}, [(1, (5, 3)), (1, (5, 2))], "2 tops"),
+        ("FusedReshapeConcat", ["a", "b"], ["h", "t"], {}, [(1, (5, 3)), (1, (4, 2))], "one B"),
+        ("MatrixMultiply", ["a", "b"], "y", {}, [(1, (2, 3)), (1, (4, 5))], "[B, ..., n, k]"),
+        ("MatrixMultiply", ["a", "b"], "y", {}, [(1, (3,)), (1, (3,))], "3-D or 4-D"),
+        ("Softmax", ["x", "mask"], "y", {}, [(1, (2, 3, 3)), (1, (1, 3, 3))], "masked Softmax"),
+        ("ReduceMean", "x", "y", {"axis": 1}, [(1, (2, 3, 4))], "2-D or 3-D"),
+        ("ReduceMean", "x", "y", {}, [(1, (2, 3))], "axis: is required"),
+        ("Sub", ["a", "b"], "y", {}, [(1, (3,)), (1, (4,))], "same shape"),
+        ("ELU", "x", "y", {}, [(1, (3,))], "elu_param.alpha: is required"),
+        ("PReLU_Dice", "x", "y", {"prelu_dice_param": {"alpha": 0.1}}, [(1, (3,))], "eps"),
+    ],
+)
+def test_din_family_fields_and_shapes_are_checked(layer_type, bottoms, tops, fields, shapes, words):
+    spec = make_spec(layer_type, bottoms, tops, **fields)
+    inputs = [TensorShape(rows, dims) for rows, dims in shapes]
+    with pytest.raises(ConfigError, match=re.escape(words)):
+        DENSE_LAYERS[layer_type].build(spec, inputs)
+
+
+def test_din_family_shapes() -> None:
+    def build(layer_type, bottoms, tops, shapes, **fields):
+        spec = make_spec(layer_type, bottoms, tops, **fields)
+        layer = DENSE_LAYERS[layer_type].build(spec, [TensorShape(r, d) for r, d in shapes])
+        return [str(s) for s in layer.output_shapes]
+
+    assert build("Scale", "x", "y", [(1, (4,))], scale_param={"axis": 0, "factor": 3.0}) == [
+        "(B, 12)"
+    ]
+    assert build("Scale", "x", "y", [(1, (4,))], scale_param={"axis": 1, "factor": 3}) == [
+        "(3B, 4)"
+    ]
+    assert build("FusedReshapeConcat", ["a", "b"], ["h", "t"], [(1, (5, 3)), (1, (5, 2))]) == [
+        "(4B, 5)",
+        "(B, 5)",
+    ]
+    assert build("FusedReshapeConcatGeneral", ["a"], "y", [(1, (5, 3))]) == ["(5B, 3)"]
+    assert build("MatrixMultiply", ["a", "b"], "y", [(1, (2, 1, 3)), (1, (2, 3, 6))]) == [
+        "(B, 2, 1, 6)"
+    ]
+    # HugeCTR writes Dice's alpha as "alpha" and reads it as "elu_alpha": both are accepted.
+    dice = DENSE_LAYERS["PReLU_Dice"].build(
+        make_spec("PReLU_Dice", "x", "y", prelu_dice_param={"elu_alpha": 0.3, "eps": 1e-8}),
+        [TensorShape(1, (3,))],
+    )
+    assert dice.alpha == 0.3 and dice.batch_dependent
+    assert DENSE_LAYERS["DotProduct"] is DENSE_LAYERS["ElementwiseMultiply"]
+
+
+def test_dice_uses_the_batch_statistics() -> None:
+    spec = make_spec("PReLU_Dice", "x", "y", prelu_dice_param={"alpha": 0.25, "eps": 1e-8})
+    layer = DENSE_LAYERS["PReLU_Dice"].build(spec, [TensorShape(1, (2,))])
+    ctx = ComputeContext(np)
+    one = np.array([[2.0, -4.0]], np.float32)
+    # One sample: zero variance, p = sigmoid(0) = 1/2, so 0.5 * (1 + alpha) * x.
+    np.testing.assert_allclose(layer.forward(ctx, [one], ())[0], 0.625 * one, rtol=1e-6)
+    two = np.array([[2.0, -4.0], [0.0, 4.0]], np.float32)
+    got = layer.forward(ctx, [two], ())[0]
+    assert not np.allclose(got[0], 0.625 * one[0])  # the other sample changed the result
