@@ -17,6 +17,7 @@ from hps_core.nn.layers.activation import (
     Sigmoid,
     Softmax,
 )
+from hps_core.nn.layers.attention import LayerNorm, MultiHeadAttention, SequenceMask
 from hps_core.nn.layers.base import Array, Layer, ParamShape
 from hps_core.nn.layers.dense import (
     MLP,
@@ -58,16 +59,19 @@ DENSE_LAYERS: dict[str, type[Layer]] = {
         FusedReshapeConcatGeneral,
         InnerProduct,
         Interaction,
+        LayerNorm,
         LossAsSigmoid,
         MLP,
         MatrixMultiply,
         MultiCross,
+        MultiHeadAttention,
         PReLUDice,
         ReduceMean,
         ReduceSum,
         ReLU,
         Reshape,
         Scale,
+        SequenceMask,
         Sigmoid,
         Slice,
         Softmax,
@@ -82,7 +86,7 @@ EMBEDDING_TYPES: frozenset[str] = frozenset(EmbeddingLayer.type_names)
 #: HugeCTR layer types this engine cannot run yet; those with trainable parameters make the
 #: dense model file's layout unknown.
 NOT_RUNNABLE_TRAINABLE: frozenset[str] = frozenset(
-    {"BatchNorm", "GRU", "LayerNorm"}
+    {"BatchNorm", "GRU"}
 )
 NOT_RUNNABLE: frozenset[str] = NOT_RUNNABLE_TRAINABLE | {
     "CrossEntropyLoss",
@@ -90,10 +94,8 @@ NOT_RUNNABLE: frozenset[str] = NOT_RUNNABLE_TRAINABLE | {
     # refuses, and the older GatherLayer never allocated its output.
     "Gather",
     "HybridSparseEmbedding",
-    "MaskedSoftmax",
-    "MultiHeadAttention",
+    # HugeCTR neither writes nor reads it in network files.
     "Select",
-    "SequenceMask",
 }
 
 __all__ = [

@@ -161,20 +161,21 @@ class Softmax(Layer):
     """Softmax over the last axis (HugeCTR ``SoftmaxLayer``; one bottom, any rank).
 
     HugeCTR exponentiates without subtracting the row maximum; the maximum is subtracted here,
-    which gives the same values wherever HugeCTR's are finite. ``factor`` only scales the
-    masked (two-bottom) variant of BST and is ignored with one bottom, as in HugeCTR.
+    which gives the same values wherever HugeCTR's are finite. With two bottoms (scores and a
+    mask, BST) the layer is :class:`~hps_core.nn.layers.attention.MaskedSoftmax`, whose
+    ``factor`` scales the scores; with one, ``factor`` is ignored, as in HugeCTR.
     """
 
     type_names = ("Softmax",)
     output_shapes: tuple[TensorShape, ...]
 
     @classmethod
-    def build(cls, spec: LayerSpec, inputs: Sequence[TensorShape]) -> Softmax:
-        if len(inputs) != 1:
-            raise spec.error(
-                "the masked Softmax (two bottoms, BST) cannot run yet; one bottom is supported",
-                "bottom",
-            )
+    def build(cls, spec: LayerSpec, inputs: Sequence[TensorShape]) -> Layer:
+        if len(inputs) == 2:  # HugeCTR builds its MaskedSoftmaxLayer for two bottoms
+            from hps_core.nn.layers.attention import MaskedSoftmax
+
+            return MaskedSoftmax.build(spec, inputs)
+        expect_counts(spec, inputs, 1)
         return cls((inputs[0],))
 
     def forward(

@@ -94,6 +94,44 @@ def dice(x, alpha, eps):
     return p * x + (1 - p) * alpha * x
 
 
+def sequence_mask(len_from, len_to, s_from, s_to):
+    """``[B, 1, Sf, St]``: 1 where query row < its length and key column < its length."""
+    lf, lt = np.trunc(len_from.reshape(-1)), np.trunc(len_to.reshape(-1))
+    rows = np.arange(s_from)[None, :, None] < lf[:, None, None]
+    cols = np.arange(s_to)[None, None, :] < lt[:, None, None]
+    return (rows & cols)[:, None].astype(np.float64)
+
+
+def masked_softmax(scores, mask, factor):
+    """HugeCTR: masked scores lose 10000 after scaling; 1e-6 is added to the denominator."""
+    z = scores * factor - (1.0 - mask) * 10000.0
+    e = np.exp(z - z.max(axis=-1, keepdims=True))
+    return e / (e.sum(axis=-1, keepdims=True) + 1e-6)
+
+
+def attention(q, k, v, mask, heads):
+    """Heads split head-major along the hidden axis; softmax(Q K^T / sqrt(d)) V; merged."""
+    batch, s_from, width = q.shape
+    d = width // heads
+    out = np.zeros((batch, s_from, width))
+    for h in range(heads):
+        cols = slice(h * d, (h + 1) * d)
+        scores = np.einsum("bid,bjd->bij", q[:, :, cols], k[:, :, cols]) / np.sqrt(d)
+        if mask is None:
+            e = np.exp(scores - scores.max(axis=-1, keepdims=True))
+            probs = e / e.sum(axis=-1, keepdims=True)
+        else:
+            probs = masked_softmax(scores, mask[:, 0], 1.0)
+        out[:, :, cols] = np.einsum("bij,bjd->bid", probs, v[:, :, cols])
+    return out
+
+
+def layer_norm(x, gamma, beta, eps):
+    mean = x.mean(axis=-1, keepdims=True)
+    var = ((x - mean) ** 2).mean(axis=-1, keepdims=True)
+    return (x - mean) / np.sqrt(var + eps) * gamma.reshape(-1) + beta.reshape(-1)
+
+
 def mlp(x, param, blob):
     """HugeCTR's MLP layer: per width, ``x @ W (+ b)`` then ReLU unless the layer's activation
     is "None"; W and b are stored for every layer, b even where it is not added."""
@@ -163,9 +201,20 @@ def network_forward(path: str | Path, flat_params, dense, pooled: dict[str, np.n
         elif kind == "PReLU_Dice":
             param = layer["prelu_dice_param"]
             outs = [dice(x, param.get("alpha", param.get("elu_alpha")), param["eps"])]
+        elif kind == "Softmax" and len(xs) == 2:
+            outs = [masked_softmax(x, xs[1], layer.get("factor", 1.0))]
         elif kind == "Softmax":
             e = np.exp(x - x.max(axis=-1, keepdims=True))
             outs = [e / e.sum(axis=-1, keepdims=True)]
+        elif kind == "SequenceMask":
+            s_from, s_to = layer["max_sequence_len_from"], layer["max_sequence_len_to"]
+            outs = [sequence_mask(xs[0], xs[1], s_from, s_to)]
+        elif kind == "MultiHeadAttention":
+            mask = xs[3] if len(xs) == 4 else None
+            outs = [attention(*xs[:3], mask, layer.get("num_attention_heads", 1))]
+        elif kind == "LayerNorm":
+            n = x.shape[-1]
+            outs = [layer_norm(x, blob.take(n, 1), blob.take(n, 1), layer["ln_param"]["eps"])]
         elif kind == "Sub":
             outs = [xs[0] - xs[1]]
         elif kind == "ReduceMean":

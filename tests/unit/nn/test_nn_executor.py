@@ -161,6 +161,30 @@ DIN = [
     {"type": "BinaryCrossEntropyLoss", "bottom": ["fc2", "label"], "top": "loss"},
 ]  # fmt: skip
 DIN_SPARSE = (("user_keys", 1, 1), ("good_keys", 5, 1), ("cate_keys", 5, 1))
+# HugeCTR's samples/bst: projections, masked multi-head attention over the behaviour sequence
+# (its length is the dense feature), residual + LayerNorm, average pooling; plus an unmasked
+# attention branch.
+BST = [
+    {"name": "seq", "type": "DistributedSlotSparseEmbeddingHash", "bottom": "seq_keys",
+     "top": "seq", "sparse_embedding_hparam": {"embedding_vec_size": 8, "combiner": "sum"}},
+    {"type": "SequenceMask", "bottom": ["dense", "dense"], "top": "mask",
+     "max_sequence_len_from": 5, "max_sequence_len_to": 5},
+    *({"type": "InnerProduct", "bottom": "seq", "top": name, "fc_param": {"num_output": 8}}
+      for name in ("q", "k", "v")),
+    {"type": "MultiHeadAttention", "bottom": ["q", "k", "v", "mask"], "top": "att",
+     "num_attention_heads": 2, "transpose_b": False},
+    {"type": "Add", "bottom": ["att", "seq"], "top": "res"},
+    {"type": "LayerNorm", "bottom": "res", "top": "norm", "ln_param": {"eps": 1e-5}},
+    {"type": "ReduceMean", "bottom": "norm", "top": "pooled_3d", "axis": 1},
+    {"type": "Reshape", "bottom": "pooled_3d", "top": "pooled", "leading_dim": 8},
+    {"type": "MultiHeadAttention", "bottom": ["q", "k", "v"], "top": "att2",
+     "num_attention_heads": 4},
+    {"type": "ReduceMean", "bottom": "att2", "top": "pooled2_3d", "axis": 1},
+    {"type": "Reshape", "bottom": "pooled2_3d", "top": "pooled2", "leading_dim": 8},
+    {"type": "Concat", "bottom": ["pooled", "pooled2"], "top": "features"},
+    {"type": "InnerProduct", "bottom": "features", "top": "fc", "fc_param": {"num_output": 1}},
+    {"type": "BinaryCrossEntropyLoss", "bottom": ["fc", "label"], "top": "loss"},
+]  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -300,10 +324,31 @@ def test_unrunnable_networks_and_precisions_are_refused(networks, tmp_path):
     with pytest.raises(ConfigError, match="unknown precision 'fp8'"):
         DenseExecutor.from_files(path, dense_file, precision="fp8")
     doc = json.loads(path.read_text())
-    doc["layers"][5]["type"] = "SequenceMask"
+    doc["layers"][5]["type"] = "Gather"
     bad = tmp_path / "elu.json"
     bad.write_text(json.dumps(doc, indent=2))
     with pytest.raises(
-        NotAvailableError, match=r"elu.json:\d+ layers\[5\] 'relu1'.type: type 'SequenceMask'"
+        NotAvailableError, match=r"elu.json:\d+ layers\[5\] 'relu1'.type: type 'Gather'"
     ):
         DenseExecutor.from_files(bad, dense_file)
+
+
+@pytest.mark.parametrize(
+    ("precision", "tolerance"), [("fp32", 1e-5), ("tf32", 2e-3), ("fp16", 1e-2)]
+)
+def test_bst_attention_network_matches_reference(tmp_path, precision, tolerance):
+    network = tmp_path / "bst.json"
+    network.write_text(network_text(BST, dense_dim=1, sparse=(("seq_keys", 5, 1),)))
+    graph = build_graph(load_network_json(network))
+    params = random_dense_params(graph.dense_layout(), seed=5)
+    dense_file = tmp_path / "bst_dense.model"
+    write_dense_blob(params, dense_file)
+    executor = DenseExecutor.from_files(network, dense_file, precision=precision)
+    rng = np.random.default_rng(6)
+    batch = 33
+    _, pooled = graph_inputs(executor.graph, batch, rng)
+    # Sequence lengths 0 .. 6: empty sequences (every query row masked) and full ones.
+    lengths = rng.integers(0, 7, size=(batch, 1)).astype(np.float32) + 0.5
+    out = executor.forward(lengths, pooled)
+    want = reference(network, dense_file, lengths, pooled)
+    np.testing.assert_allclose(out, want, rtol=tolerance, atol=tolerance)

@@ -172,8 +172,7 @@ def test_layers_that_cannot_run_are_listed_with_lines_and_block_downstream():
 def test_layout_stays_known_when_only_parameter_free_layers_cannot_run():
     graph = graph_of(
         [
-            {"type": "SequenceMask", "bottom": "dense", "top": "side",
-             "max_sequence_len_from": 5, "max_sequence_len_to": 5},
+            {"type": "Gather", "bottom": "dense", "top": "side", "indices": [0, 2]},
             {"type": "InnerProduct", "bottom": "dense", "top": "fc", "fc_param": {"num_output": 3}},
         ],
         dense_dim=5,

@@ -345,7 +345,7 @@ def test_fused_inner_product_activation() -> None:
         ("FusedReshapeConcat", ["a", "b"], ["h", "t"], {}, [(1, (5, 3)), (1, (4, 2))], "one B"),
         ("MatrixMultiply", ["a", "b"], "y", {}, [(1, (2, 3)), (1, (4, 5))], "[B, ..., n, k]"),
         ("MatrixMultiply", ["a", "b"], "y", {}, [(1, (3,)), (1, (3,))], "3-D or 4-D"),
-        ("Softmax", ["x", "mask"], "y", {}, [(1, (2, 3, 3)), (1, (1, 3, 3))], "masked Softmax"),
+        ("Softmax", ["x", "mask"], "y", {}, [(1, (2, 3, 4)), (1, (1, 1, 4))], "mask must be"),
         ("ReduceMean", "x", "y", {"axis": 1}, [(1, (2, 3, 4))], "2-D or 3-D"),
         ("ReduceMean", "x", "y", {}, [(1, (2, 3))], "axis: is required"),
         ("Sub", ["a", "b"], "y", {}, [(1, (3,)), (1, (4,))], "same shape"),
@@ -399,3 +399,38 @@ def test_dice_uses_the_batch_statistics() -> None:
     two = np.array([[2.0, -4.0], [0.0, 4.0]], np.float32)
     got = layer.forward(ctx, [two], ())[0]
     assert not np.allclose(got[0], 0.625 * one[0])  # the other sample changed the result
+
+
+def test_masked_softmax_follows_hugectr() -> None:
+    from hps_core.nn.layers.attention import masked_softmax
+
+    scores = np.array([[[[1.0, 2.0, 3.0], [1.0, 2.0, 3.0]]]], np.float32)  # [1, 1, 2, 3]
+    mask = np.array([[[[1.0, 1.0, 0.0], [0.0, 0.0, 0.0]]]], np.float32)
+    got = masked_softmax(np, scores, mask, 2.0)
+    kept = np.exp(2.0 * np.array([1.0, 2.0]) - 4.0)
+    np.testing.assert_allclose(got[0, 0, 0, :2], kept / (kept.sum() + 1e-6), rtol=1e-6)
+    assert got[0, 0, 0, 2] < 1e-30  # masked: 10000 below the rest
+    # A row with every key masked is the plain softmax over all of them, as in HugeCTR.
+    plain = np.exp(2.0 * np.array([1.0, 2.0, 3.0]))
+    np.testing.assert_allclose(got[0, 0, 1], plain / plain.sum(), rtol=1e-5)
+
+
+@pytest.mark.parametrize(
+    ("layer_type", "bottoms", "fields", "shapes", "words"),
+    [
+        ("MultiHeadAttention", ["q", "k", "v"], {"num_attention_heads": 3},
+         [(1, (5, 8)), (1, (5, 8)), (1, (5, 8))], "multiple of 3 heads"),
+        ("MultiHeadAttention", ["q", "k"], {}, [(1, (5, 8)), (1, (5, 8))], "3 or 4 bottoms"),
+        ("MultiHeadAttention", ["q", "k", "v", "m"], {},
+         [(1, (5, 8)), (1, (4, 8)), (1, (4, 8)), (1, (1, 5, 5))], "mask must be [B, 1, 5, 4]"),
+        ("SequenceMask", ["a", "b"], {"max_sequence_len_from": 3, "max_sequence_len_to": 3},
+         [(1, (2,)), (1, (1,))], "must be [B, 1] lengths"),
+        ("SequenceMask", ["a", "b"], {"max_sequence_len_from": 3},
+         [(1, (1,)), (1, (1,))], "max_sequence_len_to: is required"),
+        ("LayerNorm", ["x"], {}, [(1, (4,))], "ln_param.eps: is required"),
+    ],
+)  # fmt: skip
+def test_attention_fields_and_shapes_are_checked(layer_type, bottoms, fields, shapes, words):
+    spec = make_spec(layer_type, bottoms, "y", **fields)
+    with pytest.raises(ConfigError, match=re.escape(words)):
+        DENSE_LAYERS[layer_type].build(spec, [TensorShape(r, d) for r, d in shapes])
