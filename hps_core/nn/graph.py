@@ -9,6 +9,7 @@ report all of them at once. Wiring and shape errors are hard errors, raised toge
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -65,7 +66,8 @@ class NetworkGraph:
     Args:
         spec: the parsed file.
         nodes: every layer after ``Data`` in topological order (file order among ties).
-        output: the prediction tensor (HugeCTR's rule: the last top of the last layer).
+        output: the prediction tensor (HugeCTR's rule: the last top of the last layer; for a
+            multi-task network, the Concat of every task's prediction that building adds).
         cannot_run: one problem per layer whose type this engine cannot run.
         tensor_shapes: shape of every tensor whose shape is known.
     """
@@ -136,6 +138,7 @@ def build_graph(spec: NetworkSpec) -> NetworkGraph:
         ConfigError: duplicate tops, missing bottoms, cycles, misuse of the label or sparse
             inputs, invalid layer fields, or shapes that do not fit; all problems at once.
     """
+    spec = _with_multi_task_output(spec)
     problems: list[Problem] = []
     producers = _producers(spec, problems)
     consumed = [_consumed_bottoms(layer, problems) for layer in spec.layers]
@@ -162,6 +165,27 @@ def build_graph(spec: NetworkSpec) -> NetworkGraph:
     )
     known = {name: shape for name, shape in shapes.items() if shape is not None}
     return NetworkGraph(spec, nodes, spec.layers[-1].tops[-1], tuple(cannot_run), known)
+
+
+LOSS_TYPES = frozenset({"BinaryCrossEntropyLoss", "MultiCrossEntropyLoss"})
+MULTI_TASK_OUTPUT = "multi_task_combined_pred"
+
+
+def _with_multi_task_output(spec: NetworkSpec) -> NetworkSpec:
+    """A multi-task network (MMoE, shared-bottom: one loss layer per task) predicts every
+    task: as HugeCTR's inference did, each loss becomes a Sigmoid of its prediction and a
+    Concat (axis 1) joins them in the order the losses appear in the file, as the network's
+    last layer ``multi_task_combined_pred``."""
+    losses = [layer for layer in spec.layers if layer.type in LOSS_TYPES]
+    if len(losses) < 2:
+        return spec
+    tops = [layer.tops[0] for layer in losses]
+    raw = {"name": MULTI_TASK_OUTPUT, "type": "Concat", "bottom": tops, "top": MULTI_TASK_OUTPUT}
+    joined = LayerSpec(
+        len(spec.layers), losses[-1].line, spec.source, MULTI_TASK_OUTPUT, "Concat",
+        tuple(tops), (MULTI_TASK_OUTPUT,), raw,
+    )  # fmt: skip
+    return dataclasses.replace(spec, layers=(*spec.layers, joined))
 
 
 def _producers(spec: NetworkSpec, problems: list[Problem]) -> dict[str, int | str]:

@@ -146,6 +146,9 @@ def mlp(x, param, blob):
     return x
 
 
+LOSSES = ("BinaryCrossEntropyLoss", "MultiCrossEntropyLoss")
+
+
 def _names(value):
     return [value] if isinstance(value, str) else list(value)
 
@@ -269,4 +272,8 @@ def network_forward(path: str | Path, flat_params, dense, pooled: dict[str, np.n
         tensors.update(zip(tops, outs, strict=True))
         last = tops[-1]
     assert blob.cursor == blob.flat.size, "reference used a different number of parameters"
+    # Several loss layers (multi-task): every task's sigmoid, in the order of the losses.
+    losses = [layer for layer in layers[1:] if layer["type"] in LOSSES]
+    if len(losses) > 1:
+        return np.concatenate([tensors[_names(layer["top"])[0]] for layer in losses], axis=1)
     return tensors[last].reshape(dense.shape[0], -1)

@@ -161,6 +161,31 @@ DIN = [
     {"type": "BinaryCrossEntropyLoss", "bottom": ["fc2", "label"], "top": "loss"},
 ]  # fmt: skip
 DIN_SPARSE = (("user_keys", 1, 1), ("good_keys", 5, 1), ("cate_keys", 5, 1))
+# HugeCTR's samples/mmoe: two experts, a softmax gate per task, one tower and loss per task.
+MMOE = [
+    {"name": "emb", "type": "DistributedSlotSparseEmbeddingHash", "bottom": "keys", "top": "emb",
+     "sparse_embedding_hparam": {"embedding_vec_size": 4, "combiner": "sum"}},
+    {"type": "Reshape", "bottom": "emb", "top": "flat", "leading_dim": 12},
+    {"type": "Concat", "bottom": ["flat", "dense"], "top": "x"},
+    *({"type": "InnerProduct", "bottom": "x", "top": f"expert{i}", "fc_param": {"num_output": 6}}
+      for i in range(2)),
+    {"type": "Reshape", "bottom": "expert0", "top": "e0", "leading_dim": 6, "time_step": 1},
+    {"type": "Reshape", "bottom": "expert1", "top": "e1", "leading_dim": 6, "time_step": 1},
+    {"type": "Concat", "bottom": ["e0", "e1"], "top": "experts", "axis": 1},
+    *({"type": "InnerProduct", "bottom": "x", "top": f"gate_fc{t}", "fc_param": {"num_output": 2}}
+      for t in "AB"),
+    *({"type": "Softmax", "bottom": f"gate_fc{t}", "top": f"gate{t}"} for t in "AB"),
+    *({"type": "Reshape", "bottom": f"gate{t}", "top": f"g{t}", "leading_dim": 2, "time_step": 1}
+      for t in "AB"),
+    *({"type": "MatrixMultiply", "bottom": [f"g{t}", "experts"], "top": f"mix{t}"} for t in "AB"),
+    *({"type": "Reshape", "bottom": f"mix{t}", "top": f"tower_in{t}", "leading_dim": 6}
+      for t in "AB"),
+    *({"type": "InnerProduct", "bottom": f"tower_in{t}", "top": f"{t}_fc2",
+       "fc_param": {"num_output": 1}} for t in "AB"),
+    *({"type": "BinaryCrossEntropyLoss", "bottom": [f"{t}_fc2", f"label_{t}"],
+       "top": f"loss_{t}"} for t in "AB"),
+]  # fmt: skip
+
 # HugeCTR's samples/bst: projections, masked multi-head attention over the behaviour sequence
 # (its length is the dense feature), residual + LayerNorm, average pooling; plus an unmasked
 # attention branch.
@@ -352,3 +377,23 @@ def test_bst_attention_network_matches_reference(tmp_path, precision, tolerance)
     out = executor.forward(lengths, pooled)
     want = reference(network, dense_file, lengths, pooled)
     np.testing.assert_allclose(out, want, rtol=tolerance, atol=tolerance)
+
+
+def test_multi_task_network_predicts_every_task(tmp_path):
+    text = network_text(MMOE, dense_dim=3, sparse=(("keys", 3, 1),))
+    doc = json.loads(text)
+    doc["layers"][0]["label"] = {"top": ["label_A", "label_B"], "label_dim": [1, 1]}
+    network = tmp_path / "mmoe.json"
+    network.write_text(json.dumps(doc, indent=2))
+    graph = build_graph(load_network_json(network))
+    assert graph.output == "multi_task_combined_pred" and graph.output_shape.dims == (2,)
+    params = random_dense_params(graph.dense_layout(), seed=8)
+    dense_file = tmp_path / "mmoe_dense.model"
+    write_dense_blob(params, dense_file)
+    executor = DenseExecutor.from_files(network, dense_file)
+    dense, pooled = graph_inputs(executor.graph, 9, np.random.default_rng(9))
+    out = executor.forward(dense, pooled)
+    assert out.shape == (9, 2)
+    np.testing.assert_allclose(
+        out, reference(network, dense_file, dense, pooled), rtol=1e-5, atol=1e-6
+    )
