@@ -4,10 +4,17 @@ HugeCTR writes its whole dense weight buffer as it is in memory: every trainable
 network-file order, each layer's tensors in the order it allocates them, little-endian float32,
 no header and no padding. Only the network file says where one tensor ends and the next begins,
 so reading takes the :class:`DenseLayout` built from the graph.
+
+State that is not trained (BatchNorm's running mean and variance) is not in that file: HugeCTR
+writes it next to it, as ``<dense model file>.ntp.json`` (``{"layers": [{"type": "BatchNorm",
+"mean": [...], "var": [...]}, ...]}``, one entry per such layer in network order, no names;
+``Model::download_dense_params_to_files_``). A layer's state tensors follow its trained ones
+in :data:`DenseParams`.
 """
 
 from __future__ import annotations
 
+import json
 import os
 from bisect import bisect_right
 from collections.abc import Mapping, Sequence
@@ -20,8 +27,11 @@ import numpy as np
 from hps_core.errors import ModelFileError
 from hps_core.nn.layers.base import ParamShape
 
-#: Parameters of one network: layer name -> its tensors in file order.
+#: Parameters of one network: layer name -> its tensors in file order, then its state.
 DenseParams = dict[str, tuple[np.ndarray, ...]]
+
+NTP_SUFFIX = ".ntp.json"
+"""Appended to the dense model file's name for the file of non-trained state."""
 
 _FLOAT = np.dtype("<f4")
 
@@ -35,12 +45,15 @@ class LayerParams:
         type: HugeCTR layer type.
         where: location of the layer in the network file, for messages.
         params: its tensors in file order.
+        state: its non-trained tensors, in the ``.ntp.json`` file (BatchNorm's mean and
+            variance).
     """
 
     layer: str
     type: str
     where: str
     params: tuple[ParamShape, ...]
+    state: tuple[ParamShape, ...] = ()
 
     @property
     def size(self) -> int:
@@ -80,6 +93,7 @@ def read_dense_blob(path: str | Path, layout: DenseLayout) -> DenseParams:
     """
     check_dense_blob_size(path, layout)
     floats = np.fromfile(path, dtype=_FLOAT).astype(np.float32, copy=False)
+    state = _read_state(path, layout)
     params: DenseParams = {}
     offset = 0
     for layer in layout.layers:
@@ -87,8 +101,43 @@ def read_dense_blob(path: str | Path, layout: DenseLayout) -> DenseParams:
         for param in layer.params:
             tensors.append(floats[offset : offset + param.size].reshape(param.shape))
             offset += param.size
-        params[layer.layer] = tuple(tensors)
+        params[layer.layer] = (*tensors, *state.get(layer.layer, ()))
     return params
+
+
+def _read_state(path: str | Path, layout: DenseLayout) -> dict[str, tuple[np.ndarray, ...]]:
+    """The non-trained tensors of the layers that have some, from ``<path>.ntp.json``."""
+    holders = [layer for layer in layout.layers if layer.state]
+    if not holders:
+        return {}
+    ntp = Path(str(path) + NTP_SUFFIX)
+    try:
+        entries = json.loads(ntp.read_text())["layers"]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        names = ", ".join(f"'{layer.layer}'" for layer in holders)
+        raise ModelFileError(
+            f"{ntp}: cannot read the running statistics of {names} (HugeCTR writes them next "
+            f"to the dense model file): {exc}"
+        ) from None
+    if not isinstance(entries, list) or len(entries) != len(holders):
+        count = len(entries) if isinstance(entries, list) else "no"
+        raise ModelFileError(
+            f"{ntp}: holds {count} layer entries, the network has {len(holders)} layers with "
+            "running statistics"
+        )
+    state = {}
+    for i, (layer, entry) in enumerate(zip(holders, entries, strict=True)):
+        tensors = []
+        for shape in layer.state:
+            values = entry.get(shape.name) if isinstance(entry, dict) else None
+            if not isinstance(values, list) or len(values) != shape.size:
+                raise ModelFileError(
+                    f"{ntp}: layers[{i}].{shape.name} must be {shape.size} numbers for layer "
+                    f"'{layer.layer}' ({layer.where})"
+                )
+            tensors.append(np.asarray(values, dtype=np.float32).reshape(shape.shape))
+        state[layer.layer] = tuple(tensors)
+    return state
 
 
 def check_dense_blob_size(path: str | Path, layout: DenseLayout) -> int:
@@ -127,25 +176,44 @@ def check_dense_blob_size(path: str | Path, layout: DenseLayout) -> int:
     )
 
 
-def write_dense_blob(params: Mapping[str, Sequence[np.ndarray]], path: str | Path) -> int:
-    """Write parameters as a HugeCTR dense model file.
+def write_dense_blob(
+    params: Mapping[str, Sequence[np.ndarray]],
+    path: str | Path,
+    layout: DenseLayout | None = None,
+) -> int:
+    """Write parameters as a HugeCTR dense model file (and its ``.ntp.json`` if any).
 
     Args:
         params: layer name -> tensors, in layout order (as :func:`read_dense_blob` returns).
         path: the file to write.
+        layout: the network's dense layout; needed when a layer has non-trained state, which
+            then goes to ``<path>.ntp.json`` as HugeCTR writes it.
 
     Returns:
-        The number of float32 values written.
+        The number of float32 values written to the dense model file.
 
     Example:
         >>> params = {"fc1": (np.ones((2, 3)), np.zeros((1, 3)))}
         >>> write_dense_blob(params, "/tmp/dense.model")  # doctest: +SKIP
         9
     """
-    arrays = [np.ascontiguousarray(t, dtype=_FLOAT).ravel() for ts in params.values() for t in ts]
+    trained = {name: tuple(ts) for name, ts in params.items()}
+    entries = []
+    for layer in layout.layers if layout is not None else ():
+        if layer.state:
+            tensors = trained[layer.layer]
+            cut = len(layer.params)
+            trained[layer.layer] = tensors[:cut]
+            entry = {"type": layer.type}
+            for shape, tensor in zip(layer.state, tensors[cut:], strict=True):
+                entry[shape.name] = np.asarray(tensor, dtype=np.float32).ravel().tolist()
+            entries.append(entry)
+    arrays = [np.ascontiguousarray(t, dtype=_FLOAT).ravel() for ts in trained.values() for t in ts]
     blob = np.concatenate(arrays) if arrays else np.empty(0, dtype=_FLOAT)
     try:
         blob.tofile(path)
+        if entries:
+            Path(str(path) + NTP_SUFFIX).write_text(json.dumps({"layers": entries}))
     except OSError as exc:
         raise ModelFileError(f"{path}: cannot write dense model file: {exc}") from None
     return int(blob.size)
@@ -155,7 +223,8 @@ def random_dense_params(layout: DenseLayout, seed: int = 0) -> DenseParams:
     """Random parameters for ``layout``, scaled so that activations stay of order one.
 
     Each tensor is normal with standard deviation ``1 / sqrt(fan_in)``, taking the first
-    dimension as fan-in (the last one for ``[1, n]`` vectors). For tests and benchmarks.
+    dimension as fan-in (the last one for ``[1, n]`` vectors); running means are uniform in
+    ``[-0.5, 0.5)`` and running variances in ``[0.5, 1.5)``. For tests and benchmarks.
 
     Args:
         layout: the network's dense layout.
@@ -172,5 +241,8 @@ def random_dense_params(layout: DenseLayout, seed: int = 0) -> DenseParams:
             fan_in = param.shape[0] if param.shape[0] > 1 else param.shape[-1]
             tensor = rng.standard_normal(param.shape, dtype=np.float32) / np.sqrt(fan_in)
             tensors.append(tensor.astype(np.float32))
+        for param in layer.state:  # running statistics: means near 0, variances near 1
+            low = 0.5 if param.name == "var" else -0.5
+            tensors.append(rng.uniform(low, low + 1.0, param.shape).astype(np.float32))
         params[layer.layer] = tuple(tensors)
     return params

@@ -314,13 +314,14 @@ def _check_params(graph: NetworkGraph, params: Mapping[str, Sequence[np.ndarray]
         raise ModelFileError(f"dense parameters for layers the network has not: {extra}")
     for layer in layout.layers:
         tensors = params.get(layer.layer)
-        if tensors is None or len(tensors) != len(layer.params):
+        shapes = (*layer.params, *layer.state)
+        if tensors is None or len(tensors) != len(shapes):
             count = "none" if tensors is None else len(tensors)
             raise ModelFileError(
-                f"layer '{layer.layer}' ({layer.where}) needs {len(layer.params)} parameter "
+                f"layer '{layer.layer}' ({layer.where}) needs {len(shapes)} parameter "
                 f"tensors, got {count}"
             )
-        for shape, tensor in zip(layer.params, tensors, strict=True):
+        for shape, tensor in zip(shapes, tensors, strict=True):
             if tuple(np.shape(tensor)) != shape.shape:
                 raise ModelFileError(
                     f"layer '{layer.layer}' ({layer.where}) {shape.name} must have shape "

@@ -114,10 +114,15 @@ class NetworkGraph:
             spec = node.spec
             if node.layer is None and _may_have_params(spec.type):
                 unknown.append(f"{spec.where()} ({spec.type})")
-            elif node.layer is not None and node.layer.param_shapes():
+            elif node.layer is not None and (
+                node.layer.param_shapes() or node.layer.state_shapes()
+            ):
                 layers.append(
-                    LayerParams(spec.name, spec.type, spec.where(), node.layer.param_shapes())
-                )
+                    LayerParams(
+                        spec.name, spec.type, spec.where(), node.layer.param_shapes(),
+                        node.layer.state_shapes(),
+                    )
+                )  # fmt: skip
         if unknown:
             raise NotAvailableError(
                 "the dense parameter layout is unknown because of: " + "; ".join(unknown)

@@ -76,6 +76,12 @@ class Layer(ABC):
         """The trainable tensors in dense-model-file order (none by default)."""
         return ()
 
+    def state_shapes(self) -> tuple[ParamShape, ...]:
+        """Non-trained tensors (BatchNorm's running statistics), which HugeCTR keeps in the
+        dense model file's ``.ntp.json``; the forward pass gets them after the trained ones.
+        ``name`` is the JSON key."""
+        return ()
+
     @abstractmethod
     def forward(
         self, ctx: ComputeContext, inputs: Sequence[Array], params: Sequence[Array]

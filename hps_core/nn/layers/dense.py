@@ -5,13 +5,16 @@ Parameter shapes and their order are HugeCTR's, which is how the dense model fil
 out (float32 whatever the training precision): InnerProduct and FusedInnerProduct
 ``weight [in, out]`` then ``bias [1, out]``; MLP the same pair for each of its layers in turn;
 MultiCross per cross layer ``w [1, D]``, ``b [1, D]`` (DCN v1) or ``U [D, P]``, ``V [P, D]``,
-``b [1, D]`` (DCN v2, ``projection_dim`` P > 0); WeightMultiply ``weight [slots, vec]``.
+``b [1, D]`` (DCN v2, ``projection_dim`` P > 0); WeightMultiply ``weight [slots, vec]``;
+BatchNorm ``gamma [C]`` then ``beta [C]`` (its running statistics are in the ``.ntp.json``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+
+import numpy as np
 
 from hps_core.nn.layers.base import Array, Layer, ParamShape, expect_counts, expect_rank
 from hps_core.nn.network_json import LayerSpec
@@ -286,3 +289,42 @@ class WeightMultiply(Layer):
         x = inputs[0]
         out = x[:, :, None] * params[0][None, :, :]
         return (out.reshape(x.shape[0], self.slots * self.vec_size),)
+
+
+@dataclass(frozen=True)
+class BatchNorm(Layer):
+    """Batch normalisation in inference form: per column
+    ``gamma * (x - running_mean) / sqrt(running_var + eps) + beta`` (HugeCTR
+    ``BatchNormLayer::fprop`` with ``is_train=false``, cuDNN per-activation mode).
+
+    ``bn_param.eps`` and ``bn_param.factor`` are required, as HugeCTR's reader requires them
+    (the factor only matters in training). Dense file: ``gamma`` then ``beta``
+    (``set_weight(0, {C, 1})``, ``set_weight(1, {C, 1})``); the running mean and variance come
+    from the dense file's ``.ntp.json``, where HugeCTR prints them with six decimals.
+    """
+
+    type_names = ("BatchNorm",)
+    trainable = True
+    output_shapes: tuple[TensorShape, ...]
+    width: int
+    eps: float
+
+    @classmethod
+    def build(cls, spec: LayerSpec, inputs: Sequence[TensorShape]) -> BatchNorm:
+        expect_counts(spec, inputs, 1)
+        expect_rank(spec, inputs[0], (2,), 0)
+        spec.float_field("bn_param.factor")
+        return cls((inputs[0],), inputs[0].dims[0], spec.float_field("bn_param.eps"))
+
+    def param_shapes(self) -> tuple[ParamShape, ...]:
+        return (ParamShape("gamma", (self.width, 1)), ParamShape("beta", (self.width, 1)))
+
+    def state_shapes(self) -> tuple[ParamShape, ...]:
+        return (ParamShape("mean", (self.width,)), ParamShape("var", (self.width,)))
+
+    def forward(
+        self, ctx: ComputeContext, inputs: Sequence[Array], params: Sequence[Array]
+    ) -> tuple[Array, ...]:
+        gamma, beta, mean, var = (ctx.widen(p).reshape(-1) for p in params)
+        scale = gamma / ctx.xp.sqrt(var + np.float32(self.eps))
+        return (ctx.cast((ctx.widen(inputs[0]) - mean) * scale + beta),)

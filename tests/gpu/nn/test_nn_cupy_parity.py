@@ -99,6 +99,7 @@ LAYER_CASES = [
     ("MultiHeadAttention", ["q", "k", "v", "m"], ["o"], {"num_attention_heads": 4},
      [(1, (4, 8)), (1, (6, 8)), (1, (6, 8)), (1, (1, 4, 6))]),
     ("LayerNorm", ["a"], ["o"], {"ln_param": {"eps": 1e-5}}, [(1, (5, 16))]),
+    ("BatchNorm", ["a"], ["o"], {"bn_param": {"factor": 1.0, "eps": 1e-5}}, [(1, (16,))]),
     ("FmOrder2", ["a"], ["o"], {"out_dim": 10}, [(1, (390,))]),
     ("Interaction", ["a", "b"], ["o"], {}, [(1, (16,)), (1, (26, 16))]),
     ("Add", ["a", "b", "c"], ["o"], {}, [(1, (6,))] * 3),
@@ -133,6 +134,11 @@ def test_layer_parity(case, precision, batch):
     inputs = [rng.standard_normal(s.concrete(batch)).astype(cpu_ctx.dtype) for s in shapes]
     params = [
         (0.2 * rng.standard_normal(p.shape)).astype(cpu_ctx.dtype) for p in layer.param_shapes()
+    ]
+    # Running statistics (BatchNorm): variances must be positive.
+    params += [
+        (np.abs(rng.standard_normal(p.shape)) + 0.5).astype(cpu_ctx.dtype)
+        for p in layer.state_shapes()
     ]
     cpu = layer.forward(cpu_ctx, inputs, params)
     gpu = layer.forward(

@@ -165,7 +165,9 @@ class _Blob:
         return part
 
 
-def network_forward(path: str | Path, flat_params, dense, pooled: dict[str, np.ndarray]):
+def network_forward(
+    path: str | Path, flat_params, dense, pooled: dict[str, np.ndarray], ntp=None
+):
     """Run a HugeCTR network file in float64, layer by layer in file order.
 
     Args:
@@ -173,12 +175,16 @@ def network_forward(path: str | Path, flat_params, dense, pooled: dict[str, np.n
         flat_params: the dense model file's floats.
         dense: ``[batch, dense_dim]`` dense features.
         pooled: embedding layer name -> ``[batch, slots, vec]`` pooled vectors.
+        ntp: the dense model file's ``.ntp.json`` (BatchNorm's running statistics).
 
     Returns:
         ``[batch, width]`` predictions of the last layer.
     """
     layers = json.loads(Path(path).read_text())["layers"]
     tensors = {layers[0]["dense"]["top"]: np.asarray(dense, dtype=np.float64)}
+    # BatchNorm running statistics, in layer order, as HugeCTR's .ntp.json lists them.
+    entries = json.loads(Path(ntp).read_text())["layers"] if ntp else []
+    state = [(np.asarray(e["mean"]), np.asarray(e["var"])) for e in entries]
     blob = _Blob(flat_params)
     last = None
     for layer in layers[1:]:
@@ -215,6 +221,11 @@ def network_forward(path: str | Path, flat_params, dense, pooled: dict[str, np.n
         elif kind == "MultiHeadAttention":
             mask = xs[3] if len(xs) == 4 else None
             outs = [attention(*xs[:3], mask, layer.get("num_attention_heads", 1))]
+        elif kind == "BatchNorm":  # inference: the running statistics of the .ntp.json
+            n = x.shape[-1]
+            gamma, beta = blob.take(n, 1).reshape(-1), blob.take(n, 1).reshape(-1)
+            mean, var = state.pop(0)
+            outs = [gamma * (x - mean) / np.sqrt(var + layer["bn_param"]["eps"]) + beta]
         elif kind == "LayerNorm":
             n = x.shape[-1]
             outs = [layer_norm(x, blob.take(n, 1), blob.take(n, 1), layer["ln_param"]["eps"])]

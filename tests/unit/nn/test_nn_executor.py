@@ -397,3 +397,59 @@ def test_multi_task_network_predicts_every_task(tmp_path):
     np.testing.assert_allclose(
         out, reference(network, dense_file, dense, pooled), rtol=1e-5, atol=1e-6
     )
+
+
+# NVIDIA's onnx-converter DLRM test network: BatchNorm after fully connected layers.
+BATCH_NORM = [
+    {"type": "InnerProduct", "bottom": "dense", "top": "fc1", "fc_param": {"num_output": 9}},
+    {"type": "BatchNorm", "bottom": "fc1", "top": "bn1",
+     "bn_param": {"factor": 1.0, "eps": 1e-5, "gamma_init": "Ones", "beta_init": "Zeros"}},
+    {"type": "ReLU", "bottom": "bn1", "top": "relu1"},
+    {"type": "InnerProduct", "bottom": "relu1", "top": "fc2", "fc_param": {"num_output": 5}},
+    {"type": "BatchNorm", "bottom": "fc2", "top": "bn2", "bn_param": {"factor": 1.0, "eps": 1e-3}},
+    {"type": "InnerProduct", "bottom": "bn2", "top": "fc3", "fc_param": {"num_output": 1}},
+    {"type": "BinaryCrossEntropyLoss", "bottom": ["fc3", "label"], "top": "loss"},
+]  # fmt: skip
+
+
+@pytest.fixture
+def batch_norm_files(tmp_path):
+    network = tmp_path / "bn.json"
+    network.write_text(network_text(BATCH_NORM, dense_dim=6, sparse=()))
+    graph = build_graph(load_network_json(network))
+    layout = graph.dense_layout()
+    dense_file = tmp_path / "bn_dense.model"
+    write_dense_blob(random_dense_params(layout, seed=4), dense_file, layout)
+    return network, dense_file
+
+
+@pytest.mark.parametrize("precision", ["fp32", "tf32", "fp16"])
+def test_batch_norm_uses_the_running_statistics_of_the_ntp_file(batch_norm_files, precision):
+    network, dense_file = batch_norm_files
+    ntp = dense_file.with_name(dense_file.name + ".ntp.json")
+    entries = json.loads(ntp.read_text())["layers"]
+    assert [e["type"] for e in entries] == ["BatchNorm", "BatchNorm"]
+    assert len(entries[0]["mean"]) == 9 and len(entries[1]["var"]) == 5
+    # gamma and beta are in the dense file; mean and var are not.
+    assert dense_file.stat().st_size == 4 * (6 * 9 + 9 + 2 * 9 + 9 * 5 + 5 + 2 * 5 + 5 + 1)
+    executor = DenseExecutor.from_files(network, dense_file, precision=precision)
+    dense = np.random.default_rng(1).standard_normal((17, 6)).astype(np.float32)
+    want = network_forward(network, np.fromfile(dense_file, "<f4"), dense, {}, ntp)
+    tolerance = {"fp32": 1e-5, "tf32": 1e-3, "fp16": 5e-3}[precision]
+    np.testing.assert_allclose(executor.forward(dense, {}), want, rtol=tolerance, atol=tolerance)
+
+
+def test_missing_or_wrong_ntp_file_names_the_problem(batch_norm_files):
+    network, dense_file = batch_norm_files
+    ntp = dense_file.with_name(dense_file.name + ".ntp.json")
+    entries = json.loads(ntp.read_text())["layers"]
+    ntp.write_text(json.dumps({"layers": entries[:1]}))
+    with pytest.raises(ModelFileError, match="holds 1 layer entries, the network has 2"):
+        DenseExecutor.from_files(network, dense_file)
+    entries[1]["var"] = entries[1]["var"][:-1]
+    ntp.write_text(json.dumps({"layers": entries}))
+    with pytest.raises(ModelFileError, match=r"layers\[1\].var must be 5 numbers"):
+        DenseExecutor.from_files(network, dense_file)
+    ntp.unlink()
+    with pytest.raises(ModelFileError, match="cannot read the running statistics of 'bn1'"):
+        DenseExecutor.from_files(network, dense_file)
