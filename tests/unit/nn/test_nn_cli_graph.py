@@ -68,7 +68,7 @@ def test_dense_file_check(capsys, tmp_path):
 
 def test_layers_that_cannot_run_make_it_fail_with_their_lines(capsys, tmp_path):
     doc = json.loads((FIXTURE_DIR / "dcn_inference.json").read_text())
-    doc["layers"].insert(5, {"name": "bn", "type": "BatchNorm", "bottom": "fc1", "top": "bn"})
+    doc["layers"].insert(5, {"name": "bn", "type": "GRU", "bottom": "fc1", "top": "bn"})
     doc["layers"][6]["bottom"] = "bn"
     doc["layers"].append({"name": "side", "type": "Gizmo", "bottom": "dense", "top": "g"})
     doc["layers"].append({"name": "last", "type": "ReLU", "bottom": "sigmoid", "top": "out"})
@@ -79,7 +79,7 @@ def test_layers_that_cannot_run_make_it_fail_with_their_lines(capsys, tmp_path):
     out = capsys.readouterr().out
     lines = text.splitlines()
     bn_line = next(i for i, line in enumerate(lines, 1) if '"name": "bn"' in line) - 1
-    assert f"{network}:{bn_line} layers[5] 'bn'.type: type 'BatchNorm' is a HugeCTR layer" in out
+    assert f"{network}:{bn_line} layers[5] 'bn'.type: type 'GRU' is a HugeCTR layer" in out
     assert "'side'.type: unknown layer type 'Gizmo'" in out
     assert "cannot run 2 layer(s):" in out
     rows = table_rows(out)

@@ -154,18 +154,18 @@ def test_shape_errors_of_several_layers_come_together():
 def test_layers_that_cannot_run_are_listed_with_lines_and_block_downstream():
     graph = graph_of(
         [
-            {"type": "BatchNorm", "bottom": "dense", "top": "bn", "bn_param": {}},
+            {"type": "GRU", "bottom": "dense", "top": "bn", "gru_param": {"num_output": 3}},
             {"type": "FancyNorm", "bottom": "bn", "top": "fancy"},
             {"type": "InnerProduct", "bottom": "fancy", "top": "fc", "fc_param": {"num_output": 2}},
         ]
     )
     problems = [str(p) for p in graph.cannot_run]
-    assert problems[0].startswith("net.json:25 layers[1] 'bn'.type: type 'BatchNorm' is a HugeCTR")
+    assert problems[0].startswith("net.json:25 layers[1] 'bn'.type: type 'GRU' is a HugeCTR")
     assert "layers[2] 'fancy'.type: unknown layer type 'FancyNorm'" in problems[1]
     assert graph.output_shape is None
-    with pytest.raises(NotAvailableError, match=r"cannot run:\n.*BatchNorm.*\n.*FancyNorm"):
+    with pytest.raises(NotAvailableError, match=r"cannot run:\n.*GRU.*\n.*FancyNorm"):
         graph.require_runnable()
-    with pytest.raises(NotAvailableError, match=r"layout is unknown because of: .*BatchNorm"):
+    with pytest.raises(NotAvailableError, match=r"layout is unknown because of: .*GRU"):
         graph.dense_layout()
 
 
