@@ -5,15 +5,16 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from hps_core.demo import DEMO_MODELS
+from hps_core.demo import DEMO_MODELS, ZOO_MODELS
 
 
 def run(args: argparse.Namespace) -> int:
     """Write every demo model into the repository (data only where missing)."""
     repo = Path(args.repository)
-    names = args.models or list(DEMO_MODELS)
+    writers = {**DEMO_MODELS, **ZOO_MODELS}
+    names = args.models or [*DEMO_MODELS, *(ZOO_MODELS if args.zoo else ())]
     for name in names:
-        folder = DEMO_MODELS[name](repo)
+        folder = writers[name](repo)
         print(f"ready: {folder}")
     return 0
 
@@ -29,6 +30,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("repository", nargs="?", default="model_repository")
     parser.add_argument(
-        "--model", dest="models", action="append", choices=sorted(DEMO_MODELS), help="only these"
+        "--model",
+        dest="models",
+        action="append",
+        choices=sorted({**DEMO_MODELS, **ZOO_MODELS}),
+        help="only these",
+    )
+    parser.add_argument(
+        "--zoo",
+        action="store_true",
+        help="also one model of each other HugeCTR sample family (DLRM with MLP layers, DIN, "
+        "BST, MMoE, NCF)",
     )
     parser.set_defaults(func=run)

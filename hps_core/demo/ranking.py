@@ -1,4 +1,5 @@
-"""Demo ranking models ``dcn`` and ``wdl``: network, dense and sparse files, ps.json.
+"""Demo ranking models: ``dcn`` and ``wdl`` of the default repository, and HugeCTR's sample
+zoo (``hps prepare --zoo``): network, dense and sparse files, ps.json.
 
 Each is a function of its seed only. Table ``t`` of a model holds ``slot_num_t x
 ROWS_PER_SLOT[t]`` keys: slot ``s`` uses keys ``s * R .. (s + 1) * R - 1`` (``R`` its rows per
@@ -20,6 +21,13 @@ import numpy as np
 
 from hps_core.config import parse_ps_config
 from hps_core.demo.ranking_networks import dcn_network, wdl_network
+from hps_core.demo.zoo_networks import (
+    bst_network,
+    din_network,
+    dlrm_mlp_network,
+    mmoe_network,
+    ncf_network,
+)
 from hps_core.errors import HPSError
 from hps_core.formats.sparse import inspect_sparse_table
 from hps_core.formats.sparse_writer import write_sparse_table
@@ -55,6 +63,14 @@ class RankingDemo:
 
 DCN = RankingDemo("dcn", dcn_network, (150,), 20261202)
 WDL = RankingDemo("wdl", wdl_network, (500, 150), 20261203)
+ZOO = (
+    RankingDemo("dlrm_mlp", dlrm_mlp_network, (100,), 20261210),
+    RankingDemo("din", din_network, (200, 60, 20), 20261211),
+    RankingDemo("bst", bst_network, (50, 40), 20261212),
+    RankingDemo("mmoe", mmoe_network, (80,), 20261213),
+    RankingDemo("ncf", ncf_network, (300, 500), 20261214),
+)
+"""HugeCTR's sample model families (:mod:`hps_core.demo.zoo_networks`)."""
 
 
 def table_rows(
