@@ -13,6 +13,7 @@ Prints a table; writes ``serve_perf.csv`` and the raw perf_analyzer output to ``
 Usage:
     python benchmarks/serve_perf.py                        # hps_embedding, gRPC+HTTP, conc. 1, 8
     python benchmarks/serve_perf.py --models hps_embedding,dlrm_samples --kind KIND_GPU
+    python benchmarks/serve_perf.py --models din_samples,bst_samples --protocols grpc  # zoo
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from pathlib import Path
 import numpy as np
 
 from hps_core.config import load_ps_config
-from hps_core.demo import DEMO_MODELS
+from hps_core.demo import DEMO_MODELS, ZOO_MODELS
 from hps_core.formats.sparse import KEY_DTYPE, KEY_FILE
 from hps_core.server.perf import PerfResult, run_perf_analyzer
 from hps_core.server.process import TritonServer
@@ -85,9 +86,10 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="hps-serve-perf-") as tmp:
         repo = Path(tmp) / "repo"
         inputs = {}
+        writers = {**DEMO_MODELS, **ZOO_MODELS}
         for model in models:
             base = model.removesuffix("_samples")
-            DEMO_MODELS[base](repo, options)
+            writers[base](repo, options)
             inputs[model] = Path(tmp) / f"{model}.json"
             if model == base:
                 subprocess.run(
