@@ -172,15 +172,15 @@ def build_graph(spec: NetworkSpec) -> NetworkGraph:
     return NetworkGraph(spec, nodes, spec.layers[-1].tops[-1], tuple(cannot_run), known)
 
 
-LOSS_TYPES = frozenset({"BinaryCrossEntropyLoss", "MultiCrossEntropyLoss"})
+LOSS_TYPES = frozenset({"BinaryCrossEntropyLoss", "MultiCrossEntropyLoss", "CrossEntropyLoss"})
 MULTI_TASK_OUTPUT = "multi_task_combined_pred"
 
 
 def _with_multi_task_output(spec: NetworkSpec) -> NetworkSpec:
     """A multi-task network (MMoE, shared-bottom: one loss layer per task) predicts every
-    task: as HugeCTR's inference did, each loss becomes a Sigmoid of its prediction and a
-    Concat (axis 1) joins them in the order the losses appear in the file, as the network's
-    last layer ``multi_task_combined_pred``."""
+    task: as HugeCTR's inference did, each loss becomes a Sigmoid (a Softmax for
+    ``CrossEntropyLoss``) of its prediction and a Concat (axis 1) joins them in the order the
+    losses appear in the file, as the network's last layer ``multi_task_combined_pred``."""
     losses = [layer for layer in spec.layers if layer.type in LOSS_TYPES]
     if len(losses) < 2:
         return spec

@@ -12,6 +12,7 @@ from hps_core.nn.layers.activation import (
     ELU,
     Dropout,
     LossAsSigmoid,
+    LossAsSoftmax,
     PReLUDice,
     ReLU,
     Sigmoid,
@@ -63,6 +64,7 @@ DENSE_LAYERS: dict[str, type[Layer]] = {
         Interaction,
         LayerNorm,
         LossAsSigmoid,
+        LossAsSoftmax,
         MLP,
         MatrixMultiply,
         MultiCross,
@@ -92,7 +94,6 @@ NOT_RUNNABLE_TRAINABLE: frozenset[str] = frozenset(
     {"GRU"}
 )
 NOT_RUNNABLE: frozenset[str] = NOT_RUNNABLE_TRAINABLE | {
-    "CrossEntropyLoss",
     # HugeCTR cannot build it either: at 24.x it is made a Select over dim 0, which that layer
     # refuses, and the older GatherLayer never allocated its output.
     "Gather",

@@ -2,8 +2,8 @@
 and loss layers.
 
 At inference HugeCTR replaces ``BinaryCrossEntropyLoss`` and ``MultiCrossEntropyLoss`` by a
-Sigmoid on their first bottom (the prediction); the second bottom is the label, which
-inference does not have.
+Sigmoid on their first bottom (the prediction), and ``CrossEntropyLoss`` by a Softmax; the
+second bottom is the label, which inference does not have.
 """
 
 from __future__ import annotations
@@ -184,3 +184,20 @@ class Softmax(Layer):
         xp, x = ctx.xp, ctx.widen(inputs[0])
         e = xp.exp(x - x.max(axis=-1, keepdims=True))
         return (ctx.cast(e / e.sum(axis=-1, keepdims=True)),)
+
+
+@dataclass(frozen=True)
+class LossAsSoftmax(Softmax):
+    """``CrossEntropyLoss``, which inference turns into a Softmax over its prediction's last
+    axis (HugeCTR's removed inference parser did so)."""
+
+    type_names = ("CrossEntropyLoss",)
+
+    @classmethod
+    def consumed_bottoms(cls, spec: LayerSpec) -> tuple[str, ...]:
+        return LossAsSigmoid.consumed_bottoms(spec)
+
+    @classmethod
+    def build(cls, spec: LayerSpec, inputs: Sequence[TensorShape]) -> Layer:
+        expect_counts(spec, inputs, 1)
+        return cls((inputs[0],))

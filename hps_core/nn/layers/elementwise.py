@@ -98,8 +98,8 @@ class ReduceSum(Layer):
 
 @dataclass(frozen=True)
 class ReduceMean(Layer):
-    """Mean along ``axis`` (required, as HugeCTR's reader requires it) keeping it with size 1,
-    accumulated in float32; 1-D to 3-D inputs as in HugeCTR; axis 0, the batch, is refused."""
+    """Mean along ``axis`` (default 1) keeping it with size 1, accumulated in float32; 2-D and
+    3-D inputs as in HugeCTR; axis 0, the batch, is refused."""
 
     type_names = ("ReduceMean",)
     output_shapes: tuple[TensorShape, ...]
@@ -109,7 +109,9 @@ class ReduceMean(Layer):
     def build(cls, spec: LayerSpec, inputs: Sequence[TensorShape]) -> ReduceMean:
         if inputs and inputs[0].rank > 3:
             raise spec.error(f"input must be 2-D or 3-D, got {inputs[0]}", "bottom")
-        return cls(*_reduced(spec, inputs))
+        # HugeCTR's Python API defaults the axis to 1; older hand-written network files (its
+        # test/scripts/din_fp32_1gpu.json) omit it.
+        return cls(*_reduced(spec, inputs, default_axis=1))
 
     def forward(
         self, ctx: ComputeContext, inputs: Sequence[Array], params: Sequence[Array]
@@ -118,11 +120,17 @@ class ReduceMean(Layer):
         return (ctx.cast(total / np.float32(inputs[0].shape[self.axis])),)
 
 
-def _reduced(spec: LayerSpec, inputs: Sequence[TensorShape]) -> tuple[tuple[TensorShape], int]:
-    """Output shape and axis of a reduction along the required field ``axis``."""
+def _reduced(
+    spec: LayerSpec, inputs: Sequence[TensorShape], default_axis: int | None = None
+) -> tuple[tuple[TensorShape], int]:
+    """Output shape and axis of a reduction along the field ``axis`` (required unless a
+    default is given)."""
     expect_counts(spec, inputs, 1)
     shape = inputs[0]
-    axis = spec.int_field("axis", minimum=0)
+    if default_axis is None:
+        axis = spec.int_field("axis", minimum=0)
+    else:
+        axis = spec.int_field("axis", default=default_axis, minimum=0)
     if axis == 0:
         raise spec.error("axis 0 reduces over the batch, which inference cannot do", "axis")
     if axis >= shape.rank:

@@ -146,7 +146,7 @@ def mlp(x, param, blob):
     return x
 
 
-LOSSES = ("BinaryCrossEntropyLoss", "MultiCrossEntropyLoss")
+LOSSES = ("BinaryCrossEntropyLoss", "MultiCrossEntropyLoss", "CrossEntropyLoss")
 
 
 def _names(value):
@@ -210,6 +210,9 @@ def network_forward(
         elif kind == "PReLU_Dice":
             param = layer["prelu_dice_param"]
             outs = [dice(x, param.get("alpha", param.get("elu_alpha")), param["eps"])]
+        elif kind == "CrossEntropyLoss":  # a softmax of the prediction at inference
+            e = np.exp(x - x.max(axis=-1, keepdims=True))
+            outs = [e / e.sum(axis=-1, keepdims=True)]
         elif kind == "Softmax" and len(xs) == 2:
             outs = [masked_softmax(x, xs[1], layer.get("factor", 1.0))]
         elif kind == "Softmax":
@@ -232,7 +235,7 @@ def network_forward(
         elif kind == "Sub":
             outs = [xs[0] - xs[1]]
         elif kind == "ReduceMean":
-            outs = [x.mean(axis=layer["axis"], keepdims=True)]
+            outs = [x.mean(axis=layer.get("axis", 1), keepdims=True)]
         elif kind == "Scale":  # HugeCTR: axis 0 repeats elements in a row, axis 1 whole rows
             axis, factor = layer["scale_param"]["axis"], int(layer["scale_param"]["factor"])
             outs = [np.repeat(x, factor, axis=1 if axis == 0 else 0)]

@@ -453,3 +453,26 @@ def test_missing_or_wrong_ntp_file_names_the_problem(batch_norm_files):
     ntp.unlink()
     with pytest.raises(ModelFileError, match="cannot read the running statistics of 'bn1'"):
         DenseExecutor.from_files(network, dense_file)
+
+
+def test_cross_entropy_loss_is_a_softmax_and_reduce_mean_defaults_to_axis_1(tmp_path):
+    layers = [
+        {"type": "InnerProduct", "bottom": "dense", "top": "fc", "fc_param": {"num_output": 6}},
+        {"type": "Reshape", "bottom": "fc", "top": "fc3d", "leading_dim": 3, "time_step": 2},
+        {"type": "ReduceMean", "bottom": "fc3d", "top": "mean3d"},  # no axis: HugeCTR's 1
+        {"type": "Reshape", "bottom": "mean3d", "top": "logits", "leading_dim": 3},
+        {"type": "CrossEntropyLoss", "bottom": ["logits", "label"], "top": "loss"},
+    ]
+    network = tmp_path / "ce.json"
+    network.write_text(network_text(layers, dense_dim=4, sparse=()))
+    graph = build_graph(load_network_json(network))
+    assert graph.output_shape.dims == (3,)
+    dense_file = tmp_path / "ce_dense.model"
+    write_dense_blob(random_dense_params(graph.dense_layout(), seed=2), dense_file)
+    executor = DenseExecutor.from_files(network, dense_file)
+    dense = np.random.default_rng(0).standard_normal((5, 4)).astype(np.float32)
+    out = executor.forward(dense, {})
+    np.testing.assert_allclose(out.sum(axis=1), 1.0, rtol=1e-6)
+    np.testing.assert_allclose(
+        out, reference(network, dense_file, dense, {}), rtol=1e-5, atol=1e-7
+    )
