@@ -347,7 +347,7 @@ def test_fused_inner_product_activation() -> None:
         ("MatrixMultiply", ["a", "b"], "y", {}, [(1, (3,)), (1, (3,))], "3-D or 4-D"),
         ("Softmax", ["x", "mask"], "y", {}, [(1, (2, 3, 4)), (1, (1, 1, 4))], "mask must be"),
         ("ReduceMean", "x", "y", {"axis": 1}, [(1, (2, 3, 4))], "2-D or 3-D"),
-        ("ReduceMean", "x", "y", {"axis": 2}, [(1, (2, 3))], "out of range"),
+        ("ReduceMean", "x", "y", {"axis": 3}, [(1, (2, 3))], "out of range"),
         ("Sub", ["a", "b"], "y", {}, [(1, (3,)), (1, (4,))], "same shape"),
         ("ELU", "x", "y", {}, [(1, (3,))], "elu_param.alpha: is required"),
         ("PReLU_Dice", "x", "y", {"prelu_dice_param": {"alpha": 0.1}}, [(1, (3,))], "eps"),
