@@ -47,16 +47,18 @@ class InnerProduct(Layer):
         return cls((out,), shape.dims[-1], out_features)
 
     def param_shapes(self) -> tuple[ParamShape, ...]:
-        return (
-            ParamShape("weight", (self.in_features, self.out_features)),
-            ParamShape("bias", (1, self.out_features)),
-        )
+        return _weight_and_bias(self.in_features, self.out_features)
 
     def forward(
         self, ctx: ComputeContext, inputs: Sequence[Array], params: Sequence[Array]
     ) -> tuple[Array, ...]:
         weight, bias = params
         return (_affine(ctx, inputs[0], weight, bias, self.fuse_relu),)
+
+
+def _weight_and_bias(n_in: int, n_out: int) -> tuple[ParamShape, ParamShape]:
+    """A fully connected layer's tensors as HugeCTR stores them: ``[in, out]``, ``[1, out]``."""
+    return ParamShape("weight", (n_in, n_out)), ParamShape("bias", (1, n_out))
 
 
 def _affine(ctx: ComputeContext, x: Array, weight: Array, bias: Array | None, relu: bool) -> Array:
@@ -112,10 +114,7 @@ class FusedInnerProduct(Layer):
         return cls((out,) * len(spec.tops), shape.dims[0], out_features, relu)
 
     def param_shapes(self) -> tuple[ParamShape, ...]:
-        return (
-            ParamShape("weight", (self.in_features, self.out_features)),
-            ParamShape("bias", (1, self.out_features)),
-        )
+        return _weight_and_bias(self.in_features, self.out_features)
 
     def forward(
         self, ctx: ComputeContext, inputs: Sequence[Array], params: Sequence[Array]
