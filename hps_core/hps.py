@@ -12,6 +12,8 @@ Example:
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import os
 import threading
 from pathlib import Path
@@ -142,6 +144,23 @@ class HPS:
 
     @classmethod
     def close_all(cls) -> None:
-        """Close every instance of this process (used at Triton ``finalize``)."""
+        """Close every instance of this process (used at Triton ``finalize``, and at exit)."""
         for instance in list(cls._instances.values()):
             instance.close()
+
+
+_IMPORTED_BY = os.getpid()
+
+
+def _close_at_exit() -> None:
+    # A script that never calls close() still releases GPU mappings and host-tier segments
+    # in order (the last process using a segment removes it); a forked child does not close
+    # what its parent opened.
+    if os.getpid() == _IMPORTED_BY:
+        # Exiting: a failure here (a CUDA context already torn down) must not turn a clean
+        # exit into a traceback; segments left open are detached by shm_segment's own hook.
+        with contextlib.suppress(Exception):
+            HPS.close_all()
+
+
+atexit.register(_close_at_exit)

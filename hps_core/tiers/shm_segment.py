@@ -12,14 +12,17 @@ are RAM, shared by every process that maps the file) and is reference counted wi
 - ``<name>.data``: the segment itself, created under a temporary name and renamed into place
   when complete, so a reader never sees a half-built table.
 
-The last user to detach removes all three files. If every user died without detaching (the
-server was killed), the files stay until the next :func:`remove_stale_segments`, which runs
-whenever a segment is opened and when ``hps serve`` stops: a segment whose ``users`` lock
-can be taken exclusively has no user left and is removed.
+The last user to detach removes all three files, also at a normal exit of a process that
+never called ``close()`` (an ``atexit`` hook detaches what the process opened; a forked child
+leaves its parent's segments alone). If every user died without detaching (the server was
+killed), the files stay until the next :func:`remove_stale_segments`, which runs whenever a
+segment is opened and when ``hps serve`` stops: a segment whose ``users`` lock can be taken
+exclusively has no user left and is removed.
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import errno
 import fcntl
@@ -27,6 +30,7 @@ import logging
 import mmap
 import os
 import re
+import weakref
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -99,6 +103,7 @@ class SharedSegment:
         self._users_fd: int | None = None
         self.buffer: mmap.mmap | None = None
         self.built_here = False
+        self._owner_pid = os.getpid()
 
     @classmethod
     def open(
@@ -136,6 +141,7 @@ class SharedSegment:
                 # Leave nothing behind unless another process still uses the segment.
                 seg._release_users(remove_if_last=True)
                 raise
+        _attached.add(seg)
         return seg
 
     def _build(self, size: int, build: Callable[[mmap.mmap], None]) -> None:
@@ -223,6 +229,24 @@ class SharedSegment:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+_attached: weakref.WeakSet[SharedSegment] = weakref.WeakSet()
+
+
+def _detach_at_exit() -> None:
+    """Detach from every segment this process opened and still holds (at interpreter exit).
+
+    A forked child inherits the parent's descriptors, and with them its lock: it must not
+    detach (it would see itself as the last user and remove files the parent still maps).
+    """
+    for seg in list(_attached):
+        if seg.attached and seg._owner_pid == os.getpid():
+            with contextlib.suppress(Exception):  # exiting anyway; the next start cleans up
+                seg.close()
+
+
+atexit.register(_detach_at_exit)
 
 
 def _unlink_segment_files(seg: SharedSegment) -> None:

@@ -237,3 +237,36 @@ def test_unavailable_tier_fails_at_first_lookup(tmp_path: Path, shm_path: Path) 
     with pytest.raises(NotAvailableError, match=r"^volatile_db\.type: 'redis_cluster'"):
         hps.lookup(np.array([1], np.int64), "wdl", 0)
     assert list(shm_path.iterdir()) == []
+
+
+_SCRIPT = """
+import os, sys
+import numpy as np
+from hps_core import HPS
+hps = HPS(sys.argv[1])
+hps.lookup(np.arange(3, dtype=np.int64), "wdl", 0)
+hps.lookup(np.arange(3, dtype=np.int64), "dcn", 0)
+if sys.argv[2] == "fork":
+    pid = os.fork()
+    if pid == 0:
+        sys.exit(0)  # a forked child exits normally: its parent's segments must stay
+    os.waitpid(pid, 0)
+    print(len([n for n in os.listdir(os.environ["HPS_SHM_DIR"]) if n.endswith(".data")]))
+"""
+
+
+@pytest.mark.parametrize("mode", ["plain", "fork"])
+def test_a_script_that_never_closes_leaves_no_segment(tmp_path: Path, shm_path: Path, mode) -> None:
+    import subprocess
+    import sys
+
+    ps, _ = write_models(tmp_path)
+    done = subprocess.run(
+        [sys.executable, "-c", _SCRIPT, str(ps), mode],
+        capture_output=True, text=True, timeout=120, check=True,
+        env={**os.environ, "HPS_SHM_DIR": str(shm_path)},
+    )  # fmt: skip
+    if mode == "fork":
+        assert done.stdout.split() == ["2"]  # both tables still there after the child exited
+    assert "Traceback" not in done.stderr
+    assert list(shm_path.iterdir()) == []  # the script's exit removed what it built
