@@ -287,7 +287,9 @@ class SamplesContract:
         _check_batch_size(DENSE, batch, layout)
         keys, start = [], 0
         for slots in layout.slot_nums:
-            keys.append(np.ascontiguousarray(sparse[:, start : start + slots]).reshape(-1))
+            block = sparse[:, start : start + slots]
+            # A one-slot table's keys are a column of the request: a view, no copy.
+            keys.append(block[:, 0] if slots == 1 else block.reshape(-1))
             start += slots
         # One key per slot: no row offsets (see SparseBatch).
         return SparseBatch(dense, tuple(keys), (None,) * len(keys))

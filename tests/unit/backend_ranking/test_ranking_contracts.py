@@ -80,8 +80,11 @@ def test_samples_parse_equals_the_reference_and_hugectr() -> None:
         layout = make_layout(slot_nums, int(rng.integers(1, 5)), 16)
         batch = int(rng.integers(1, 17))
         dense, keys = random_request(rng, layout, batch, max_hot=1, empty=0.0)
-        parsed = SamplesContract(layout).parse(*encode_samples(dense, keys))
+        request = encode_samples(dense, keys)
+        parsed = SamplesContract(layout).parse(*request)
         assert all(o is None for o in parsed.row_offsets)  # one-hot: no offsets to build
+        for t, slots in enumerate(slot_nums):  # one-slot tables are views of the request
+            assert np.shares_memory(parsed.keys[t], request[1]) == (slots == 1)
         assert_same_batch(parsed, to_sparse_batch(dense, keys))
         assert_same_batch(parsed, HugeCTRContract(layout).parse(*encode_hugectr(dense, keys)))
 
