@@ -16,14 +16,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from hps_core.config import load_ps_config
 from hps_core.demo import ZOO_MODELS
-from hps_core.formats.sparse import read_sparse_table
 from hps_core.triton_repo import InstanceGroup, ServingOptions
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit" / "infer"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from ranking_reference import encode_hugectr, encode_samples, predict_reference
+from ranking_reference import encode_hugectr, encode_samples, model_tables, predict_reference
 from test_ranking_models import clients, infer_hugectr, infer_samples
 
 pytestmark = pytest.mark.integration
@@ -36,11 +34,7 @@ class ZooModel:
 
     def __init__(self, repo: Path, name: str) -> None:
         self.name = name
-        self.config = load_ps_config(repo / name / "ps.json").model(name)
-        self.tables = []
-        for table in self.config.tables:
-            keys, vectors = read_sparse_table(table.sparse_file, table.dim)
-            self.tables.append(dict(zip(keys.tolist(), vectors, strict=True)))
+        self.config, self.tables = model_tables(repo / name / "ps.json", name)
         data = json.loads(self.config.network_file.read_text())["layers"][0]
         self.slot_nums = [sparse["slot_num"] for sparse in data["sparse"]]
 

@@ -19,10 +19,8 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from hps_core.config import load_ps_config
 from hps_core.demo import DEMO_MODELS
 from hps_core.demo.dlrm import dlrm_state
-from hps_core.formats.sparse import read_sparse_table
 from hps_core.server.install import TritonInstallError, find_perf_analyzer
 from hps_core.server.perf import run_perf_analyzer
 from hps_core.triton_repo import InstanceGroup, ServingOptions
@@ -31,6 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit" / "infer"))
 from ranking_reference import (
     encode_hugectr,
     encode_samples,
+    model_tables,
     predict_reference,
     random_keys,
     torch_dlrm_predict,
@@ -48,11 +47,7 @@ class Model:
 
     def __init__(self, repo: Path, name: str) -> None:
         self.name = name
-        self.config = load_ps_config(repo / name / "ps.json").model(name)
-        self.tables = []
-        for table in self.config.tables:
-            keys, vectors = read_sparse_table(table.sparse_file, table.dim)
-            self.tables.append(dict(zip(keys.tolist(), vectors, strict=True)))
+        self.config, self.tables = model_tables(repo / name / "ps.json", name)
         self.known = [np.array(sorted(t), dtype=np.int64) for t in self.tables]
         self.slot_nums = [26] if name == "dcn" else [2, 26] if name == "wdl" else [1] * 26
         self.state = dlrm_state() if name == "dlrm" else None

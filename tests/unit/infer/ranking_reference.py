@@ -17,6 +17,9 @@ from pathlib import Path
 
 import numpy as np
 
+from hps_core.config import ModelConfig, load_ps_config
+from hps_core.formats.sparse import read_sparse_table
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "nn"))
 from nn_reference import network_forward
 
@@ -27,6 +30,16 @@ EMBEDDING_TYPES = {
 }
 
 Keys = list[list[list[list[int]]]]  # [sample][table][slot] -> keys
+
+
+def model_tables(ps_json: Path, name: str) -> tuple[ModelConfig, list[dict[int, np.ndarray]]]:
+    """Model ``name`` of ``ps_json`` and each of its tables read back as ``{key: vector}``."""
+    model = load_ps_config(ps_json).model(name)
+    tables = []
+    for table in model.tables:
+        keys, vectors = read_sparse_table(table.sparse_file, table.dim)
+        tables.append(dict(zip(keys.tolist(), vectors, strict=True)))
+    return model, tables
 
 
 def embedding_layers(network_file: Path) -> list[dict]:

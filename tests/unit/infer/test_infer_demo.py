@@ -8,13 +8,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from ranking_reference import predict_reference, random_keys, torch_dlrm_predict
+from ranking_reference import model_tables, predict_reference, random_keys, torch_dlrm_predict
 from ranking_testdata import to_sparse_batch
 
 from hps_core.config import load_ps_config
 from hps_core.demo import DEMO_MODELS
 from hps_core.demo.dlrm import dlrm_state
-from hps_core.formats.sparse import read_sparse_table
 from hps_core.infer import RankingSession
 from hps_core.triton_repo import ServingOptions
 
@@ -77,18 +76,9 @@ def test_data_is_written_only_when_missing_or_damaged(tmp_path: Path, name: str)
     assert tree(folder / "data") == files
 
 
-def demo_tables(ps_json: Path, name: str):
-    model = load_ps_config(ps_json).model(name)
-    tables = []
-    for table in model.tables:
-        keys, vectors = read_sparse_table(table.sparse_file, table.dim)
-        tables.append(dict(zip(keys.tolist(), vectors, strict=True)))
-    return model, tables
-
-
 def test_dlrm_demo_predicts_what_pytorch_predicts(repo: Path) -> None:
     session = RankingSession.open(repo / "dlrm" / "ps.json", "dlrm")
-    _, tables = demo_tables(repo / "dlrm" / "ps.json", "dlrm")
+    _, tables = model_tables(repo / "dlrm" / "ps.json", "dlrm")
     rows = [np.arange(len(t)) for t in tables]
     rng = np.random.default_rng(1)
     state = dlrm_state()
@@ -103,7 +93,7 @@ def test_dlrm_demo_predicts_what_pytorch_predicts(repo: Path) -> None:
 @pytest.mark.parametrize("name", ["dcn", "wdl"])
 def test_multi_hot_demo_equals_the_reference(repo: Path, name: str) -> None:
     session = RankingSession.open(repo / name / "ps.json", name)
-    model, tables = demo_tables(repo / name / "ps.json", name)
+    model, tables = model_tables(repo / name / "ps.json", name)
     known = [np.array(sorted(t), dtype=np.int64) for t in tables]
     rng = np.random.default_rng(2)
     for batch in (1, 9, 100):

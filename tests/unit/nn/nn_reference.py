@@ -165,9 +165,7 @@ class _Blob:
         return part
 
 
-def network_forward(
-    path: str | Path, flat_params, dense, pooled: dict[str, np.ndarray], ntp=None
-):
+def network_forward(path: str | Path, flat_params, dense, pooled: dict[str, np.ndarray], ntp=None):
     """Run a HugeCTR network file in float64, layer by layer in file order.
 
     Args:

@@ -473,6 +473,4 @@ def test_cross_entropy_loss_is_a_softmax_and_reduce_mean_defaults_to_axis_1(tmp_
     dense = np.random.default_rng(0).standard_normal((5, 4)).astype(np.float32)
     out = executor.forward(dense, {})
     np.testing.assert_allclose(out.sum(axis=1), 1.0, rtol=1e-6)
-    np.testing.assert_allclose(
-        out, reference(network, dense_file, dense, {}), rtol=1e-5, atol=1e-7
-    )
+    np.testing.assert_allclose(out, reference(network, dense_file, dense, {}), rtol=1e-5, atol=1e-7)
