@@ -12,7 +12,6 @@ from __future__ import annotations
 import hashlib
 import logging
 import mmap
-import os
 import time
 from pathlib import Path
 
@@ -224,20 +223,3 @@ class SharedHostTable:
         """Detach from the segment (the last process to detach frees it)."""
         self._hashes = self._starts = self._values = None  # type: ignore[assignment]
         self._segment.close()
-
-
-def resident_bytes(pid: int | None = None) -> int:
-    """Proportional set size (PSS) of a process, shared pages split among their users.
-
-    Args:
-        pid: process id; this process when ``None``.
-
-    Returns:
-        PSS in bytes, from ``/proc/<pid>/smaps_rollup``.
-    """
-    path = f"/proc/{pid or os.getpid()}/smaps_rollup"
-    with open(path) as f:
-        for line in f:
-            if line.startswith("Pss:"):
-                return int(line.split()[1]) * 1024
-    raise RuntimeError(f"{path}: no Pss line")
