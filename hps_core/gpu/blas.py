@@ -18,6 +18,8 @@ fp16       float16             ``CUBLAS_COMPUTE_32F`` (float32 accumulation, res
 
 Row-major ``C = A @ B`` is computed as column-major ``C^T = B^T A^T``; an operand that is a
 transposed or sliced view is passed with its own leading dimension instead of being copied.
+
+Fully connected layers with their bias and ReLU use cuBLASLt instead (:mod:`hps_core.gpu.linear`).
 """
 
 from __future__ import annotations
@@ -45,18 +47,19 @@ class BlasError(HPSError):
     """A cuBLAS call failed."""
 
 
-def _libcublas() -> ctypes.CDLL:
-    """The libcublas CuPy uses (found in this process's mappings once CuPy has loaded it)."""
+def _loaded_library(stem: str) -> ctypes.CDLL:
+    """The ``stem`` library CuPy uses (libcublas, or the libcublasLt it depends on), found in
+    this process's mappings once CuPy has loaded it, so both share one copy and version."""
     cupy.cuda.device.get_cublas_handle()  # makes CuPy load the library
     with open("/proc/self/maps") as maps:
         for line in maps:
             path = line.split()[-1]
-            if "/libcublas.so" in path:
+            if f"/{stem}.so" in path:
                 return ctypes.CDLL(path)
     try:
-        return ctypes.CDLL("libcublas.so")
+        return ctypes.CDLL(f"{stem}.so")
     except OSError as exc:
-        raise NotAvailableError(f"libcublas is not loadable: {exc}") from exc
+        raise NotAvailableError(f"{stem} is not loadable: {exc}") from exc
 
 
 _lib: ctypes.CDLL | None = None
@@ -68,7 +71,7 @@ def _cublas() -> ctypes.CDLL:
     global _lib
     with _lib_lock:
         if _lib is None:
-            lib = _libcublas()
+            lib = _loaded_library("libcublas")
             vp, i32, i64 = ctypes.c_void_p, ctypes.c_int, ctypes.c_longlong
             lib.cublasCreate_v2.argtypes = [ctypes.POINTER(vp)]
             lib.cublasSetStream_v2.argtypes = [vp, vp]

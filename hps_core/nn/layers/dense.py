@@ -11,6 +11,7 @@ BatchNorm ``gamma [C]`` then ``beta [C]`` (its running statistics are in the ``.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -63,7 +64,16 @@ def _weight_and_bias(n_in: int, n_out: int) -> tuple[ParamShape, ParamShape]:
 
 def _affine(ctx: ComputeContext, x: Array, weight: Array, bias: Array | None, relu: bool) -> Array:
     """``x @ weight (+ bias)``, then ReLU if asked; each element rounded once to the storage
-    dtype after the bias is added in float32 (one fused kernel on a GPU)."""
+    dtype after the bias is added in float32 (on a GPU, one cuBLASLt call with the bias and
+    ReLU in its epilogue)."""
+    # A single dot product keeps ComputeContext.matmul's float32 path (its TF32 rounding).
+    if ctx.on_gpu and not (math.prod(x.shape[:-1]) == 1 and weight.shape[-1] == 1):
+        from hps_core.gpu.linear import linear
+
+        rows = x.reshape(-1, x.shape[-1])
+        cast_bias = None if bias is None else ctx.cast(bias)
+        y = linear(ctx.cast(rows), ctx.cast(weight), cast_bias, relu, ctx.precision.value)
+        return y.reshape(*x.shape[:-1], weight.shape[-1])
     y = ctx.matmul(x, weight)
     if bias is not None:
         if ctx.on_gpu:

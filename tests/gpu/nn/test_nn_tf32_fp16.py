@@ -193,7 +193,9 @@ def test_networks_agree_with_numpy(path, precision):
 @pytest.mark.parametrize("precision", list(Precision))
 def test_profile_with_cuda_events(precision):
     skip_without(precision)
-    path = next(p for p in FIXTURES if p.stem == "dlrm_1gpu")
+    path = next((p for p in FIXTURES if p.stem == "dlrm_1gpu"), None)
+    if path is None:
+        pytest.skip("HugeCTR's dlrm_1gpu.json fixture is not beside the checkout (../shared)")
     graph = build_graph(load_network_json(path))
     executor = DenseExecutor(graph, random_dense_params(graph.dense_layout()), cupy, precision)
     rng = np.random.default_rng(0)

@@ -1,0 +1,198 @@
+"""The GPU's fused dense kernels against float64 NumPy: ``act(x @ W + b)`` in one cuBLASLt
+call (``hps_core.gpu.linear``) and DLRM's dot interaction in one kernel
+(``hps_core.gpu.dense_ops.interaction``).
+
+Each case runs on random inputs of several sizes (odd widths, one row, strided and
+transposed operands) in FP32, TF32 and FP16; the bound is the rounding of each precision
+(operands rounded to TF32 or FP16, float32 accumulation over K terms, one rounding of the
+result), so a wrong epilogue, a dropped bias or a misplaced triangle entry fails it.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+cupy = pytest.importorskip("cupy")
+try:
+    HAVE_DEVICE = cupy.cuda.runtime.getDeviceCount() > 0
+except Exception:  # no driver or no device: the CUDA runtime raises its own error types
+    HAVE_DEVICE = False
+if not HAVE_DEVICE:
+    pytest.skip("no CUDA device", allow_module_level=True)
+
+from hps_core.gpu import dense_ops, linear  # noqa: E402
+from hps_core.nn.precision import round_to_tf32  # noqa: E402
+
+pytestmark = pytest.mark.gpu
+
+UNIT = {"fp32": 2.0**-24, "tf32": 2.0**-11, "fp16": 2.0**-11}
+DTYPE = {"fp32": np.float32, "tf32": np.float32, "fp16": np.float16}
+
+
+def operand(rng: np.random.Generator, shape: tuple[int, ...], precision: str) -> np.ndarray:
+    return rng.standard_normal(shape).astype(DTYPE[precision])
+
+
+def as_computed(x: np.ndarray, precision: str) -> np.ndarray:
+    """The float64 values the interaction kernel multiplies (it rounds to TF32 to nearest)."""
+    if precision == "tf32":
+        return round_to_tf32(np, x).astype(np.float64)
+    return x.astype(np.float64)
+
+
+def reference_linear(x, w, b, relu, precision):
+    """float64 ``act(x @ w + b)`` and a bound on the GPU's error: each TF32 operand within
+    one TF32 step (cuBLAS may truncate where round_to_tf32 rounds to nearest), float32
+    accumulation over k terms, the rounding of the result to the storage dtype (in FP16
+    also one of the product before the bias)."""
+    xs, ws = x.astype(np.float64), w.astype(np.float64)
+    y = xs @ ws
+    scale = np.abs(xs) @ np.abs(ws)
+    if b is not None:
+        y = y + b.astype(np.float64).reshape(-1)
+        scale = scale + np.abs(b.astype(np.float64)).reshape(-1)
+    if relu:
+        y = np.maximum(y, 0)
+    k = x.shape[1]
+    operands = 2 * 2.0**-10 if precision == "tf32" else 0.0
+    result = 2.0**-11 if precision == "fp16" else 2.0**-24
+    # FP16 kernels may round the product to half before the epilogue adds the bias.
+    product = 2.0**-11 if precision == "fp16" else 0.0
+    bound = (operands + product + (k + 2) * 2.0**-24) * scale + result * np.abs(y)
+    return y, bound + 1e-30
+
+
+@pytest.mark.parametrize("precision", ["fp32", "tf32", "fp16"])
+@pytest.mark.parametrize("relu", [False, True])
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize(
+    "rows,k,n", [(1, 13, 512), (3, 479, 1024), (64, 7, 5), (1000, 256, 1), (2048, 128, 33)]
+)
+def test_linear_equals_float64(rows, k, n, bias, relu, precision):
+    rng = np.random.default_rng(rows * 7 + k + n)
+    x = operand(rng, (rows, k), precision)
+    w = (operand(rng, (k, n), precision) / np.sqrt(k)).astype(DTYPE[precision])
+    b = operand(rng, (1, n), precision) if bias else None
+    got = linear.linear(
+        cupy.asarray(x), cupy.asarray(w), None if b is None else cupy.asarray(b), relu, precision
+    )
+    assert got.dtype == DTYPE[precision] and got.shape == (rows, n) and got.flags.c_contiguous
+    want, bound = reference_linear(x, w, b, relu, precision)
+    error = np.abs(cupy.asnumpy(got).astype(np.float64) - want)
+    assert (error <= bound).all(), f"largest excess {np.max(error - bound)}"
+    if relu:
+        assert (cupy.asnumpy(got) >= 0).all()
+
+
+@pytest.mark.parametrize("precision", ["fp32", "tf32", "fp16"])
+@pytest.mark.parametrize("layout", ["column-slice", "row-stride", "transposed"])
+def test_linear_reads_strided_and_transposed_operands(layout, precision):
+    rng = np.random.default_rng(3)
+    rows, k, n = 96, 40, 24
+    wide = cupy.asarray(operand(rng, (rows, k + 9), precision))
+    if layout == "column-slice":  # the bottom MLP reading part of a wider buffer
+        x = wide[:, 3 : 3 + k]
+    elif layout == "row-stride":
+        x = cupy.asarray(operand(rng, (2 * rows, k), precision))[::2]
+    else:
+        x = cupy.asarray(operand(rng, (k, rows), precision)).T
+    w = cupy.asarray(operand(rng, (k, n), precision))
+    b = cupy.asarray(operand(rng, (n,), precision))
+    got = cupy.asnumpy(linear.linear(x, w, b, True, precision))
+    want, bound = reference_linear(
+        cupy.asnumpy(x), cupy.asnumpy(w), cupy.asnumpy(b), True, precision
+    )
+    assert (np.abs(got.astype(np.float64) - want) <= bound).all()
+
+
+def test_linear_fallback_equals_the_epilogue(monkeypatch):
+    """When cuBLASLt offers no algorithm, the GEMM plus the separate bias+ReLU pass runs."""
+    rng = np.random.default_rng(4)
+    x, w, b = (cupy.asarray(operand(rng, s, "fp32")) for s in ((50, 30), (30, 20), (1, 20)))
+    fused = linear.linear(x, w, b, True, "fp32")
+    monkeypatch.setattr(linear._Handle, "plan", lambda self, key, bias_ptr: None)
+    fallback = linear.linear(x, w, b, True, "fp32")
+    np.testing.assert_allclose(cupy.asnumpy(fallback), cupy.asnumpy(fused), rtol=1e-5, atol=1e-6)
+
+
+def test_linear_is_recorded_in_a_cuda_graph():
+    """A graph of linear() replays on new input values without host work (no cuBLAS call
+    during capture may allocate or synchronise)."""
+    rng = np.random.default_rng(5)
+    x = cupy.asarray(operand(rng, (256, 64), "tf32"))
+    w = cupy.asarray(operand(rng, (64, 48), "tf32"))
+    b = cupy.asarray(operand(rng, (48,), "tf32"))
+    stream = cupy.cuda.Stream(non_blocking=True)
+    pool = cupy.cuda.MemoryPool()
+    with stream, cupy.cuda.using_allocator(pool.malloc):
+        linear.linear(x, w, b, True, "tf32")  # plan outside the capture
+        stream.synchronize()
+        stream.begin_capture(1)  # cudaStreamCaptureModeThreadLocal, as the pipeline
+        out = linear.linear(x, w, b, True, "tf32")
+        graph = stream.end_capture()
+        for _ in range(2):
+            x[...] = cupy.asarray(operand(rng, (256, 64), "tf32"))
+            graph.launch(stream)
+            stream.synchronize()
+            want, bound = reference_linear(
+                cupy.asnumpy(x), cupy.asnumpy(w), cupy.asnumpy(b), True, "tf32"
+            )
+            assert (np.abs(cupy.asnumpy(out).astype(np.float64) - want) <= bound).all()
+
+
+def test_linear_rejects_mismatched_operands():
+    x = cupy.zeros((4, 3), np.float32)
+    with pytest.raises(ValueError, match="linear of shapes"):
+        linear.linear(x, cupy.zeros((5, 2), np.float32), None, False)
+    with pytest.raises(ValueError, match="bias must be"):
+        linear.linear(x, cupy.zeros((3, 2), np.float32), cupy.zeros(3, np.float32), False)
+    with pytest.raises(ValueError, match="fp16 linear needs"):
+        linear.linear(x, cupy.zeros((3, 2), np.float32), None, False, "fp16")
+
+
+def reference_interaction(mlp, emb, precision):
+    """HugeCTR's layout: the MLP vector, the strictly lower triangle of the Gram matrix of
+    [mlp, emb...] row by row, one zero (float64, from the values the GPU multiplies)."""
+    vectors = np.concatenate([mlp[:, None, :], emb], axis=1)
+    v = as_computed(vectors, precision)
+    gram = np.einsum("rid,rjd->rij", v, v)
+    scale = np.einsum("rid,rjd->rij", np.abs(v), np.abs(v))
+    i, j = np.tril_indices(vectors.shape[1], k=-1)
+    zeros = np.zeros((mlp.shape[0], 1))
+    want = np.concatenate([mlp.astype(np.float64), gram[:, i, j], zeros], axis=1)
+    dim = mlp.shape[1]
+    bound = np.concatenate(
+        [np.zeros_like(mlp, dtype=np.float64),
+         (dim + 2) * 2.0**-24 * scale[:, i, j]
+         + (2.0**-11 if precision == "fp16" else 0.0) * np.abs(gram[:, i, j]),
+         zeros],
+        axis=1,
+    )  # fmt: skip
+    return want, bound + 1e-30
+
+
+@pytest.mark.parametrize("precision", ["fp32", "tf32", "fp16"])
+@pytest.mark.parametrize(
+    "rows,n,dim", [(1, 2, 1), (5, 4, 7), (64, 27, 16), (300, 27, 128), (33, 9, 64), (7, 14, 3)]
+)
+def test_interaction_equals_float64(rows, n, dim, precision):
+    rng = np.random.default_rng(rows + n + dim)
+    dtype = DTYPE[precision]
+    # The MLP output as the top MLP's input buffer holds it: rows strided, then contiguous.
+    wide = operand(rng, (rows, dim + 5), precision)
+    mlp = cupy.asarray(wide)[:, 2 : 2 + dim]
+    emb = cupy.asarray(operand(rng, (rows, n - 1, dim), precision))
+    got = dense_ops.interaction(mlp, emb, tf32=precision == "tf32")
+    assert got.dtype == dtype and got.shape == (rows, dim + n * (n - 1) // 2 + 1)
+    want, bound = reference_interaction(cupy.asnumpy(mlp), cupy.asnumpy(emb), precision)
+    out = cupy.asnumpy(got).astype(np.float64)
+    np.testing.assert_array_equal(out[:, :dim], cupy.asnumpy(mlp).astype(np.float64))
+    assert (np.abs(out - want) <= bound).all(), (
+        f"largest excess {np.max(np.abs(out - want) - bound)}"
+    )
+
+
+def test_interaction_sizes_that_do_not_fit_are_reported():
+    assert dense_ops.interaction_fits(27, 128)
+    assert not dense_ops.interaction_fits(200, 128)  # 200 x 129 floats exceed 48 KiB
