@@ -18,7 +18,7 @@ same function: the script checks their scores agree before timing.
 
 Per (batch, precision): median over ``--runs`` calls on fresh batches; ms, samples/s, ratio
 to the eager peer, key-occurrence and unique-key hit rate of the timed batches, GPU memory.
-Also the GPU time of the pipeline's two graphs (lookup+insert, dense) from CUDA events, and
+Also the GPU time of the pipeline's three graphs (lookup, insert, dense) from CUDA events, and
 of each step run without graphs (``GpuRankingPipeline.profile``: upload, lookup, insert,
 forward, download).
 Writes ``ranking_vs_pytorch.csv`` and a plot (with matplotlib) under ``--out``.
@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import itertools
 import json
 import statistics
 import subprocess
@@ -150,27 +151,31 @@ def unique_hit_rate(session: RankingSession, keys: np.ndarray) -> float:
     return hits / total if total else 0.0
 
 
-def graph_times(session: RankingSession, sparse: SparseBatch) -> tuple[float, float]:
-    """GPU ms of the lookup graph and of the dense graph for this batch (CUDA events; the
-    batch's misses are inserted, as in predict())."""
+def graph_times(session: RankingSession, sparse: SparseBatch) -> tuple[float, float, float]:
+    """GPU ms of the lookup, insert and dense graphs for this batch, run one after the other
+    on one stream (CUDA events; the batch's misses are inserted, as in predict())."""
     pipe = session.pipeline
     from hps_core.gpu.staging import bucket_for
 
     bucket = pipe._bucket(bucket_for(sparse.batch_size))
-    pipe._stage(bucket, sparse)
-    events = [cupy.cuda.Event() for _ in range(3)]
+    events = [cupy.cuda.Event() for _ in range(4)]
     stream = pipe._stream
-    sparse_graph, dense_graph = bucket.graphs
+    lookup, insert, dense = bucket.graphs
     with cupy.cuda.Device(0), stream:
+        pipe._stage_and_upload(bucket, sparse)
         events[0].record(stream)
         with pipe.bank.section():
-            sparse_graph.launch(stream)
-        events[1].record(stream)
-        dense_graph.launch(stream)
+            lookup.launch(stream)
+            events[1].record(stream)
+            insert.launch(stream)
         events[2].record(stream)
-        events[2].synchronize()
-    return (cupy.cuda.get_elapsed_time(events[0], events[1]),
-            cupy.cuda.get_elapsed_time(events[1], events[2]))  # fmt: skip
+        dense.launch(stream)
+        events[3].record(stream)
+        events[3].synchronize()
+    lookup_ms, insert_ms, dense_ms = (
+        cupy.cuda.get_elapsed_time(a, b) for a, b in itertools.pairwise(events)
+    )
+    return lookup_ms, insert_ms, dense_ms
 
 
 def profile(session, rng, rows, batch, args, dense_dim, precision) -> None:
@@ -263,7 +268,8 @@ def main() -> None:
                 fresh = [make_batch(rng, rows, batch, args.alpha, dense_dim)[2] for _ in range(3)]
                 gpu_ms = [graph_times(session, f) for f in fresh]
                 lookup_ms = statistics.median(t[0] for t in gpu_ms)
-                dense_ms = statistics.median(t[1] for t in gpu_ms)
+                insert_ms = statistics.median(t[1] for t in gpu_ms)
+                dense_ms = statistics.median(t[2] for t in gpu_ms)
                 fresh = [make_batch(rng, rows, batch, args.alpha, dense_dim)[2] for _ in range(3)]
                 steps = [session.pipeline.profile(f) for f in fresh]
                 split = {k: statistics.median(s[k] for s in steps) for k in steps[0]}
@@ -274,13 +280,14 @@ def main() -> None:
                     system="hps-triton", cache=cache, precision=precision, batch=batch,
                     ms=1e3 * ms, key_hit_rate=hits / keys if keys else 0.0,
                     unique_hit_rate=unique, max_abs_diff_vs_peer=error,
-                    gpu_lookup_ms=lookup_ms, gpu_dense_ms=dense_ms,
+                    gpu_lookup_ms=lookup_ms, gpu_insert_ms=insert_ms, gpu_dense_ms=dense_ms,
                     **{f"eager_{k}_ms": v for k, v in split.items()},
                     gpu_mib=gpu_memory_mib(),
                 ))  # fmt: skip
                 peer = peer_ms[("eager", batch)]
                 print(f"  batch {batch}: {1e3 * ms:.3f} ms (peer eager {peer:.3f}), |diff| "
-                      f"{error:.2e}, GPU lookup {lookup_ms:.3f} dense {dense_ms:.3f} ms",
+                      f"{error:.2e}, GPU lookup {lookup_ms:.3f} insert {insert_ms:.3f} dense "
+                      f"{dense_ms:.3f} ms",
                       flush=True)  # fmt: skip
             HPS(ps).close()
         for r in results:
@@ -288,7 +295,8 @@ def main() -> None:
                 r["samples_per_s"] = r["batch"] / (r["ms"] / 1e3)
                 r["x_peer_eager"] = peer_ms[("eager", r["batch"])] / r["ms"]
     columns = ["system", "cache", "precision", "batch", "ms", "samples_per_s", "x_peer_eager",
-               "key_hit_rate", "unique_hit_rate", "gpu_lookup_ms", "gpu_dense_ms", "gpu_mib",
+               "key_hit_rate", "unique_hit_rate", "gpu_lookup_ms", "gpu_insert_ms", "gpu_dense_ms",
+               "gpu_mib",
                "max_abs_diff_vs_peer", "eager_upload_ms", "eager_lookup_ms", "eager_insert_ms",
                "eager_forward_ms", "eager_download_ms"]  # fmt: skip
     with open(args.out / "ranking_vs_pytorch.csv", "w", newline="") as f:

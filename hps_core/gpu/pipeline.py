@@ -5,21 +5,27 @@ Per batch the host validates nothing on the device and waits for the GPU once:
 1. the batch is copied into a pinned staging buffer laid out as its device twin
    (:mod:`~hps_core.gpu.staging`: the keys of every table, their CSR row offsets as int32
    unless a table is one-hot, the dense features), padded to a size bucket;
-2. one host-to-device copy;
+2. host-to-device copies of it: one for a small batch; for a large one, one per group of
+   tables, each launched as soon as threads have filled its part of the staging buffer, so
+   the copies overlap the filling;
 3. ``bank_lookup`` (one launch, every table): cache probe, host-tier rows read in place for
    misses, default vectors for unknown keys, pooled straight into the dense network's input
    (the output of the Concat of all embeddings when the network has one);
 4. ``bank_insert``: the misses go into the dynamic caches, on the GPU;
-5. the dense network (:meth:`~hps_core.nn.DenseExecutor.forward_given`: cuBLAS products with
-   fused bias and activation, the dot interaction in one kernel);
+5. the dense network (:meth:`~hps_core.nn.DenseExecutor.forward_given`: cuBLASLt products
+   with the bias and ReLU in their epilogues, the dot interaction in one kernel);
 6. one device-to-host copy of the scores; the only synchronisation.
 
-Steps 2-4 and 5-6 are each recorded once per bucket as a CUDA graph (batch sizes are padded
+Steps 3, 4 and 5-6 are each recorded once per bucket as a CUDA graph (batch sizes are padded
 to the next power of two; padded samples have no keys and their scores are dropped), so a
-batch costs two graph launches however many tables and layers the model has. The graphs'
-intermediate tensors live in a memory pool of their own, which nothing else uses. Step 2-4 runs
-inside the caches' ordering section (:meth:`CacheBank.section`), so other streams and, for
-shared caches, other processes never see a half-done insert.
+batch costs three graph launches however many tables and layers the model has. The graphs'
+intermediate tensors live in a memory pool of their own, which nothing else uses.
+
+Steps 3-4 run on the pipeline's cache stream inside the caches' ordering section
+(:meth:`CacheBank.section`), so other streams and, for shared caches, other processes never
+see a half-done insert. The dense network waits for the lookup only: it runs on the main
+stream (higher priority) while the insert finishes beside it, and the next batch's lookup
+comes after that insert on the cache stream.
 """
 
 from __future__ import annotations
@@ -49,8 +55,12 @@ logger = logging.getLogger("hps_core")
 _H2D, _D2H = 1, 2  # cudaMemcpyHostToDevice, cudaMemcpyDeviceToHost
 _CAPTURE_THREAD_LOCAL = 1  # cudaStreamCaptureModeThreadLocal
 _INSERT_BLOCKS_PER_SM = 8
-_PARALLEL_STAGING_SAMPLES = 4096
-_STAGING_THREADS = 4
+_GROUPED_STAGING_SAMPLES = 4096
+"""From this many samples on, a batch is staged and copied in groups of tables."""
+_THREADED_STAGING_BYTES = 4 << 20
+"""From this many bytes of keys on, threads fill the groups (NumPy copies release the GIL)."""
+_STAGING_GROUPS = 4
+_HIGHEST_PRIORITY = -1000  # lower is more urgent; 0 is the default and least urgent
 
 
 @dataclass
@@ -65,7 +75,7 @@ class _Bucket:
     scores_host: np.ndarray  # pinned
     pool: Any
     scores: Any = None
-    graphs: tuple[Any, Any | None] | None = None
+    graphs: tuple[Any, Any, Any | None] | None = None  # lookup, insert, dense (or None)
     batches: int = 0
     samples: int = 0  # real samples of the batch staged last
 
@@ -112,12 +122,19 @@ class GpuRankingPipeline:
             [np.arange(f.slot_num, dtype=np.int32) for f in self.feeds] or [[]]
         ).astype(np.int32)
         self._keys_per_sample = sum(f.max_keys_per_sample for f in self.feeds)
+        self._table_group, self._group_keys = self._groups()
         self._bank: CacheBank | None = None
         self._buckets: dict[int, _Bucket] = {}
         self._lock = threading.Lock()
         self._copy_pool: concurrent.futures.ThreadPoolExecutor | None = None
         with cupy.cuda.Device(self.device_id):
-            self._stream = cupy.cuda.Stream(non_blocking=True)
+            # The main stream (copies, dense network) outranks the cache stream (lookup and
+            # insert), so the dense network's blocks go first while an insert runs beside it.
+            # CUDA clamps a priority into the device's range.
+            self._stream = cupy.cuda.Stream(non_blocking=True, priority=_HIGHEST_PRIORITY)
+            self._cache_stream = cupy.cuda.Stream(non_blocking=True, priority=0)
+            self._uploaded = cupy.cuda.Event(disable_timing=True)
+            self._looked_up = cupy.cuda.Event(disable_timing=True)
             self._bank_kernels = kernels.module("bank", self.device_id)
             self._insert_blocks = (
                 cupy.cuda.Device().attributes["MultiProcessorCount"] * _INSERT_BLOCKS_PER_SM
@@ -156,6 +173,23 @@ class GpuRankingPipeline:
         )  # fmt: skip
         return tuple(placements)
 
+    def _groups(self) -> tuple[tuple[int, ...], tuple[tuple[int, int], ...]]:
+        """Tables cut into up to ``_STAGING_GROUPS`` runs of about equal key capacity: the
+        group of each table, and each group's key columns ``[first, stop)`` (in units of
+        ``size`` keys, as ``TablePlacement.keys_at``)."""
+        total = max(self._keys_per_sample, 1)
+        table_group: list[int] = []
+        bounds: list[list[int]] = []
+        last = None
+        for f, p in zip(self.feeds, self._placements, strict=True):
+            group = min(_STAGING_GROUPS - 1, p.keys_at * _STAGING_GROUPS // total)
+            if group != last:
+                bounds.append([p.keys_at, p.keys_at])
+                last = group
+            table_group.append(len(bounds) - 1)
+            bounds[-1][1] = p.keys_at + f.max_keys_per_sample
+        return tuple(table_group), tuple((a, b) for a, b in bounds)
+
     @property
     def bank(self) -> CacheBank:
         """The device state of the tables (opened on first use)."""
@@ -189,7 +223,7 @@ class GpuRankingPipeline:
         with self._lock, cupy.cuda.Device(self.device_id):
             bank = self.bank
             bucket = self._bucket(size)
-            self._stage(bucket, batch)
+            self._stage_and_upload(bucket, batch)
             self._run(bucket)
             self._stream.synchronize()
             bank.batches += 1
@@ -205,7 +239,35 @@ class GpuRankingPipeline:
             need = max(need, -(-n // max(f.max_keys_per_sample, 1)))
         return need
 
-    def _stage(self, bucket: _Bucket, batch: SparseBatch) -> None:
+    def _stage_and_upload(self, bucket: _Bucket, batch: SparseBatch) -> None:
+        """Fill the staging buffer and copy it to the device on the main stream."""
+        lay = bucket.layout
+        head, groups = self._stage(bucket, batch)
+        if batch.batch_size < _GROUPED_STAGING_SAMPLES:
+            for copies in (head, *groups):
+                _copy_all(copies)
+            self._upload(bucket, 0, lay.nbytes)
+            return
+        # Header, row offsets and dense features first (one copy), then the keys group by
+        # group, each copied while the next ones are filled.
+        _copy_all(head)
+        self._upload(bucket, lay.header_at, lay.nbytes)
+        ranges = [(lay.size * 8 * first, lay.size * 8 * last) for first, last in self._group_keys]
+        if sum(c[1].nbytes for g in groups for c in g) >= _THREADED_STAGING_BYTES:
+            # map() yields in order, each result once its group is filled.
+            for (start, stop), _ in zip(ranges, self._copier().map(_copy_all, groups), strict=True):
+                self._upload(bucket, start, stop)
+            return
+        for (start, stop), copies in zip(ranges, groups, strict=True):
+            _copy_all(copies)
+            self._upload(bucket, start, stop)
+
+    def _stage(
+        self, bucket: _Bucket, batch: SparseBatch
+    ) -> tuple[list[tuple[Any, Any]], list[list[tuple[Any, Any]]]]:
+        """Write the header and padding into the staging buffer; return the copies that fill
+        the rest: ``(target, source)`` pairs for the header region (row offsets, dense
+        features) and for the keys of each group of tables."""
         lay = bucket.layout
         keys, header, offsets, dense = lay.views(bucket.staging)
         samples = batch.batch_size
@@ -215,72 +277,64 @@ class GpuRankingPipeline:
             )
         header[0] = samples
         bucket.samples = samples
-        copies = [(dense[:samples], batch.dense)]
+        head = [(dense[:samples], batch.dense)]
+        groups: list[list[tuple[Any, Any]]] = [[] for _ in self._group_keys]
         for u, (f, p) in enumerate(zip(self.feeds, self._placements, strict=True)):
             table_keys = batch.keys[f.table]
             start = lay.size * p.keys_at
-            copies.append((keys[start : start + table_keys.shape[0]], table_keys))
+            groups[self._table_group[u]].append(
+                (keys[start : start + table_keys.shape[0]], table_keys)
+            )
             row_offsets = batch.row_offsets[f.table]
             header[1 + u] = row_offsets is None
             if row_offsets is None:
                 continue  # one-hot (RankingSession checked the key count)
             bags = samples * f.slot_num
             at = lay.size * p.offsets_at + u
-            copies.append((offsets[at : at + bags + 1], row_offsets))
+            head.append((offsets[at : at + bags + 1], row_offsets))
             # Padded samples: empty bags after the last key.
             offsets[at + bags + 1 : at + lay.size * f.slot_num + 1] = table_keys.shape[0]
-        if samples >= _PARALLEL_STAGING_SAMPLES:
-            # Large batches: NumPy releases the GIL while it copies, so threads copy in parallel.
-            list(self._copier().map(_copy_into, copies))
-        else:
-            for target, source in copies:
-                target[...] = source
+        return head, groups
 
     def _copier(self) -> concurrent.futures.ThreadPoolExecutor:
         if self._copy_pool is None:
             self._copy_pool = concurrent.futures.ThreadPoolExecutor(
-                _STAGING_THREADS, thread_name_prefix=f"hps-stage-{self.layout.model}"
+                _STAGING_GROUPS, thread_name_prefix=f"hps-stage-{self.layout.model}"
             )
         return self._copy_pool
 
     def _run(self, bucket: _Bucket) -> None:
-        stream = self._stream
-        with stream:
+        """Lookup and insert on the cache stream, the dense network and the download on the
+        main stream after the lookup (see the module docstring)."""
+        main, cache = self._stream, self._cache_stream
+        self._uploaded.record(main)
+        with cache, self.bank.section():
+            cache.wait_event(self._uploaded)
             if bucket.graphs is not None:
-                sparse, dense = bucket.graphs
-                with self.bank.section():
-                    sparse.launch(stream)
-                if dense is not None:
-                    dense.launch(stream)
-                    return
-                with cupy.cuda.using_allocator(bucket.pool.malloc):
-                    self._dense_step(bucket)
+                bucket.graphs[0].launch(cache)
+                self._looked_up.record(cache)
+                bucket.graphs[1].launch(cache)
+            else:
+                self._lookup(bucket)
+                self._looked_up.record(cache)
+                self._insert(bucket)
+        main.wait_event(self._looked_up)
+        with main:
+            if bucket.graphs is not None and bucket.graphs[2] is not None:
+                bucket.graphs[2].launch(main)
                 return
-            with self.bank.section():
-                self._sparse_step(bucket)
             with cupy.cuda.using_allocator(bucket.pool.malloc):
                 self._dense_step(bucket)
 
-    def _sparse_step(self, bucket: _Bucket) -> None:
-        for step in self._sparse_parts:
-            step(bucket)
-
     def _dense_step(self, bucket: _Bucket) -> None:
-        for step in self._dense_parts:
-            step(bucket)
+        self._forward(bucket)
+        self._download(bucket)
 
-    @property
-    def _sparse_parts(self) -> tuple[Any, ...]:
-        return (self._upload, self._lookup, self._insert)
-
-    @property
-    def _dense_parts(self) -> tuple[Any, ...]:
-        return (self._forward, self._download)
-
-    def _upload(self, bucket: _Bucket) -> None:
+    def _upload(self, bucket: _Bucket, start: int, stop: int) -> None:
+        """Copy bytes ``[start, stop)`` of the staging buffer to the device (main stream)."""
         cupy.cuda.runtime.memcpyAsync(
-            bucket.inputs.data.ptr, bucket.staging.ctypes.data, bucket.layout.nbytes, _H2D,
-            self._stream.ptr,
+            bucket.inputs.data.ptr + start, bucket.staging.ctypes.data + start, stop - start,
+            _H2D, self._stream.ptr,
         )  # fmt: skip
 
     def _lookup(self, bucket: _Bucket) -> None:
@@ -324,7 +378,8 @@ class GpuRankingPipeline:
         )  # fmt: skip
 
     def profile(self, batch: SparseBatch) -> dict[str, float]:
-        """Run one batch step by step, without graphs, timing each step with CUDA events.
+        """Run one batch step by step on one stream, without graphs, timing each step with
+        CUDA events.
 
         Args:
             batch: as for :meth:`predict` (its misses are inserted, as in ``predict``).
@@ -336,18 +391,26 @@ class GpuRankingPipeline:
         size = bucket_for(max(batch.batch_size, self._samples_for_keys(batch)))
         with self._lock, cupy.cuda.Device(self.device_id), self._stream:
             bucket = self._bucket(size)
-            self._stage(bucket, batch)
-            parts = (*self._sparse_parts, *self._dense_parts)
-            events = [cupy.cuda.Event() for _ in range(len(parts) + 1)]
+            head, groups = self._stage(bucket, batch)
+            for copies in (head, *groups):
+                _copy_all(copies)
+            steps = {
+                "upload": lambda b: self._upload(b, 0, b.layout.nbytes),
+                "lookup": self._lookup,
+                "insert": self._insert,
+                "forward": self._forward,
+                "download": self._download,
+            }
+            events = [cupy.cuda.Event() for _ in range(len(steps) + 1)]
             events[0].record(self._stream)
             with self.bank.section(), cupy.cuda.using_allocator(bucket.pool.malloc):
-                for step, event in zip(parts, events[1:], strict=True):
+                for step, event in zip(steps.values(), events[1:], strict=True):
                     step(bucket)
                     event.record(self._stream)
             events[-1].synchronize()
             return {
-                step.__name__.lstrip("_"): cupy.cuda.get_elapsed_time(start, stop)
-                for step, start, stop in zip(parts, events[:-1], events[1:], strict=True)
+                name: cupy.cuda.get_elapsed_time(start, stop)
+                for name, start, stop in zip(steps, events[:-1], events[1:], strict=True)
             }
 
     # -- buckets ------------------------------------------------------------------------------
@@ -408,30 +471,18 @@ class GpuRankingPipeline:
 
     def _record(self, bucket: _Bucket) -> None:
         """Run the bucket once eagerly (compiles kernels, fills its memory pool), then record
-        its two graphs (only the lookup's for a batch-dependent network, whose dense step runs
+        its three graphs (no dense one for a batch-dependent network, whose dense step runs
         eagerly on the real samples)."""
-        stream = self._stream
         self._run(bucket)
-        stream.synchronize()
+        self._stream.synchronize()
+        self._cache_stream.synchronize()
         bucket.scores = None
-        with stream, cupy.cuda.using_allocator(bucket.pool.malloc):
-            stream.begin_capture(_CAPTURE_THREAD_LOCAL)
-            try:
-                self._sparse_step(bucket)
-            finally:
-                sparse = stream.end_capture()
-            dense = None
-            if not self.executor.batch_dependent:  # else its shapes follow each batch
-                stream.begin_capture(_CAPTURE_THREAD_LOCAL)
-                try:
-                    self._dense_step(bucket)
-                finally:
-                    dense = stream.end_capture()
-        sparse.upload(stream)
-        if dense is not None:
-            dense.upload(stream)
-        stream.synchronize()
-        bucket.graphs = (sparse, dense)
+        lookup = _captured(self._cache_stream, bucket.pool, lambda: self._lookup(bucket))
+        insert = _captured(self._cache_stream, bucket.pool, lambda: self._insert(bucket))
+        dense = None
+        if not self.executor.batch_dependent:  # else its shapes follow each batch
+            dense = _captured(self._stream, bucket.pool, lambda: self._dense_step(bucket))
+        bucket.graphs = (lookup, insert, dense)
 
     def table_counters(self) -> Sequence[Any]:
         """Device counters per model table (one copy from the GPU), for metrics."""
@@ -445,6 +496,7 @@ class GpuRankingPipeline:
             if self._bank is not None:
                 with cupy.cuda.Device(self.device_id):
                     self._stream.synchronize()
+                    self._cache_stream.synchronize()
                 self._bank.close()
                 self._bank = None
             self._buckets.clear()
@@ -453,9 +505,23 @@ class GpuRankingPipeline:
                 self._copy_pool = None
 
 
-def _copy_into(pair: tuple[np.ndarray, np.ndarray]) -> None:
-    target, source = pair
-    target[...] = source
+def _copy_all(copies: Sequence[tuple[np.ndarray, np.ndarray]]) -> None:
+    for target, source in copies:
+        target[...] = source
+
+
+def _captured(stream: Any, pool: Any, launch: Any) -> Any:
+    """``launch()`` recorded on ``stream`` as a CUDA graph, allocating from ``pool``, and
+    uploaded to the device."""
+    with stream, cupy.cuda.using_allocator(pool.malloc):
+        stream.begin_capture(_CAPTURE_THREAD_LOCAL)
+        try:
+            launch()
+        finally:
+            graph = stream.end_capture()
+    graph.upload(stream)
+    stream.synchronize()
+    return graph
 
 
 def _pinned(count: int, dtype: Any) -> np.ndarray:

@@ -194,3 +194,29 @@ def test_profile_times_every_step_and_changes_no_answer(repo: Path) -> None:
     assert list(steps) == ["upload", "lookup", "insert", "forward", "download"]
     assert all(ms >= 0 for ms in steps.values()) and steps["forward"] > 0
     model.check(gpu.predict(parsed), dense, keys)
+
+
+@pytest.mark.parametrize("threaded", [False, True])
+@pytest.mark.parametrize("name", MODELS)
+def test_large_batches_staged_and_copied_in_groups(
+    repo: Path, name: str, threaded: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Batches from _GROUPED_STAGING_SAMPLES on are copied group of tables by group, filled
+    by threads from _THREADED_STAGING_BYTES on (lowered here so small batches take both)."""
+    from hps_core.gpu import pipeline as gpu_pipeline
+
+    monkeypatch.setattr(gpu_pipeline, "_GROUPED_STAGING_SAMPLES", 8)
+    monkeypatch.setattr(gpu_pipeline, "_THREADED_STAGING_BYTES", 0 if threaded else 1 << 62)
+    ps = variant(repo, name, "dynamic")
+    model = Model(repo, name)
+    gpu = RankingSession.open(ps, name, device_id=0)
+    cpu = RankingSession.open(ps, name)
+    assert 1 <= len(gpu.pipeline._group_keys) <= min(len(gpu.pipeline.feeds), 4)
+    contract = HugeCTRContract(gpu.layout)
+    rng = np.random.default_rng(17 + threaded)
+    for batch in (8, 200, 5, 256):
+        dense, keys = model.samples(rng, batch)
+        parsed = contract.parse(*encode_hugectr(dense, keys))
+        got = gpu.predict(parsed)
+        np.testing.assert_allclose(got, cpu.predict(parsed), rtol=1e-5, atol=1e-6)
+        model.check(got, dense, keys)
