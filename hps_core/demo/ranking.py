@@ -27,6 +27,7 @@ from hps_core.demo.zoo_networks import (
     dlrm_mlp_network,
     mmoe_network,
     ncf_network,
+    shared_bottom_network,
 )
 from hps_core.errors import HPSError
 from hps_core.formats.sparse import inspect_sparse_table
@@ -69,6 +70,7 @@ ZOO = (
     RankingDemo("bst", bst_network, (50, 40), 20261212),
     RankingDemo("mmoe", mmoe_network, (80,), 20261213),
     RankingDemo("ncf", ncf_network, (300, 500), 20261214),
+    RankingDemo("shared_bottom", shared_bottom_network, (80,), 20261215),
 )
 """HugeCTR's sample model families (:mod:`hps_core.demo.zoo_networks`)."""
 

@@ -15,7 +15,12 @@ Each follows the structure of the sample of the same name in HugeCTR's ``samples
 - ``mmoe``: Multi-gate Mixture of Experts, two tasks: experts, a ``Softmax`` gate per task
   (``MatrixMultiply`` mixes the experts), a tower and a loss per task, so two predictions;
 - ``ncf``: NeuMF: a GMF branch (``ElementwiseMultiply`` of user and item vectors) beside an
-  MLP branch.
+  MLP branch;
+- ``shared_bottom``: the shared-bottom multi-task model of HugeCTR's
+  ``samples/mmoe/shared_bottom.py``: shared fully connected layers with ``Dropout``, a
+  ``Slice`` that hands the same tensor to two towers, and two labels (``label_dim`` ``[1, 1]``),
+  so two predictions. As in that sample, tower A's ``Dropout`` reads its fully connected layer
+  and not the ReLU beside it, whose output nothing reads.
 
 All read 13 dense features (BST's first one is the sequence length) and one-hot slots.
 """
@@ -161,3 +166,36 @@ def ncf_network() -> dict[str, Any]:
             _loss("fc_out"),
         ]
     }  # fmt: skip
+
+
+def shared_bottom_network() -> dict[str, Any]:
+    """Shared bottom, towers A and B (HugeCTR's ``samples/mmoe/shared_bottom.py``) -> ``(B, 2)``."""
+    data = _data([("data1", 26, 1)])
+    data["label"] = {"top": ["label_a", "label_b"], "label_dim": [1, 1]}
+    layers: list[Layer] = [
+        data,
+        _embedding("sparse_embedding1", _EMBEDDING, "data1", 4, "sum"),
+        _layer("flat", "Reshape", "sparse_embedding1", leading_dim=26 * 4),
+        _layer("x", "Concat", ["flat", "dense"]),
+        _layer("shared1", "InnerProduct", "x", fc_param={"num_output": 32}),
+        _layer("relu1", "ReLU", "shared1"),
+        _layer("dropout1", "Dropout", "relu1", rate=0.5),
+        _layer("shared2", "InnerProduct", "dropout1", fc_param={"num_output": 16}),
+        _layer("relu2", "ReLU", "shared2"),
+        _layer("dropout2", "Dropout", "relu2", rate=0.5),
+        _layer("slice", "Slice", "dropout2", top=["slice_a", "slice_b"], ranges=[[0, 16], [0, 16]]),
+    ]
+    for task in "ab":
+        # The sample's tower A drops out its fully connected layer's output, not the ReLU's.
+        dropped = f"{task}_fc1" if task == "a" else f"{task}_relu1"
+        layers += [
+            _layer(f"{task}_fc1", "InnerProduct", f"slice_{task}", fc_param={"num_output": 8}),
+            _layer(f"{task}_relu1", "ReLU", f"{task}_fc1"),
+            _layer(f"{task}_dropout1", "Dropout", dropped, rate=0.5),
+            _layer(f"{task}_out", "InnerProduct", f"{task}_dropout1", fc_param={"num_output": 1}),
+        ]
+    layers += [
+        _layer(f"loss_{task}", "BinaryCrossEntropyLoss", [f"{task}_out", f"label_{task}"])
+        for task in "ab"
+    ]
+    return {"layers": layers}

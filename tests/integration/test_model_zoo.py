@@ -1,7 +1,7 @@
 """One model of each other HugeCTR sample family (``hps prepare --zoo``: DLRM with fused MLP
-layers, DIN, BST, MMoE, NCF) served by a real tritonserver through both ranking contracts,
-over HTTP and gRPC, against the float64 reference of the tests (``ranking_reference``: written
-from HugeCTR's definitions, sharing no code with the engine).
+layers, DIN, BST, MMoE, NCF, shared bottom) served by a real tritonserver through both ranking
+contracts, over HTTP and gRPC, against the float64 reference of the tests
+(``ranking_reference``: written from HugeCTR's definitions, sharing no code with the engine).
 
 DIN's Dice takes statistics over the samples of a batch, so each request here is its own
 batch (requests go one at a time) and the reference sees the same samples.
@@ -26,7 +26,7 @@ from test_ranking_models import clients, infer_hugectr, infer_samples
 
 pytestmark = pytest.mark.integration
 
-LABELS = {"mmoe": 2}  # predictions per sample; 1 for the others
+LABELS = {"mmoe": 2, "shared_bottom": 2}  # predictions per sample; 1 for the others
 
 
 class ZooModel:
