@@ -16,8 +16,13 @@ the top MLP and a sigmoid, with the same weights; inputs copied from pinned host
 ``non_blocking=True``; eager, and replayed from a CUDA graph per batch size. Both compute the
 same function: the script checks their scores agree before timing.
 
+Also, for the first cache setting and for the eager peer, the same batches already on the GPU
+(``inputs`` = gpu: CuPy arrays handed to ``predict``, as HugeCTR's ``lookup_fromdlpack`` takes
+keys; torch tensors on the GPU for the peer), so no host copy is timed.
+
 Per (batch, precision): median over ``--runs`` calls on fresh batches; ms, samples/s, ratio
-to the eager peer, key-occurrence and unique-key hit rate of the timed batches, GPU memory.
+to the eager peer (and to the peer given the same kind of inputs), key-occurrence and
+unique-key hit rate of the timed batches, GPU memory.
 Also the GPU time of the pipeline's three graphs (lookup, insert, dense) from CUDA events, and
 of each step run without graphs (``GpuRankingPipeline.profile``: upload, lookup, insert,
 forward, download).
@@ -97,6 +102,22 @@ class PeerRunner:
             with torch.cuda.graph(graph), torch.no_grad():
                 out = self.net(dev_dense, dev_keys)
         return pin_dense, pin_keys, dev_dense, dev_keys, graph, out
+
+
+def peer_on_gpu(net: TorchDlrm, dense: Any, keys: Any) -> np.ndarray:
+    """The eager peer on inputs already on the GPU."""
+    with torch.no_grad():
+        return net(dense, keys).cpu().numpy()
+
+
+def device_batch(sparse: SparseBatch) -> SparseBatch:
+    """``sparse`` with every array copied to GPU 0 (CuPy), as a caller holding its keys on the
+    GPU hands them over."""
+    return SparseBatch(
+        cupy.asarray(sparse.dense),
+        tuple(cupy.asarray(k) for k in sparse.keys),
+        tuple(None if o is None else cupy.asarray(o) for o in sparse.row_offsets),
+    )
 
 
 def make_batch(rng: np.random.Generator, rows: list[int], batch: int, alpha: float, dense_dim: int):
@@ -242,8 +263,18 @@ def main() -> None:
                     runner(dense, keys)  # warm-up (and graph capture)
                 ms = timed(runner, [(d, k) for d, k, _ in inputs], runs=args.runs)
                 peer_ms[(kind, batch)] = 1e3 * ms
-                results.append(dict(system=f"pytorch-{kind}", cache="all on GPU",
+                results.append(dict(system=f"pytorch-{kind}", cache="all on GPU", inputs="host",
                                     precision=precision, batch=batch, ms=1e3 * ms))  # fmt: skip
+            # The same peer given inputs already on the GPU (no copy in the timed call).
+            on_gpu = [
+                (torch.from_numpy(d).cuda(), torch.from_numpy(k).cuda()) for d, k, _ in inputs
+            ]
+            for args_gpu in on_gpu[:2]:
+                peer_on_gpu(net, *args_gpu)
+            ms = timed(lambda d, k: peer_on_gpu(net, d, k), on_gpu, runs=args.runs)
+            peer_ms[("eager-gpu-inputs", batch)] = 1e3 * ms
+            results.append(dict(system="pytorch-eager", cache="all on GPU", inputs="gpu",
+                                precision=precision, batch=batch, ms=1e3 * ms))  # fmt: skip
             torch.cuda.empty_cache()
         for cache in args.caches.split(","):
             ps = variant(args.ps_json, cache)
@@ -276,8 +307,22 @@ def main() -> None:
                 profiled = [int(b) for b in args.profile_batches.split(",")]
                 if batch in profiled and cache == args.caches.split(",")[0]:
                     profile(session, rng, rows, batch, args, dense_dim, precision)
+                if cache == args.caches.split(",")[0]:
+                    # Keys and dense features already on the GPU (lookup_fromdlpack's case).
+                    on_gpu = [(device_batch(s),) for _, _, s in inputs]
+                    for (b,) in on_gpu[:2]:
+                        session.predict(b)
+                    device_ms = timed(session.predict, on_gpu, runs=args.runs)
+                    results.append(dict(
+                        system="hps-triton", cache=cache, inputs="gpu", precision=precision,
+                        batch=batch, ms=1e3 * device_ms,
+                    ))  # fmt: skip
+                    peer_gpu = peer_ms[("eager-gpu-inputs", batch)]
+                    print(f"  batch {batch}, inputs on the GPU: {1e3 * device_ms:.3f} ms (peer "
+                          f"with GPU inputs {peer_gpu:.3f})")  # fmt: skip
                 results.append(dict(
-                    system="hps-triton", cache=cache, precision=precision, batch=batch,
+                    system="hps-triton", cache=cache, inputs="host", precision=precision,
+                    batch=batch,
                     ms=1e3 * ms, key_hit_rate=hits / keys if keys else 0.0,
                     unique_hit_rate=unique, max_abs_diff_vs_peer=error,
                     gpu_lookup_ms=lookup_ms, gpu_insert_ms=insert_ms, gpu_dense_ms=dense_ms,
@@ -294,7 +339,10 @@ def main() -> None:
             if r["precision"] == precision:
                 r["samples_per_s"] = r["batch"] / (r["ms"] / 1e3)
                 r["x_peer_eager"] = peer_ms[("eager", r["batch"])] / r["ms"]
-    columns = ["system", "cache", "precision", "batch", "ms", "samples_per_s", "x_peer_eager",
+                same = "eager-gpu-inputs" if r["inputs"] == "gpu" else "eager"
+                r["x_peer_same_inputs"] = peer_ms[(same, r["batch"])] / r["ms"]
+    columns = ["system", "cache", "inputs", "precision", "batch", "ms", "samples_per_s",
+               "x_peer_eager", "x_peer_same_inputs",
                "key_hit_rate", "unique_hit_rate", "gpu_lookup_ms", "gpu_insert_ms", "gpu_dense_ms",
                "gpu_mib",
                "max_abs_diff_vs_peer", "eager_upload_ms", "eager_lookup_ms", "eager_insert_ms",
@@ -329,6 +377,8 @@ def plot(results: list[dict], path: Path) -> None:
         for r in results:
             if r["precision"] == precision:
                 label = r["system"] if r["system"] != "hps-triton" else f"hps-triton {r['cache']}"
+                if r["inputs"] == "gpu":
+                    label += ", inputs on GPU"
                 series.setdefault(label, []).append((r["batch"], r["samples_per_s"]))
         for label, points in sorted(series.items()):
             xs, ys = zip(*sorted(points), strict=True)

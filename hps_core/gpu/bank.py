@@ -60,7 +60,7 @@ TABLE_DTYPE = np.dtype(
         ("combiner", "<i4"),
         ("host_values", "<i4"),
         ("default_value", "<f4"),
-        ("pad", "<i4"),
+        ("keys_cap", "<i4"),
     ]
 )
 """``struct Table`` of ``kernels/bank.cu``, field for field."""
@@ -82,6 +82,7 @@ class TablePlacement:
             (``position``: its index among the placed tables).
         out_at, out_shift, out_stride: its output for sample ``b``, slot ``s`` starts at
             ``B * out_at + out_shift + b * out_stride + s * dim`` of the output buffer.
+        keys_cap: key room per sample (``B * keys_cap`` keys from ``B * keys_at`` on).
     """
 
     table: int
@@ -92,6 +93,7 @@ class TablePlacement:
     out_at: int
     out_shift: int
     out_stride: int
+    keys_cap: int
 
 
 @dataclass
@@ -206,7 +208,7 @@ class CacheBank:
             row["bucket_bits"] = state.bucket_bits
             row["default_value"] = state.default_value
             row["dim"] = state.dim
-            for name in ("slot_num", "combiner", "keys_at", "offsets_at", "out_at"):
+            for name in ("slot_num", "combiner", "keys_at", "offsets_at", "out_at", "keys_cap"):
                 row[name] = getattr(place, name)
             row["out_shift"] = place.out_shift
             row["out_stride"] = place.out_stride

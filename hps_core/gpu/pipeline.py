@@ -160,7 +160,15 @@ class GpuRankingPipeline:
             combiner = kernels.COMBINER_MEAN if f.combiner is Combiner.MEAN else 0
             placements.append(
                 TablePlacement(
-                    f.table, f.slot_num, combiner, keys_at, offsets_at, at, shift, stride
+                    f.table,
+                    f.slot_num,
+                    combiner,
+                    keys_at,
+                    offsets_at,
+                    at,
+                    shift,
+                    stride,
+                    f.max_keys_per_sample,
                 )
             )
             keys_at += f.max_keys_per_sample
@@ -208,17 +216,21 @@ class GpuRankingPipeline:
 
         Args:
             batch: host arrays, validated by a request contract (offsets rise from 0 to the
-                number of keys of each table).
+                number of keys of each table); or CuPy arrays on this pipeline's GPU (as
+                HugeCTR's ``lookup_fromdlpack`` takes them), whose values are not read back:
+                the lookup keeps out-of-range offsets inside each table's keys.
 
         Returns:
             float32 ``[batch_size, label_dim]`` on the host.
 
         Raises:
-            RequestError: the batch does not fit the model.
+            RequestError: the batch does not fit the model, or its arrays are on another GPU.
         """
         samples = batch.batch_size
         if samples == 0:
             return np.empty((0, self.layout.label_dim), np.float32)
+        if isinstance(batch.dense, cupy.ndarray):
+            self._check_device_batch(batch)
         size = bucket_for(max(samples, self._samples_for_keys(batch)))
         with self._lock, cupy.cuda.Device(self.device_id):
             bank = self.bank
@@ -230,6 +242,19 @@ class GpuRankingPipeline:
             bucket.batches += 1
             return bucket.scores_host[:samples].copy()
 
+    def _check_device_batch(self, batch: SparseBatch) -> None:
+        arrays = [batch.dense, *batch.keys, *(o for o in batch.row_offsets if o is not None)]
+        for array in arrays:
+            if not isinstance(array, cupy.ndarray):
+                raise RequestError(
+                    "a batch on the GPU needs every array on the GPU (dense, keys, offsets)"
+                )
+            if array.device.id != self.device_id:
+                raise RequestError(
+                    f"the batch is on GPU {array.device.id}; model '{self.layout.model}' runs "
+                    f"on GPU {self.device_id}"
+                )
+
     def _samples_for_keys(self, batch: SparseBatch) -> int:
         """Samples whose key capacity holds every table's keys (multi-hot requests may carry
         more keys per sample than ``maxnum_catfeature_query_per_table_per_sample``)."""
@@ -240,9 +265,24 @@ class GpuRankingPipeline:
         return need
 
     def _stage_and_upload(self, bucket: _Bucket, batch: SparseBatch) -> None:
-        """Fill the staging buffer and copy it to the device on the main stream."""
+        """Fill the staging buffer and copy it to the device on the main stream; a batch
+        already on the device is copied in place there instead, after the header."""
         lay = bucket.layout
-        head, groups = self._stage(bucket, batch)
+        if isinstance(batch.dense, cupy.ndarray):
+            head, groups = self._stage(bucket, batch, bucket.inputs)
+            # The caller's stream may still be writing the arrays (DLPack's contract: the
+            # consumer orders itself after the producer's stream).
+            caller = cupy.cuda.get_current_stream()
+            if caller.ptr != self._stream.ptr:
+                self._stream.wait_event(caller.record())
+            # Header and padded offsets from the host, then the batch's own arrays over the
+            # rest of their regions, in stream order.
+            self._upload(bucket, lay.header_at, lay.nbytes)
+            with self._stream:
+                for copies in (head, *groups):
+                    _copy_all(copies)
+            return
+        head, groups = self._stage(bucket, batch, bucket.staging)
         if batch.batch_size < _GROUPED_STAGING_SAMPLES:
             for copies in (head, *groups):
                 _copy_all(copies)
@@ -263,13 +303,15 @@ class GpuRankingPipeline:
             self._upload(bucket, start, stop)
 
     def _stage(
-        self, bucket: _Bucket, batch: SparseBatch
+        self, bucket: _Bucket, batch: SparseBatch, buffer: Any
     ) -> tuple[list[tuple[Any, Any]], list[list[tuple[Any, Any]]]]:
-        """Write the header and padding into the staging buffer; return the copies that fill
-        the rest: ``(target, source)`` pairs for the header region (row offsets, dense
-        features) and for the keys of each group of tables."""
+        """Write the header and the padded samples' offsets into the staging buffer; return
+        the copies that fill the rest of ``buffer`` (the staging buffer, or the device input
+        buffer for a batch on the device): ``(target, source)`` pairs for the header region
+        (row offsets, dense features) and for the keys of each group of tables."""
         lay = bucket.layout
-        keys, header, offsets, dense = lay.views(bucket.staging)
+        keys, _, offsets, dense = lay.views(buffer)
+        _, header, host_offsets, _ = lay.views(bucket.staging)
         samples = batch.batch_size
         if batch.dense.shape != (samples, lay.dense_dim):
             raise RequestError(
@@ -293,7 +335,7 @@ class GpuRankingPipeline:
             at = lay.size * p.offsets_at + u
             head.append((offsets[at : at + bags + 1], row_offsets))
             # Padded samples: empty bags after the last key.
-            offsets[at + bags + 1 : at + lay.size * f.slot_num + 1] = table_keys.shape[0]
+            host_offsets[at + bags + 1 : at + lay.size * f.slot_num + 1] = table_keys.shape[0]
         return head, groups
 
     def _copier(self) -> concurrent.futures.ThreadPoolExecutor:
@@ -391,11 +433,26 @@ class GpuRankingPipeline:
         size = bucket_for(max(batch.batch_size, self._samples_for_keys(batch)))
         with self._lock, cupy.cuda.Device(self.device_id), self._stream:
             bucket = self._bucket(size)
-            head, groups = self._stage(bucket, batch)
-            for copies in (head, *groups):
-                _copy_all(copies)
+            on_device = isinstance(batch.dense, cupy.ndarray)
+            if on_device:
+                self._check_device_batch(batch)
+            head, groups = self._stage(
+                bucket, batch, bucket.inputs if on_device else bucket.staging
+            )
+            if not on_device:  # the host's part is not timed
+                for copies in (head, *groups):
+                    _copy_all(copies)
+
+            def upload(b: _Bucket) -> None:
+                if not on_device:
+                    self._upload(b, 0, b.layout.nbytes)
+                    return
+                self._upload(b, b.layout.header_at, b.layout.nbytes)
+                for copies in (head, *groups):
+                    _copy_all(copies)
+
             steps = {
-                "upload": lambda b: self._upload(b, 0, b.layout.nbytes),
+                "upload": upload,
                 "lookup": self._lookup,
                 "insert": self._insert,
                 "forward": self._forward,

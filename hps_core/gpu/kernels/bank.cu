@@ -43,7 +43,7 @@ struct Table {
   int combiner;               // COMBINER_SUM or COMBINER_MEAN
   int host_values;            // values are in host memory (a found row is a cache miss)
   float default_value;
-  int pad;
+  int keys_cap;               // key room per sample: its keys fill at most batch * keys_cap
 };
 
 struct Miss {
@@ -195,8 +195,11 @@ extern "C" __global__ void bank_lookup(
       end = b < header[0] ? begin + 1 : begin;
     } else {
       const int* off = offsets + batch * tab.offsets_at + t;
-      begin = off[row];
-      end = off[row + 1];
+      // The host checks the offsets of host batches; those of a batch handed over on the
+      // device are not read back, so keep every key read inside the table's key region.
+      const int cap = (int)(batch * tab.keys_cap);
+      begin = min(max(off[row], 0), cap);
+      end = min(max(off[row + 1], begin), cap);
     }
     const i64* bag_keys = keys + batch * tab.keys_at;
     float* dst = out + batch * tab.out_at + tab.out_shift + b * tab.out_stride + (i64)s * tab.dim;

@@ -27,8 +27,9 @@ from test_ranking_models import MODELS, Model  # noqa: E402
 
 from hps_core.cache.layout import EMPTY_KEY  # noqa: E402
 from hps_core.demo import DEMO_MODELS  # noqa: E402
+from hps_core.errors import RequestError  # noqa: E402
 from hps_core.hps import HPS  # noqa: E402
-from hps_core.infer import RankingSession  # noqa: E402
+from hps_core.infer import RankingSession, SparseBatch  # noqa: E402
 from hps_core.triton_repo import InstanceGroup, ServingOptions  # noqa: E402
 from triton_backend.ranking_contracts import HugeCTRContract, SamplesContract  # noqa: E402
 
@@ -220,3 +221,63 @@ def test_large_batches_staged_and_copied_in_groups(
         got = gpu.predict(parsed)
         np.testing.assert_allclose(got, cpu.predict(parsed), rtol=1e-5, atol=1e-6)
         model.check(got, dense, keys)
+
+
+def on_gpu(batch: SparseBatch) -> SparseBatch:
+    return SparseBatch(
+        cupy.asarray(batch.dense),
+        tuple(cupy.asarray(k) for k in batch.keys),
+        tuple(None if o is None else cupy.asarray(o) for o in batch.row_offsets),
+    )
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_batches_on_the_gpu_equal_host_batches(repo: Path, name: str) -> None:
+    """CuPy batches (as lookup_fromdlpack takes keys) are copied in place on the device and
+    score exactly as the same batch from the host, multi-hot and one-hot, in every bucket."""
+    ps = variant(repo, name, "dynamic")
+    model = Model(repo, name)
+    gpu = RankingSession.open(ps, name, device_id=0)
+    rng = np.random.default_rng(23)
+    for batch, one_hot in ((1, False), (64, True), (200, False), (64, False), (5, True)):
+        dense, keys = model.samples(rng, batch, one_hot=one_hot)
+        if one_hot:
+            parsed = SamplesContract(gpu.layout).parse(*encode_samples(dense, keys))
+        else:
+            parsed = HugeCTRContract(gpu.layout).parse(*encode_hugectr(dense, keys))
+        got = gpu.predict(on_gpu(parsed))
+        np.testing.assert_array_equal(got, gpu.predict(parsed))
+        model.check(got, dense, keys)
+    steps = gpu.pipeline.profile(on_gpu(parsed))
+    assert list(steps) == ["upload", "lookup", "insert", "forward", "download"]
+
+
+def test_batch_on_the_gpu_with_bad_offsets_stays_in_bounds(repo: Path) -> None:
+    """Offsets of a device batch are not read back; out-of-range ones are clamped by the
+    lookup, so the batch gets finite scores and the next batch is right."""
+    name = "dcn"
+    ps = variant(repo, name, "dynamic")
+    model = Model(repo, name)
+    gpu = RankingSession.open(ps, name, device_id=0)
+    contract = HugeCTRContract(gpu.layout)
+    rng = np.random.default_rng(29)
+    dense, keys = model.samples(rng, 64)
+    parsed = contract.parse(*encode_hugectr(dense, keys))
+    table = next(t for t, o in enumerate(parsed.row_offsets) if o is not None)
+    bad = parsed.row_offsets[table].copy()
+    bad[1], bad[2], bad[-1] = 10**9, -5, 2**31 - 1
+    offsets = list(parsed.row_offsets)
+    offsets[table] = bad
+    broken = SparseBatch(parsed.dense, parsed.keys, tuple(offsets))
+    assert np.isfinite(gpu.predict(on_gpu(broken))).all()
+    model.check(gpu.predict(on_gpu(parsed)), dense, keys)
+
+
+def test_batch_split_between_host_and_gpu_is_refused(repo: Path) -> None:
+    name = "dcn"
+    gpu = RankingSession.open(variant(repo, name, "dynamic"), name, device_id=0)
+    dense, keys = Model(repo, name).samples(np.random.default_rng(31), 4)
+    parsed = HugeCTRContract(gpu.layout).parse(*encode_hugectr(dense, keys))
+    mixed = SparseBatch(cupy.asarray(parsed.dense), parsed.keys, parsed.row_offsets)
+    with pytest.raises(RequestError, match="every array on the GPU"):
+        gpu.predict(mixed)
