@@ -1,4 +1,7 @@
-"""The dynamic cache on a GPU: CuPy arrays and the kernels of :mod:`hps_core.cache.cuda_source`.
+"""The dynamic cache on a GPU: CuPy arrays and the kernels of ``hps_core/gpu/kernels/cache.cu``.
+
+The kernel file is compiled through :mod:`hps_core.gpu.kernels` with the constants of
+:mod:`hps_core.cache.kernel_consts`.
 
 Importing this module needs CuPy; :func:`hps_core.cache.make_cache` imports it only for
 ``xp=cupy``. Calls run on the caller's current CUDA stream; all calls on one cache must use
@@ -15,12 +18,19 @@ from typing import Any
 import cupy
 import numpy as np
 
-from hps_core.cache.cuda_source import KERNEL_NAMES, QUERY_LANES, THREADS_PER_BLOCK, cuda_source
 from hps_core.cache.dynamic import DynamicCache
 from hps_core.cache.ipc_group import SharedCacheGroup
+from hps_core.cache.kernel_consts import (
+    KERNEL_FILE,
+    KERNEL_NAMES,
+    QUERY_LANES,
+    THREADS_PER_BLOCK,
+    cuda_defines,
+)
 from hps_core.cache.layout import RunPlan, plan_runs
 from hps_core.cache.order import StreamOrder
 from hps_core.errors import HPSError
+from hps_core.gpu import kernels
 
 _WARP = 32
 _CUDA_ERRORS = (cupy.cuda.driver.CUDADriverError, cupy.cuda.runtime.CUDARuntimeError)
@@ -32,7 +42,7 @@ class CacheKernelError(HPSError):
 
 @functools.cache
 def load_kernels(device_id: int) -> dict[str, Any]:
-    """Compile (once per device and process) and load the cache kernels.
+    """Compile (once per device and process) and load the cache kernels (``kernels/cache.cu``).
 
     Args:
         device_id: CUDA device ordinal.
@@ -45,9 +55,9 @@ def load_kernels(device_id: int) -> dict[str, Any]:
     """
     with cupy.cuda.Device(device_id):
         try:
-            module = cupy.RawModule(code=cuda_source(), options=("--std=c++17",))
+            module = kernels.module(KERNEL_FILE, device_id, defines=cuda_defines())
             return {name: module.get_function(name) for name in KERNEL_NAMES}
-        except (cupy.cuda.compiler.CompileException, *_CUDA_ERRORS) as exc:
+        except (kernels.KernelBuildError, *_CUDA_ERRORS) as exc:
             raise CacheKernelError(
                 f"cache kernels failed to build for CUDA device {device_id}: {exc}"
             ) from exc

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from hps_core.cache.arrays import as_keys, as_rows, output_rows
-from hps_core.cache.cuda_source import QUERY_LANES, THREADS_PER_BLOCK
+from hps_core.cache.kernel_consts import QUERY_LANES, THREADS_PER_BLOCK
 from hps_core.cache.layout import last_of_each
 from hps_core.cache.stats import (
     HITS,

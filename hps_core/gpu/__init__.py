@@ -9,6 +9,10 @@ Data flow of one batch (:mod:`~hps_core.gpu.pipeline`)::
       -> dense network: cuBLAS products (blas) with fused epilogues (dense_ops, kernels/dense.cu)
       -> one copy of the scores to the host
 
-Every module but :mod:`~hps_core.gpu.staging` needs CuPy; none is imported here, so the
-package imports on machines without it.
+The CUDA sources are ``kernels/*.cu``, compiled at run time by :mod:`~hps_core.gpu.kernels`;
+``kernels/cache.cu`` holds the kernels of :mod:`hps_core.cache`'s GPU cache, which share the
+set-probing helpers of ``kernels/cache_set.cuh`` with ``kernels/bank.cu``.
+
+Every module but :mod:`~hps_core.gpu.staging` needs CuPy (:mod:`~hps_core.gpu.kernels` only to
+compile); none is imported here, so the package imports on machines without it.
 """

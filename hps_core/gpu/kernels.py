@@ -1,18 +1,25 @@
-"""The CUDA kernels of the GPU pipeline: ``kernels/*.cu`` files compiled once per device.
+"""CUDA kernels on the GPU: ``kernels/*.cu`` files compiled once per device.
 
-The ``.cu`` files are plain CUDA C++ (readable and compilable as such); the constants they
-share with Python are prepended here as ``#define`` lines generated from the Python modules
-that own them, so the two cannot drift apart. Templated kernels are instantiated through
-CuPy's ``name_expressions`` (``interaction<float>``, ``interaction<unsigned short>`` for half).
+The ``.cu`` files are plain CUDA C++ (readable and compilable as such): ``bank.cu`` and
+``dense.cu`` for the GPU pipeline, ``cache.cu`` for the dynamic cache and the static table of
+:mod:`hps_core.cache` (loaded by :func:`hps_core.cache.cupy_cache.load_kernels`). ``bank.cu``
+and ``cache.cu`` share the set-probing helpers of ``kernels/cache_set.cuh``. The constants a
+file shares with Python are prepended here as ``#define`` lines generated from the Python
+modules that own them, so the two cannot drift apart: the pipeline's by this module, the
+cache's by :func:`hps_core.cache.kernel_consts.cuda_defines`. Templated kernels are
+instantiated through CuPy's ``name_expressions`` (``interaction<float>``,
+``interaction<unsigned short>`` for half).
+
+Building the source text needs no CuPy (:func:`source`); compiling it does (:func:`module`
+imports CuPy when called).
 """
 
 from __future__ import annotations
 
 import functools
+import re
 from importlib import resources
 from typing import Any
-
-import cupy
 
 from hps_core.cache.layout import EMPTY_KEY, WAYS
 from hps_core.errors import HPSError
@@ -35,11 +42,8 @@ THREADS = 256
 COMBINER_SUM = 0
 COMBINER_MEAN = 1
 
-_CUDA_ERRORS = (
-    cupy.cuda.compiler.CompileException,
-    cupy.cuda.driver.CUDADriverError,
-    cupy.cuda.runtime.CUDARuntimeError,
-)
+_INCLUDE = re.compile(r'^[ \t]*#[ \t]*include[ \t]+"([\w.-]+\.cuh)"[ \t]*(?://[^\n]*)?$', re.M)
+"""An ``#include "<header>.cuh"`` line of a kernel file (a header of ``kernels/``)."""
 
 
 class KernelBuildError(HPSError):
@@ -65,20 +69,65 @@ def _defines() -> str:
     return "".join(f"#define {name} {value}\n" for name, value in values.items())
 
 
-def source(name: str) -> str:
-    """Text of ``kernels/<name>.cu`` with the shared constants prepended."""
-    text = resources.files("hps_core.gpu").joinpath("kernels", f"{name}.cu").read_text()
-    return _defines() + text
+def _read(file: str) -> str:
+    return resources.files("hps_core.gpu").joinpath("kernels", file).read_text()
+
+
+def _inline_headers(text: str, file: str, seen: set[str]) -> str:
+    """``text`` (of ``kernels/<file>``) with each ``#include "X.cuh"`` line replaced by the text
+    of ``kernels/X.cuh`` (itself inlined the same way) the first time, by an empty line after.
+
+    ``#line`` directives around an inlined header keep NVRTC's messages pointing at the file and
+    line they are about.
+    """
+
+    def inline(match: re.Match[str]) -> str:
+        header = match.group(1)
+        if header in seen:
+            return ""
+        seen.add(header)
+        body = _inline_headers(_read(header), header, seen).rstrip("\n")
+        resume = text.count("\n", 0, match.start()) + 2  # the line after the #include
+        return f'#line 1 "kernels/{header}"\n{body}\n#line {resume} "kernels/{file}"'
+
+    return _INCLUDE.sub(inline, text)
+
+
+def source(name: str, defines: str | None = None) -> str:
+    """Text of ``kernels/<name>.cu`` as compiled: constants first, headers inlined.
+
+    NVRTC sees only the text it is given, not the package's files. Each ``#include "X.cuh"``
+    line is therefore replaced by the text of ``kernels/X.cuh`` (once per source, whatever
+    guard the header has) rather than resolved through an ``-I`` include path, which would need
+    the package to be a directory on disk (not so for a zipped install) and would make the
+    compiled text depend on files read by the compiler: the returned string is the whole
+    compile unit.
+
+    Args:
+        name: file stem, e.g. ``"bank"``.
+        defines: ``#define`` lines to prepend; ``None``: the GPU pipeline's constants (ways,
+            lanes, empty key, counter positions, combiners).
+
+    Returns:
+        CUDA C++ text for ``cupy.RawModule(code=...)``.
+    """
+    file = f"{name}.cu"
+    text = _inline_headers(_read(file), file, set())
+    prefix = _defines() if defines is None else defines
+    return f'{prefix}#line 1 "kernels/{file}"\n{text}'
 
 
 @functools.cache
-def module(name: str, device_id: int, templates: tuple[str, ...] = ()) -> Any:
-    """``kernels/<name>.cu`` compiled for ``device_id`` (once per process).
+def module(
+    name: str, device_id: int, templates: tuple[str, ...] = (), defines: str | None = None
+) -> Any:
+    """``kernels/<name>.cu`` compiled for ``device_id`` (once per process and arguments).
 
     Args:
         name: file stem, e.g. ``"bank"``.
         device_id: CUDA device ordinal.
         templates: template instantiations to make available, e.g. ``("f<float>",)``.
+        defines: ``#define`` lines to prepend instead of the pipeline's (see :func:`source`).
 
     Returns:
         The loaded ``cupy.RawModule``.
@@ -86,13 +135,22 @@ def module(name: str, device_id: int, templates: tuple[str, ...] = ()) -> Any:
     Raises:
         KernelBuildError: NVRTC rejected the source or the module did not load.
     """
+    import cupy  # here rather than at import: source() is usable without CuPy
+
+    errors = (
+        cupy.cuda.compiler.CompileException,
+        cupy.cuda.driver.CUDADriverError,
+        cupy.cuda.runtime.CUDARuntimeError,
+    )
     with cupy.cuda.Device(device_id):
         try:
             mod = cupy.RawModule(
-                code=source(name), options=("--std=c++17",), name_expressions=templates or None
+                code=source(name, defines),
+                options=("--std=c++17",),
+                name_expressions=templates or None,
             )
             mod.compile()
-        except _CUDA_ERRORS as exc:
+        except errors as exc:
             raise KernelBuildError(
                 f"kernels/{name}.cu failed to build for GPU {device_id}: {exc}"
             ) from exc

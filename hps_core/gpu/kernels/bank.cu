@@ -1,8 +1,9 @@
 // Embedding lookup of every table of a model in one launch, and the insertion of its misses.
 //
 // Loaded by hps_core/gpu/kernels.py, which prepends the #defines shared with Python (WAYS, LANES,
-// EMPTY_KEY, counter positions). The Table struct is mirrored by TABLE_DTYPE in
-// hps_core/gpu/bank.py and Miss by MISS_DTYPE there; change them together.
+// EMPTY_KEY, counter positions) and puts cache_set.cuh in place of its #include. The Table
+// struct is mirrored by TABLE_DTYPE in hps_core/gpu/bank.py and Miss by MISS_DTYPE there; change
+// them together.
 //
 // A batch is a jagged batch of bags: bag (b, g) holds the keys of sample b in slot g (slots of
 // all tables numbered together), given by CSR row offsets per table, or, for a one-hot table
@@ -17,10 +18,7 @@
 // input buffer. Keys found in the host tier but not in the cache are recorded as misses;
 // bank_insert then puts them into the cache. Nothing waits for the host.
 
-typedef long long i64;
-typedef unsigned long long u64;
-
-#define WARP 32
+#include "cache_set.cuh"  // i64, u64, WARP, find_way, lru_way, mix64
 
 struct Table {
   const i64* cache_keys;      // [cache_sets * WAYS], EMPTY_KEY in free slots
@@ -57,14 +55,6 @@ __device__ __forceinline__ u64 now_ns() {
   u64 t;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
   return t;
-}
-
-// hps_core.hashing.mix64 (SplitMix64's finaliser, a bijection).
-__device__ __forceinline__ u64 mix64(const i64 key) {
-  u64 z = (u64)key;
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
-  return z ^ (z >> 31);
 }
 
 // Row of `key` in the table's index, or -1 (hps_core.tiers.hash_layout.find_rows).
@@ -268,34 +258,6 @@ extern "C" __global__ void bank_lookup(
   if (threadIdx.x < 4 && block_table >= 0 && block_counts[threadIdx.x] != 0) {
     atomicAdd(counters + (i64)block_table * NUM_COUNTERS + threadIdx.x, block_counts[threadIdx.x]);
   }
-}
-
-// Way (0..63) of `key` in a set held as ways `lane` (lo) and `lane + 32` (hi), or -1.
-__device__ __forceinline__ int find_way(const i64 lo, const i64 hi, const i64 key) {
-  const unsigned in_lo = __ballot_sync(0xffffffffu, lo == key);
-  const unsigned in_hi = __ballot_sync(0xffffffffu, hi == key);
-  if (in_lo != 0u) return __ffs(in_lo) - 1;
-  if (in_hi != 0u) return WARP + __ffs(in_hi) - 1;
-  return -1;
-}
-
-// Least recently used way: the smallest (stamp, way), returned to every lane.
-__device__ __forceinline__ int lru_way(const u64 lo, const u64 hi, const int lane) {
-  u64 best = lo;
-  int way = lane;
-  if (hi < best) {
-    best = hi;
-    way = lane + WARP;
-  }
-  for (int offset = WARP / 2; offset > 0; offset /= 2) {
-    const u64 other = __shfl_xor_sync(0xffffffffu, best, offset);
-    const int other_way = __shfl_xor_sync(0xffffffffu, way, offset);
-    if (other < best || (other == best && other_way < way)) {
-      best = other;
-      way = other_way;
-    }
-  }
-  return way;
 }
 
 // One warp per recorded miss (grid-stride: the count is known on the GPU only; at most WAYS

@@ -13,12 +13,12 @@ import pytest
 cupy = pytest.importorskip("cupy")
 
 from hps_core.cache import EMPTY_KEY, NumpyDynamicCache, StaticTable  # noqa: E402
-from hps_core.cache.cuda_source import KERNEL_NAMES, THREADS_PER_BLOCK  # noqa: E402
 from hps_core.cache.cupy_cache import (  # noqa: E402
     CacheKernelError,
     CupyDynamicCache,
     load_kernels,
 )
+from hps_core.cache.kernel_consts import KERNEL_NAMES, THREADS_PER_BLOCK  # noqa: E402
 
 INT64_MIN = int(np.iinfo(np.int64).min)
 

@@ -1,76 +1,22 @@
-"""CUDA C++ source of the dynamic cache kernels (compiled at run time by NVRTC through CuPy).
+// The dynamic cache's kernels (cache_query, cache_replace, cache_update) and the static
+// table's (static_query, static_find); semantics in hps_core/cache/dynamic.py and
+// hps_core/cache/static_table.py, the NumPy twin in hps_core/cache/twin.py.
+//
+// Loaded by hps_core/cache/cupy_cache.py through hps_core/gpu/kernels.py, which prepends the
+// #defines shared with Python (WAYS, QUERY_LANES, QUERY_GROUP_MASK, EMPTY_KEY, counter positions;
+// generated in hps_core/cache/kernel_consts.py) and puts cache_set.cuh in place of its #include.
+//
+// Work split: cache_query gives each key a group of QUERY_LANES (8) lanes (4 keys per warp),
+// each lane loading 8 of the set's 64 slot keys, so that many probes are in flight; ballots find
+// the key. cache_replace and cache_update use one warp per work item, lane l holding slots l and
+// l + 32 of a set, with one item per run of a hps_core.cache.layout.RunPlan, and walk the run in
+// batch order, so no two warps touch the same set and no locks are needed.
 
-Kept in a Python string so it ships inside the package without package-data rules; the
-constants it shares with Python (ways, empty key, counter positions) are generated from the
-Python modules, so the two cannot drift apart.
-
-Work split: ``cache_query`` gives each key a group of 8 lanes (4 keys per warp), each lane
-loading 8 of the set's 64 slot keys, so that many probes are in flight; ballots find the key.
-``cache_replace`` and ``cache_update`` use one warp per work item, lane ``l`` holding slots
-``l`` and ``l + 32`` of a set, with one item per run of a
-:class:`~hps_core.cache.layout.RunPlan` and walk the run in batch order, so no two warps touch
-the same set and no locks are needed. Semantics: :mod:`hps_core.cache.dynamic`.
-"""
-
-from __future__ import annotations
-
-from hps_core.cache.layout import EMPTY_KEY, WAYS
-from hps_core.cache.stats import (
-    EVICTIONS,
-    HITS,
-    INSERTS,
-    MISSES,
-    RESERVED_KEY_MISSES,
-    UPDATED,
-)
-
-KERNEL_NAMES = ("cache_query", "cache_replace", "cache_update", "static_query", "static_find")
-
-THREADS_PER_BLOCK = 256
-"""Threads per block of every kernel."""
-
-QUERY_LANES = 8
-"""Lanes per key of ``cache_query`` (a warp probes four keys at once); 32 for the others."""
-
-_KERNELS = r"""
-typedef long long i64;
-typedef unsigned long long u64;
-
-#define WARP 32
-#define FULL_MASK 0xffffffffu
+#include "cache_set.cuh"
 
 // All lanes of a warp share one work item index.
 __device__ __forceinline__ i64 warp_item() {
   return ((i64)blockIdx.x * blockDim.x + threadIdx.x) / WARP;
-}
-
-// Way (0..63) of `key` in the set whose way `lane` is `lo` and way `lane + 32` is `hi` in this
-// lane, or -1. The lowest matching way wins.
-__device__ __forceinline__ int find_way(const i64 lo, const i64 hi, const i64 key) {
-  const unsigned in_lo = __ballot_sync(FULL_MASK, lo == key);
-  const unsigned in_hi = __ballot_sync(FULL_MASK, hi == key);
-  if (in_lo != 0u) return __ffs(in_lo) - 1;
-  if (in_hi != 0u) return WARP + __ffs(in_hi) - 1;
-  return -1;
-}
-
-// Least recently used way: the smallest (stamp, way) of the set, returned to every lane.
-__device__ __forceinline__ int lru_way(const u64 lo, const u64 hi, const int lane) {
-  u64 best = lo;
-  int way = lane;
-  if (hi < best) {
-    best = hi;
-    way = lane + WARP;
-  }
-  for (int offset = WARP / 2; offset > 0; offset /= 2) {
-    const u64 other = __shfl_xor_sync(FULL_MASK, best, offset);
-    const int other_way = __shfl_xor_sync(FULL_MASK, way, offset);
-    if (other < best || (other == best && other_way < way)) {
-      best = other;
-      way = other_way;
-    }
-  }
-  return way;
 }
 
 __device__ __forceinline__ void copy_row(float* dst, const float* src, const int dim,
@@ -89,14 +35,6 @@ __device__ __forceinline__ void copy_row_in_group(float* dst, const float* src, 
   } else {
     for (int d = lane; d < dim; d += QUERY_LANES) dst[d] = src[d];
   }
-}
-
-// hps_core.hashing.mix64 (SplitMix64's finaliser, a bijection).
-__device__ __forceinline__ u64 mix64(const i64 key) {
-  u64 z = (u64)key;
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
-  return z ^ (z >> 31);
 }
 
 // Set of a key: mix64(key) % num_sets, the same function as hps_core.cache.layout.set_of.
@@ -277,25 +215,3 @@ extern "C" __global__ void static_find(
   const i64 item = (i64)blockIdx.x * blockDim.x + threadIdx.x;
   if (item < n) rows[item] = static_row(keys[item], hashes, starts, bits);
 }
-"""
-
-
-def cuda_source() -> str:
-    """The full kernel source: generated constants followed by the kernels.
-
-    Returns:
-        CUDA C++ text for ``cupy.RawModule(code=...)``.
-    """
-    defines = (
-        f"#define WAYS {WAYS}\n"
-        f"#define QUERY_LANES {QUERY_LANES}\n"
-        f"#define QUERY_GROUP_MASK {(1 << QUERY_LANES) - 1}u\n"
-        f"#define EMPTY_KEY {EMPTY_KEY}LL\n"
-        f"#define INSERTS {INSERTS}\n"
-        f"#define EVICTIONS {EVICTIONS}\n"
-        f"#define UPDATED {UPDATED}\n"
-        f"#define HITS {HITS}\n"
-        f"#define MISSES {MISSES}\n"
-        f"#define RESERVED_KEY_MISSES {RESERVED_KEY_MISSES}\n"
-    )
-    return defines + _KERNELS
