@@ -27,8 +27,7 @@ class TorchDlrm(torch.nn.Module):
     def __init__(self, tables: list[np.ndarray], bottom, top) -> None:
         super().__init__()
         self.tables = torch.nn.ModuleList(
-            torch.nn.EmbeddingBag.from_pretrained(torch.from_numpy(t), mode="sum")
-            for t in tables
+            torch.nn.EmbeddingBag.from_pretrained(torch.from_numpy(t), mode="sum") for t in tables
         )
         self.bottom = torch.nn.ModuleList(_linear(w, b) for w, b in bottom)
         self.top = torch.nn.ModuleList(_linear(w, b) for w, b in top)

@@ -61,6 +61,7 @@ _DROPPED_BITS = 23 - TF32_MANTISSA_BITS
 _HALF_DROPPED = (1 << (_DROPPED_BITS - 1)) - 1  # 0x0FFF: just under half a TF32 step
 _KEPT_MASK = (0xFFFFFFFF >> _DROPPED_BITS) << _DROPPED_BITS  # 0xFFFFE000
 
+
 class Precision(enum.Enum):
     """Numeric mode of the dense network."""
 
