@@ -391,7 +391,7 @@ class GpuRankingPipeline:
             (-(-bags * kernels.LANES // threads),), (threads,),
             (self._descriptors, self._slot_table_d, self._slot_local_d, np.int32(lay.slots),
              np.int64(lay.size), keys, header, offsets, bucket.embeddings, bucket.misses,
-             bucket.miss_count, self._bank.counters),
+             bucket.miss_count, np.uint64(_miss_capacity(bucket)), self._bank.counters),
         )  # fmt: skip
 
     def _insert(self, bucket: _Bucket) -> None:
@@ -399,7 +399,8 @@ class GpuRankingPipeline:
             return
         self._bank_kernels.get_function("bank_insert")(
             (self._insert_blocks,), (kernels.THREADS,),
-            (self._descriptors, bucket.misses, bucket.miss_count, self._bank.counters),
+            (self._descriptors, bucket.misses, bucket.miss_count,
+             np.uint64(_miss_capacity(bucket)), self._bank.counters),
         )  # fmt: skip
 
     def _forward(self, bucket: _Bucket) -> None:
@@ -560,6 +561,10 @@ class GpuRankingPipeline:
             if self._copy_pool is not None:
                 self._copy_pool.shutdown()
                 self._copy_pool = None
+
+
+def _miss_capacity(bucket: _Bucket) -> int:
+    return bucket.misses.nbytes // MISS_DTYPE.itemsize
 
 
 def _copy_all(copies: Sequence[tuple[np.ndarray, np.ndarray]]) -> None:

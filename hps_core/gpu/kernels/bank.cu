@@ -159,7 +159,8 @@ extern "C" __global__ void bank_lookup(
     const int* __restrict__ slot_local, const int total_slots, const i64 batch,
     const i64* __restrict__ keys, const int* __restrict__ header,
     const int* __restrict__ offsets, float* __restrict__ out,
-    Miss* __restrict__ misses, u64* __restrict__ miss_count, u64* __restrict__ counters) {
+    Miss* __restrict__ misses, u64* __restrict__ miss_count, const u64 miss_capacity,
+    u64* __restrict__ counters) {
   __shared__ u64 block_counts[4];  // C_KEYS .. C_UNKNOWN of the table of the block's first bag
   const i64 bag = ((i64)blockIdx.x * blockDim.x + threadIdx.x) / LANES;
   const int lane = threadIdx.x % LANES;
@@ -229,7 +230,10 @@ extern "C" __global__ void bank_lookup(
           m.src = end - begin == 1 ? dst : src;
           m.table = t;
           m.pad = 0;
-          misses[atomicAdd(miss_count, 1ull)] = m;
+          // Valid batches never fill the list; clamped device offsets could (a bag may then
+          // read a whole key region), so a miss past the end is not inserted.
+          const u64 at = atomicAdd(miss_count, 1ull);
+          if (at < miss_capacity) misses[at] = m;
         }
       }
     }
@@ -269,10 +273,10 @@ extern "C" __global__ void bank_lookup(
 extern "C" __global__ void bank_insert(const Table* __restrict__ tables,
                                        const Miss* __restrict__ misses,
                                        const u64* __restrict__ miss_count,
-                                       u64* __restrict__ counters) {
+                                       const u64 miss_capacity, u64* __restrict__ counters) {
   const int lane = threadIdx.x % WARP;
   const i64 warps = ((i64)gridDim.x * blockDim.x) / WARP;
-  const i64 n = (i64)*miss_count;
+  const i64 n = (i64)min(*miss_count, miss_capacity);
   for (i64 item = ((i64)blockIdx.x * blockDim.x + threadIdx.x) / WARP; item < n; item += warps) {
     const Miss m = misses[item];
     const Table& tab = tables[m.table];
