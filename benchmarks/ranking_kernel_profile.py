@@ -1,0 +1,108 @@
+"""Where a large ranking batch spends its GPU time: CUPTI kernel times of hps-triton's
+``predict`` and of the PyTorch peer, side by side.
+
+``torch.profiler`` (CUPTI) records every kernel and copy on the device, CuPy's and cuBLAS's as
+well as PyTorch's, so one run shows both systems' kernels by name. Same model, batches and
+peer as ``ranking_vs_pytorch.py`` (one-hot Zipf keys on the host, ``gpucacheper`` ``--cache``
+after warm-up); per (precision, batch): the host time of staging and copying the batch, the
+median ``predict``, then the kernel table of ``--batches-profiled`` predictions and of as many
+peer calls.
+
+Usage:
+    python benchmarks/make_large_dlrm.py --out /tmp/dlrm --max-rows-per-table 1000000 \\
+        --max-batch-size 65536
+    python benchmarks/ranking_kernel_profile.py --ps-json /tmp/dlrm/ps.json --out $OUT
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+from ranking_vs_pytorch import PeerRunner, make_batch, variant
+from torch.profiler import ProfilerActivity, profile
+from torch_dlrm import torch_peer
+
+from hps_core.config import load_ps_config
+from hps_core.gpu.staging import bucket_for
+from hps_core.hps import HPS
+from hps_core.infer import RankingSession
+
+WARMUP_BATCH = 16384
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--ps-json", type=Path, required=True)
+    parser.add_argument("--batches", default="16384,65536")
+    parser.add_argument("--precisions", default="fp32,tf32")
+    parser.add_argument("--cache", default="0.2")
+    parser.add_argument("--alpha", type=float, default=1.05)
+    parser.add_argument("--warmup", type=int, default=40)
+    parser.add_argument("--batches-profiled", type=int, default=2)
+    parser.add_argument("--out", type=Path, default=Path("bench_results"))
+    args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    config = load_ps_config(args.ps_json).models[0]
+    name = config.name
+    rows = [(t.sparse_file / "key").stat().st_size // 8 for t in config.tables]
+    dense_dim = config.maxnum_des_feature_per_sample
+    HPS(args.ps_json).model(name).open_all()
+    net = torch_peer(args.ps_json, name)
+    rng = np.random.default_rng(0)
+    lines: list[str] = []
+
+    def log(text: str) -> None:
+        print(text, flush=True)
+        lines.append(text)
+
+    for precision in args.precisions.split(","):
+        torch.backends.cuda.matmul.allow_tf32 = precision == "tf32"
+        ps = variant(args.ps_json, args.cache)
+        session = RankingSession.open(ps, name, device_id=0, precision=precision)
+        for _ in range(args.warmup):
+            session.predict(make_batch(rng, rows, WARMUP_BATCH, args.alpha, dense_dim)[2])
+        pipe = session.pipeline
+        peer = PeerRunner(net, graphs=False)
+        for batch in (int(b) for b in args.batches.split(",")):
+            inputs = [make_batch(rng, rows, batch, args.alpha, dense_dim) for _ in range(4)]
+            for dense, keys, sparse in inputs[:2]:
+                peer(dense, keys)
+                session.predict(sparse)
+            bucket = pipe._bucket(bucket_for(batch))
+            staging, whole = [], []
+            for _, _, sparse in inputs:
+                started = time.perf_counter()
+                pipe._stage_and_upload(bucket, sparse)
+                pipe._stream.synchronize()
+                staging.append(time.perf_counter() - started)
+            for _, _, sparse in inputs:
+                started = time.perf_counter()
+                session.predict(sparse)
+                whole.append(time.perf_counter() - started)
+            staging_ms = 1e3 * statistics.median(staging)
+            whole_ms = 1e3 * statistics.median(whole)
+            log(f"{precision} {batch}: staging + copy {staging_ms:.3f} ms, predict "
+                f"{whole_ms:.3f} ms (medians of {len(inputs)})")  # fmt: skip
+            for who in ("hps-triton", "pytorch"):
+                torch.cuda.synchronize()
+                with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                    for dense, keys, sparse in inputs[: args.batches_profiled]:
+                        if who == "hps-triton":
+                            session.predict(sparse)
+                        else:
+                            peer(dense, keys)
+                    torch.cuda.synchronize()
+                log(f"==== {who} {precision} batch {batch} ({args.batches_profiled} batches)")
+                log(prof.key_averages().table(sort_by="cuda_time_total", row_limit=25,
+                                              max_name_column_width=70))  # fmt: skip
+        HPS(ps).close()
+    (args.out / "ranking_kernel_profile.txt").write_text("\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,76 @@
+"""The zoo models (``hps prepare --zoo``: one per family of HugeCTR's samples) on the GPU
+pipeline: scores equal the NumPy path and the float64 reference of the tests, in FP32, and the
+NumPy path's TF32 / FP16 emulation within those precisions' rounding.
+
+DIN's Dice takes statistics over the samples of a batch, so its dense step runs eagerly on the
+real samples (no graph bucket padding); the others replay CUDA graphs.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+cupy = pytest.importorskip("cupy")
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "unit" / "infer"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "integration"))
+from ranking_reference import encode_hugectr, encode_samples  # noqa: E402
+from test_model_zoo import LABELS, ZooModel  # noqa: E402
+
+from hps_core.demo import ZOO_MODELS  # noqa: E402
+from hps_core.hps import HPS  # noqa: E402
+from hps_core.infer import RankingSession  # noqa: E402
+from hps_core.triton_repo import InstanceGroup, ServingOptions  # noqa: E402
+from triton_backend.ranking_contracts import HugeCTRContract, SamplesContract  # noqa: E402
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.fixture(scope="module")
+def repo(tmp_path_factory: pytest.TempPathFactory):
+    root = tmp_path_factory.mktemp("gpu_zoo")
+    options = ServingOptions(instances=(InstanceGroup(count=1, kind="KIND_GPU"),))
+    for write in ZOO_MODELS.values():
+        write(root, options)
+    yield root
+    HPS.close_all()
+
+
+@pytest.mark.parametrize("name", list(ZOO_MODELS))
+def test_zoo_model_on_the_gpu_equals_numpy_and_the_reference(repo: Path, name: str) -> None:
+    model = ZooModel(repo, name)
+    ps = repo / name / "ps.json"
+    gpu = RankingSession.open(ps, name, device_id=0)
+    cpu = RankingSession.open(ps, name)
+    assert gpu.pipeline is not None
+    rng = np.random.default_rng(41)
+    for batch, contract in ((1, HugeCTRContract), (64, SamplesContract), (200, HugeCTRContract)):
+        dense, keys = model.samples(rng, batch)
+        encode = encode_hugectr if contract is HugeCTRContract else encode_samples
+        parsed = contract(gpu.layout).parse(*encode(dense, keys))
+        got = gpu.predict(parsed)
+        assert got.shape == (batch, LABELS.get(name, 1))
+        np.testing.assert_allclose(got, cpu.predict(parsed), rtol=1e-5, atol=1e-6)
+        model.check(got, dense, keys)
+
+
+@pytest.mark.parametrize("precision", ["tf32", "fp16"])
+@pytest.mark.parametrize("name", list(ZOO_MODELS))
+def test_zoo_model_in_reduced_precision_agrees_with_numpy(
+    repo: Path, name: str, precision: str
+) -> None:
+    model = ZooModel(repo, name)
+    ps = repo / name / "ps.json"
+    gpu = RankingSession.open(ps, name, device_id=0, precision=precision)
+    cpu = RankingSession.open(ps, name, precision=precision)
+    rng = np.random.default_rng(43)
+    dense, keys = model.samples(rng, 64)
+    parsed = HugeCTRContract(gpu.layout).parse(*encode_hugectr(dense, keys))
+    # On probabilities: each side within ~1e-4 (TF32) or ~1e-3 (FP16) of float64; cuBLAS and
+    # the NumPy emulation round in different places (as tests/gpu/pipeline's other models).
+    tolerance = 1e-3 if precision == "tf32" else 5e-3
+    np.testing.assert_allclose(gpu.predict(parsed), cpu.predict(parsed), atol=tolerance)
