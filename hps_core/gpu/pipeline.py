@@ -345,9 +345,10 @@ class GpuRankingPipeline:
             )
         return self._copy_pool
 
-    def _run(self, bucket: _Bucket) -> None:
+    def _run(self, bucket: _Bucket, dense: bool = True) -> None:
         """Lookup and insert on the cache stream, the dense network and the download on the
-        main stream after the lookup (see the module docstring)."""
+        main stream after the lookup (see the module docstring); ``dense=False``: the lookup
+        and insert only."""
         main, cache = self._stream, self._cache_stream
         self._uploaded.record(main)
         with cache, self.bank.section():
@@ -361,6 +362,8 @@ class GpuRankingPipeline:
                 self._looked_up.record(cache)
                 self._insert(bucket)
         main.wait_event(self._looked_up)
+        if not dense:
+            return
         with main:
             if bucket.graphs is not None and bucket.graphs[2] is not None:
                 bucket.graphs[2].launch(main)
@@ -530,8 +533,8 @@ class GpuRankingPipeline:
     def _record(self, bucket: _Bucket) -> None:
         """Run the bucket once eagerly (compiles kernels, fills its memory pool), then record
         its three graphs (no dense one for a batch-dependent network, whose dense step runs
-        eagerly on the real samples)."""
-        self._run(bucket)
+        eagerly on the real samples: there are none yet)."""
+        self._run(bucket, dense=not self.executor.batch_dependent)
         self._stream.synchronize()
         self._cache_stream.synchronize()
         bucket.scores = None
