@@ -230,20 +230,33 @@ def _consumed_bottoms(layer: LayerSpec, problems: list[Problem]) -> tuple[str, .
         return layer.bottoms
 
 
+_EMBEDDING_COLLECTION_HINT = (
+    "; sparse input {} feeds no embedding layer: if an EmbeddingCollection produced this "
+    "tensor, HugeCTR's graph_to_json leaves it out of the file (it writes SparseEmbedding "
+    "layers only), so add a LocalizedSlotSparseEmbeddingHash layer over that input with this "
+    "top and serve its tables as ps.json sparse files"
+)
+
+
 def _check_bottoms(
     spec: NetworkSpec,
     producers: Mapping[str, int | str],
     consumed: Sequence[tuple[str, ...]],
     problems: list[Problem],
 ) -> None:
+    embedded = {b for layer in spec.layers if layer.type in EMBEDDING_TYPES for b in layer.bottoms}
+    unread = [sparse.name for sparse in spec.data.sparse if sparse.name not in embedded]
     for layer, reads in zip(spec.layers, consumed, strict=True):
         embedding = layer.type in EMBEDDING_TYPES
         for bottom in layer.bottoms:
             kind = producers.get(bottom)
             if kind is None:
-                problems.append(
-                    Problem(layer.where("bottom"), f"no layer or input produces '{bottom}'")
-                )
+                message = f"no layer or input produces '{bottom}'"
+                if unread and not embedding:
+                    message += _EMBEDDING_COLLECTION_HINT.format(
+                        ", ".join(f"'{n}'" for n in unread)
+                    )
+                problems.append(Problem(layer.where("bottom"), message))
             elif embedding and kind != "sparse":
                 problems.append(
                     Problem(layer.where("bottom"), f"'{bottom}' is not a sparse input of Data")

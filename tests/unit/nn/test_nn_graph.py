@@ -94,7 +94,10 @@ def test_unused_branch_is_marked():
             ],
             ["'n'.name: layer name 'n' is also used at line 25"],
         ),
-        ([{"type": "ReLU", "bottom": "nothing", "top": "a"}], ["no layer or input produces"]),
+        (
+            [{"type": "ReLU", "bottom": "nothing", "top": "a"}],
+            ["no layer or input produces 'nothing'; sparse input 'keys' feeds no embedding"],
+        ),
         ([{"type": "ReLU", "bottom": "label", "top": "a"}], ["reads the label 'label'"]),
         ([{"type": "ReLU", "bottom": "keys", "top": "a"}], ["can only feed an embedding layer"]),
         (
