@@ -208,6 +208,15 @@ class Collector:
             return None
         return value
 
+    def secret(self, value: Any, where: str) -> str | None:
+        """Accept a JSON string that is a secret (a password): a message about a wrong value
+        says what kind of value it is, never the value."""
+        if not isinstance(value, str):
+            kind = "null" if value is None else type(value).__name__.replace("dict", "object")
+            self.add(where, f"expected a string, found a value of type {kind} (not shown)")
+            return None
+        return value
+
     def path(self, value: Any, where: str) -> Path | None:
         """Accept a local file path; a relative one is resolved against ``base_dir``."""
         text = self.string(value, where, nonempty=True)

@@ -82,7 +82,7 @@ def volatile_db(c: Collector, value: Any, where: str) -> VolatileDBConfig | None
             "type": partial(c.choice, names=DATABASE_TYPE_NAMES, allowed=VOLATILE_DATABASE_TYPES),
             "address": partial(c.string, nonempty=True),
             "user_name": c.string,
-            "password": c.string,
+            "password": c.secret,
             "num_partitions": c.int_in(),
             "allocation_rate": c.int_in(),
             "shared_memory_size": c.int_in(),

@@ -217,7 +217,7 @@ class VolatileDBConfig:
     type: DatabaseType = DatabaseType.PARALLEL_HASH_MAP
     address: str = "127.0.0.1:7000"
     user_name: str = "default"
-    password: str = ""
+    password: str = field(default="", repr=False)  # a secret: kept out of logs and messages
     num_partitions: int | None = None
     allocation_rate: int = 256 * 1024**2
     shared_memory_size: int = 16 * 1024**3
