@@ -15,6 +15,7 @@ from pathlib import Path
 from types import FrameType
 
 from hps_core.server.process import DEFAULT_EXIT_TIMEOUT_S, ServerStartError, TritonServer
+from hps_core.server.stub_watchdog import CONTROL_OPTIONS
 from hps_core.tiers.shm_segment import remove_stale_segments
 
 # The repository root when this package is used from a checkout (editable install).
@@ -71,6 +72,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="give up if not ready by then (default: wait while the server runs)",
     )
     parser.add_argument(
+        "--no-stub-watchdog",
+        dest="stub_watchdog",
+        action="store_false",
+        help="do not reload a model whose Python stub process died (the watchdog is on by "
+        "default, and off when model-control options are passed to tritonserver)",
+    )
+    parser.add_argument(
         "tritonserver_args",
         nargs=argparse.REMAINDER,
         metavar="TRITONSERVER_ARGS",
@@ -106,6 +114,8 @@ def run(args: argparse.Namespace) -> int:
     extra = list(args.tritonserver_args)
     if extra[:1] == ["--"]:
         extra = extra[1:]
+    # A user who controls models (explicit mode, restricted APIs) keeps that control.
+    watchdog = args.stub_watchdog and not any(a.startswith(CONTROL_OPTIONS) for a in extra)
     server = TritonServer(
         model_repository=args.model_repository or default_model_repository(),
         host=args.host,
@@ -119,6 +129,7 @@ def run(args: argparse.Namespace) -> int:
         # Host-tier segments whose users all died with the server (kill -9) go now, not at
         # the next start.
         on_stopped=[lambda _: remove_stale_segments()],
+        stub_watchdog=watchdog,
     )
     with _stop_signals_raise():
         try:

@@ -30,6 +30,7 @@ from hps_core.cache.ipc_files import remove_cuda_event_files
 from hps_core.errors import HPSError
 from hps_core.server.install import TritonInstallation, find_triton, prepend_paths
 from hps_core.server.ports import listening_ports, pick_free_ports
+from hps_core.server.stub_watchdog import CONTROL_OPTIONS, StubWatchdog, control_args, new_token
 
 # Options the launcher sets itself; passing them in extra_args would contradict its state.
 MANAGED_OPTIONS = (
@@ -105,6 +106,10 @@ class TritonServer:
         installation: the Triton to run; found with :func:`find_triton` when ``None``.
         on_stopped: callbacks run with this server after its processes are gone (e.g. to
             release shared memory the models created).
+        stub_watchdog: reload a model when one of its Python stub processes dies
+            (:mod:`~hps_core.server.stub_watchdog`; Triton 2.51 does not restart it). Runs the
+            server in explicit model-control mode with every model loaded at start and the
+            model-repository API closed to clients.
 
     Example:
         >>> with TritonServer("model_repository") as server:  # doctest: +SKIP
@@ -126,7 +131,10 @@ class TritonServer:
     stop_timeout_s: float = 30.0
     installation: TritonInstallation | None = None
     on_stopped: list[Callable[[TritonServer], None]] = field(default_factory=list)
+    stub_watchdog: bool = False
 
+    _watchdog: StubWatchdog | None = field(default=None, init=False, repr=False)
+    _control_token: str = field(default="", init=False, repr=False)
     _process: subprocess.Popen[bytes] | None = field(default=None, init=False, repr=False)
     _ports: ServerPorts | None = field(default=None, init=False, repr=False)
     _log_path: Path | None = field(default=None, init=False, repr=False)
@@ -164,6 +172,11 @@ class TritonServer:
             self._launch(installation, repository.resolve())
             try:
                 self._wait_until_ready()
+                if self.stub_watchdog:
+                    assert self._process is not None
+                    self._watchdog = StubWatchdog(
+                        self._process.pid, self.http_url, self._control_token
+                    ).start()
                 return self
             except ServerStartError as exc:
                 self.stop()
@@ -184,6 +197,9 @@ class TritonServer:
         Returns:
             The server's exit code (negative: killed by that signal); ``None`` if never started.
         """
+        if self._watchdog is not None:  # first: the stubs are about to exit on purpose
+            self._watchdog.stop()
+            self._watchdog = None
         proc = self._process
         if proc is None:
             return self._returncode
@@ -281,7 +297,10 @@ class TritonServer:
     @property
     def command(self) -> tuple[str, ...]:
         """The argv of the last launch."""
-        return self._command
+        if not self._control_token:
+            return self._command
+        # The model-control token stays out of anything that prints the command.
+        return tuple(arg.replace(self._control_token, "***") for arg in self._command)
 
     def log_tail(self, lines: int = LOG_TAIL_LINES) -> str:
         """Return the last ``lines`` lines of the server log ('' when logging to stdout)."""
@@ -312,6 +331,14 @@ class TritonServer:
                         f"TritonServer.extra_args: {option} is set by the launcher "
                         "(use the TritonServer field instead)"
                     )
+        if self.stub_watchdog:
+            for arg in self.extra_args:
+                for option in CONTROL_OPTIONS:
+                    if arg == option or arg.startswith(option + "="):
+                        raise ServerError(
+                            f"TritonServer.extra_args: {option} is set by the stub watchdog "
+                            "(turn stub_watchdog off to control models yourself)"
+                        )
         if _disabled(self.extra_args, "--allow-http"):
             raise ServerError(
                 "TritonServer.extra_args: --allow-http must stay on, readiness is checked on it"
@@ -338,6 +365,9 @@ class TritonServer:
             # killed stub leaves in /dev/shm can be removed without touching other servers'.
             self._shm_prefix = f"triton_python_backend_shm_region_hps{secrets.token_hex(6)}_"
             args.append(f"--backend-config=python,shm-region-prefix-name={self._shm_prefix}")
+        if self.stub_watchdog:
+            self._control_token = new_token()
+            args.extend(control_args(self._control_token))
         args.extend(self.extra_args)
         self._command = tuple(args)
 

@@ -1,0 +1,182 @@
+"""Bring a served model back when one of its Python stub processes dies.
+
+Each instance of a Python-backend model runs in a stub process of its own. When one dies
+(``kill -9``, the OOM killer), Triton 2.51 does not start it again: every request routed to
+that instance fails with "Stub process '<model>_<i>' is not healthy" while the model still
+reports ready, and the server cannot unload it at exit. (HugeCTR's backend runs inside the
+server process, so there a crash takes the whole server down instead.)
+
+The watchdog looks at the server's stub processes twice a second; when one that served a model
+is gone while the server is ready, it reloads that model through Triton's model-control API:
+new stubs start, requests go to them as soon as the load returns (about 2 s for the demo
+models on the CPU machine). The old version is not released: when the stub died during a
+request, Triton 2.51 never finishes unloading that version, so its other stubs stay until the
+server stops (which then takes its exit timeout; ``TritonServer.stop`` ends what is left and
+removes the shared memory). This needs
+``--model-control-mode=explicit --load-model=*`` (every model loaded at start, as without
+model control) and the model-repository API restricted to requests that carry a header with a
+token drawn per server start (:func:`control_args`), so clients still cannot load or unload
+models: model control stays off for them.
+
+Example:
+    >>> token = new_token()  # doctest: +SKIP
+    >>> args = control_args(token)  # tritonserver options
+    >>> watchdog = StubWatchdog(server_pid, "http://127.0.0.1:8000", token).start()
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+logger = logging.getLogger("hps_core")
+
+HEADER = "hps-model-control"
+"""Header that must carry the token for Triton's model-repository API."""
+
+STUB_EXECUTABLE = "triton_python_backend_stub"
+CONTROL_OPTIONS = (
+    "--model-control-mode",
+    "--load-model",
+    "--http-restricted-api",
+    "--grpc-restricted-protocol",
+)
+"""tritonserver options the watchdog sets; a server running it must not get them elsewhere."""
+
+_LOAD_TIMEOUT_S = 300.0
+
+
+def new_token() -> str:
+    """A fresh model-control token (never logged)."""
+    return secrets.token_hex(16)
+
+
+def control_args(token: str) -> list[str]:
+    """tritonserver options: every model loaded at start, model control only with ``token``."""
+    restricted = f"model-repository:{HEADER}={token}"
+    return [
+        "--model-control-mode=explicit",
+        "--load-model=*",
+        f"--http-restricted-api={restricted}",
+        f"--grpc-restricted-protocol={restricted}",
+    ]
+
+
+def stub_processes(server_pid: int) -> dict[int, str]:
+    """The Python stub processes of a server: pid -> the model it serves.
+
+    A stub is a child of the server whose command is ``triton_python_backend_stub
+    <repository>/<model>/<version>/model.py ...``.
+
+    Args:
+        server_pid: the tritonserver process.
+
+    Returns:
+        One entry per stub alive now.
+    """
+    stubs: dict[int, str] = {}
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/stat", "rb") as f:
+                stat = f.read().decode(errors="replace")
+            # Field 4 is the parent pid; the command name in field 2 may hold spaces.
+            if int(stat.rsplit(")", 1)[1].split()[1]) != server_pid:
+                continue
+            with open(f"/proc/{entry.name}/cmdline", "rb") as f:
+                argv = f.read().decode(errors="replace").split("\0")
+        except (OSError, ValueError, IndexError):
+            continue  # exited meanwhile, or not readable
+        if len(argv) > 1 and Path(argv[0]).name == STUB_EXECUTABLE:
+            stubs[int(entry.name)] = Path(argv[1]).parent.parent.name
+    return stubs
+
+
+class StubWatchdog:
+    """Reloads a model when one of its stub processes dies (see the module docstring).
+
+    Args:
+        server_pid: the tritonserver process, started with :func:`control_args`.
+        http_url: its HTTP endpoint, e.g. ``http://127.0.0.1:8000``.
+        token: the token given to :func:`control_args`.
+        interval_s: seconds between two looks at the stub processes.
+    """
+
+    def __init__(self, server_pid: int, http_url: str, token: str, interval_s: float = 0.5) -> None:
+        self.server_pid = server_pid
+        self.http_url = http_url.rstrip("/")
+        self._token = token
+        self.interval_s = interval_s
+        self.reloads: list[str] = []
+        """Models reloaded so far, in order."""
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> StubWatchdog:
+        """Start watching (a daemon thread); returns ``self``."""
+        self._thread = threading.Thread(target=self._run, name="hps-stub-watchdog", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Stop watching; waits for a reload in progress. Safe to call more than once."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+
+    def _run(self) -> None:
+        known = stub_processes(self.server_pid)
+        retired: set[int] = set()  # stubs of an old version, expected to exit after a reload
+        while not self._stop.wait(self.interval_s):
+            current = stub_processes(self.server_pid)
+            lost = {
+                model for pid, model in known.items() if pid not in current and pid not in retired
+            }
+            if lost and self._server_ready():
+                for model in sorted(lost):
+                    dead = sorted(p for p, m in known.items() if m == model and p not in current)
+                    logger.warning(
+                        "model '%s': stub process %s exited; reloading the model", model,
+                        ", ".join(map(str, dead)),
+                    )  # fmt: skip
+                    retired |= {p for p, m in current.items() if m == model}
+                    self._reload(model)
+                current = stub_processes(self.server_pid)
+            retired &= set(current)
+            known = current
+
+    def _server_ready(self) -> bool:
+        """The server answers ready (not shutting down: then its stubs exit on purpose)."""
+        try:
+            with urllib.request.urlopen(f"{self.http_url}/v2/health/ready", timeout=5) as reply:
+                return reply.status == 200
+        except (OSError, urllib.error.URLError):
+            return False
+
+    def _reload(self, model: str) -> None:
+        request = urllib.request.Request(
+            f"{self.http_url}/v2/repository/models/{model}/load",
+            data=b"{}",
+            method="POST",
+            headers={HEADER: self._token, "Content-Type": "application/json"},
+        )
+        started = time.perf_counter()
+        try:
+            with urllib.request.urlopen(request, timeout=_LOAD_TIMEOUT_S):
+                pass
+        except (OSError, urllib.error.URLError) as exc:
+            logger.error("model '%s': reload after a stub exit failed: %s", model, exc)
+            return
+        self.reloads.append(model)
+        logger.warning(
+            "model '%s': reloaded in %.1f s after a stub exit", model,
+            time.perf_counter() - started,
+        )  # fmt: skip

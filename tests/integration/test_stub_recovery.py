@@ -1,0 +1,137 @@
+"""A Python stub killed under load comes back: the stub watchdog reloads its model.
+
+Triton 2.51 does not restart a dead stub: without the watchdog, the requests routed to the
+dead instance fail for as long as the server runs. With it (``hps serve``'s default), the
+model is reloaded within seconds, good requests are answered correctly again, clients still
+cannot load or unload models, and no process or ``/dev/shm`` entry is left after the server
+stops.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+from tritonclient.utils import InferenceServerException
+
+from hps_core.demo import DEMO_MODELS
+from hps_core.server.stub_watchdog import stub_processes
+from hps_core.tiers.shm_segment import remove_stale_segments
+from hps_core.triton_repo import InstanceGroup, ServingOptions
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit" / "infer"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from ranking_reference import encode_hugectr
+from test_ranking_models import Model
+
+pytestmark = pytest.mark.integration
+
+NAME = "dcn"
+RECOVERY_S = 20.0
+
+
+def infer(client, model: Model, rng: np.random.Generator) -> None:
+    dense, keys = model.samples(rng, 4)
+    inputs = []
+    for name, array, kind in zip(
+        ("DES", "CATCOLUMN", "ROWINDEX"), encode_hugectr(dense, keys), ("FP32", "INT64", "INT32"),
+        strict=True,
+    ):  # fmt: skip
+        tensor = grpcclient.InferInput(name, list(array.shape), kind)
+        tensor.set_data_from_numpy(array)
+        inputs.append(tensor)
+    got = client.infer(NAME, inputs).as_numpy("OUTPUT0")
+    model.check(got.reshape(-1, 1), dense, keys)
+
+
+def test_a_killed_stub_is_replaced_and_the_model_serves_again(
+    module_triton_server, tmp_path: Path
+) -> None:
+    repo = tmp_path / "repo"
+    DEMO_MODELS[NAME](repo, ServingOptions(instances=(InstanceGroup(count=2),)))
+    shm_before = set(os.listdir("/dev/shm"))
+    # As hps serve runs it: the watchdog on, and host-tier segments whose users all died (the
+    # lingering stub is killed at stop) removed once the server is gone.
+    server = module_triton_server(
+        repo, startup_timeout_s=180, stub_watchdog=True,
+        on_stopped=[lambda _: remove_stale_segments()],
+    )  # fmt: skip
+    client = grpcclient.InferenceServerClient(server.grpc_url.split("//")[-1])
+    model = Model(repo, NAME)
+    rng = np.random.default_rng(5)
+    for _ in range(4):
+        infer(client, model, rng)
+
+    # Clients cannot use model control; its token is not in the command anyone may print.
+    command = " ".join(server.command)
+    assert "--model-control-mode=explicit" in command and "***" in command
+    assert server._control_token not in command
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(
+            urllib.request.Request(
+                f"{server.http_url}/v2/repository/models/{NAME}/unload", data=b"{}",
+                method="POST",
+            ),
+            timeout=10,
+        )  # fmt: skip
+    assert refused.value.code == 403
+    with pytest.raises(InferenceServerException):
+        client.unload_model(NAME)
+
+    # Load from two client threads while one of the model's stubs is killed.
+    stubs = [pid for pid, name in stub_processes(server.pid).items() if name == NAME]
+    assert len(stubs) == 2
+    failures: list[str] = []
+    done = threading.Event()
+
+    def load() -> None:
+        own = np.random.default_rng(threading.get_ident() % 2**32)
+        while not done.is_set():
+            try:
+                infer(client, model, own)
+            except InferenceServerException as exc:
+                failures.append(str(exc))
+
+    workers = [threading.Thread(target=load) for _ in range(2)]
+    for worker in workers:
+        worker.start()
+    time.sleep(0.5)
+    os.kill(stubs[0], signal.SIGKILL)
+    killed = time.monotonic()
+    recovered = None
+    while time.monotonic() - killed < RECOVERY_S:
+        try:
+            for _ in range(10):
+                infer(client, model, rng)
+        except InferenceServerException:
+            time.sleep(0.1)
+            continue
+        if server._watchdog is not None and server._watchdog.reloads:
+            recovered = time.monotonic() - killed
+            break
+    done.set()
+    for worker in workers:
+        worker.join()
+    assert recovered is not None, f"not serving {RECOVERY_S} s after the kill: {failures[-3:]}"
+    assert server._watchdog.reloads == [NAME]
+    assert all("not healthy" in f or "unavailable" in f.lower() for f in failures), failures[:3]
+    # Two new stubs serve the model; the old version's surviving stub stays until shutdown
+    # (Triton 2.51 never finishes unloading a version whose stub died mid-request).
+    current = [pid for pid, name in stub_processes(server.pid).items() if name == NAME]
+    assert len(set(current) - set(stubs)) == 2 and stubs[0] not in current, (stubs, current)
+    for _ in range(20):  # every instance answers again
+        infer(client, model, rng)
+    print(f"\nrecovered {recovered:.1f} s after kill -9; {len(failures)} requests failed meanwhile")
+
+    server.stop()
+    assert not stub_processes(server.pid)
+    assert set(os.listdir("/dev/shm")) <= shm_before
