@@ -8,7 +8,8 @@ measures each model, protocol and concurrency:
 - ``<ranking>_samples`` (e.g. ``dlrm_samples``): one request = ``--samples-per-request``
   one-hot samples (13 dense features, one key per slot), ``-b N``.
 
-Prints a table; writes ``serve_perf.csv`` and the raw perf_analyzer output to ``--out``.
+Prints a table; writes ``serve_perf.csv``, the raw perf_analyzer output and, for more than two
+concurrency levels, a plot of throughput against concurrency (``serve_perf.png``) to ``--out``.
 
 Usage:
     python benchmarks/serve_perf.py                        # hps_embedding, gRPC+HTTP, conc. 1, 8
@@ -136,6 +137,33 @@ def main() -> None:
             )
     (out / "serve_perf.log").write_text("\n".join(logs))
     print(f"wrote {out / 'serve_perf.csv'}")
+    if len(levels) > 2:
+        plot(results, out / "serve_perf.png", args.samples_per_request)
+
+
+def plot(results: list, path: Path, samples: int) -> None:
+    """Throughput against concurrency, one line per model and protocol (needs matplotlib)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return
+    fig, ax = plt.subplots(figsize=(6.5, 4.5))
+    lines: dict[str, list[tuple[int, float]]] = {}
+    for model, _, r in results:
+        lines.setdefault(f"{model} ({r.protocol})", []).append((r.concurrency, r.throughput))
+    for label, points in sorted(lines.items()):
+        xs, ys = zip(*sorted(points), strict=True)
+        ax.plot(xs, ys, marker="o", label=label)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("concurrent requests (perf_analyzer --concurrency-range)")
+    ax.set_ylabel(f"inferences/s (_samples models: samples/s, {samples} per request)")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    print(f"wrote {path}")
 
 
 if __name__ == "__main__":
