@@ -10,7 +10,8 @@ perf_analyzer exit non-zero, which the table reports). Every ``--sample-s`` seco
 records the resident memory of the server and of its stub processes, their open file
 descriptors and the entries and bytes of ``/dev/shm``; the table compares the first sample
 after ``--warmup-s`` with the last. After the server stops it checks that no process and no
-new ``/dev/shm`` entry is left. Writes ``soak_samples.csv`` and ``soak_summary.csv``.
+new ``/dev/shm`` entry is left. Writes ``soak_samples.csv``, ``soak_summary.csv`` and each
+perf_analyzer's output.
 
 Usage:
     python benchmarks/soak.py --minutes 10 --concurrency 16,64 --out bench_results/soak
@@ -147,7 +148,9 @@ class Sampler(threading.Thread):
         self.join()
 
 
-def soak(pa, server, model: str, data: Path, batch: int, level: int, minutes: float) -> dict:
+def soak(
+    pa, server, model: str, data: Path, batch: int, level: int, minutes: float, out: Path
+) -> dict:
     window_ms = int(minutes * 60_000 / 3)
     args = pa.command(
         "-m", model, "-u", server.grpc_url.split("//")[-1], "-i", "grpc", "--input-data",
@@ -156,14 +159,15 @@ def soak(pa, server, model: str, data: Path, batch: int, level: int, minutes: fl
         "--max-trials", "3", "--percentile", "99",
     )  # fmt: skip
     done = subprocess.run(args, env=dict(pa.env), capture_output=True, text=True)
-    out = done.stdout + done.stderr
-    line = next((x for x in out.splitlines() if "Throughput:" in x), "")
-    p99 = next((x for x in out.splitlines() if "p99 latency:" in x), "")
+    text = done.stdout + done.stderr
+    (out / f"perf_analyzer_{model}_c{level}.log").write_text(text)
+    line = next((x for x in text.splitlines() if "Throughput:" in x), "")
+    p99 = next((x for x in text.splitlines() if "p99 latency:" in x), "")
     return {
         "model": model, "concurrency": level, "exit": done.returncode,
         "throughput": line.split("Throughput:")[-1].strip(),
         "p99": p99.split("p99 latency:")[-1].strip(),
-        "errors": sum("error" in x.lower() for x in out.splitlines()),
+        "errors": sum("error" in x.lower() for x in text.splitlines()),
     }  # fmt: skip
 
 
@@ -173,7 +177,7 @@ def soak_level(pa, server, inputs: dict[str, Path], level: int, args) -> list[di
 
     def one(model: str, data: Path) -> None:
         batch = args.samples_per_request if model.endswith("_samples") else 1
-        results.append(soak(pa, server, model, data, batch, level, args.minutes))
+        results.append(soak(pa, server, model, data, batch, level, args.minutes, args.out))
 
     threads = [threading.Thread(target=one, args=item) for item in inputs.items()]
     for t in threads:
@@ -187,6 +191,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--minutes", type=float, default=10.0, help="per concurrency level")
     parser.add_argument("--concurrency", default="16,64")
+    parser.add_argument("--models", default="", help="comma-separated subset (default: all)")
     parser.add_argument("--kind", default="KIND_CPU", choices=("KIND_CPU", "KIND_GPU"))
     parser.add_argument("--samples-per-request", type=int, default=16)
     parser.add_argument("--alpha", type=float, default=1.05)
@@ -204,6 +209,8 @@ def main() -> None:
         for write in DEMO_MODELS.values():
             write(repo, options)
         inputs = write_inputs(repo, Path(tmp), args.samples_per_request, args.alpha)
+        if args.models:
+            inputs = {m: inputs[m] for m in args.models.split(",")}
         server = TritonServer(repo, startup_timeout_s=300, log_file=Path(tmp) / "server.log")
         server.start()
         sampler = Sampler(server.pid, args.sample_s)
