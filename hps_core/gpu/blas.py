@@ -26,7 +26,8 @@ from __future__ import annotations
 
 import ctypes
 import threading
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import cupy
 import numpy as np
@@ -61,6 +62,8 @@ def _loaded_library(stem: str) -> ctypes.CDLL:
     except OSError as exc:
         raise NotAvailableError(f"{stem} is not loadable: {exc}") from exc
 
+
+T = TypeVar("T")
 
 _lib: ctypes.CDLL | None = None
 _lib_lock = threading.Lock()
@@ -119,14 +122,20 @@ class _Handle:
             self.stream = stream_ptr
 
 
-def _handle() -> _Handle:
+def per_thread_and_device(local: threading.local, make: Callable[[int], T]) -> T:
+    """The object ``make(device_id)`` built once per thread (``local``) and current device:
+    library handles are not thread-safe, and each belongs to one device."""
     device_id = cupy.cuda.Device().id
-    handles = getattr(_local, "handles", None)
-    if handles is None:
-        handles = _local.handles = {}
-    handle = handles.get(device_id)
-    if handle is None:
-        handle = handles[device_id] = _Handle(device_id)
+    made = getattr(local, "per_device", None)
+    if made is None:
+        made = local.per_device = {}
+    if device_id not in made:
+        made[device_id] = make(device_id)
+    return made[device_id]
+
+
+def _handle() -> _Handle:
+    handle = per_thread_and_device(_local, _Handle)
     handle.bind(cupy.cuda.get_current_stream().ptr)
     return handle
 

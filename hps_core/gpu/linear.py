@@ -183,14 +183,7 @@ def _set_bias(lib: ctypes.CDLL, desc: ctypes.c_void_p, bias_ptr: int) -> None:
 
 
 def _handle() -> _Handle:
-    device_id = cupy.cuda.Device().id
-    handles = getattr(_local, "handles", None)
-    if handles is None:
-        handles = _local.handles = {}
-    handle = handles.get(device_id)
-    if handle is None:
-        handle = handles[device_id] = _Handle(device_id)
-    return handle
+    return blas.per_thread_and_device(_local, _Handle)
 
 
 def _alignment(ptr: int) -> int:
