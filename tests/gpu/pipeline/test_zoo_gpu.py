@@ -27,8 +27,6 @@ from hps_core.infer import RankingSession  # noqa: E402
 from hps_core.triton_repo import InstanceGroup, ServingOptions  # noqa: E402
 from triton_backend.ranking_contracts import HugeCTRContract, SamplesContract  # noqa: E402
 
-pytestmark = pytest.mark.gpu
-
 
 @pytest.fixture(scope="module")
 def repo(tmp_path_factory: pytest.TempPathFactory):
