@@ -5,7 +5,8 @@
 well as PyTorch's, so one run shows both systems' kernels by name. Same model, batches and
 peer as ``ranking_vs_pytorch.py`` (one-hot Zipf keys on the host, ``gpucacheper`` ``--cache``
 after warm-up); per (precision, batch): the host time of staging and copying the batch, the
-median ``predict``, then the kernel table of ``--batches-profiled`` predictions and of as many
+median ``predict`` (and with ``--staging-threads``, with each number of threads filling the
+staging buffer), then the kernel table of ``--batches-profiled`` predictions and of as many
 peer calls.
 
 Usage:
@@ -21,6 +22,7 @@ import statistics
 import time
 from pathlib import Path
 
+import cupy
 import numpy as np
 import torch
 from ranking_vs_pytorch import PeerRunner, make_batch, variant
@@ -28,11 +30,29 @@ from torch.profiler import ProfilerActivity, profile
 from torch_dlrm import torch_peer
 
 from hps_core.config import load_ps_config
+from hps_core.gpu import pipeline as gpu_pipeline
 from hps_core.gpu.staging import bucket_for
 from hps_core.hps import HPS
 from hps_core.infer import RankingSession
 
 WARMUP_BATCH = 16384
+
+
+VARIANTS = {
+    "insert 8 blocks/SM": {"_INSERT_BLOCKS_PER_SM": 8},
+    "insert 1 block/SM": {"_INSERT_BLOCKS_PER_SM": 1},
+}
+"""Settings of :mod:`hps_core.gpu.pipeline` timed beside the default (the median predict)."""
+
+
+def rebuild(pipe) -> None:
+    """Drop the pipeline's buckets (their graphs bake the settings in); the next predict of
+    each size records them again."""
+    pipe._stream.synchronize()
+    pipe._cache_stream.synchronize()
+    pipe._buckets.clear()
+    sms = cupy.cuda.Device().attributes["MultiProcessorCount"]
+    pipe._insert_blocks = sms * gpu_pipeline._INSERT_BLOCKS_PER_SM
 
 
 def main() -> None:
@@ -45,7 +65,14 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=40)
     parser.add_argument("--batches-profiled", type=int, default=2)
     parser.add_argument("--out", type=Path, default=Path("bench_results"))
+    parser.add_argument(
+        "--staging-threads", default="", help="also time predict with these thread counts"
+    )
+    parser.add_argument(
+        "--trace", action="store_true", help="write a Chrome trace (CPU and CUDA) per case"
+    )
     args = parser.parse_args()
+    activities = [ProfilerActivity.CUDA] + ([ProfilerActivity.CPU] if args.trace else [])
     args.out.mkdir(parents=True, exist_ok=True)
     config = load_ps_config(args.ps_json).models[0]
     name = config.name
@@ -88,15 +115,49 @@ def main() -> None:
             whole_ms = 1e3 * statistics.median(whole)
             log(f"{precision} {batch}: staging + copy {staging_ms:.3f} ms, predict "
                 f"{whole_ms:.3f} ms (medians of {len(inputs)})")  # fmt: skip
+            default_threads = gpu_pipeline._STAGING_THREADS
+            for threads in (int(t) for t in args.staging_threads.split(",") if t):
+                gpu_pipeline._STAGING_THREADS = threads
+                if pipe._copy_pool is not None:
+                    pipe._copy_pool.shutdown()
+                    pipe._copy_pool = None
+                times = []
+                for _, _, sparse in inputs * 2:
+                    started = time.perf_counter()
+                    session.predict(sparse)
+                    times.append(time.perf_counter() - started)
+                log(f"  {threads} staging threads: predict "
+                    f"{1e3 * statistics.median(times):.3f} ms")  # fmt: skip
+            gpu_pipeline._STAGING_THREADS = default_threads
+            rebuild(pipe)
+            for label, settings in VARIANTS.items():
+                saved = {k: getattr(gpu_pipeline, k) for k in settings}
+                for key, value in settings.items():
+                    setattr(gpu_pipeline, key, value)
+                rebuild(pipe)
+                for _, _, sparse in inputs[:2]:
+                    session.predict(sparse)  # records the bucket's graphs again
+                times = []
+                for _, _, sparse in inputs * 2:
+                    started = time.perf_counter()
+                    session.predict(sparse)
+                    times.append(time.perf_counter() - started)
+                log(f"  {label}: predict {1e3 * statistics.median(times):.3f} ms")
+                for key, value in saved.items():
+                    setattr(gpu_pipeline, key, value)
+                rebuild(pipe)
             for who in ("hps-triton", "pytorch"):
                 torch.cuda.synchronize()
-                with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                with profile(activities=activities) as prof:
                     for dense, keys, sparse in inputs[: args.batches_profiled]:
                         if who == "hps-triton":
                             session.predict(sparse)
                         else:
                             peer(dense, keys)
                     torch.cuda.synchronize()
+                if args.trace:
+                    trace = args.out / f"trace_{who}_{precision}_{batch}.json"
+                    prof.export_chrome_trace(str(trace))
                 log(f"==== {who} {precision} batch {batch} ({args.batches_profiled} batches)")
                 log(prof.key_averages().table(sort_by="cuda_time_total", row_limit=25,
                                               max_name_column_width=70))  # fmt: skip

@@ -20,6 +20,10 @@ Also, for the first cache setting and for the eager peer, the same batches alrea
 (``inputs`` = gpu: CuPy arrays handed to ``predict``, as HugeCTR's ``lookup_fromdlpack`` takes
 keys; torch tensors on the GPU for the peer), so no host copy is timed.
 
+Precisions (``--precisions``): ``fp32`` (large products as 3xTF32, see
+:mod:`hps_core.gpu.linear`), ``fp32-sgemm`` (every FP32 product on SGEMM), ``tf32``; the peer
+runs strict FP32 for both FP32 rows.
+
 Per (batch, precision): median over ``--runs`` calls on fresh batches; ms, samples/s, ratio
 to the eager peer (and to the peer given the same kind of inputs), key-occurrence and
 unique-key hit rate of the timed batches, GPU memory.
@@ -40,6 +44,7 @@ import argparse
 import csv
 import itertools
 import json
+import os
 import statistics
 import subprocess
 import time
@@ -173,24 +178,28 @@ def unique_hit_rate(session: RankingSession, keys: np.ndarray) -> float:
 
 
 def graph_times(session: RankingSession, sparse: SparseBatch) -> tuple[float, float, float]:
-    """GPU ms of the lookup, insert and dense graphs for this batch, run one after the other
-    on one stream (CUDA events; the batch's misses are inserted, as in predict())."""
+    """GPU ms of the lookup, insert and dense (with its dense-only prefix) graphs for this
+    batch, run one after the other on one stream (CUDA events; the batch's misses are
+    inserted, as in predict())."""
     pipe = session.pipeline
     from hps_core.gpu.staging import bucket_for
 
     bucket = pipe._bucket(bucket_for(sparse.batch_size))
     events = [cupy.cuda.Event() for _ in range(4)]
     stream = pipe._stream
-    lookup, insert, dense = bucket.graphs
+    graphs = bucket.graphs
     with cupy.cuda.Device(0), stream:
         pipe._stage_and_upload(bucket, sparse)
         events[0].record(stream)
         with pipe.bank.section():
-            lookup.launch(stream)
+            for lookup in graphs.lookups:
+                lookup.launch(stream)
             events[1].record(stream)
-            insert.launch(stream)
+            graphs.insert.launch(stream)
         events[2].record(stream)
-        dense.launch(stream)
+        if graphs.prefix is not None:
+            graphs.prefix.launch(stream)
+        graphs.dense.launch(stream)
         events[3].record(stream)
         events[3].synchronize()
     lookup_ms, insert_ms, dense_ms = (
@@ -252,6 +261,8 @@ def main() -> None:
     rng = np.random.default_rng(0)
     results = []
     for precision in args.precisions.split(","):
+        # "fp32-sgemm": FP32 with every product on SGEMM (no 3xTF32; hps_core.gpu.linear).
+        os.environ["HPS_FP32_GEMM"] = "sgemm" if precision == "fp32-sgemm" else "3xtf32"
         torch.backends.cuda.matmul.allow_tf32 = precision == "tf32"
         torch.backends.cudnn.allow_tf32 = precision == "tf32"
         peers = {"eager": PeerRunner(net, graphs=False), "graph": PeerRunner(net, graphs=True)}
@@ -278,7 +289,9 @@ def main() -> None:
             torch.cuda.empty_cache()
         for cache in args.caches.split(","):
             ps = variant(args.ps_json, cache)
-            session = RankingSession.open(ps, name, device_id=0, precision=precision)
+            session = RankingSession.open(
+                ps, name, device_id=0, precision=precision.removesuffix("-sgemm")
+            )
             started = time.perf_counter()
             for _ in range(args.warmup):
                 session.predict(make_batch(rng, rows, WARMUP_BATCH, args.alpha, dense_dim)[2])

@@ -18,6 +18,8 @@ import numpy as np
 
 from hps_core.gpu import kernels
 
+DENSE_TEMPLATES = ("interaction<float>", "interaction<unsigned short>")
+"""The template instantiations ``kernels/dense.cu`` is compiled with (one module for all)."""
 _INTERACTION_THREADS = 128
 _MAX_STATIC_SHARED = 48 * 1024
 
@@ -80,7 +82,7 @@ def interaction(mlp: Any, emb: Any, tf32: bool) -> Any:
         return out
     name = "interaction<float>" if mlp.dtype == np.float32 else "interaction<unsigned short>"
     device_id = cupy.cuda.Device().id
-    mod = kernels.module("dense", device_id, ("interaction<float>", "interaction<unsigned short>"))
+    mod = kernels.module("dense", device_id, DENSE_TEMPLATES)
     kernel = mod.get_function(name)
     item = mlp.itemsize
     kernel(

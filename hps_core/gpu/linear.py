@@ -9,6 +9,21 @@ the H200 (CUPTI kernel times, commit 4d347bb). In FP32 and TF32 the bias is adde
 float32 accumulator; FP16 kernels may round the product to half first, as that pass did.
 Split-K partial sums stay in float32 (the preference's reduction-scheme mask).
 
+**FP32 on tensor cores ("3xTF32").** A float32 product on CUDA cores (SGEMM) runs at about 70% of
+the H200's 67 TFLOP/s and was over half of a 65,536-sample MLPerf DLRM batch. On GPUs with TF32
+tensor cores (compute capability 8.0 and newer) a large FP32 product instead splits both
+operands into TF32 parts, ``x = hi + lo`` with ``hi`` TF32-rounded and ``lo`` the TF32-rounded
+rest (``kernels/dense.cu``: ``split_tf32``), and sums three TF32 products in float32:
+``lo(x) hi(W) + hi(x) lo(W)`` (one call, the two stacked along the inner dimension), then
+``hi(x) hi(W)`` with the epilogue. Only ``lo(x) lo(W)`` (about 2^-22 of each term) is dropped,
+so each term is within 3 * 2^-22 of itself; against a float64 product the result's relative
+L2 error measured 0.8e-6 (K = 479) to 1.7e-6 (K = 1,024) on the H200, where SGEMM's is 0.3e-6 to
+0.4e-6 and one TF32 product's 2e-4 (``benchmarks/fp32_gemm_modes.py``): float32-class, not
+bit-for-bit SGEMM. An input that is infinite or NaN keeps
+SGEMM's outcome: its ``hi`` carries it, and the correction products see a zero. Products
+below :data:`THREE_TF32_MIN_MACS` stay SGEMM; ``HPS_FP32_GEMM=sgemm`` in the environment keeps
+every FP32 product on SGEMM.
+
 Each distinct call shape gets a plan once per thread and device (descriptors and the algorithm
 cuBLASLt's heuristic ranks first for those shapes, alignments and this workspace); a call then
 sets the bias pointer and launches on the current CuPy stream, so it can be recorded in a CUDA
@@ -18,6 +33,8 @@ graph. Shapes no cuBLASLt algorithm supports fall back to the GEMM plus the sepa
 from __future__ import annotations
 
 import ctypes
+import functools
+import os
 import threading
 from dataclasses import dataclass
 from typing import Any
@@ -25,7 +42,7 @@ from typing import Any
 import cupy
 import numpy as np
 
-from hps_core.gpu import blas
+from hps_core.gpu import blas, dense_ops, kernels
 
 # cublasLt.h
 _DESC_TRANSA, _DESC_TRANSB, _DESC_EPILOGUE, _DESC_BIAS_POINTER = 3, 4, 7, 8
@@ -39,6 +56,16 @@ _HEURISTIC_RESULT_BYTES = (
     96  # cublasLtMatmulHeuristicResult_t: algo[64], size_t, int, float, int[4]
 )
 _MAX_ALIGNMENT = 256
+THREE_TF32_MIN_MACS = 6 << 30
+"""FP32 products of at least this many multiply-adds run as 3xTF32 (see the module docstring;
+smaller ones lose more to the splitting passes and the three launches than the tensor cores
+save: ``benchmarks/fp32_gemm_modes.py`` on the H200 measured 4,096 x 1,024 x 1,024 0.85x of
+SGEMM's speed, 16,384 x 479 x 1,024 1.2x, 65,536 x 1,024 x 1,024 1.7x)."""
+THREE_TF32_MIN_FEATURES = 384
+"""... and only when both feature counts are at least this (65,536 x 512 -> 256 ran at 0.8x of
+SGEMM: its TF32 products are too thin to pay for the three of them)."""
+_SPLIT_ALIGN = 4  # floats: 16-byte rows for the TF32 kernels
+_SPLIT_THREADS = 256
 
 
 class _Lt:
@@ -197,7 +224,8 @@ def linear(x: Any, weight: Any, bias: Any | None, relu: bool, precision: str = "
     Every output element is the float32 accumulation plus the bias, then the ReLU, in the
     operands' dtype (see the module docstring for FP16): as :func:`hps_core.gpu.blas.matmul`
     followed by :func:`hps_core.gpu.dense_ops.bias_activation`, which is what runs when
-    cuBLASLt has no algorithm for the shapes.
+    cuBLASLt has no algorithm for the shapes. Large FP32 products run as 3xTF32 (see the
+    module docstring).
 
     Args:
         x: CuPy ``[rows, in]`` (rows may be strided), float32 (fp32, tf32) or float16 (fp16).
@@ -230,35 +258,136 @@ def linear(x: Any, weight: Any, bias: Any | None, relu: bool, precision: str = "
     out = cupy.empty((m, n), dtype=dtype)
     if m == 0 or n == 0:
         return out
+    if (
+        k > 0
+        and precision == "fp32"
+        and three_tf32_pays(m, n, k)
+        and _three_tf32(x, weight, bias, relu, out)
+    ):
+        return out
+    product = _product(x, weight, out, bias, relu, precision) if k > 0 else None
+    if product is not None:
+        product.launch(accumulate=False)
+        return out
+    y = blas.matmul(x, weight, precision)
+    if bias is not None:
+        return dense_ops.bias_activation(y, bias, relu)
+    return cupy.maximum(y, 0, out=y) if relu else y
+
+
+def three_tf32_pays(rows: int, out: int, inner: int) -> bool:
+    """Whether an FP32 product of these dimensions runs as 3xTF32 on this GPU (see the module
+    docstring): large enough, on TF32 tensor cores, and not switched off by ``HPS_FP32_GEMM``.
+
+    Args:
+        rows: rows of ``x``.
+        out: output features.
+        inner: input features.
+
+    Returns:
+        True where :func:`linear` in ``"fp32"`` uses three TF32 products.
+    """
+    if os.environ.get("HPS_FP32_GEMM", "3xtf32").lower() == "sgemm":
+        return False
+    if min(out, inner) < THREE_TF32_MIN_FEATURES or rows * out * inner < THREE_TF32_MIN_MACS:
+        return False
+    return _has_tf32_tensor_cores(cupy.cuda.Device().id)
+
+
+@functools.cache
+def _has_tf32_tensor_cores(device_id: int) -> bool:
+    return int(cupy.cuda.Device(device_id).compute_capability) >= 80
+
+
+def _three_tf32(x: Any, weight: Any, bias: Any | None, relu: bool, out: Any) -> bool:
+    """``out = relu(x @ weight + bias)`` in float32 accuracy from three TF32 products: lo(x) @
+    hi(W) + hi(x) @ lo(W), then hi(x) @ hi(W) with the bias and ReLU epilogue; False (nothing
+    launched) when cuBLASLt has no algorithm for one of the two calls."""
+    m, k = x.shape
+    n = weight.shape[1]
+    kp = -(-k // _SPLIT_ALIGN) * _SPLIT_ALIGN  # 16-byte rows for the tensor-core kernels
+    # x's planes side by side: [lo | hi_finite | hi], each kp wide, zero padded.
+    if x.strides[1] != x.itemsize:
+        x = cupy.ascontiguousarray(x)
+    planes = cupy.empty((m, 3 * kp), dtype=np.float32)
+    _split(x, x.strides[0] // x.itemsize, kp, planes, 3 * kp, (0, 2 * kp, kp))
+    # W's planes stacked: [hi; lo], each kp rows, zero padded.
+    weight = cupy.ascontiguousarray(weight)
+    stacked = cupy.zeros((2 * kp, n), dtype=np.float32)
+    _split(weight, n, n, stacked, n, (kp * n, 0, -1))
+    correction = _product(planes[:, : 2 * kp], stacked, out, None, False, "tf32")
+    main = _product(planes[:, 2 * kp :], stacked[:kp], out, bias, relu, "tf32")
+    if correction is None or main is None:
+        return False
+    correction.launch(accumulate=False)
+    main.launch(accumulate=True)
+    return True
+
+
+def _split(x: Any, ld: int, out_cols: int, out: Any, out_ld: int, at: tuple[int, int, int]) -> None:
+    """``kernels/dense.cu``'s ``split_tf32`` of float32 ``x [rows, cols]`` (row stride ``ld``,
+    unit column stride) into ``out``: planes of ``out_cols`` columns at element offsets
+    ``at`` = (lo, hi, hi_finite) from each row's start, -1 for a plane not written."""
+    rows, cols = x.shape
+    n = rows * out_cols
+    if n == 0:
+        return
+    device = cupy.cuda.Device()
+    kernel = kernels.module("dense", device.id, dense_ops.DENSE_TEMPLATES).get_function(
+        "split_tf32"
+    )
+    blocks = min(-(-n // _SPLIT_THREADS), device.attributes["MultiProcessorCount"] * 16)
+    kernel(
+        (blocks,), (_SPLIT_THREADS,),
+        (x, np.int64(ld), np.int64(rows), np.int64(cols), np.int64(out_cols), out,
+         np.int64(out_ld), *(np.int64(a) for a in at)),
+    )  # fmt: skip
+
+
+@dataclass
+class _Product:
+    """One planned cuBLASLt call ``out (+)= x @ weight`` with its epilogue."""
+
+    handle: _Handle
+    plan: _Plan
+    operands: tuple[int, int, int]  # W, x, out device pointers
+    bias_ptr: int | None
+
+    def launch(self, accumulate: bool) -> None:
+        lib = self.handle.lt.lib
+        if self.bias_ptr is not None:
+            _set_bias(lib, self.plan.desc, self.bias_ptr)
+        one = ctypes.c_float(1.0)
+        beta = ctypes.c_float(1.0 if accumulate else 0.0)
+        a, b, d = self.plan.layouts
+        w, x, out = self.operands
+        status = lib.cublasLtMatmul(
+            self.handle.handle, self.plan.desc, ctypes.byref(one), w, a, x, b,
+            ctypes.byref(beta), out, d, out, d, self.plan.algo, self.handle.workspace.data.ptr,
+            blas.WORKSPACE_BYTES, cupy.cuda.get_current_stream().ptr,
+        )  # fmt: skip
+        blas._check(status, "cublasLtMatmul")
+
+
+def _product(
+    x: Any, weight: Any, out: Any, bias: Any | None, relu: bool, precision: str
+) -> _Product | None:
+    """The planned call for these operands, or None when cuBLASLt has no algorithm."""
+    m, k = x.shape
+    n = weight.shape[1]
     wx, op_w, ld_w = blas._operand(weight)
     xx, op_x, ld_x = blas._operand(x)
-    plan = None
-    h = _handle()
-    if k > 0:
-        bias_ptr = bias.data.ptr if bias is not None else 0
-        key = (
-            blas._COMPUTE[precision], blas._R_16F if dtype == np.float16 else blas._R_32F,
-            n, m, k, op_w, ld_w, op_x, ld_x, _EPILOGUE[(relu, bias is not None)],
-            (_alignment(wx.data.ptr), _alignment(xx.data.ptr), _alignment(out.data.ptr),
-             _alignment(bias_ptr)),
-        )  # fmt: skip
-        plan = h.plan(key, bias_ptr)
-    if plan is None:
-        from hps_core.gpu.dense_ops import bias_activation
-
-        y = blas.matmul(x, weight, precision)
-        if bias is not None:
-            return bias_activation(y, bias, relu)
-        return cupy.maximum(y, 0, out=y) if relu else y
-    lib = h.lt.lib
-    if bias is not None:
-        _set_bias(lib, plan.desc, bias_ptr)
-    one, zero = ctypes.c_float(1.0), ctypes.c_float(0.0)
-    a, b, d = plan.layouts
-    status = lib.cublasLtMatmul(
-        h.handle, plan.desc, ctypes.byref(one), wx.data.ptr, a, xx.data.ptr, b,
-        ctypes.byref(zero), out.data.ptr, d, out.data.ptr, d, plan.algo, h.workspace.data.ptr,
-        blas.WORKSPACE_BYTES, cupy.cuda.get_current_stream().ptr,
+    bias_ptr = bias.data.ptr if bias is not None else 0
+    key = (
+        blas._COMPUTE[precision], blas._R_16F if out.dtype == np.float16 else blas._R_32F,
+        n, m, k, op_w, ld_w, op_x, ld_x, _EPILOGUE[(relu, bias is not None)],
+        (_alignment(wx.data.ptr), _alignment(xx.data.ptr), _alignment(out.data.ptr),
+         _alignment(bias_ptr)),
     )  # fmt: skip
-    blas._check(status, f"cublasLtMatmul {x.shape} @ {weight.shape}")
-    return out
+    h = _handle()
+    plan = h.plan(key, bias_ptr)
+    if plan is None:
+        return None
+    return _Product(
+        h, plan, (wx.data.ptr, xx.data.ptr, out.data.ptr), None if bias is None else bias_ptr
+    )

@@ -6,20 +6,26 @@ Per batch the host validates nothing on the device and waits for the GPU once:
    (:mod:`~hps_core.gpu.staging`: the keys of every table, their CSR row offsets as int32
    unless a table is one-hot, the dense features), padded to a size bucket;
 2. host-to-device copies of it: one for a small batch; for a large one, one per group of
-   tables, each launched as soon as threads have filled its part of the staging buffer, so
-   the copies overlap the filling;
-3. ``bank_lookup`` (one launch, every table): cache probe, host-tier rows read in place for
-   misses, default vectors for unknown keys, pooled straight into the dense network's input
-   (the output of the Concat of all embeddings when the network has one);
+   tables, each launched as soon as threads have filled that group's part of the staging
+   buffer;
+3. ``bank_lookup`` (one launch, every table; for a large batch one per group of tables, each
+   right after its group's copy, so the lookup of a group overlaps the filling and copying of
+   the next): cache probe, host-tier rows read in place for misses, default vectors for
+   unknown keys, pooled straight into the dense network's input (the output of the Concat of
+   all embeddings when the network has one);
 4. ``bank_insert``: the misses go into the dynamic caches, on the GPU;
 5. the dense network (:meth:`~hps_core.nn.DenseExecutor.forward_given`: cuBLASLt products
-   with the bias and ReLU in their epilogues, the dot interaction in one kernel);
+   with the bias and ReLU in their epilogues, the dot interaction in one kernel); its steps
+   that read the dense features alone (DLRM's bottom MLP,
+   :meth:`~hps_core.nn.DenseExecutor.forward_dense_prefix`) run on a stream of their own as
+   soon as the dense features are on the device, beside the lookup;
 6. one device-to-host copy of the scores; the only synchronisation.
 
-Steps 3, 4 and 5-6 are each recorded once per bucket as a CUDA graph (batch sizes are padded
-to the next power of two; padded samples have no keys and their scores are dropped), so a
-batch costs three graph launches however many tables and layers the model has. The graphs'
-intermediate tensors live in a memory pool of their own, which nothing else uses.
+Steps 3, 4, the dense-only steps and 5-6 are each recorded once per bucket as CUDA graphs
+(batch sizes are padded to the next power of two; padded samples have no keys and their
+scores are dropped), so a batch costs four to seven graph launches however many tables and
+layers the model has. The graphs' intermediate tensors live in a memory pool of their own,
+which nothing else uses.
 
 Steps 3-4 run on the pipeline's cache stream inside the caches' ordering section
 (:meth:`CacheBank.section`), so other streams and, for shared caches, other processes never
@@ -34,7 +40,7 @@ import concurrent.futures
 import logging
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -44,7 +50,7 @@ import numpy as np
 from hps_core.errors import RequestError
 from hps_core.gpu import kernels
 from hps_core.gpu.bank import MISS_DTYPE, CacheBank, TablePlacement
-from hps_core.gpu.staging import BatchLayout, bucket_for
+from hps_core.gpu.staging import BatchLayout, bucket_for, split_copies
 from hps_core.infer.batch import SparseBatch
 from hps_core.infer.layout import RankingLayout, TableFeed
 from hps_core.lookup.model_lookup import ModelLookup
@@ -54,13 +60,27 @@ logger = logging.getLogger("hps_core")
 
 _H2D, _D2H = 1, 2  # cudaMemcpyHostToDevice, cudaMemcpyDeviceToHost
 _CAPTURE_THREAD_LOCAL = 1  # cudaStreamCaptureModeThreadLocal
-_INSERT_BLOCKS_PER_SM = 8
+_INSERT_BLOCKS_PER_SM = 2
+"""Blocks of ``bank_insert`` per SM: few, so that the dense network's GEMMs, which run beside
+the insert, find room on every SM (eight per SM left them waiting for the insert to drain)."""
 _GROUPED_STAGING_SAMPLES = 4096
-"""From this many samples on, a batch is staged and copied in groups of tables."""
+"""From this bucket size on, a batch is staged, copied and looked up in groups of tables."""
 _THREADED_STAGING_BYTES = 4 << 20
-"""From this many bytes of keys on, threads fill the groups (NumPy copies release the GIL)."""
-_STAGING_GROUPS = 4
+"""From this many bytes of keys on, threads fill each group (NumPy copies release the GIL)."""
+_STAGING_GROUPS = 8
+_DENSE_FEATURES = -1  # see _upload_groups
+_STAGING_THREADS = 4
 _HIGHEST_PRIORITY = -1000  # lower is more urgent; 0 is the default and least urgent
+
+
+@dataclass(frozen=True)
+class _Graphs:
+    """The CUDA graphs of a bucket."""
+
+    lookups: tuple[Any, ...]  # one per slot range (per group of tables in a grouped bucket)
+    insert: Any
+    prefix: Any | None  # the dense network's steps on the dense features alone, if any
+    dense: Any | None  # the rest and the download; None: a batch-dependent network (eager)
 
 
 @dataclass
@@ -75,7 +95,8 @@ class _Bucket:
     scores_host: np.ndarray  # pinned
     pool: Any
     scores: Any = None
-    graphs: tuple[Any, Any, Any | None] | None = None  # lookup, insert, dense (or None)
+    prefix: dict[str, Any] | None = None  # outputs of the dense network's dense-only steps
+    graphs: _Graphs | None = None
     batches: int = 0
     samples: int = 0  # real samples of the batch staged last
 
@@ -113,6 +134,7 @@ class GpuRankingPipeline:
         used = set(executor.embedding_names)
         self.feeds: tuple[TableFeed, ...] = tuple(f for f in layout.tables if f.layer in used)
         self._tops = dict(zip(executor.embedding_names, executor.embedding_tops(), strict=True))
+        self._has_prefix = bool(executor.dense_prefix_steps)
         self._concat = executor.embedding_concat()
         self._placements = self._place()
         self._slot_table = np.concatenate(
@@ -123,6 +145,7 @@ class GpuRankingPipeline:
         ).astype(np.int32)
         self._keys_per_sample = sum(f.max_keys_per_sample for f in self.feeds)
         self._table_group, self._group_keys = self._groups()
+        self._group_slots = self._slots_of_groups()
         self._bank: CacheBank | None = None
         self._buckets: dict[int, _Bucket] = {}
         self._lock = threading.Lock()
@@ -133,7 +156,13 @@ class GpuRankingPipeline:
             # CUDA clamps a priority into the device's range.
             self._stream = cupy.cuda.Stream(non_blocking=True, priority=_HIGHEST_PRIORITY)
             self._cache_stream = cupy.cuda.Stream(non_blocking=True, priority=0)
-            self._uploaded = cupy.cuda.Event(disable_timing=True)
+            # The dense-only steps (a bottom MLP) run beside the lookup on a stream of their own.
+            self._prefix_stream = cupy.cuda.Stream(non_blocking=True, priority=_HIGHEST_PRIORITY)
+            self._prefixed = cupy.cuda.Event(disable_timing=True)
+            self._dense_uploaded = cupy.cuda.Event(disable_timing=True)
+            self._uploaded = [
+                cupy.cuda.Event(disable_timing=True) for _ in range(len(self._group_slots))
+            ]
             self._looked_up = cupy.cuda.Event(disable_timing=True)
             self._bank_kernels = kernels.module("bank", self.device_id)
             self._insert_blocks = (
@@ -198,6 +227,21 @@ class GpuRankingPipeline:
             bounds[-1][1] = p.keys_at + f.max_keys_per_sample
         return tuple(table_group), tuple((a, b) for a, b in bounds)
 
+    def _slots_of_groups(self) -> tuple[tuple[int, int], ...]:
+        """Each group's slots ``[first, stop)`` (its tables' slots are consecutive)."""
+        bounds: dict[int, list[int]] = {}
+        at = 0
+        for f, group in zip(self.feeds, self._table_group, strict=True):
+            bounds.setdefault(group, [at, at])[1] = at + f.slot_num
+            at += f.slot_num
+        return tuple((a, b) for a, b in bounds.values()) or ((0, 0),)
+
+    def _slot_ranges(self, bucket: _Bucket) -> tuple[tuple[int, int], ...]:
+        """The slot ranges looked up one launch each: every group's for a grouped bucket."""
+        if _grouped(bucket):
+            return self._group_slots
+        return ((0, len(self._slot_table)),)
+
     @property
     def bank(self) -> CacheBank:
         """The device state of the tables (opened on first use)."""
@@ -235,8 +279,11 @@ class GpuRankingPipeline:
         with self._lock, cupy.cuda.Device(self.device_id):
             bank = self.bank
             bucket = self._bucket(size)
-            self._stage_and_upload(bucket, batch)
-            self._run(bucket)
+            if _grouped(bucket) and not isinstance(batch.dense, cupy.ndarray):
+                self._run(bucket, self._upload_groups(bucket, batch))
+            else:
+                self._stage_and_upload(bucket, batch)
+                self._run(bucket)
             self._stream.synchronize()
             bank.batches += 1
             bucket.batches += 1
@@ -282,25 +329,36 @@ class GpuRankingPipeline:
                 for copies in (head, *groups):
                     _copy_all(copies)
             return
+        if _grouped(bucket):
+            for _ in self._upload_groups(bucket, batch):
+                pass
+            return
         head, groups = self._stage(bucket, batch, bucket.staging)
-        if batch.batch_size < _GROUPED_STAGING_SAMPLES:
-            for copies in (head, *groups):
-                _copy_all(copies)
-            self._upload(bucket, 0, lay.nbytes)
-            return
-        # Header, row offsets and dense features first (one copy), then the keys group by
-        # group, each copied while the next ones are filled.
-        _copy_all(head)
-        self._upload(bucket, lay.header_at, lay.nbytes)
-        ranges = [(lay.size * 8 * first, lay.size * 8 * last) for first, last in self._group_keys]
-        if sum(c[1].nbytes for g in groups for c in g) >= _THREADED_STAGING_BYTES:
-            # map() yields in order, each result once its group is filled.
-            for (start, stop), _ in zip(ranges, self._copier().map(_copy_all, groups), strict=True):
-                self._upload(bucket, start, stop)
-            return
-        for (start, stop), copies in zip(ranges, groups, strict=True):
+        for copies in (head, *groups):
             _copy_all(copies)
-            self._upload(bucket, start, stop)
+        self._upload(bucket, 0, lay.nbytes)
+
+    def _upload_groups(self, bucket: _Bucket, batch: SparseBatch) -> Iterator[int]:
+        """Stage and copy a host batch in the order the GPU needs it: the header and row
+        offsets (one copy), each group's keys (filled by threads), then the dense features,
+        which the lookups do not read. Yield each group's index once its copy is queued on
+        the main stream, then ``_DENSE_FEATURES``."""
+        lay = bucket.layout
+        head, groups = self._stage(bucket, batch, bucket.staging)
+        dense, offsets = head[:1], head[1:]
+        _copy_all(offsets)
+        self._upload(bucket, lay.header_at, lay.dense_at)
+        threaded = sum(t.nbytes for g in groups for t, _ in g) >= _THREADED_STAGING_BYTES
+        for group, ((first, last), copies) in enumerate(zip(self._group_keys, groups, strict=True)):
+            if threaded:
+                list(self._copier().map(_copy_all, split_copies(copies, _STAGING_THREADS)))
+            else:
+                _copy_all(copies)
+            self._upload(bucket, lay.size * 8 * first, lay.size * 8 * last)
+            yield group
+        _copy_all(dense)
+        self._upload(bucket, lay.dense_at, lay.nbytes)
+        yield _DENSE_FEATURES
 
     def _stage(
         self, bucket: _Bucket, batch: SparseBatch, buffer: Any
@@ -308,7 +366,8 @@ class GpuRankingPipeline:
         """Write the header and the padded samples' offsets into the staging buffer; return
         the copies that fill the rest of ``buffer`` (the staging buffer, or the device input
         buffer for a batch on the device): ``(target, source)`` pairs for the header region
-        (row offsets, dense features) and for the keys of each group of tables."""
+        (the dense features first, then the row offsets) and for the keys of each group of
+        tables."""
         lay = bucket.layout
         keys, _, offsets, dense = lay.views(buffer)
         _, header, host_offsets, _ = lay.views(bucket.staging)
@@ -341,38 +400,88 @@ class GpuRankingPipeline:
     def _copier(self) -> concurrent.futures.ThreadPoolExecutor:
         if self._copy_pool is None:
             self._copy_pool = concurrent.futures.ThreadPoolExecutor(
-                _STAGING_GROUPS, thread_name_prefix=f"hps-stage-{self.layout.model}"
+                _STAGING_THREADS, thread_name_prefix=f"hps-stage-{self.layout.model}"
             )
         return self._copy_pool
 
-    def _run(self, bucket: _Bucket, dense: bool = True) -> None:
-        """Lookup and insert on the cache stream, the dense network and the download on the
-        main stream after the lookup (see the module docstring); ``dense=False``: the lookup
-        and insert only."""
+    def _run(
+        self, bucket: _Bucket, uploaded: Iterable[int] | None = None, dense: bool = True
+    ) -> None:
+        """Lookups and insert on the cache stream, the dense network and the download on the
+        main stream after the lookups (see the module docstring).
+
+        Args:
+            bucket: the batch's bucket.
+            uploaded: None when the main stream holds the copy of the whole batch (every
+                lookup and the insert follow it, in one ordering section); else, for a grouped
+                bucket, yields each group of tables once the main stream holds its copy (that
+                group's lookup follows the copy), then ``_DENSE_FEATURES`` once it holds the
+                dense features (the dense-only steps follow).
+            dense: ``False``: the lookups and insert only.
+        """
         main, cache = self._stream, self._cache_stream
-        self._uploaded.record(main)
+        ranges = self._slot_ranges(bucket)
+        for group in uploaded or ():
+            if group == _DENSE_FEATURES:
+                self._dense_uploaded.record(main)
+                self._launch_prefix(bucket, self._dense_uploaded)
+                continue
+            self._uploaded[group].record(main)
+            with cache, self.bank.section():
+                cache.wait_event(self._uploaded[group])
+                self._launch_lookup(bucket, group, ranges[group])
+        if uploaded is None:
+            self._uploaded[0].record(main)
+            self._launch_prefix(bucket, self._uploaded[0])
         with cache, self.bank.section():
-            cache.wait_event(self._uploaded)
+            if uploaded is None:
+                cache.wait_event(self._uploaded[0])
+                for part, slots in enumerate(ranges):
+                    self._launch_lookup(bucket, part, slots)
+            self._looked_up.record(cache)
             if bucket.graphs is not None:
-                bucket.graphs[0].launch(cache)
-                self._looked_up.record(cache)
-                bucket.graphs[1].launch(cache)
+                bucket.graphs.insert.launch(cache)
             else:
-                self._lookup(bucket)
-                self._looked_up.record(cache)
                 self._insert(bucket)
         main.wait_event(self._looked_up)
+        if self._has_prefix:
+            main.wait_event(self._prefixed)
         if not dense:
             return
         with main:
-            if bucket.graphs is not None and bucket.graphs[2] is not None:
-                bucket.graphs[2].launch(main)
+            if bucket.graphs is not None and bucket.graphs.dense is not None:
+                bucket.graphs.dense.launch(main)
                 return
             with cupy.cuda.using_allocator(bucket.pool.malloc):
                 self._dense_step(bucket)
 
+    def _launch_lookup(self, bucket: _Bucket, part: int, slots: tuple[int, int]) -> None:
+        if bucket.graphs is not None:
+            bucket.graphs.lookups[part].launch(self._cache_stream)
+        else:
+            self._lookup(bucket, slots)
+
+    def _launch_prefix(self, bucket: _Bucket, uploaded: Any) -> None:
+        """The dense-only steps on the prefix stream, after the event ``uploaded`` (the main
+        stream holds the dense features)."""
+        if not self._has_prefix:
+            return
+        stream = self._prefix_stream
+        stream.wait_event(uploaded)
+        if bucket.graphs is not None and bucket.graphs.prefix is not None:
+            bucket.graphs.prefix.launch(stream)
+        else:
+            with stream, cupy.cuda.using_allocator(bucket.pool.malloc):
+                self._prefix_step(bucket)
+        self._prefixed.record(stream)
+
+    def _prefix_step(self, bucket: _Bucket) -> None:
+        dense = bucket.layout.views(bucket.inputs)[3]
+        # Keeping the outputs keeps their pool blocks for the graphs' later replays.
+        bucket.prefix = self.executor.forward_dense_prefix(dense)
+
     def _dense_step(self, bucket: _Bucket) -> None:
-        self._forward(bucket)
+        self._forward(bucket, prefix_done=self._has_prefix)
         self._download(bucket)
 
     def _upload(self, bucket: _Bucket, start: int, stop: int) -> None:
@@ -382,18 +491,23 @@ class GpuRankingPipeline:
             _H2D, self._stream.ptr,
         )  # fmt: skip
 
-    def _lookup(self, bucket: _Bucket) -> None:
+    def _lookup(self, bucket: _Bucket, slots: tuple[int, int] | None = None) -> None:
+        """``bank_lookup`` of the slots ``[first, stop)`` of the batch (default: all); the
+        launch that starts at slot 0 empties the miss list first."""
         lay = bucket.layout
+        first, stop = (0, lay.slots) if slots is None else slots
         keys, header, offsets, _ = lay.views(bucket.inputs)
-        bucket.miss_count.fill(0)
-        bags = lay.size * lay.slots
+        if first == 0:
+            bucket.miss_count.fill(0)
+        bags = lay.size * (stop - first)
         if bags == 0:
             return
         threads = kernels.THREADS
         self._bank_kernels.get_function("bank_lookup")(
             (-(-bags * kernels.LANES // threads),), (threads,),
-            (self._descriptors, self._slot_table_d, self._slot_local_d, np.int32(lay.slots),
-             np.int64(lay.size), keys, header, offsets, bucket.embeddings, bucket.misses,
+            (self._descriptors, self._slot_table_d, self._slot_local_d, np.int32(first),
+             np.int32(stop), np.int64(lay.size), keys, header, offsets, bucket.embeddings,
+             bucket.misses,
              bucket.miss_count, np.uint64(_miss_capacity(bucket)), self._bank.counters),
         )  # fmt: skip
 
@@ -406,15 +520,19 @@ class GpuRankingPipeline:
              np.uint64(_miss_capacity(bucket)), self._bank.counters),
         )  # fmt: skip
 
-    def _forward(self, bucket: _Bucket) -> None:
+    def _forward(self, bucket: _Bucket, prefix_done: bool = False) -> None:
+        """The dense network; ``prefix_done``: its dense-only steps ran already (their
+        outputs are ``bucket.prefix``)."""
         # A network whose layers take statistics over the batch (DIN's Dice) sees the real
-        # samples only, never the bucket's padding.
+        # samples only, never the bucket's padding (it has no dense-only steps).
         rows = slice(0, bucket.samples) if self.executor.batch_dependent else slice(None)
         dense = bucket.layout.views(bucket.inputs)[3][rows]
         cast = self.executor.ctx.cast  # FP16 networks take half embeddings: one pass each
         given = {name: cast(array[rows]) for name, array in bucket.given.items()}
+        if prefix_done:
+            given |= bucket.prefix or {}
         # Keeping the scores keeps their pool block for the graph's later replays.
-        bucket.scores = self.executor.forward_given(dense, given)
+        bucket.scores = self.executor.forward_given(dense, given, prefix_done=prefix_done)
 
     def _download(self, bucket: _Bucket) -> None:
         scores = bucket.scores
@@ -532,18 +650,25 @@ class GpuRankingPipeline:
 
     def _record(self, bucket: _Bucket) -> None:
         """Run the bucket once eagerly (compiles kernels, fills its memory pool), then record
-        its three graphs (no dense one for a batch-dependent network, whose dense step runs
-        eagerly on the real samples: there are none yet)."""
+        its graphs (no dense one for a batch-dependent network, whose dense step runs eagerly
+        on the real samples: there are none yet)."""
         self._run(bucket, dense=not self.executor.batch_dependent)
-        self._stream.synchronize()
-        self._cache_stream.synchronize()
-        bucket.scores = None
-        lookup = _captured(self._cache_stream, bucket.pool, lambda: self._lookup(bucket))
+        for stream in (self._stream, self._cache_stream, self._prefix_stream):
+            stream.synchronize()
+        # Free the eager run's outputs, so the captures reuse their pool blocks: a capture
+        # cannot grow the pool.
+        bucket.scores = bucket.prefix = None
+        lookups = tuple(
+            _captured(self._cache_stream, bucket.pool, lambda r=r: self._lookup(bucket, r))
+            for r in self._slot_ranges(bucket)
+        )
         insert = _captured(self._cache_stream, bucket.pool, lambda: self._insert(bucket))
-        dense = None
+        prefix = dense = None
+        if self._has_prefix:  # before the dense graph, which reads the prefix's outputs
+            prefix = _captured(self._prefix_stream, bucket.pool, lambda: self._prefix_step(bucket))
         if not self.executor.batch_dependent:  # else its shapes follow each batch
             dense = _captured(self._stream, bucket.pool, lambda: self._dense_step(bucket))
-        bucket.graphs = (lookup, insert, dense)
+        bucket.graphs = _Graphs(lookups, insert, prefix, dense)
 
     def table_counters(self) -> Sequence[Any]:
         """Device counters per model table (one copy from the GPU), for metrics."""
@@ -556,14 +681,18 @@ class GpuRankingPipeline:
         with self._lock:
             if self._bank is not None:
                 with cupy.cuda.Device(self.device_id):
-                    self._stream.synchronize()
-                    self._cache_stream.synchronize()
+                    for stream in (self._stream, self._cache_stream, self._prefix_stream):
+                        stream.synchronize()
                 self._bank.close()
                 self._bank = None
             self._buckets.clear()
             if self._copy_pool is not None:
                 self._copy_pool.shutdown()
                 self._copy_pool = None
+
+
+def _grouped(bucket: _Bucket) -> bool:
+    return bucket.layout.size >= _GROUPED_STAGING_SAMPLES
 
 
 def _miss_capacity(bucket: _Bucket) -> int:

@@ -15,6 +15,7 @@ Each region starts on a 256-byte boundary. The host fills the pinned twin; one c
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -93,3 +94,31 @@ class BatchLayout:
         offsets = buffer[self.offsets_at : self.offsets_at + self.offsets_len * 4].view(np.int32)
         dense = buffer[self.dense_at : self.dense_at + self.size * self.dense_dim * 4]
         return keys, header, offsets, dense.view(np.float32).reshape(self.size, self.dense_dim)
+
+
+def split_copies(
+    copies: Sequence[tuple[np.ndarray, np.ndarray]], parts: int
+) -> list[list[tuple[np.ndarray, np.ndarray]]]:
+    """``copies`` (1-D ``(target, source)`` pairs of equal length) cut into at most ``parts``
+    lists of about equal bytes, splitting pairs where needed, one list per filling thread.
+
+    Example:
+        >>> t, s = np.zeros(12), np.arange(12.0)
+        >>> shares = split_copies([(t[:6], s[:6]), (t[6:], s[6:])], 3)
+        >>> [[len(a) for a, _ in share] for share in shares]
+        [[4], [2, 2], [4]]
+    """
+    step = max(1, -(-sum(t.nbytes for t, _ in copies) // max(parts, 1)))
+    shares: list[list[tuple[np.ndarray, np.ndarray]]] = [[]]
+    filled = 0
+    for target, source in copies:
+        at, n = 0, target.shape[0]
+        while at < n:
+            take = min(n - at, max(1, (step - filled) // target.itemsize))
+            shares[-1].append((target[at : at + take], source[at : at + take]))
+            at += take
+            filled += take * target.itemsize
+            if filled >= step:
+                shares.append([])
+                filled = 0
+    return [share for share in shares if share]

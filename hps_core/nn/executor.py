@@ -12,6 +12,7 @@ precision. The same plan runs on NumPy (CPU instances) or CuPy (GPU instances).
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -167,7 +168,9 @@ class DenseExecutor:
                     return step.outputs[0]
         return None
 
-    def forward_given(self, dense: Array, given: Mapping[str, Array]) -> Array:
+    def forward_given(
+        self, dense: Array, given: Mapping[str, Array], prefix_done: bool = False
+    ) -> Array:
         """Compute the predictions from the dense input and already computed tensors.
 
         A step whose outputs are all in ``given`` is skipped; so a caller that pools the
@@ -179,6 +182,8 @@ class DenseExecutor:
         Args:
             dense: ``[batch, dense_dim]`` dense features.
             given: tensor name -> array in the storage dtype.
+            prefix_done: ``given`` holds the outputs of :meth:`forward_dense_prefix`: skip the
+                prefix's steps.
 
         Returns:
             float32 ``[batch, width]`` predictions.
@@ -191,8 +196,9 @@ class DenseExecutor:
         batch = dense.shape[0]
         tensors = dict(given)
         tensors[data.dense_name] = self.ctx.cast(xp.asarray(dense))
+        skipped = self._dense_prefix if prefix_done else frozenset()
         for step in self._steps:
-            if all(name in given for name in step.outputs):
+            if step.name in skipped or all(name in given for name in step.outputs):
                 continue
             missing = [name for name in step.inputs if name not in tensors]
             if missing or isinstance(step.layer, EmbeddingLayer):
@@ -204,6 +210,58 @@ class DenseExecutor:
             for name in step.release:
                 tensors.pop(name, None)
         return tensors[self.graph.output].reshape(batch, -1).astype(np.float32, copy=False)
+
+    def forward_dense_prefix(self, dense: Array) -> dict[str, Array]:
+        """Run the steps that depend on the dense input alone (DLRM's bottom MLP), so that a
+        caller can overlap them with the embedding lookup.
+
+        Args:
+            dense: ``[batch, dense_dim]`` dense features.
+
+        Returns:
+            The prefix's outputs that later steps read, by name: pass them to
+            :meth:`forward_given` with the embeddings, which then skips the prefix. Empty when
+            no step depends on the dense input alone.
+        """
+        xp, data = self.ctx.xp, self.graph.spec.data
+        tensors = {data.dense_name: self.ctx.cast(xp.asarray(dense))}
+        prefix = self._dense_prefix
+        for step in self._steps:
+            if step.name not in prefix:
+                continue
+            outputs = step.layer.forward(
+                self.ctx, [tensors[name] for name in step.inputs], step.params
+            )
+            tensors.update(zip(step.outputs, outputs, strict=True))
+        later = {name for step in self._steps if step.name not in prefix for name in step.inputs}
+        return {
+            name: array
+            for name, array in tensors.items()
+            if name in later and name != data.dense_name
+        }
+
+    @property
+    def dense_prefix_steps(self) -> frozenset[str]:
+        """Names of the steps :meth:`forward_dense_prefix` runs."""
+        return self._dense_prefix
+
+    @functools.cached_property
+    def _dense_prefix(self) -> frozenset[str]:
+        """Steps whose inputs all come, directly or through earlier such steps, from the dense
+        input (none in a batch-dependent network, whose steps see the real samples only)."""
+        if self.batch_dependent:
+            return frozenset()
+        known = {self.graph.spec.data.dense_name}
+        names = set()
+        for step in self._steps:
+            if (
+                step.inputs
+                and not isinstance(step.layer, EmbeddingLayer)
+                and all(name in known for name in step.inputs)
+            ):
+                names.add(step.name)
+                known.update(step.outputs)
+        return frozenset(names)
 
     def profile(self, dense: Array, embeddings: Mapping[str, EmbeddingInput]) -> ForwardProfile:
         """Run :meth:`forward` once, timing each step of the plan.

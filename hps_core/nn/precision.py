@@ -15,7 +15,11 @@ How each mode runs:
 =========  =====================================  ==========================================
 mode       CuPy                                   NumPy
 =========  =====================================  ==========================================
-FP32       cuBLAS GEMM, ``CUBLAS_COMPUTE_32F``    sgemm
+FP32       cuBLAS GEMM, ``CUBLAS_COMPUTE_32F``;   sgemm
+           large fully connected layers on TF32
+           tensor cores as 3xTF32 (float32-class
+           accuracy, :mod:`hps_core.gpu.linear`;
+           ``HPS_FP32_GEMM=sgemm`` turns it off)
 TF32       cuBLAS GEMM on TF32 tensor cores       :func:`round_to_tf32` on both operands,
            (``CUBLAS_COMPUTE_32F_FAST_TF32``)     then sgemm (an emulation for checking)
 FP16       cuBLAS on float16 operands, float32    both operands widened to float32, sgemm,

@@ -156,18 +156,20 @@ __device__ __forceinline__ void scale_row(float* dst, const float f, const int d
 
 extern "C" __global__ void bank_lookup(
     const Table* __restrict__ tables, const int* __restrict__ slot_table,
-    const int* __restrict__ slot_local, const int total_slots, const i64 batch,
+    const int* __restrict__ slot_local, const int slot_begin, const int slot_end,
+    const i64 batch,
     const i64* __restrict__ keys, const int* __restrict__ header,
     const int* __restrict__ offsets, float* __restrict__ out,
     Miss* __restrict__ misses, u64* __restrict__ miss_count, const u64 miss_capacity,
     u64* __restrict__ counters) {
   __shared__ u64 block_counts[4];  // C_KEYS .. C_UNKNOWN of the table of the block's first bag
-  const i64 bag = ((i64)blockIdx.x * blockDim.x + threadIdx.x) / LANES;
+  // Bag `g * batch + b` is sample b's slot g; a launch serves the slots [slot_begin, slot_end).
+  const i64 first_bag = (i64)slot_begin * batch + ((i64)blockIdx.x * blockDim.x) / LANES;
+  const i64 bag = first_bag + threadIdx.x / LANES;
   const int lane = threadIdx.x % LANES;
   const int shift = (threadIdx.x % WARP) / LANES * LANES;
   const unsigned mask = GROUP_MASK << shift;
-  const i64 bags = batch * total_slots;
-  const i64 first_bag = ((i64)blockIdx.x * blockDim.x) / LANES;
+  const i64 bags = batch * slot_end;
   const int block_table = first_bag < bags ? slot_table[first_bag / batch] : -1;
   if (threadIdx.x < 4) block_counts[threadIdx.x] = 0;
   __syncthreads();

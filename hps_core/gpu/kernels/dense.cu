@@ -77,3 +77,30 @@ template __global__ void interaction<unsigned short>(const unsigned short*, cons
                                                      const unsigned short*, const i64,
                                                      const int*, const int, const int,
                                                      unsigned short*, const i64, const bool);
+
+// FP32 products on TF32 tensor cores (hps_core.gpu.linear, "3xTF32"): each float32 value x
+// of a [rows, cols] matrix (row stride ld) becomes hi = round_tf32(x) and lo =
+// round_tf32(x - hi), so that x = hi + lo to about 2^-22 relative and each part passes a
+// TF32 product unchanged. Up to three planes of [rows, out_cols] are written at
+// out + r * out_ld + c + at_*, each skipped when its offset is negative: lo, hi, and hi_finite
+// (hi where x is finite, else 0: the correction products must not turn inf * 0 into a NaN the
+// float32 product would not have). Columns from cols to out_cols are zero padding.
+extern "C" __global__ void split_tf32(const float* __restrict__ x, const i64 ld, const i64 rows,
+                                      const i64 cols, const i64 out_cols,
+                                      float* __restrict__ out, const i64 out_ld, const i64 at_lo,
+                                      const i64 at_hi, const i64 at_hi_finite) {
+  const i64 n = rows * out_cols;
+  for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+       i += (i64)gridDim.x * blockDim.x) {
+    const i64 r = i / out_cols, c = i - r * out_cols;
+    const float v = c < cols ? x[r * ld + c] : 0.0f;
+    const bool finite = isfinite(v);
+    float hi = round_tf32(v);
+    // Rounding up past the largest float32 would leave x = inf + (-inf): truncate instead.
+    if (finite && !isfinite(hi)) hi = __uint_as_float(__float_as_uint(v) & 0xFFFFE000u);
+    float* o = out + r * out_ld + c;
+    if (at_lo >= 0) o[at_lo] = finite ? round_tf32(v - hi) : 0.0f;
+    if (at_hi >= 0) o[at_hi] = hi;
+    if (at_hi_finite >= 0) o[at_hi_finite] = finite ? hi : 0.0f;
+  }
+}

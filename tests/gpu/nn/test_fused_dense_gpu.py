@@ -144,6 +144,110 @@ def test_linear_rejects_mismatched_operands():
         linear.linear(x, cupy.zeros((3, 2), np.float32), None, False, "fp16")
 
 
+@pytest.fixture
+def three_tf32(monkeypatch):
+    """Every FP32 linear() of the test runs as 3xTF32, whatever its size."""
+    monkeypatch.setattr(linear, "THREE_TF32_MIN_MACS", 0)
+    monkeypatch.setattr(linear, "THREE_TF32_MIN_FEATURES", 1)
+    monkeypatch.delenv("HPS_FP32_GEMM", raising=False)
+
+
+@pytest.mark.parametrize("relu", [False, True])
+@pytest.mark.parametrize(
+    "rows,k,n", [(1, 13, 512), (3, 479, 1024), (64, 7, 5), (1000, 256, 1), (2048, 1024, 33)]
+)
+def test_three_tf32_is_float32_accurate(three_tf32, rows, k, n, relu):
+    """Each term of a 3xTF32 product is off by at most 3 * 2^-22 of itself (the dropped lo*lo
+    and the TF32 rounding of each lo), on top of SGEMM's float32 accumulation bound."""
+    rng = np.random.default_rng(rows + 3 * k + n)
+    x = operand(rng, (rows, k), "fp32")
+    w = (operand(rng, (k, n), "fp32") / np.sqrt(k)).astype(np.float32)
+    b = operand(rng, (1, n), "fp32")
+    got = linear.linear(cupy.asarray(x), cupy.asarray(w), cupy.asarray(b), relu, "fp32")
+    want, bound = reference_linear(x, w, b, relu, "fp32")
+    scale = np.abs(x.astype(np.float64)) @ np.abs(w.astype(np.float64))
+    bound = bound + 16 * 2.0**-24 * scale
+    error = np.abs(cupy.asnumpy(got).astype(np.float64) - want)
+    assert (error <= bound).all(), f"largest excess {np.max(error - bound)}"
+
+
+def test_three_tf32_error_is_sgemms(three_tf32, monkeypatch):
+    """On a DLRM-sized layer the 3xTF32 result is float32-class against float64 (within 8x of
+    SGEMM's relative L2; 4x measured on the H200) and far closer than one TF32 product."""
+    rng = np.random.default_rng(8)
+    x = np.abs(operand(rng, (4096, 1024), "fp32"))  # a ReLU's output: all terms positive
+    w = (operand(rng, (1024, 512), "fp32") / 32).astype(np.float32)
+    b = operand(rng, (512,), "fp32")
+    want, _ = reference_linear(x, w, b, False, "fp32")
+
+    def rel_l2(precision: str) -> float:
+        got = linear.linear(cupy.asarray(x), cupy.asarray(w), cupy.asarray(b), False, precision)
+        return float(np.linalg.norm(cupy.asnumpy(got) - want) / np.linalg.norm(want))
+
+    split = rel_l2("fp32")
+    tf32 = rel_l2("tf32")
+    monkeypatch.setenv("HPS_FP32_GEMM", "sgemm")
+    assert not linear.three_tf32_pays(4096, 512, 1024)
+    sgemm = rel_l2("fp32")
+    assert split <= 8 * sgemm + 1e-9, (split, sgemm)
+    assert split * 50 < tf32, (split, tf32)
+
+
+def test_three_tf32_keeps_sgemms_infinities_and_nans(three_tf32, monkeypatch):
+    """An infinite or NaN input gives what SGEMM gives (the correction products see zeros),
+    and values near the float32 limit do not overflow in the split."""
+    x = np.ones((4, 8), np.float32)
+    x[0, 0], x[1, 3], x[2, 5] = np.inf, -np.inf, np.nan
+    x[3, :] = np.float32(3.4e38)
+    w = np.full((8, 6), 0.25, np.float32)
+    w[:, 1] = 1.5
+    w[0, 4] = 0.0  # inf * 0: NaN in both
+    got = cupy.asnumpy(linear.linear(cupy.asarray(x), cupy.asarray(w), None, False, "fp32"))
+    monkeypatch.setenv("HPS_FP32_GEMM", "sgemm")
+    want = cupy.asnumpy(linear.linear(cupy.asarray(x), cupy.asarray(w), None, False, "fp32"))
+    assert np.array_equal(np.isnan(got), np.isnan(want))
+    assert np.array_equal(np.isposinf(got), np.isposinf(want))
+    assert np.array_equal(np.isneginf(got), np.isneginf(want))
+    finite = np.isfinite(want)
+    np.testing.assert_allclose(got[finite], want[finite], rtol=1e-6)
+
+
+def test_three_tf32_is_recorded_in_a_cuda_graph(three_tf32):
+    rng = np.random.default_rng(9)
+    x = cupy.asarray(operand(rng, (300, 479), "fp32"))
+    w = cupy.asarray(operand(rng, (479, 64), "fp32"))
+    b = cupy.asarray(operand(rng, (64,), "fp32"))
+    stream = cupy.cuda.Stream(non_blocking=True)
+    pool = cupy.cuda.MemoryPool()
+    with stream, cupy.cuda.using_allocator(pool.malloc):
+        linear.linear(x, w, b, True, "fp32")  # plans and kernels outside the capture
+        stream.synchronize()
+        stream.begin_capture(1)
+        out = linear.linear(x, w, b, True, "fp32")
+        graph = stream.end_capture()
+        for _ in range(2):
+            x[...] = cupy.asarray(operand(rng, (300, 479), "fp32"))
+            graph.launch(stream)
+            stream.synchronize()
+            want, bound = reference_linear(
+                cupy.asnumpy(x), cupy.asnumpy(w), cupy.asnumpy(b), True, "fp32"
+            )
+            scale = np.abs(cupy.asnumpy(x)).astype(np.float64) @ np.abs(cupy.asnumpy(w))
+            error = np.abs(cupy.asnumpy(out).astype(np.float64) - want)
+            assert (error <= bound + 16 * 2.0**-24 * scale).all()
+
+
+def test_three_tf32_only_for_large_products(monkeypatch):
+    monkeypatch.delenv("HPS_FP32_GEMM", raising=False)
+    assert linear.three_tf32_pays(65536, 1024, 1024)
+    assert linear.three_tf32_pays(16384, 1024, 479)
+    assert not linear.three_tf32_pays(4096, 1024, 1024)
+    assert not linear.three_tf32_pays(65536, 1024, 13)  # thin: memory-bound
+    assert not linear.three_tf32_pays(65536, 256, 512)
+    monkeypatch.setenv("HPS_FP32_GEMM", "SGEMM")
+    assert not linear.three_tf32_pays(65536, 1024, 1024)
+
+
 def reference_interaction(mlp, emb, precision):
     """HugeCTR's layout: the MLP vector, the strictly lower triangle of the Gram matrix of
     [mlp, emb...] row by row, one zero (float64, from the values the GPU multiplies)."""

@@ -202,8 +202,10 @@ def test_profile_times_every_step_and_changes_no_answer(repo: Path) -> None:
 def test_large_batches_staged_and_copied_in_groups(
     repo: Path, name: str, threaded: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Batches from _GROUPED_STAGING_SAMPLES on are copied group of tables by group, filled
-    by threads from _THREADED_STAGING_BYTES on (lowered here so small batches take both)."""
+    """Buckets from _GROUPED_STAGING_SAMPLES on are copied and looked up group of tables by
+    group (one lookup graph per group, each after its group's copy), filled by threads from
+    _THREADED_STAGING_BYTES on (both lowered here so small batches take them); the same
+    batch handed over on the GPU takes the grouped graphs too."""
     from hps_core.gpu import pipeline as gpu_pipeline
 
     monkeypatch.setattr(gpu_pipeline, "_GROUPED_STAGING_SAMPLES", 8)
@@ -212,7 +214,11 @@ def test_large_batches_staged_and_copied_in_groups(
     model = Model(repo, name)
     gpu = RankingSession.open(ps, name, device_id=0)
     cpu = RankingSession.open(ps, name)
-    assert 1 <= len(gpu.pipeline._group_keys) <= min(len(gpu.pipeline.feeds), 4)
+    assert (
+        1
+        <= len(gpu.pipeline._group_keys)
+        <= min(len(gpu.pipeline.feeds), gpu_pipeline._STAGING_GROUPS)
+    )
     contract = HugeCTRContract(gpu.layout)
     rng = np.random.default_rng(17 + threaded)
     for batch in (8, 200, 5, 256):
@@ -221,6 +227,11 @@ def test_large_batches_staged_and_copied_in_groups(
         got = gpu.predict(parsed)
         np.testing.assert_allclose(got, cpu.predict(parsed), rtol=1e-5, atol=1e-6)
         model.check(got, dense, keys)
+        np.testing.assert_array_equal(gpu.predict(on_gpu(parsed)), gpu.predict(parsed))
+    pipe = gpu.pipeline
+    assert all(len(b.graphs.lookups) == len(pipe._group_slots) for b in pipe._buckets.values())
+    slots = [s for first, stop in pipe._group_slots for s in range(first, stop)]
+    assert slots == list(range(len(pipe._slot_table)))  # every slot in exactly one group
 
 
 def on_gpu(batch: SparseBatch) -> SparseBatch:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from hps_core.gpu.staging import BatchLayout, bucket_for
+from hps_core.gpu.staging import BatchLayout, bucket_for, split_copies
 
 
 @pytest.mark.parametrize(
@@ -34,3 +34,27 @@ def test_regions_are_aligned_disjoint_and_cover_the_buffer(size: int) -> None:
     assert (keys == -1).all() and (header == -4).all()
     assert (offsets == -2).all() and (dense == -3.0).all()
     assert dense.ctypes.data + dense.nbytes <= buffer.ctypes.data + lay.nbytes
+
+
+@pytest.mark.parametrize("parts", [1, 3, 4, 7, 100])
+@pytest.mark.parametrize("lengths", [[5], [6, 4], [1, 1000, 0, 37], [0], []])
+def test_split_copies_cover_every_element_once_in_even_shares(
+    lengths: list[int], parts: int
+) -> None:
+    total = sum(lengths)
+    target = np.full(total, -1, np.int64)
+    source = np.arange(total, dtype=np.int64) * 3
+    copies, at = [], 0
+    for n in lengths:
+        copies.append((target[at : at + n], source[at : at + n]))
+        at += n
+    shares = split_copies(copies, parts)
+    assert len(shares) <= parts
+    for share in shares:
+        for t, s in share:
+            assert t.shape == s.shape and np.shares_memory(t, target)
+            t[...] = s
+    np.testing.assert_array_equal(target, source)
+    if total:
+        sizes = [sum(t.shape[0] for t, _ in share) for share in shares]
+        assert max(sizes) <= -(-total // parts) and sum(sizes) == total

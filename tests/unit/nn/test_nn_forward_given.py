@@ -71,3 +71,39 @@ def test_a_missing_tensor_is_named() -> None:
     dense, _ = graph_inputs(executor.graph, 2, np.random.default_rng(0))
     with pytest.raises(RequestError, match="needs tensors not given"):
         executor.forward_given(dense, {})
+
+
+@pytest.mark.parametrize("path", FIXTURES, ids=lambda p: p.stem)
+@pytest.mark.parametrize("batch", [1, 9])
+def test_dense_prefix_then_the_rest_equals_forward(path, batch) -> None:
+    """The steps fed by the dense input alone run first (the pipeline overlaps them with the
+    lookup); the rest, given their outputs, skips them and gives forward's answer."""
+    executor = executor_of(path)
+    dense, pooled = graph_inputs(executor.graph, batch, np.random.default_rng(batch + 1))
+    want = executor.forward(dense, {n: pooled[n] for n in executor.embedding_names})
+    tops = dict(zip(executor.embedding_names, executor.embedding_tops(), strict=True))
+    given = {tops[n]: pooled[n] for n in executor.embedding_names}
+    prefix = executor.forward_dense_prefix(dense)
+    if "dlrm" in path.stem:  # the bottom MLP: its output is what the interaction reads
+        assert len(prefix) == 1 and next(iter(prefix.values())).shape[0] == batch
+    np.testing.assert_array_equal(
+        executor.forward_given(dense, given | prefix, prefix_done=True), want
+    )
+    # Without its outputs the rest cannot run: the skipped steps are not recomputed.
+    if prefix:
+        with pytest.raises(RequestError, match="needs tensors not given"):
+            executor.forward_given(dense, given, prefix_done=True)
+
+
+def test_no_prefix_in_a_network_without_dense_only_steps() -> None:
+    layers = [
+        _embedding("emb_a", "keys_a"),
+        {"name": "flat", "type": "Reshape", "bottom": "emb_a", "top": "flat", "leading_dim": 8},
+        {"name": "both", "type": "Concat", "bottom": ["flat", "dense"], "top": "both"},
+        {"name": "fc", "type": "InnerProduct", "bottom": "both", "top": "fc",
+         "fc_param": {"num_output": 1}},
+    ]  # fmt: skip
+    graph = graph_of(layers, sparse=(("keys_a", 2, 1),))
+    executor = DenseExecutor(graph, random_dense_params(graph.dense_layout(), seed=3))
+    dense, _ = graph_inputs(executor.graph, 3, np.random.default_rng(0))
+    assert executor.forward_dense_prefix(dense) == {}
