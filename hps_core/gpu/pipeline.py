@@ -63,7 +63,7 @@ _CAPTURE_THREAD_LOCAL = 1  # cudaStreamCaptureModeThreadLocal
 _INSERT_BLOCKS_PER_SM = 2
 """Blocks of ``bank_insert`` per SM: few, so that the dense network's GEMMs, which run beside
 the insert, find room on every SM (eight per SM left them waiting for the insert to drain)."""
-_GROUPED_STAGING_SAMPLES = 4096
+_GROUPED_STAGING_SAMPLES = 16384
 """From this bucket size on, a batch is staged, copied and looked up in groups of tables."""
 _THREADED_STAGING_BYTES = 4 << 20
 """From this many bytes of keys on, threads fill each group (NumPy copies release the GIL)."""
@@ -413,28 +413,29 @@ class GpuRankingPipeline:
         Args:
             bucket: the batch's bucket.
             uploaded: None when the main stream holds the copy of the whole batch (every
-                lookup and the insert follow it, in one ordering section); else, for a grouped
-                bucket, yields each group of tables once the main stream holds its copy (that
-                group's lookup follows the copy), then ``_DENSE_FEATURES`` once it holds the
-                dense features (the dense-only steps follow).
+                lookup follows it); else, for a grouped bucket, yields each group of tables
+                once the main stream holds its copy (that group's lookup follows the copy),
+                then ``_DENSE_FEATURES`` once it holds the dense features (the dense-only steps
+                follow). The lookups and the insert of a batch are one ordering section: with
+                caches shared between processes, another process's lookups and inserts never
+                fall between those of this batch's groups (which would make every group's
+                lookup wait for the other process's latest work).
             dense: ``False``: the lookups and insert only.
         """
         main, cache = self._stream, self._cache_stream
         ranges = self._slot_ranges(bucket)
-        for group in uploaded or ():
-            if group == _DENSE_FEATURES:
-                self._dense_uploaded.record(main)
-                self._launch_prefix(bucket, self._dense_uploaded)
-                continue
-            self._uploaded[group].record(main)
-            with cache, self.bank.section():
+        with cache, self.bank.section():
+            for group in uploaded or ():
+                if group == _DENSE_FEATURES:
+                    self._dense_uploaded.record(main)
+                    self._launch_prefix(bucket, self._dense_uploaded)
+                    continue
+                self._uploaded[group].record(main)
                 cache.wait_event(self._uploaded[group])
                 self._launch_lookup(bucket, group, ranges[group])
-        if uploaded is None:
-            self._uploaded[0].record(main)
-            self._launch_prefix(bucket, self._uploaded[0])
-        with cache, self.bank.section():
             if uploaded is None:
+                self._uploaded[0].record(main)
+                self._launch_prefix(bucket, self._uploaded[0])
                 cache.wait_event(self._uploaded[0])
                 for part, slots in enumerate(ranges):
                     self._launch_lookup(bucket, part, slots)
