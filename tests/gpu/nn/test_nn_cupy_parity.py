@@ -3,10 +3,9 @@ pooling, and whole HugeCTR networks, in FP32 and FP16. Skipped without CuPy and 
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import pytest
+from network_files import NETWORKS, network_id
 
 from hps_core.nn import (
     Combiner,
@@ -33,9 +32,7 @@ if not HAVE_DEVICE:
 
 pytestmark = pytest.mark.gpu
 
-FIXTURES = sorted(
-    (Path(__file__).resolve().parents[3].parent / "shared" / "fixtures" / "hugectr").glob("*.json")
-)
+FIXTURES = NETWORKS  # the project's networks, and HugeCTR's where they are here
 TOLERANCE = {Precision.FP32: 2e-5, Precision.FP16: 2e-2}
 
 # (type, bottoms, tops, fields, input shapes as (rows_per_sample, dims))
@@ -177,7 +174,7 @@ def test_pooling_parity(combiner, fixed):
 
 
 @pytest.mark.parametrize("precision", [Precision.FP32, Precision.FP16])
-@pytest.mark.parametrize("path", FIXTURES, ids=lambda p: p.name)
+@pytest.mark.parametrize("path", FIXTURES, ids=network_id)
 def test_network_parity(path, precision):
     graph = build_graph(load_network_json(path))
     params = random_dense_params(graph.dense_layout(), seed=2)

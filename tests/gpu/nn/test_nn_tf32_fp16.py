@@ -5,10 +5,9 @@ Also per-layer profiling with CUDA events. Skipped without CuPy and a CUDA devic
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import pytest
+from network_files import NETWORKS, OWN, network_id
 
 from hps_core.nn import (
     ComputeContext,
@@ -33,9 +32,7 @@ pytestmark = pytest.mark.gpu
 HAVE_TF32 = int(cupy.cuda.Device().compute_capability) >= 80
 needs_tf32 = pytest.mark.skipif(not HAVE_TF32, reason="TF32 needs compute capability 8.0+")
 
-FIXTURES = sorted(
-    (Path(__file__).resolve().parents[3].parent / "shared" / "fixtures" / "hugectr").glob("*.json")
-)
+FIXTURES = NETWORKS  # the project's networks, and HugeCTR's where they are here
 U_TF32 = U_FP16 = 2.0**-11
 U_FP32 = 2.0**-24
 
@@ -165,7 +162,7 @@ NETWORK_TOLERANCE = {Precision.TF32: 5e-4, Precision.FP16: 8e-3}
 
 
 @pytest.mark.parametrize("precision", [Precision.TF32, Precision.FP16])
-@pytest.mark.parametrize("path", FIXTURES, ids=lambda p: p.stem)
+@pytest.mark.parametrize("path", FIXTURES, ids=network_id)
 def test_networks_agree_with_numpy(path, precision):
     skip_without(precision)
     graph = build_graph(load_network_json(path))
@@ -193,10 +190,7 @@ def test_networks_agree_with_numpy(path, precision):
 @pytest.mark.parametrize("precision", list(Precision))
 def test_profile_with_cuda_events(precision):
     skip_without(precision)
-    path = next((p for p in FIXTURES if p.stem == "dlrm_1gpu"), None)
-    if path is None:
-        pytest.skip("HugeCTR's dlrm_1gpu.json fixture is not beside the checkout (../shared)")
-    graph = build_graph(load_network_json(path))
+    graph = build_graph(load_network_json(OWN["dlrm"]))
     executor = DenseExecutor(graph, random_dense_params(graph.dense_layout()), cupy, precision)
     rng = np.random.default_rng(0)
     batch = 8192

@@ -11,7 +11,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 from google.protobuf import json_format, text_format
-from ranking_testdata import FIXTURE_DIR, write_ranking_files
+from network_files import OWN
+from ranking_testdata import write_ranking_files
 from tritonclient.grpc import model_config_pb2
 
 from hps_core.cli.main import main
@@ -76,7 +77,7 @@ def warmup_inputs(folder: Path, config: model_config_pb2.ModelConfig) -> list[np
 @pytest.fixture
 def wdl(tmp_path: Path):
     return write_ranking_files(
-        tmp_path / "src", FIXTURE_DIR / "wdl_1gpu.json", seed=3, name="wdl", max_batch_size=32
+        tmp_path / "src", OWN["wdl"], seed=3, name="wdl", max_batch_size=32
     )
 
 

@@ -15,8 +15,6 @@ from hps_core.formats.sparse_writer import write_sparse_table
 from hps_core.infer import SparseBatch
 from hps_core.nn import build_graph, load_network_json, random_dense_params, write_dense_blob
 
-FIXTURE_DIR = Path(__file__).resolve().parents[3].parent / "shared" / "fixtures" / "hugectr"
-
 
 @dataclass(frozen=True)
 class RankingFiles:

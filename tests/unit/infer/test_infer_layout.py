@@ -8,8 +8,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from network_files import OWN
 from nn_testdata import network_text
-from ranking_testdata import FIXTURE_DIR, write_ranking_files
+from ranking_testdata import write_ranking_files
 
 from hps_core.config import load_ps_config
 from hps_core.errors import ConfigError, NotAvailableError
@@ -39,7 +40,7 @@ def problems_of(ps_json: Path) -> list[str]:
 
 @pytest.fixture
 def wdl(tmp_path: Path):
-    return write_ranking_files(tmp_path / "wdl", FIXTURE_DIR / "wdl_1gpu.json", seed=1)
+    return write_ranking_files(tmp_path / "wdl", OWN["wdl"], seed=1)
 
 
 def test_layout_of_wide_and_deep(wdl) -> None:
@@ -47,8 +48,8 @@ def test_layout_of_wide_and_deep(wdl) -> None:
     assert (layout.model, layout.dense_dim, layout.label_dim) == ("rank", 13, 1)
     assert layout.max_batch_size == 64
     assert [(t.table, t.layer, t.slot_num, t.vec_size, t.combiner) for t in layout.tables] == [
-        (0, "sparse_embedding2", 2, 1, Combiner.SUM),
-        (1, "sparse_embedding1", 26, 16, Combiner.SUM),
+        (0, "wide_embedding", 2, 1, Combiner.SUM),
+        (1, "deep_embedding", 26, 16, Combiner.SUM),
     ]
     assert layout.slot_nums == (2, 26) and layout.total_slots == 28
     assert [t.max_keys_per_sample for t in layout.tables] == [6, 78]
@@ -68,7 +69,7 @@ def test_table_count_must_match_the_embedding_layers(wdl) -> None:
     wdl.ps_json.write_text(json.dumps(doc))
     [problem] = problems_of(wdl.ps_json)
     assert problem.startswith("models[0].sparse_files: lists 1 table but the network")
-    assert "2 embedding layers ('sparse_embedding2', 'sparse_embedding1')" in problem
+    assert "2 embedding layers ('wide_embedding', 'deep_embedding')" in problem
 
 
 def test_dims_and_slot_limits_are_checked_together(wdl) -> None:
@@ -80,7 +81,7 @@ def test_dims_and_slot_limits_are_checked_together(wdl) -> None:
     problems = problems_of(wdl.ps_json)
     assert len(problems) == 3
     assert problems[0].startswith("models[0].embedding_vecsize_per_table[0]: is 16 but table 0")
-    assert "'sparse_embedding2'" in problems[0] and "embedding_vec_size is 1" in problems[0]
+    assert "'wide_embedding'" in problems[0] and "embedding_vec_size is 1" in problems[0]
     assert problems[1].startswith(
         "models[0].maxnum_catfeature_query_per_table_per_sample[0]: is 1 but table 0"
     )

@@ -1,5 +1,6 @@
-"""RankingSession: lookup + pooling + dense network against the float64 reference, on HugeCTR's
-four network fixtures with random tables and multi-hot, empty and unknown-key samples."""
+"""RankingSession: lookup + pooling + dense network against the float64 reference, on the
+project's four networks (and HugeCTR's, where they are here) with random tables and multi-hot,
+empty and unknown-key samples."""
 
 from __future__ import annotations
 
@@ -8,21 +9,20 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from network_files import NETWORKS, OWN, network_id
 from nn_testdata import network_text
 from ranking_reference import predict_reference, random_keys
-from ranking_testdata import FIXTURE_DIR, to_sparse_batch, write_ranking_files
+from ranking_testdata import to_sparse_batch, write_ranking_files
 
 from hps_core.errors import RequestError
 from hps_core.infer import RankingSession, SparseBatch, concat_batches, split_samples
-
-FIXTURES = sorted(FIXTURE_DIR.glob("*.json"))
 
 
 def random_dense(rng: np.random.Generator, batch: int, dim: int) -> np.ndarray:
     return (0.5 * rng.standard_normal((batch, dim))).astype(np.float32)
 
 
-@pytest.mark.parametrize("network", FIXTURES, ids=lambda p: p.stem)
+@pytest.mark.parametrize("network", NETWORKS, ids=network_id)
 def test_predictions_equal_the_reference(tmp_path: Path, network: Path) -> None:
     files = write_ranking_files(tmp_path / "model", network, seed=5)
     session = RankingSession.open(files.ps_json, files.name)
@@ -42,13 +42,13 @@ def test_predictions_equal_the_reference(tmp_path: Path, network: Path) -> None:
 
 
 def test_tables_follow_embedding_layer_file_order(tmp_path: Path) -> None:
-    """wdl_1gpu.json lists deep_data before wide_data but defines the wide embedding first:
-    table 0 is the wide table (2 slots, vector size 1)."""
-    files = write_ranking_files(tmp_path / "wdl", FIXTURE_DIR / "wdl_1gpu.json", seed=8)
+    """The W&D file lists deep_data before wide_data but defines the wide embedding first (as
+    HugeCTR's wdl_1gpu.json does): table 0 is the wide table (2 slots, vector size 1)."""
+    files = write_ranking_files(tmp_path / "wdl", OWN["wdl"], seed=8)
     layout = RankingSession.open(files.ps_json, files.name).layout
     assert [(t.layer, t.slot_num, t.vec_size) for t in layout.tables] == [
-        ("sparse_embedding2", 2, 1),
-        ("sparse_embedding1", 26, 16),
+        ("wide_embedding", 2, 1),
+        ("deep_embedding", 26, 16),
     ]
 
 
@@ -66,7 +66,7 @@ class RecordingLookup:
 
 
 def test_batches_join_into_one_lookup_per_table(tmp_path: Path) -> None:
-    files = write_ranking_files(tmp_path / "wdl", FIXTURE_DIR / "wdl_1gpu.json", seed=9)
+    files = write_ranking_files(tmp_path / "wdl", OWN["wdl"], seed=9)
     opened = RankingSession.open(files.ps_json, files.name)
     recorder = RecordingLookup(opened.lookup)
     session = RankingSession(opened.layout, recorder, opened.executor)
@@ -116,7 +116,7 @@ def test_unused_embedding_layer_is_not_looked_up(tmp_path: Path) -> None:
 
 
 def test_batch_that_does_not_fit_is_a_request_error(tmp_path: Path) -> None:
-    files = write_ranking_files(tmp_path / "m", FIXTURE_DIR / "wdl_1gpu.json", seed=14)
+    files = write_ranking_files(tmp_path / "m", OWN["wdl"], seed=14)
     session = RankingSession.open(files.ps_json, files.name)
     rng = np.random.default_rng(15)
     good = to_sparse_batch(
@@ -133,7 +133,7 @@ def test_batch_that_does_not_fit_is_a_request_error(tmp_path: Path) -> None:
 
 
 def test_empty_table_keys_pool_to_zeros(tmp_path: Path) -> None:
-    files = write_ranking_files(tmp_path / "m", FIXTURE_DIR / "dcn_inference.json", seed=16)
+    files = write_ranking_files(tmp_path / "m", OWN["dcn"], seed=16)
     session = RankingSession.open(files.ps_json, files.name)
     keys = [[[[] for _ in range(26)]] for _ in range(3)]
     dense = random_dense(np.random.default_rng(17), 3, 13)

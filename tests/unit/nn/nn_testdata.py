@@ -3,15 +3,15 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import numpy as np
+from network_files import NETWORKS
 
 from hps_core.nn import LayerSpec, NetworkGraph, build_graph, parse_network_json
 
-FIXTURE_DIR = Path(__file__).resolve().parents[3].parent / "shared" / "fixtures" / "hugectr"
-FIXTURES = sorted(FIXTURE_DIR.glob("*.json"))
-assert len(FIXTURES) == 4, f"expected the 4 HugeCTR network fixtures in {FIXTURE_DIR}"
+# Whole-network tests run on the project's own network files and, where they are here,
+# HugeCTR's (tests/network_files.py).
+FIXTURES = NETWORKS
 
 
 def make_spec(layer_type: str, bottoms, tops, **fields) -> LayerSpec:

@@ -5,8 +5,10 @@ from __future__ import annotations
 import json
 import re
 
+import numpy as np
 import pytest
-from nn_testdata import FIXTURE_DIR, FIXTURES
+from network_files import OWN, hugectr, network_id, requires_hugectr
+from nn_testdata import FIXTURES
 
 from hps_core.cli.main import main
 from hps_core.nn import build_graph, load_network_json, random_dense_params, write_dense_blob
@@ -22,7 +24,7 @@ def table_rows(stdout: str) -> dict[str, list[str]]:
     return rows
 
 
-@pytest.mark.parametrize("path", FIXTURES, ids=lambda p: p.name)
+@pytest.mark.parametrize("path", FIXTURES, ids=network_id)
 def test_report_lists_every_layer_with_line_shapes_and_params(capsys, path):
     assert main(["graph", str(path)]) == 0
     out = capsys.readouterr().out
@@ -39,39 +41,66 @@ def test_report_lists_every_layer_with_line_shapes_and_params(capsys, path):
     assert f"prediction '{graph.output}' (B, 1)" in out
 
 
-def test_training_form_notes_and_loss_conversion(capsys):
-    assert main(["graph", str(FIXTURE_DIR / "wdl_1gpu.json")]) == 0
+@pytest.mark.parametrize(
+    ("path", "dropout", "table0"),
+    [
+        (OWN["deepfm"], "dropout1", "'embedding1' <- 'data1', vec_size 9"),
+        pytest.param(
+            hugectr("wdl_1gpu.json"), "dropout1", "'sparse_embedding2' <- 'wide_data', vec_size 1",
+            marks=requires_hugectr, id="hugectr/wdl",
+        ),
+    ],
+    ids=["own/deepfm", "hugectr/wdl"],
+)  # fmt: skip
+def test_training_form_notes_and_loss_conversion(capsys, path, dropout, table0):
+    assert main(["graph", str(path)]) == 0
     out = capsys.readouterr().out
     assert "(training form: solver and optimizer ignored)" in out
     rows = table_rows(out)
     assert rows["loss"][2] == "BinaryCrossEntropyLoss -> Sigmoid"
-    assert rows["dropout1"][2] == "Dropout (identity)"
-    assert "embedding table 0: 'sparse_embedding2' <- 'wide_data', vec_size 1, combiner sum" in out
+    assert rows[dropout][2] == "Dropout (identity)"
+    assert f"embedding table 0: {table0}, combiner sum" in out
 
 
-def test_dense_file_check(capsys, tmp_path):
-    path = FIXTURE_DIR / "dlrm_1gpu.json"
+@pytest.mark.parametrize(
+    "path",
+    [OWN["dlrm"], pytest.param(hugectr("dlrm_1gpu.json"), marks=requires_hugectr)],
+    ids=network_id,
+)
+def test_dense_file_check(capsys, tmp_path, path):
     layout = build_graph(load_network_json(path)).dense_layout()
     blob = tmp_path / "dense.model"
     write_dense_blob(random_dense_params(layout), blob)
     assert main(["graph", str(path), "--dense", str(blob)]) == 0
     assert f"{layout.total_floats:,} floats, matches" in capsys.readouterr().out
+    last = layout.layers[-1]
+    floats = sum(int(np.prod(t.shape)) for t in (*last.params, *last.state))
+    cut = (floats + 1) // 2  # the file ends inside the last layer
     with blob.open("r+b") as f:
-        f.truncate(4 * (layout.total_floats - 100))
+        f.truncate(4 * (layout.total_floats - cut))
     assert main(["graph", str(path), "--dense", str(blob)]) == 1
     out = capsys.readouterr().out
     assert "dense file: MISMATCH" in out
-    assert (
-        "the file ends inside layer 'fc8'" in out and "expected 257 floats there, found 157" in out
-    )
+    assert f"the file ends inside layer '{last.layer}'" in out
+    assert f"expected {floats} floats there, found {floats - cut}" in out
 
 
-def test_layers_that_cannot_run_make_it_fail_with_their_lines(capsys, tmp_path):
-    doc = json.loads((FIXTURE_DIR / "dcn_inference.json").read_text())
-    doc["layers"].insert(5, {"name": "bn", "type": "GRU", "bottom": "fc1", "top": "bn"})
-    doc["layers"][6]["bottom"] = "bn"
+@pytest.mark.parametrize(
+    "path",
+    [OWN["dcn"], pytest.param(hugectr("dcn_inference.json"), marks=requires_hugectr)],
+    ids=network_id,
+)
+def test_layers_that_cannot_run_make_it_fail_with_their_lines(capsys, tmp_path, path):
+    doc = json.loads(path.read_text())
+    # A GRU (a HugeCTR layer not served here) before the first fully connected layer.
+    at = next(i for i, layer in enumerate(doc["layers"]) if layer["type"] == "InnerProduct")
+    fc = doc["layers"][at]
+    doc["layers"].insert(at, {"name": "bn", "type": "GRU", "bottom": fc["bottom"], "top": "bn"})
+    fc["bottom"] = "bn"
+    output = doc["layers"][-1]["top"]
     doc["layers"].append({"name": "side", "type": "Gizmo", "bottom": "dense", "top": "g"})
-    doc["layers"].append({"name": "last", "type": "ReLU", "bottom": "sigmoid", "top": "out"})
+    # The last layer is the prediction: one on the main path keeps 'side' off it.
+    doc["layers"].append({"name": "last", "type": "ReLU", "bottom": output, "top": "out"})
     network = tmp_path / "net.json"
     text = json.dumps(doc, indent=2)
     network.write_text(text)
@@ -79,11 +108,11 @@ def test_layers_that_cannot_run_make_it_fail_with_their_lines(capsys, tmp_path):
     out = capsys.readouterr().out
     lines = text.splitlines()
     bn_line = next(i for i, line in enumerate(lines, 1) if '"name": "bn"' in line) - 1
-    assert f"{network}:{bn_line} layers[5] 'bn'.type: type 'GRU' is a HugeCTR layer" in out
+    assert f"{network}:{bn_line} layers[{at}] 'bn'.type: type 'GRU' is a HugeCTR layer" in out
     assert "'side'.type: unknown layer type 'Gizmo'" in out
     assert "cannot run 2 layer(s):" in out
     rows = table_rows(out)
-    assert rows["relu1"][-2] == "?" and rows["side"][1] == "side *"
+    assert rows[fc["name"]][-2] == "?" and rows["side"][1] == "side *"
     assert "dense parameters: unknown" in out
 
 

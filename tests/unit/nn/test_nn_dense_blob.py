@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from nn_testdata import FIXTURES, flat
+from network_files import OWN, hugectr, network_id, requires_hugectr
+from nn_testdata import FIXTURES, flat, graph_of
 
 from hps_core.errors import ModelFileError
 from hps_core.nn import (
@@ -21,7 +22,7 @@ def layout_of(path):
     return build_graph(load_network_json(path)).dense_layout()
 
 
-@pytest.mark.parametrize("path", FIXTURES, ids=lambda p: p.name)
+@pytest.mark.parametrize("path", FIXTURES, ids=network_id)
 def test_round_trip_is_raw_little_endian_float32(tmp_path, path):
     layout = layout_of(path)
     params = random_dense_params(layout, seed=5)
@@ -39,43 +40,51 @@ def test_round_trip_is_raw_little_endian_float32(tmp_path, path):
     assert (tmp_path / "again.model").read_bytes() == raw
 
 
-@pytest.fixture
-def dcn(tmp_path):
-    path = next(p for p in FIXTURES if p.name == "dcn_inference.json")
-    layout = layout_of(path)
+@pytest.fixture(
+    params=[OWN["dcn"], pytest.param(hugectr("dcn_inference.json"), marks=requires_hugectr)],
+    ids=network_id,
+)
+def dcn(request, tmp_path):
+    """A DCN's dense layout, its spec and a dense file of random parameters for it."""
+    spec = load_network_json(request.param)
+    layout = build_graph(spec).dense_layout()
     blob = tmp_path / "dcn_dense.model"
     write_dense_blob(random_dense_params(layout), blob)
-    return layout, blob
+    return layout, blob, spec
 
 
 def test_short_file_names_the_layer_where_it_ends(dcn):
-    layout, blob = dcn
+    layout, blob, spec = dcn
     sizes = {layer.layer: layer.size for layer in layout.layers}
+    *_, target, before_last, last = (layer.layer for layer in layout.layers)
     floats = np.fromfile(blob, dtype="<f4")
-    cut = layout.total_floats - sizes["fc4"] - sizes["fc3"] - 5
+    cut = layout.total_floats - sizes[last] - sizes[before_last] - 5
     floats[:cut].tofile(blob)
     with pytest.raises(ModelFileError) as info:
         check_dense_blob_size(blob, layout)
     message = str(info.value)
     assert f"has {cut} floats, the network needs {layout.total_floats}" in message
-    where = "dcn_inference.json:74 layers[6] 'fc2'"
-    expected = f"expected {sizes['fc2']} floats there, found {sizes['fc2'] - 5}"
-    assert "inside layer 'fc2' (InnerProduct, " in message
+    layer = next(layer for layer in spec.layers if layer.name == target)
+    where = f"{spec.source}:{layer.line} layers[{layer.index}] '{target}'"
+    expected = f"expected {sizes[target]} floats there, found {sizes[target] - 5}"
+    assert f"inside layer '{target}' ({layer.type}, " in message
     assert f"{where}): {expected}" in message
-    with pytest.raises(ModelFileError, match="inside layer 'fc2'"):
+    with pytest.raises(ModelFileError, match=f"inside layer '{target}'"):
         read_dense_blob(blob, layout)
 
 
 def test_long_file_reports_the_extra_floats(dcn):
-    layout, blob = dcn
+    layout, blob, _ = dcn
+    last = layout.layers[-1].layer
     with blob.open("ab") as f:
         f.write(np.zeros(3, dtype="<f4").tobytes())
-    with pytest.raises(ModelFileError, match="3 floats are left over after the last layer 'fc4'"):
+    left_over = f"3 floats are left over after the last layer '{last}'"
+    with pytest.raises(ModelFileError, match=left_over):
         read_dense_blob(blob, layout)
 
 
 def test_partial_float_and_missing_file(dcn, tmp_path):
-    layout, blob = dcn
+    layout, blob, _ = dcn
     with blob.open("ab") as f:
         f.write(b"\x00")
     with pytest.raises(ModelFileError, match="not a whole number of float32 values"):
@@ -85,7 +94,18 @@ def test_partial_float_and_missing_file(dcn, tmp_path):
 
 
 def test_random_params_are_scaled_by_fan_in():
-    layout = layout_of(next(p for p in FIXTURES if p.name == "dlrm_1gpu.json"))
+    fc = {"name": "fc", "type": "InnerProduct", "bottom": "dense", "top": "fc",
+          "fc_param": {"num_output": 1024}}  # fmt: skip
+    layout = graph_of([fc], dense_dim=1024, sparse=()).dense_layout()
+    params = random_dense_params(layout, seed=3)
+    weight = params["fc"][0]
+    assert weight.shape == (1024, 1024) and weight.dtype == np.float32
+    assert abs(weight.std() * np.sqrt(1024) - 1.0) < 0.02
+
+
+@requires_hugectr
+def test_random_params_of_hugectrs_dlrm_are_scaled_by_fan_in():
+    layout = layout_of(hugectr("dlrm_1gpu.json"))
     params = random_dense_params(layout, seed=3)
     weight = params["fc5"][0]
     assert weight.shape == (1024, 1024) and weight.dtype == np.float32

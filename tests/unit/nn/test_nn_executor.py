@@ -7,6 +7,7 @@ import json
 
 import numpy as np
 import pytest
+from network_files import requires_hugectr
 from nn_reference import network_forward, pool
 from nn_testdata import FIXTURES, graph_inputs, network_text, random_csr
 
@@ -252,7 +253,13 @@ def test_fp32_matches_reference(networks, name, batch):
     )
 
 
-@pytest.mark.parametrize("name", ["every_layer", "wdl_1gpu", "dcn_inference"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "every_layer", "wdl", "dcn",
+        *(pytest.param(n, marks=requires_hugectr) for n in ("wdl_1gpu", "dcn_inference")),
+    ],
+)  # fmt: skip
 def test_unpooled_inputs_are_pooled_per_slot(networks, name):
     path, dense_file = networks[name]
     executor = DenseExecutor.from_files(path, dense_file)
@@ -299,6 +306,15 @@ def test_relu_fusion_keeps_results_and_skips_shared_outputs(networks):
     }
     # fc1 feeds both relu1 and add0, so it must not be fused; nothing else feeds a ReLU.
     assert fused == {"fc3d": False, "fc1": False, "fc2": False}
+    # The exported DLRM: every ReLU follows the one InnerProduct it reads, so none is left.
+    dlrm_path, dlrm_dense = networks["dlrm"]
+    dlrm = DenseExecutor.from_files(dlrm_path, dlrm_dense)
+    assert not [step.name for step in dlrm._steps if step.layer_type == "ReLU"]
+    assert sum(getattr(step.layer, "fuse_relu", False) for step in dlrm._steps) >= 2
+
+
+@requires_hugectr
+def test_relu_fusion_in_hugectrs_dlrm(networks):
     dlrm_path, dlrm_dense = networks["dlrm_1gpu"]
     dlrm = DenseExecutor.from_files(dlrm_path, dlrm_dense)
     names = [step.name for step in dlrm._steps]
@@ -306,7 +322,7 @@ def test_relu_fusion_keeps_results_and_skips_shared_outputs(networks):
 
 
 def test_out_buffer_is_fully_written(networks):
-    path, dense_file = networks["deepfm_1gpu"]
+    path, dense_file = networks["deepfm"]
     executor = DenseExecutor.from_files(path, dense_file)
     dense, pooled = graph_inputs(executor.graph, 9, np.random.default_rng(0))
     out = np.full((9, 1), np.nan, dtype=np.float32)
@@ -317,43 +333,43 @@ def test_out_buffer_is_fully_written(networks):
 
 
 def test_request_errors_name_the_input(networks):
-    path, dense_file = networks["wdl_1gpu"]
+    path, dense_file = networks["wdl"]
     executor = DenseExecutor.from_files(path, dense_file)
     dense, pooled = graph_inputs(executor.graph, 4, np.random.default_rng(0))
     with pytest.raises(RequestError, match=r"dense input 'dense' must be numeric \[batch, 13\]"):
         executor.forward(dense[:, :12], pooled)
-    with pytest.raises(RequestError, match=r"missing \['sparse_embedding1'\], unexpected \['x'\]"):
-        executor.forward(dense, {"sparse_embedding2": pooled["sparse_embedding2"], "x": 1})
-    short = dict(pooled, sparse_embedding1=pooled["sparse_embedding1"][:3])
-    with pytest.raises(
-        RequestError, match="'sparse_embedding1' has 3 samples, the dense input has 4"
-    ):
+    with pytest.raises(RequestError, match=r"missing \['deep_embedding'\], unexpected \['x'\]"):
+        executor.forward(dense, {"wide_embedding": pooled["wide_embedding"], "x": 1})
+    short = dict(pooled, deep_embedding=pooled["deep_embedding"][:3])
+    with pytest.raises(RequestError, match="'deep_embedding' has 3 samples, the dense input has 4"):
         executor.forward(dense, short)
 
 
 def test_parameter_errors_name_the_layer(networks):
-    path, _ = networks["dcn_inference"]
+    path, _ = networks["dcn"]
     graph = build_graph(load_network_json(path))
     params = random_dense_params(graph.dense_layout())
-    with pytest.raises(ModelFileError, match=r"'fc2' .*needs 2 parameter tensors, got none"):
-        DenseExecutor(graph, {k: v for k, v in params.items() if k != "fc2"})
-    bad = dict(params, fc3=(params["fc3"][0].T[:, :5], params["fc3"][1]))
-    with pytest.raises(ModelFileError, match=r"'fc3' .* weight must have shape \(200, 200\)"):
+    with pytest.raises(ModelFileError, match=r"'deep_fc1' .*needs 2 parameter tensors, got none"):
+        DenseExecutor(graph, {k: v for k, v in params.items() if k != "deep_fc1"})
+    fc2 = params["deep_fc2"]
+    bad = dict(params, deep_fc2=(fc2[0].T[:, :5], fc2[1]))
+    with pytest.raises(ModelFileError, match=r"'deep_fc2' .* weight must have shape \(64, 64\)"):
         DenseExecutor(graph, bad)
     with pytest.raises(ModelFileError, match=r"layers the network has not: \['fc9'\]"):
         DenseExecutor(graph, dict(params, fc9=()))
 
 
 def test_unrunnable_networks_and_precisions_are_refused(networks, tmp_path):
-    path, dense_file = networks["dcn_inference"]
+    path, dense_file = networks["dcn"]
     with pytest.raises(ConfigError, match="unknown precision 'fp8'"):
         DenseExecutor.from_files(path, dense_file, precision="fp8")
     doc = json.loads(path.read_text())
     doc["layers"][5]["type"] = "Gather"
+    name = doc["layers"][5]["name"]
     bad = tmp_path / "elu.json"
     bad.write_text(json.dumps(doc, indent=2))
     with pytest.raises(
-        NotAvailableError, match=r"elu.json:\d+ layers\[5\] 'relu1'.type: type 'Gather'"
+        NotAvailableError, match=rf"elu.json:\d+ layers\[5\] '{name}'.type: type 'Gather'"
     ):
         DenseExecutor.from_files(bad, dense_file)
 

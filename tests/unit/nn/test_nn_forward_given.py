@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from network_files import HUGECTR, OWN, network_id, requires_hugectr
 from nn_testdata import FIXTURES, graph_inputs, graph_of
 
 from hps_core.errors import RequestError
@@ -16,7 +17,7 @@ def executor_of(path) -> DenseExecutor:
     return DenseExecutor(graph, random_dense_params(graph.dense_layout(), seed=3))
 
 
-@pytest.mark.parametrize("path", FIXTURES, ids=lambda p: p.stem)
+@pytest.mark.parametrize("path", FIXTURES, ids=network_id)
 @pytest.mark.parametrize("batch", [1, 7, 64])
 def test_given_embedding_outputs_equal_forward(path, batch) -> None:
     executor = executor_of(path)
@@ -60,10 +61,16 @@ def _tops_as_garbage(executor: DenseExecutor) -> dict[str, np.ndarray]:
     return {top: np.full((5, 1, 1), np.nan, np.float32) for top in executor.embedding_tops()}
 
 
-@pytest.mark.parametrize("path", FIXTURES, ids=lambda p: p.stem)
+@requires_hugectr
+@pytest.mark.parametrize("path", HUGECTR, ids=network_id)
 def test_fixtures_have_no_such_concat(path) -> None:
     # HugeCTR's own files use one embedding layer per input, read without a Concat.
     assert executor_of(path).embedding_concat() is None
+
+
+def test_the_exported_dlrm_has_such_a_concat() -> None:
+    # The exporter stacks the tables' [B, 1, D] outputs into the interaction's [B, 26, D].
+    assert executor_of(OWN["dlrm"]).embedding_concat() is not None
 
 
 def test_a_missing_tensor_is_named() -> None:
@@ -73,7 +80,7 @@ def test_a_missing_tensor_is_named() -> None:
         executor.forward_given(dense, {})
 
 
-@pytest.mark.parametrize("path", FIXTURES, ids=lambda p: p.stem)
+@pytest.mark.parametrize("path", FIXTURES, ids=network_id)
 @pytest.mark.parametrize("batch", [1, 9])
 def test_dense_prefix_then_the_rest_equals_forward(path, batch) -> None:
     """The steps fed by the dense input alone run first (the pipeline overlaps them with the

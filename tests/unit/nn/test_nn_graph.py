@@ -6,23 +6,62 @@ import itertools
 import json
 
 import pytest
-from nn_testdata import FIXTURE_DIR, graph_of
+from network_files import OWN, hugectr, requires_hugectr
+from nn_testdata import graph_of
 
 from hps_core.errors import ConfigError, NotAvailableError
 from hps_core.nn import build_graph, load_network_json
 
 
-def fixture_graph(name):
-    return build_graph(load_network_json(FIXTURE_DIR / name))
+def graph_at(path):
+    return build_graph(load_network_json(path))
 
 
 def shapes(graph):
     return {n.spec.name: [str(s) for s in n.output_shapes] for n in graph.nodes}
 
 
+def test_own_dlrm_interaction_width_and_output():
+    graph = graph_at(OWN["dlrm"])
+    doc = json.loads(OWN["dlrm"].read_text())
+    dim = doc["layers"][1]["sparse_embedding_hparam"]["embedding_vec_size"]
+    slots = sum(s["slot_num"] for s in doc["layers"][0]["sparse"])
+    width = dim + (slots + 1) * slots // 2 + 1
+    assert shapes(graph)["interaction"] == [f"(B, {width})"]
+    assert graph.output == "sigmoid" and str(graph.output_shape) == "(B, 1)"
+    assert graph.cannot_run == () and all(n.used for n in graph.nodes)
+
+
+def test_own_deepfm_rows_per_sample_and_branches():
+    got = shapes(graph_at(OWN["deepfm"]))
+    assert got["reshape1"] == ["(26B, 9)"]
+    assert got["slice1"] == ["(26B, 8)", "(26B, 1)"]
+    assert got["reshape2"] == ["(B, 208)"] and got["concat1"] == ["(B, 312)"]
+    assert got["fm"] == ["(B, 8)"] and got["add"] == ["(B, 1)"]
+
+
+def test_own_dcn_dense_layout_in_file_order():
+    layout = graph_at(OWN["dcn"]).dense_layout()
+    assert [layer.layer for layer in layout.layers] == [
+        "multicross1", "deep_fc1", "deep_fc2", "fc_out"
+    ]  # fmt: skip
+    width = 26 * 16 + 13
+    cross = 3 * 2 * width  # three cross layers, a weight and a bias vector each
+    deep = sum(w_in * w_out + w_out for w_in, w_out in itertools.pairwise([width, 64, 64]))
+    assert layout.total_floats == cross + deep + (width + 64) * 1 + 1
+    assert [p.shape for p in layout.layers[1].params] == [(width, 64), (1, 64)]
+
+
+def test_own_wdl_embedding_tables_follow_file_order():
+    graph = graph_at(OWN["wdl"])
+    tables = [(n.spec.name, n.layer.sparse_input, n.layer.slot_num) for n in graph.embeddings]
+    assert tables == [("wide_embedding", "wide_data", 2), ("deep_embedding", "deep_data", 26)]
+
+
+@requires_hugectr
 def test_dlrm_interaction_width_and_output():
-    graph = fixture_graph("dlrm_1gpu.json")
-    doc = json.loads((FIXTURE_DIR / "dlrm_1gpu.json").read_text())
+    graph = graph_at(hugectr("dlrm_1gpu.json"))
+    doc = json.loads(hugectr("dlrm_1gpu.json").read_text())
     dim = doc["layers"][1]["sparse_embedding_hparam"]["embedding_vec_size"]
     slots = doc["layers"][0]["sparse"][0]["slot_num"]
     width = dim + (slots + 1) * slots // 2 + 1
@@ -31,16 +70,18 @@ def test_dlrm_interaction_width_and_output():
     assert graph.cannot_run == () and all(n.used for n in graph.nodes)
 
 
+@requires_hugectr
 def test_deepfm_rows_per_sample_and_branches():
-    got = shapes(fixture_graph("deepfm_1gpu.json"))
+    got = shapes(graph_at(hugectr("deepfm_1gpu.json")))
     assert got["reshape1"] == ["(26B, 11)"]
     assert got["slice1"] == ["(26B, 10)", "(26B, 1)"]
     assert got["reshape2"] == ["(B, 260)"] and got["concat1"] == ["(B, 390)"]
     assert got["add"] == ["(B, 1)"]
 
 
+@requires_hugectr
 def test_dcn_dense_layout_in_file_order():
-    layout = fixture_graph("dcn_inference.json").dense_layout()
+    layout = graph_at(hugectr("dcn_inference.json")).dense_layout()
     assert [layer.layer for layer in layout.layers] == ["fc1", "fc2", "fc3", "fc4"]
     widths = [26 * 16 + 13, 200, 200, 200, 1]
     expected = sum(w_in * w_out + w_out for w_in, w_out in itertools.pairwise(widths))
@@ -48,8 +89,9 @@ def test_dcn_dense_layout_in_file_order():
     assert [p.shape for p in layout.layers[0].params] == [(429, 200), (1, 200)]
 
 
+@requires_hugectr
 def test_wdl_embedding_tables_follow_file_order():
-    graph = fixture_graph("wdl_1gpu.json")
+    graph = graph_at(hugectr("wdl_1gpu.json"))
     tables = [(n.spec.name, n.layer.sparse_input, n.layer.slot_num) for n in graph.embeddings]
     assert tables == [("sparse_embedding2", "wide_data", 2), ("sparse_embedding1", "deep_data", 26)]
 

@@ -6,13 +6,14 @@ from __future__ import annotations
 import json
 
 import pytest
-from nn_testdata import FIXTURE_DIR, FIXTURES, network_text
+from network_files import OWN, hugectr, network_id, requires_hugectr
+from nn_testdata import FIXTURES, network_text
 
 from hps_core.errors import ConfigError
 from hps_core.nn import NetworkForm, load_network_json, parse_network_json
 
 
-@pytest.mark.parametrize("path", FIXTURES, ids=lambda p: p.name)
+@pytest.mark.parametrize("path", FIXTURES, ids=network_id)
 def test_fixture_line_numbers_point_at_each_layer(path):
     spec = load_network_json(path)
     lines = path.read_text().splitlines()
@@ -24,8 +25,33 @@ def test_fixture_line_numbers_point_at_each_layer(path):
     assert lines[spec.data.line - 1].strip() == "{"
 
 
+def test_forms_and_data_layers_of_the_own_files():
+    dcn = load_network_json(OWN["dcn"])
+    assert dcn.form is NetworkForm.INFERENCE
+    assert dcn.inference["max_batchsize"] == 1024
+    assert (dcn.data.dense_name, dcn.data.dense_dim, dcn.data.label_names) == (
+        "dense",
+        13,
+        ("label",),
+    )
+    wdl = load_network_json(OWN["wdl"])
+    assert wdl.form is NetworkForm.TRAINING and wdl.inference == {}
+    assert [(s.name, s.slot_num, s.nnz_per_slot, s.is_fixed_length) for s in wdl.data.sparse] == [
+        ("deep_data", 26, 2, False),
+        ("wide_data", 2, 1, True),
+    ]
+    assert [layer.name for layer in wdl.layers[:3]] == [
+        "wide_embedding",
+        "deep_embedding",
+        "reshape1",
+    ]
+    slice2 = load_network_json(OWN["deepfm"]).layers[5]
+    assert slice2.tops == ("slice21", "slice22") and slice2.bottoms == ("dense",)
+
+
+@requires_hugectr
 def test_forms_and_data_layers_of_the_fixtures():
-    dcn = load_network_json(FIXTURE_DIR / "dcn_inference.json")
+    dcn = load_network_json(hugectr("dcn_inference.json"))
     assert dcn.form is NetworkForm.INFERENCE
     assert dcn.inference["max_batchsize"] == 4096
     assert (dcn.data.dense_name, dcn.data.dense_dim, dcn.data.label_names) == (
@@ -33,7 +59,7 @@ def test_forms_and_data_layers_of_the_fixtures():
         13,
         ("label",),
     )
-    wdl = load_network_json(FIXTURE_DIR / "wdl_1gpu.json")
+    wdl = load_network_json(hugectr("wdl_1gpu.json"))
     assert wdl.form is NetworkForm.TRAINING and wdl.inference == {}
     assert [(s.name, s.slot_num, s.nnz_per_slot, s.is_fixed_length) for s in wdl.data.sparse] == [
         ("deep_data", 26, 2, False),
@@ -44,7 +70,7 @@ def test_forms_and_data_layers_of_the_fixtures():
         "sparse_embedding1",
         "reshape1",
     ]
-    slice2 = load_network_json(FIXTURE_DIR / "deepfm_1gpu.json").layers[5]
+    slice2 = load_network_json(hugectr("deepfm_1gpu.json")).layers[5]
     assert slice2.tops == ("slice21", "slice22") and slice2.bottoms == ("dense",)
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from network_files import OWN, network_id
 from nn_testdata import FIXTURES, graph_inputs, make_spec
 
 from hps_core.errors import RequestError
@@ -25,7 +26,7 @@ def executor_for(path, precision=Precision.FP32) -> DenseExecutor:
     return DenseExecutor(graph, random_dense_params(graph.dense_layout(), seed=3), np, precision)
 
 
-@pytest.mark.parametrize("path", FIXTURES, ids=lambda p: p.stem)
+@pytest.mark.parametrize("path", FIXTURES, ids=network_id)
 def test_profile_has_one_entry_per_step_covering_every_layer_once(path):
     executor = executor_for(path)
     dense, pooled = graph_inputs(executor.graph, 8, np.random.default_rng(0))
@@ -43,7 +44,7 @@ def test_profile_has_one_entry_per_step_covering_every_layer_once(path):
     assert profile.batch == 8
 
 
-@pytest.mark.parametrize("path", FIXTURES, ids=lambda p: p.stem)
+@pytest.mark.parametrize("path", FIXTURES, ids=network_id)
 def test_profile_returns_the_forward_predictions_and_its_flops(path):
     executor = executor_for(path, Precision.FP16)
     dense, pooled = graph_inputs(executor.graph, 5, np.random.default_rng(1))
@@ -56,7 +57,7 @@ def test_profile_returns_the_forward_predictions_and_its_flops(path):
 
 
 def test_layer_times_add_up_to_the_whole_pass():
-    executor = executor_for(next(p for p in FIXTURES if p.stem == "dlrm_1gpu"))
+    executor = executor_for(OWN["dlrm"])
     dense, pooled = graph_inputs(executor.graph, 512, np.random.default_rng(2))
     executor.forward(dense, pooled)  # warm-up
     profile = executor.profile(dense, pooled)
@@ -125,7 +126,7 @@ def test_fused_relu_adds_one_operation_per_output():
 
 
 def test_dlrm_flops_are_its_products_plus_element_wise_work():
-    executor = executor_for(next(p for p in FIXTURES if p.stem == "dlrm_1gpu"))
+    executor = executor_for(OWN["dlrm"])
     batch = 32
     counts = dict(executor.step_flops(batch))
     # Every InnerProduct from the dense file's weight shapes [in, out]; a ReLU follows each
