@@ -25,6 +25,8 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
+import shlex
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -47,6 +49,10 @@ from hps_client_common import (  # noqa: E402
     ClientInputError,
     parse_int_list,
 )
+
+PERF_ANALYZER = "perf_analyzer"
+# scripts/setup.sh installs perf_analyzer as .venv/bin/perf_analyzer of the checkout.
+_REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
 def make_perf_input(
@@ -122,6 +128,60 @@ def write_perf_input(document: dict, path: Path) -> None:
     """
     entries = ",\n".join(json.dumps(entry, separators=(",", ":")) for entry in document["data"])
     path.write_text('{"data": [\n' + entries + "\n]}\n", encoding="utf-8")
+
+
+def find_perf_analyzer(
+    executable: str | None = None, repo_root: Path | None = None, cwd: Path | None = None
+) -> str:
+    """Return a perf_analyzer command that runs from ``cwd`` without an activated venv.
+
+    ``scripts/setup.sh`` installs perf_analyzer into the venv's ``bin/`` only, which is on
+    PATH only while the venv is activated; a plain ``perf_analyzer`` would then fail with
+    "command not found". Looked for, in order: next to the running interpreter (the venv
+    this script runs in; its ``bin/`` is not resolved through symlinks, which would lead to
+    the system Python's folder), then ``.venv/bin/`` of the checkout.
+
+    Args:
+        executable: the interpreter; ``sys.executable`` when ``None``.
+        repo_root: the checkout; the parent of ``client_examples/`` when ``None``.
+        cwd: the directory the command will be run from; ``Path.cwd()`` when ``None``.
+
+    Returns:
+        The path of the first executable found, relative to ``cwd`` when it lies below it
+        (e.g. ``.venv/bin/perf_analyzer``) and absolute otherwise, shell-quoted; plain
+        ``perf_analyzer`` (looked up on PATH) when none is found.
+    """
+    executable = sys.executable if executable is None else executable
+    root = _REPO_ROOT if repo_root is None else repo_root
+    here = Path.cwd() if cwd is None else cwd
+    candidates = [Path(executable).parent / PERF_ANALYZER] if executable else []
+    candidates.append(root / ".venv" / "bin" / PERF_ANALYZER)
+    for candidate in candidates:
+        if candidate.is_file() and os.access(candidate, os.X_OK):
+            path = Path(os.path.abspath(candidate))
+            try:
+                shown = str(path.relative_to(os.path.abspath(here)))
+            except ValueError:
+                shown = str(path)
+            # A bare name would be looked up on PATH: keep a slash in a relative path.
+            return shlex.quote(shown if "/" in shown else f"./{shown}")
+    return PERF_ANALYZER
+
+
+def perf_analyzer_command(out: Path, perf_analyzer: str = PERF_ANALYZER) -> str:
+    """Return the perf_analyzer command line that replays ``out`` against the server.
+
+    Args:
+        out: the input-data file.
+        perf_analyzer: the program, as :func:`find_perf_analyzer` returns it.
+
+    Returns:
+        One shell command line.
+    """
+    return (
+        f"{perf_analyzer} -m {DEFAULT_MODEL} -i grpc -u localhost:8001 -b 1 "
+        f"--input-data {shlex.quote(str(out))} --concurrency-range 1:8"
+    )
 
 
 def _int_list(text: str) -> list[int]:
@@ -203,10 +263,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"table {table}: {rows} rows; an ideal cache of the hottest 1% ({cache} rows) "
             f"would serve {zipf_top_k_mass(rows, args.alpha, cache):.1%} of lookups"
         )
-    print(
-        f"use: perf_analyzer -m {DEFAULT_MODEL} -i grpc -u localhost:8001 -b 1 "
-        f"--input-data {args.out} --concurrency-range 1:8"
-    )
+    print(f"use: {perf_analyzer_command(args.out, find_perf_analyzer())}")
     return 0
 
 
