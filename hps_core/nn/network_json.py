@@ -225,6 +225,8 @@ def parse_network_json(text: str, source: str = "<network>") -> NetworkSpec:
         raise ConfigError(f"invalid JSON: {exc.msg}", where=where) from None
     if not isinstance(document, dict):
         raise ConfigError("the network file must hold a JSON object", where=source)
+    if "layers" not in document and "models" in document:
+        raise ConfigError(_ps_json_given(document), where=source)
     layers = document.get("layers")
     if not isinstance(layers, list) or not layers:
         raise ConfigError("'layers' must be a non-empty array", where=f"{source} layers")
@@ -249,6 +251,25 @@ def parse_network_json(text: str, source: str = "<network>") -> NetworkSpec:
         layers=tuple(specs[1:]),
         inference=inference,
     )
+
+
+def _ps_json_given(document: Mapping[str, Any]) -> str:
+    """The message for a ps.json passed where a network JSON belongs (an easy mix-up: both
+    sit in a model folder, and ``hps check`` and ``hps repo`` take the ps.json)."""
+    message = (
+        "expected a HugeCTR network JSON (a 'layers' array), but this looks like a ps.json "
+        "(top-level 'models', no 'layers')"
+    )
+    models = document.get("models")
+    named = [
+        f"models[{i}].network_file = {model['network_file']!r}"
+        for i, model in enumerate(models if isinstance(models, list) else [])
+        if isinstance(model, dict) and isinstance(model.get("network_file"), str)
+    ]
+    if named:
+        # Relative paths in a ps.json are relative to its folder (hps_core/config/parse.py).
+        message += f"; it names its network files, relative to its folder: {', '.join(named)}"
+    return message
 
 
 def _form(document: Mapping[str, Any]) -> NetworkForm:
