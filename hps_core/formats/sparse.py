@@ -166,6 +166,7 @@ def inspect_sparse_table(path: str | os.PathLike[str], dim: int | None = None) -
         if dim is not None and floats != rows * dim:
             raise ModelFileError(
                 f"{vec_path}: dim {dim} does not match: emb_vector holds {per_key}"
+                + _mismatch_hint(key_path, vec_path, rows, floats, dim)
             )
         if dim is None:
             if floats % rows or floats == 0:
@@ -186,6 +187,41 @@ def inspect_sparse_table(path: str | os.PathLike[str], dim: int | None = None) -
             key_bytes,
         )
     return SparseTableInfo(folder, rows, int(dim), key_bytes, vector_bytes, has_slot_id)
+
+
+def _mismatch_hint(key_path: Path, vec_path: Path, rows: int, floats: int, dim: int) -> str:
+    """Say which file looks wrong when ``emb_vector`` does not hold ``rows * dim`` floats.
+
+    Args:
+        key_path: the key file.
+        vec_path: the vector file.
+        rows: keys in ``key`` (at least 1).
+        floats: floats in ``emb_vector``.
+        dim: the expected floats per vector.
+
+    Returns:
+        ``"; ..."`` to append to the message, or ``""`` when the sizes suggest nothing.
+    """
+    if floats and floats % rows == 0:
+        # Both files are whole rows of another dim: more likely a wrong dim than a file
+        # cut off at exactly a row boundary by chance.
+        return f"; the two files agree on dim {floats // rows}"
+    if floats % dim:
+        return ""  # not whole vectors of this dim either: no simple explanation
+    vec_rows = floats // dim
+    if vec_rows > rows:
+        missing = vec_rows - rows
+        return (
+            f"; {key_path} looks truncated, {missing} key{'s' if missing > 1 else ''} "
+            f"({missing * KEY_DTYPE.itemsize} bytes) short: emb_vector holds {vec_rows} vectors "
+            f"of dim {dim}, key {rows} keys"
+        )
+    missing = rows - vec_rows
+    return (
+        f"; {vec_path} looks truncated, {missing} vector{'s' if missing > 1 else ''} "
+        f"({missing * dim * VECTOR_DTYPE.itemsize} bytes) short: key holds {rows} keys, "
+        f"emb_vector {vec_rows} vectors of dim {dim}"
+    )
 
 
 def _fill(stream: RawIOBase, out: np.ndarray, path: Path, offset: int) -> None:

@@ -1,0 +1,87 @@
+"""A sparse table whose two files disagree: the message says which file looks truncated."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from formats_testdata import RandomTable
+
+from hps_core.errors import ModelFileError
+from hps_core.formats.sparse import inspect_sparse_table, read_sparse_table
+from hps_core.formats.sparse_writer import write_sparse_table
+
+
+def _raw_folder(tmp_path: Path, keys: int, floats: int) -> Path:
+    folder = tmp_path / "0_sparse_model"
+    folder.mkdir()
+    (folder / "key").write_bytes(np.arange(keys, dtype="<i8").tobytes())
+    (folder / "emb_vector").write_bytes(np.zeros(floats, dtype="<f4").tobytes())
+    return folder
+
+
+def _message(folder: Path, dim: int) -> str:
+    with pytest.raises(ModelFileError) as err:
+        inspect_sparse_table(folder, dim)
+    with pytest.raises(ModelFileError) as err_read:
+        read_sparse_table(folder, dim)
+    assert str(err_read.value) == str(err.value)
+    return str(err.value)
+
+
+def test_key_file_one_key_short(tmp_path: Path) -> None:
+    # The case of issue 12: 100,000 vectors of dim 16 and a key file cut one key short.
+    folder = _raw_folder(tmp_path, 99_999, 16 * 100_000)
+    assert _message(folder, 16) == (
+        f"{folder / 'emb_vector'}: dim 16 does not match: emb_vector holds 1600000 floats for "
+        f"99999 keys (16.00 per key); {folder / 'key'} looks truncated, 1 key (8 bytes) short: "
+        f"emb_vector holds 100000 vectors of dim 16, key 99999 keys"
+    )
+
+
+def test_key_file_cut_by_the_filesystem(tmp_path: Path, random_table: RandomTable) -> None:
+    folder = tmp_path / "t"
+    write_sparse_table(folder, *random_table(50, 8))
+    with (folder / "key").open("r+b") as f:
+        f.truncate(8 * 47)
+    message = _message(folder, 8)
+    assert f"; {folder / 'key'} looks truncated, 3 keys (24 bytes) short" in message
+
+
+def test_emb_vector_rows_short(tmp_path: Path, random_table: RandomTable) -> None:
+    folder = tmp_path / "t"
+    write_sparse_table(folder, *random_table(50, 8))
+    with (folder / "emb_vector").open("r+b") as f:
+        f.truncate(4 * 8 * 48)
+    assert _message(folder, 8) == (
+        f"{folder / 'emb_vector'}: dim 8 does not match: emb_vector holds 384 floats for 50 "
+        f"keys (7.68 per key); {folder / 'emb_vector'} looks truncated, 2 vectors (64 bytes) "
+        f"short: key holds 50 keys, emb_vector 48 vectors of dim 8"
+    )
+
+
+def test_empty_emb_vector(tmp_path: Path) -> None:
+    folder = _raw_folder(tmp_path, 3, 0)
+    assert _message(folder, 2).endswith(
+        f"; {folder / 'emb_vector'} looks truncated, 3 vectors (24 bytes) short: key holds "
+        f"3 keys, emb_vector 0 vectors of dim 2"
+    )
+
+
+def test_files_that_agree_on_another_dim(tmp_path: Path) -> None:
+    # A wrong dim (in the ps.json, say), not a truncated file.
+    folder = _raw_folder(tmp_path, 100, 100 * 16)
+    assert _message(folder, 8) == (
+        f"{folder / 'emb_vector'}: dim 8 does not match: emb_vector holds 1600 floats for 100 "
+        f"keys (16.00 per key); the two files agree on dim 16"
+    )
+
+
+def test_no_guess_when_nothing_fits(tmp_path: Path) -> None:
+    # Neither whole vectors of dim 16 nor the same number of floats per key.
+    folder = _raw_folder(tmp_path, 100, 1234)
+    assert _message(folder, 16) == (
+        f"{folder / 'emb_vector'}: dim 16 does not match: "
+        f"emb_vector holds 1234 floats for 100 keys (12.34 per key)"
+    )
