@@ -9,6 +9,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+OVERWRITE_HINT = "pass --overwrite (overwrite=True) to replace"
+"""How to ask for existing files to be replaced: the same functions serve the ``hps`` command
+line (its ``--overwrite`` flag) and the Python API (their ``overwrite`` argument)."""
+
 
 class HPSError(Exception):
     """Base class of every error this package raises on purpose."""

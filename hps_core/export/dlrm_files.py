@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from hps_core.errors import ConfigError, ModelFileError, Problem
+from hps_core.errors import OVERWRITE_HINT, ConfigError, ModelFileError, Problem
 from hps_core.export.dlrm_arch import DlrmArch
 from hps_core.export.dlrm_network import (
     dlrm_network_json,
@@ -269,8 +269,7 @@ def _refuse_existing(files: Sequence[Path], folders: Sequence[Path]) -> None:
     if found:
         listed = "\n  ".join(found)
         raise ModelFileError(
-            f"refusing to overwrite existing model files (pass overwrite / --overwrite):"
-            f"\n  {listed}"
+            f"refusing to overwrite existing model files; {OVERWRITE_HINT} them:\n  {listed}"
         )
 
 

@@ -22,7 +22,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from hps_core.errors import ModelFileError
+from hps_core.errors import OVERWRITE_HINT, ModelFileError
 from hps_core.formats.keys import check_unique_keys
 from hps_core.formats.progress import RowProgress, wants_progress
 from hps_core.formats.sparse import (
@@ -329,7 +329,7 @@ def sparse_table_to_parquet(
     if out.is_dir():
         raise ModelFileError(f"{out}: is a folder; expected a Parquet file name")
     if out.exists() and not overwrite:
-        raise ModelFileError(f"{out}: already exists; pass overwrite to replace it")
+        raise ModelFileError(f"{out}: already exists; {OVERWRITE_HINT} it")
     if row_group_rows is None:
         row_group_rows = _default_row_group_rows(info.dim)
     schema = pa.schema(

@@ -16,7 +16,7 @@ from types import TracebackType
 
 import numpy as np
 
-from hps_core.errors import ModelFileError
+from hps_core.errors import OVERWRITE_HINT, ModelFileError
 from hps_core.formats.keys import check_unique_keys
 from hps_core.formats.sparse import (
     KEY_DTYPE,
@@ -66,8 +66,8 @@ class SparseTableWriter:
         existing = [self.path / n for n in (KEY_FILE, VECTOR_FILE) if (self.path / n).exists()]
         if existing and not overwrite:
             raise ModelFileError(
-                f"{existing[0]}: already exists; refusing to overwrite a sparse table "
-                f"(pass overwrite to replace it)"
+                f"{existing[0]}: already exists; refusing to overwrite a sparse table; "
+                f"{OVERWRITE_HINT} it"
             )
         self._created_folder = not self.path.exists()
         token = f"{os.getpid()}-{secrets.token_hex(4)}"

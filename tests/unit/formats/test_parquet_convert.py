@@ -412,7 +412,7 @@ def test_same_key_and_vector_column(tmp_path: Path) -> None:
 def test_export_refuses_existing_output(tmp_path: Path, random_table: RandomTable) -> None:
     write_sparse_table(tmp_path / "t", *random_table(3, 2))
     (tmp_path / "o.parquet").write_bytes(b"old")
-    with pytest.raises(ModelFileError, match="already exists; pass overwrite"):
+    with pytest.raises(ModelFileError, match="already exists; pass --overwrite"):
         sparse_table_to_parquet(tmp_path / "t", tmp_path / "o.parquet")
     assert (tmp_path / "o.parquet").read_bytes() == b"old"
     sparse_table_to_parquet(tmp_path / "t", tmp_path / "o.parquet", overwrite=True)
