@@ -14,7 +14,14 @@ from contextlib import contextmanager
 from pathlib import Path
 from types import FrameType
 
-from hps_core.server.process import DEFAULT_EXIT_TIMEOUT_S, ServerStartError, TritonServer
+from hps_core.server.process import (
+    DEFAULT_EXIT_TIMEOUT_S,
+    SERVICES,
+    ServerError,
+    ServerStartError,
+    TritonServer,
+    busy_ports_message,
+)
 from hps_core.server.stub_watchdog import CONTROL_OPTIONS
 from hps_core.tiers.shm_segment import remove_stale_segments
 
@@ -53,7 +60,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--host", default="127.0.0.1", help="address every endpoint binds to (default %(default)s)"
     )
-    for service, port in (("http", 8000), ("grpc", 8001), ("metrics", 8002)):
+    for service, port in zip(SERVICES, (8000, 8001, 8002), strict=True):
         parser.add_argument(
             f"--{service}-port",
             type=int,
@@ -131,6 +138,7 @@ def run(args: argparse.Namespace) -> int:
         on_stopped=[lambda _: remove_stale_segments()],
         stub_watchdog=watchdog,
     )
+    check_ports_free(server)
     with _stop_signals_raise():
         try:
             server.start()
@@ -151,6 +159,24 @@ def run(args: argparse.Namespace) -> int:
     if code is None:  # never launched
         return 1
     return 128 - code if code < 0 else code
+
+
+def check_ports_free(server: TritonServer) -> None:
+    """Fail before Triton starts if one of its ports is taken (a second ``hps serve``, say).
+
+    Triton binds its ports only after loading every model, which can take minutes, and
+    then exits with ``Socket '127.0.0.1:8001' already in use``.
+
+    Args:
+        server: the server about to start.
+
+    Raises:
+        ServerError: one line per port in use, naming it and the flag that changes it.
+    """
+    busy = server.busy_ports()
+    if busy:
+        flags = {name: f"--{name}-port PORT" for name in busy}
+        raise ServerError(busy_ports_message(busy, server.host, flags))
 
 
 @contextmanager

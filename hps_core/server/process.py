@@ -29,7 +29,7 @@ from typing import IO
 from hps_core.cache.ipc_files import remove_cuda_event_files
 from hps_core.errors import HPSError
 from hps_core.server.install import TritonInstallation, find_triton, prepend_paths
-from hps_core.server.ports import listening_ports, pick_free_ports
+from hps_core.server.ports import busy_ports, listening_ports, pick_free_ports
 from hps_core.server.stub_watchdog import CONTROL_OPTIONS, StubWatchdog, control_args, new_token
 
 # Options the launcher sets itself; passing them in extra_args would contradict its state.
@@ -53,6 +53,8 @@ _PORT_ATTEMPTS = 3  # free ports picked by us can be taken by someone else befor
 _POLL_S = 0.1
 _GROUP_EXIT_WAIT_S = 5.0
 _FALSE_WORDS = frozenset({"false", "0", "no", "off"})
+SERVICES = {"http": "HTTP", "grpc": "gRPC", "metrics": "metrics"}
+"""The endpoints of a server, by the name of their port option, with the name users know."""
 _SHM_DIR = Path("/dev/shm")
 
 
@@ -156,7 +158,8 @@ class TritonServer:
             ``self``, running.
 
         Raises:
-            ServerError: invalid options, or the server is already running.
+            ServerError: invalid options, the server is already running, or one of its
+                fixed ports is in use (checked before anything is launched).
             ServerStartError: the server exited or timed out; the message ends with its log.
             TritonInstallError: Triton is not installed.
         """
@@ -166,6 +169,11 @@ class TritonServer:
         if not repository.is_dir():
             raise ServerError(f"{repository}: model repository is not a directory")
         self._check_options()
+        # Triton binds its ports only after loading every model: a busy one would fail late.
+        busy = self.busy_ports()
+        if busy:
+            fields = {name: f"TritonServer.{name}_port" for name in busy}
+            raise ServerError(busy_ports_message(busy, self.host, fields))
         installation = self.installation or find_triton()
         picks_ports = 0 in (self.http_port, self.grpc_port, self.metrics_port)
         for attempt in range(1, _PORT_ATTEMPTS + 1):
@@ -186,6 +194,22 @@ class TritonServer:
                 self.stop()
                 raise
         raise AssertionError("unreachable: the last attempt returns or raises")
+
+    def busy_ports(self) -> dict[str, int]:
+        """Return the fixed ports of this server's endpoints that are already in use.
+
+        A bind test on ``host`` (:func:`~hps_core.server.ports.busy_ports`) of the HTTP port
+        and of the gRPC and metrics ports unless ``extra_args`` turn those endpoints off;
+        ports left at 0 are picked free at start and never busy.
+
+        Returns:
+            Endpoint (a key of :data:`SERVICES`) -> port, for each port in use.
+        """
+        wanted = {"http": self.http_port}
+        for name in ("grpc", "metrics"):
+            if not _disabled(self.extra_args, f"--allow-{name}"):
+                wanted[name] = getattr(self, f"{name}_port")
+        return busy_ports(wanted, self.host)
 
     def stop(self) -> int | None:
         """Stop the server and every process of its group; run the ``on_stopped`` callbacks.
@@ -473,6 +497,26 @@ class TritonServer:
                 errors.append(exc)
         if errors:
             raise errors[0]
+
+
+def busy_ports_message(busy: Mapping[str, int], host: str, options: Mapping[str, str]) -> str:
+    """Describe ports in use, one line each, with the option that chooses another.
+
+    Args:
+        busy: endpoint (a key of :data:`SERVICES`) -> port, as
+            :meth:`TritonServer.busy_ports` returns it.
+        host: the address the server would bind.
+        options: endpoint -> how the user sets its port, e.g. ``--http-port PORT``.
+
+    Returns:
+        The message, e.g. ``gRPC port 8001 on 127.0.0.1 is already in use (another hps serve
+        or tritonserver?); choose another with --grpc-port PORT (0 picks a free one)``.
+    """
+    return "\n".join(
+        f"{SERVICES[name]} port {port} on {host} is already in use (another hps serve or "
+        f"tritonserver?); choose another with {options[name]} (0 picks a free one)"
+        for name, port in busy.items()
+    )
 
 
 def process_group_members(pgid: int) -> list[int]:
