@@ -65,7 +65,7 @@ if ! command -v "$python" >/dev/null 2>&1; then
 fi
 pyver=$("$python" -c 'import sys; print("%d.%d" % sys.version_info[:2])')
 if ! "$python" -c 'import sys; sys.exit(sys.version_info < (3, 11))'; then
-  echo "setup: $python is Python $pyver; this project needs Python >= 3.11 (NumPy 2.4)" >&2
+  echo "setup: $python is Python $pyver; this project needs Python >= 3.11 (NumPy 2.4, pyarrow 26)" >&2
   exit 1
 fi
 if ! "$python" -c 'import ensurepip, venv' >/dev/null 2>&1; then
