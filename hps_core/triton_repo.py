@@ -13,7 +13,7 @@ network) and gets two Triton models over the same files: ``<model>`` with HugeCT
 ``hugectr`` backend contract (``DES``, ``CATCOLUMN``, ``ROWINDEX`` -> ``OUTPUT0``), and
 ``<model>_samples``, one sample per row of Triton's batch (``dense``, ``sparse`` -> ``score``),
 which reads ``../<model>/ps.json``. Any other model gets the ``hps`` lookup contract
-(``KEYS``, ``NUMKEYS`` -> ``OUTPUT0``). See :mod:`triton_backend.ranking_contracts`.
+(``KEYS``, ``NUMKEYS`` -> ``OUTPUT0``). See :mod:`hps_core.infer.contracts`.
 """
 
 from __future__ import annotations

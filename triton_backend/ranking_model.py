@@ -1,7 +1,7 @@
 """Triton Python-backend models serving ranking models (embedding lookup + dense network).
 
 Two classes share the model files and the engine and differ only in their request contract
-(:mod:`triton_backend.ranking_contracts`); a model folder's ``1/model.py`` is one line::
+(:mod:`hps_core.infer.contracts`); a model folder's ``1/model.py`` is one line::
 
     from triton_backend.ranking_model import HugeCTRRankingModel as TritonPythonModel
     from triton_backend.ranking_model import SamplesRankingModel as TritonPythonModel
@@ -24,12 +24,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from hps_core.infer import RankingSession, SparseBatch, concat_batches, split_samples
-from hps_core.lookup.devices import to_host
-from hps_core.model_check import check_model_files
-from triton_backend.batched_execute import execute_batched
-from triton_backend.lookup_service import LookupService, log_to_stderr
-from triton_backend.model_settings import check_instance_device, check_io, read_settings
-from triton_backend.ranking_contracts import (
+from hps_core.infer.contracts import (
     CATCOLUMN,
     DENSE,
     DES,
@@ -40,6 +35,11 @@ from triton_backend.ranking_contracts import (
     HugeCTRContract,
     SamplesContract,
 )
+from hps_core.lookup.devices import to_host
+from hps_core.model_check import check_model_files
+from triton_backend.batched_execute import execute_batched
+from triton_backend.lookup_service import LookupService, log_to_stderr
+from triton_backend.model_settings import check_instance_device, check_io, read_settings
 from triton_backend.tensors import input_array
 
 logger = logging.getLogger("hps_core")

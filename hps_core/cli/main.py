@@ -24,6 +24,7 @@ _SUBCOMMAND_MODULES = (
     "hps_core.cli.convert",
     "hps_core.cli.graph",
     "hps_core.cli.prepare",
+    "hps_core.cli.predict",
 )
 
 

@@ -61,6 +61,9 @@ class DenseExecutor:
         xp: ``numpy`` or ``cupy``; parameters are uploaded to it.
         precision: ``"fp32"`` (default), ``"tf32"`` or ``"fp16"`` (see
             :mod:`hps_core.nn.precision`).
+        fuse: fuse each ReLU into the InnerProduct it alone reads (the ReLU's output then
+            replaces the InnerProduct's); ``False`` keeps every layer's own output, for
+            :meth:`tensors`.
 
     Raises:
         NotAvailableError: a layer cannot run, or the precision cannot run on this device.
@@ -78,12 +81,13 @@ class DenseExecutor:
         params: Mapping[str, Sequence[np.ndarray]],
         xp: ModuleType = np,
         precision: str | Precision = Precision.FP32,
+        fuse: bool = True,
     ) -> None:
         graph.require_runnable()
         self.graph = graph
         self.ctx = ComputeContext(xp, Precision.parse(precision))
         _check_params(graph, params)
-        self._steps = _plan(graph, params, self.ctx)
+        self._steps = _plan(graph, params, self.ctx, fuse)
         self.embedding_layers: tuple[EmbeddingLayer, ...] = tuple(
             node.layer for node in graph.embeddings if node.used
         )
@@ -313,13 +317,37 @@ class DenseExecutor:
             (step.name, layer_flops(step.layer, step.input_shapes, batch)) for step in self._steps
         )
 
+    def tensors(self, dense: Array, embeddings: Mapping[str, EmbeddingInput]) -> dict[str, Array]:
+        """Run :meth:`forward` keeping every named tensor (for debugging a model, as HugeCTR's
+        ``check_out_tensor``): nothing is released after its last use. Build the executor
+        with ``fuse=False`` to see each InnerProduct's output before its ReLU.
+
+        Args:
+            dense: ``[batch, dense_dim]`` dense features.
+            embeddings: embedding layer name -> its vectors for this batch.
+
+        Returns:
+            Every tensor of the network by name, in execution order: the dense input, each
+            embedding layer's pooled output and each step's outputs (the storage dtype; the
+            prediction as :meth:`forward` returns it under the network's output name).
+
+        Raises:
+            RequestError: a missing, unexpected or mis-shaped input.
+        """
+        kept: dict[str, Array] = {}
+        predictions = self._run(dense, embeddings, None, kept)
+        kept[self.graph.output] = predictions
+        return kept
+
     def _run(
         self,
         dense: Array,
         embeddings: Mapping[str, EmbeddingInput],
         clock: StepClock | None,
+        kept: dict[str, Array] | None = None,
     ) -> Array:
-        """The forward pass; with a clock, a mark after the input cast and after each step."""
+        """The forward pass; with a clock, a mark after the input cast and after each step;
+        with ``kept``, every tensor is also stored there by name."""
         xp, data = self.ctx.xp, self.graph.spec.data
         dense = xp.asarray(dense)
         if dense.ndim != 2 or dense.shape[1] != data.dense_dim or dense.dtype.kind not in "fiu":
@@ -330,6 +358,8 @@ class DenseExecutor:
         batch = dense.shape[0]
         _check_embedding_names(self._embedding_names, embeddings)
         tensors = {data.dense_name: self.ctx.cast(dense)}
+        if kept is not None:
+            kept.update(tensors)
         if clock is not None:
             clock.mark()
         for step in self._steps:
@@ -345,6 +375,8 @@ class DenseExecutor:
                     self.ctx, [tensors[name] for name in step.inputs], step.params
                 )
             tensors.update(zip(step.outputs, outputs, strict=True))
+            if kept is not None:
+                kept.update(zip(step.outputs, outputs, strict=True))
             for name in step.release:
                 del tensors[name]
             if clock is not None:
@@ -388,7 +420,10 @@ def _check_params(graph: NetworkGraph, params: Mapping[str, Sequence[np.ndarray]
 
 
 def _plan(
-    graph: NetworkGraph, params: Mapping[str, Sequence[np.ndarray]], ctx: ComputeContext
+    graph: NetworkGraph,
+    params: Mapping[str, Sequence[np.ndarray]],
+    ctx: ComputeContext,
+    fuse: bool = True,
 ) -> tuple[_Step, ...]:
     nodes = [n for n in graph.nodes if n.used]
     readers: dict[str, list[GraphNode]] = {}
@@ -401,7 +436,7 @@ def _plan(
         if node.spec.name in fused_away:
             continue
         layer, outputs, covers = node.layer, node.spec.tops, (node.spec.name,)
-        relu = _sole_relu_reader(node, readers, graph.output)
+        relu = _sole_relu_reader(node, readers, graph.output) if fuse else None
         if relu is not None:
             layer = dataclasses.replace(layer, fuse_relu=True)
             outputs = relu.spec.tops

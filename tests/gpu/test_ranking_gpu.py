@@ -23,9 +23,9 @@ from test_ranking_models import MODELS, Model, infer_hugectr, infer_samples  # n
 from hps_core.demo import DEMO_MODELS  # noqa: E402
 from hps_core.hps import HPS  # noqa: E402
 from hps_core.infer import RankingSession  # noqa: E402
+from hps_core.infer.contracts import HugeCTRContract  # noqa: E402
 from hps_core.server.process import TritonServer  # noqa: E402
 from hps_core.triton_repo import InstanceGroup, ServingOptions  # noqa: E402
-from triton_backend.ranking_contracts import HugeCTRContract  # noqa: E402
 
 
 @pytest.fixture(scope="module")

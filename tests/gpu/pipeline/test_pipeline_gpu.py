@@ -30,8 +30,8 @@ from hps_core.demo import DEMO_MODELS  # noqa: E402
 from hps_core.errors import RequestError  # noqa: E402
 from hps_core.hps import HPS  # noqa: E402
 from hps_core.infer import RankingSession, SparseBatch  # noqa: E402
+from hps_core.infer.contracts import HugeCTRContract, SamplesContract  # noqa: E402
 from hps_core.triton_repo import InstanceGroup, ServingOptions  # noqa: E402
-from triton_backend.ranking_contracts import HugeCTRContract, SamplesContract  # noqa: E402
 
 VARIANTS = {
     "dynamic": {"gpucacheper": 0.05},  # a small cache: misses, inserts and evictions

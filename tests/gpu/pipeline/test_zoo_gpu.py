@@ -24,8 +24,8 @@ from test_model_zoo import LABELS, ZooModel  # noqa: E402
 from hps_core.demo import ZOO_MODELS  # noqa: E402
 from hps_core.hps import HPS  # noqa: E402
 from hps_core.infer import RankingSession  # noqa: E402
+from hps_core.infer.contracts import HugeCTRContract, SamplesContract  # noqa: E402
 from hps_core.triton_repo import InstanceGroup, ServingOptions  # noqa: E402
-from triton_backend.ranking_contracts import HugeCTRContract, SamplesContract  # noqa: E402
 
 
 @pytest.fixture(scope="module")

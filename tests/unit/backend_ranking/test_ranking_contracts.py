@@ -11,8 +11,8 @@ from ranking_testdata import to_sparse_batch
 
 from hps_core.errors import RequestError
 from hps_core.infer import RankingLayout, TableFeed
+from hps_core.infer.contracts import HugeCTRContract, SamplesContract
 from hps_core.nn import Combiner
-from triton_backend.ranking_contracts import HugeCTRContract, SamplesContract
 
 
 def make_layout(

@@ -18,8 +18,8 @@ from tritonclient.grpc import model_config_pb2
 from hps_core.cli.main import main
 from hps_core.formats.sparse_writer import write_sparse_table
 from hps_core.infer import RankingSession
+from hps_core.infer.contracts import HugeCTRContract, SamplesContract
 from triton_backend.model_settings import read_settings
-from triton_backend.ranking_contracts import HugeCTRContract, SamplesContract
 
 KIND = model_config_pb2.ModelInstanceGroup.Kind.Name
 TYPE = model_config_pb2.DataType.Name

@@ -165,7 +165,9 @@ class _Blob:
         return part
 
 
-def network_forward(path: str | Path, flat_params, dense, pooled: dict[str, np.ndarray], ntp=None):
+def network_forward(
+    path: str | Path, flat_params, dense, pooled: dict[str, np.ndarray], ntp=None, keep=False
+):
     """Run a HugeCTR network file in float64, layer by layer in file order.
 
     Args:
@@ -174,9 +176,10 @@ def network_forward(path: str | Path, flat_params, dense, pooled: dict[str, np.n
         dense: ``[batch, dense_dim]`` dense features.
         pooled: embedding layer name -> ``[batch, slots, vec]`` pooled vectors.
         ntp: the dense model file's ``.ntp.json`` (BatchNorm's running statistics).
+        keep: return every tensor by name instead.
 
     Returns:
-        ``[batch, width]`` predictions of the last layer.
+        ``[batch, width]`` predictions of the last layer (or with ``keep``, every tensor).
     """
     layers = json.loads(Path(path).read_text())["layers"]
     tensors = {layers[0]["dense"]["top"]: np.asarray(dense, dtype=np.float64)}
@@ -284,6 +287,8 @@ def network_forward(path: str | Path, flat_params, dense, pooled: dict[str, np.n
         tensors.update(zip(tops, outs, strict=True))
         last = tops[-1]
     assert blob.cursor == blob.flat.size, "reference used a different number of parameters"
+    if keep:
+        return tensors
     # Several loss layers (multi-task): every task's sigmoid, in the order of the losses.
     losses = [layer for layer in layers[1:] if layer["type"] in LOSSES]
     if len(losses) > 1:

@@ -1,4 +1,6 @@
-"""Request contracts of ranking models, validated and turned into a :class:`SparseBatch`.
+"""Request contracts of ranking models (HugeCTR's ``hugectr`` backend and one-hot samples),
+validated and turned into a :class:`SparseBatch`; the Triton models and the offline API
+(:mod:`hps_core.offline`) share them.
 
 Two contracts serve the same model files (plain NumPy here, so they are tested without a
 server):
@@ -50,7 +52,8 @@ from typing import Any
 import numpy as np
 
 from hps_core.errors import RequestError
-from hps_core.infer import RankingLayout, SparseBatch
+from hps_core.infer.batch import SparseBatch
+from hps_core.infer.layout import RankingLayout
 
 DES = "DES"
 CATCOLUMN = "CATCOLUMN"

@@ -1,0 +1,57 @@
+"""``hps predict PS_JSON DATASET --out FILE``: score a Parquet dataset offline."""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+from hps_core.errors import OVERWRITE_HINT, ModelFileError
+from hps_core.offline import InferenceModel, write_predictions
+
+
+def run(args: argparse.Namespace) -> int:
+    """Score the dataset, write the predictions (with the labels) and print the AUC."""
+    if args.out is not None and Path(args.out).exists() and not args.overwrite:
+        # Before scoring, which may take long.
+        raise ModelFileError(f"{args.out} exists; {OVERWRITE_HINT}")
+    started = time.perf_counter()
+    model = InferenceModel.from_ps_json(args.ps_json, args.model, args.device, args.precision)
+    try:
+        result = model.predict_dataset(args.dataset, batch_size=args.batch_size, progress=True)
+    finally:
+        model.close()
+    seconds = time.perf_counter() - started
+    rows = result.scores.shape[0]
+    where = "CPU" if args.device is None else f"GPU {args.device}"
+    print(f"scored {rows:,} samples on the {where} in {seconds:.1f} s ({rows / seconds:,.0f}/s)")
+    if args.out is not None:
+        print(f"wrote {write_predictions(args.out, result, args.overwrite)}")
+    if result.labels is not None:
+        print(f"AUC {result.auc():.6f}")
+    return 0
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add ``hps predict`` to the ``hps`` parser.
+
+    Args:
+        subparsers: the top-level subparsers of ``hps``.
+    """
+    parser = subparsers.add_parser(
+        "predict",
+        help="score a Parquet dataset with a ps.json ranking model (AUC when it has labels)",
+    )
+    parser.add_argument("ps_json", help="the ps.json")
+    parser.add_argument(
+        "dataset", help="a Parquet file, a folder of them, or HugeCTR's _file_list.txt"
+    )
+    parser.add_argument("--model", help="the ps.json model (default: its only one)")
+    parser.add_argument("--out", help="write labels and predictions to this Parquet file")
+    parser.add_argument("--overwrite", action="store_true", help="replace --out if it exists")
+    parser.add_argument("--device", type=int, help="score on this GPU (default: the CPU)")
+    parser.add_argument("--precision", default="fp32", choices=("fp32", "tf32", "fp16"))
+    parser.add_argument(
+        "--batch-size", type=int, help="samples per batch (default: the model's max_batch_size)"
+    )
+    parser.set_defaults(func=run)

@@ -1,0 +1,270 @@
+"""Parquet datasets for offline scoring, read batch by batch as HugeCTR's Parquet reader lays
+them out.
+
+A dataset is a Parquet file, a folder of them (as :func:`~hps_core.formats.parquet.
+list_parquet_files` lists it), or HugeCTR's ``_file_list.txt`` (first line: the number of
+files; then one path per line, relative paths taken from the list's folder). Each row is a
+sample; its columns are, in HugeCTR's order:
+
+- the labels (``label_dim`` columns; none in a dataset without labels),
+- the dense features (``maxnum_des_feature_per_sample`` columns, numbers),
+- one categorical column per slot, tables in the network's order and slots in order within a
+  table: an integer (one key) or a list of integers (multi-hot; an empty list is an empty
+  slot).
+
+The columns are found by name from ``_metadata.json`` beside the files when there is one (the
+``labels``, ``conts`` and ``cats`` lists NVTabular and HugeCTR's data generator write), else
+by position. Every batch becomes a :class:`~hps_core.infer.SparseBatch` for the model.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from hps_core.errors import ModelFileError
+from hps_core.formats.parquet import list_parquet_files
+from hps_core.infer.batch import SparseBatch
+from hps_core.infer.layout import RankingLayout
+
+FILE_LIST = "_file_list.txt"
+METADATA = "_metadata.json"
+
+
+@dataclass(frozen=True)
+class DatasetColumns:
+    """Names of a dataset's columns, in HugeCTR's order.
+
+    Args:
+        labels: the label columns (empty: the dataset has no labels).
+        dense: the dense feature columns.
+        categorical: one column per slot, tables in order, slots in order.
+    """
+
+    labels: tuple[str, ...]
+    dense: tuple[str, ...]
+    categorical: tuple[str, ...]
+
+    @property
+    def all(self) -> tuple[str, ...]:
+        """Every column, in the order above."""
+        return (*self.labels, *self.dense, *self.categorical)
+
+
+@dataclass(frozen=True)
+class DatasetBatch:
+    """One batch of a dataset: its samples and, when the dataset has them, the labels.
+
+    Args:
+        samples: the model's input.
+        labels: float32 ``[batch, label_dim]``, or None.
+    """
+
+    samples: SparseBatch
+    labels: np.ndarray | None
+
+
+def dataset_files(source: str | os.PathLike[str]) -> list[Path]:
+    """The Parquet files of a dataset (see the module docstring), in reading order.
+
+    Args:
+        source: a Parquet file, a folder, or a ``_file_list.txt``.
+
+    Returns:
+        The files.
+
+    Raises:
+        ModelFileError: the list is malformed or names missing files, or there is no file.
+    """
+    path = Path(source)
+    if path.is_file() and path.suffix == ".txt":
+        lines = [line.strip() for line in path.read_text().splitlines() if line.strip()]
+        if not lines or not lines[0].isdigit():
+            raise ModelFileError(
+                f"{path}: a HugeCTR file list starts with the number of files, got "
+                f"{lines[0] if lines else 'an empty file'!r}"
+            )
+        files = [Path(p) if Path(p).is_absolute() else path.parent / p for p in lines[1:]]
+        if len(files) != int(lines[0]):
+            raise ModelFileError(f"{path}: says {lines[0]} files but lists {len(files)}")
+        missing = [str(f) for f in files if not f.is_file()]
+        if missing:
+            raise ModelFileError(f"{path}: listed files do not exist: {', '.join(missing[:5])}")
+        return files
+    return list_parquet_files(path)
+
+
+def dataset_columns(
+    files: Sequence[Path], layout: RankingLayout, source: str | os.PathLike[str]
+) -> DatasetColumns:
+    """The columns of a dataset for ``layout``: by name from ``_metadata.json`` beside the
+    files or the source, else by position.
+
+    Args:
+        files: the dataset's files (their first file's schema is read).
+        layout: the model.
+        source: what the user named (its folder is searched for ``_metadata.json``).
+
+    Returns:
+        The columns.
+
+    Raises:
+        ModelFileError: the counts of columns do not fit the model (naming what it expects).
+    """
+    names = pq.read_schema(files[0]).names
+    base = Path(source) if Path(source).is_dir() else Path(source).parent
+    for folder in (base, files[0].parent):
+        metadata = folder / METADATA
+        if metadata.is_file():
+            return _from_metadata(metadata, layout, names)
+    dense, slots, label_dim = layout.dense_dim, layout.total_slots, layout.label_dim
+    if len(names) == dense + slots:
+        return DatasetColumns((), tuple(names[:dense]), tuple(names[dense:]))
+    if len(names) == label_dim + dense + slots:
+        return DatasetColumns(
+            tuple(names[:label_dim]),
+            tuple(names[label_dim : label_dim + dense]),
+            tuple(names[label_dim + dense :]),
+        )
+    raise ModelFileError(
+        f"{files[0]}: {len(names)} columns, but model '{layout.model}' reads {label_dim} "
+        f"label, {dense} dense and {slots} categorical columns ({label_dim + dense + slots}, "
+        f"or {dense + slots} without labels); add a {METADATA} naming them"
+    )
+
+
+def _from_metadata(path: Path, layout: RankingLayout, names: Sequence[str]) -> DatasetColumns:
+    try:
+        doc = json.loads(path.read_text())
+        groups = {
+            key: tuple(str(entry["col_name"]) for entry in doc.get(key, []))
+            for key in ("labels", "conts", "cats")
+        }
+    except (OSError, ValueError, TypeError, KeyError) as exc:
+        raise ModelFileError(f"{path}: not a dataset metadata file ({exc})") from exc
+    columns = DatasetColumns(groups["labels"], groups["conts"], groups["cats"])
+    expected = (("conts", layout.dense_dim, columns.dense), ("cats", layout.total_slots,
+                columns.categorical))  # fmt: skip
+    for key, count, got in expected:
+        if len(got) != count:
+            raise ModelFileError(
+                f"{path}: '{key}' lists {len(got)} columns, model '{layout.model}' reads {count}"
+            )
+    missing = [n for n in columns.all if n not in names]
+    if missing:
+        raise ModelFileError(f"{path}: columns not in the data files: {', '.join(missing[:5])}")
+    return columns
+
+
+def iter_dataset(
+    files: Sequence[Path], columns: DatasetColumns, layout: RankingLayout, batch_size: int
+) -> Iterator[DatasetBatch]:
+    """Read the dataset ``batch_size`` rows at a time (a file's last batch may be smaller).
+
+    Args:
+        files: the Parquet files.
+        columns: their columns.
+        layout: the model.
+        batch_size: samples per batch.
+
+    Yields:
+        The batches, in file and row order.
+
+    Raises:
+        ModelFileError: a column is missing, has nulls or values of the wrong kind (naming
+            the file, column and row).
+    """
+    for path in files:
+        reader = pq.ParquetFile(path)
+        missing = [c for c in columns.all if c not in reader.schema_arrow.names]
+        if missing:
+            raise ModelFileError(f"{path}: missing columns {', '.join(missing[:5])}")
+        row = 0
+        for record in reader.iter_batches(batch_size=batch_size, columns=list(columns.all)):
+            yield _batch(record, path, row, columns, layout)
+            row += record.num_rows
+
+
+def _batch(
+    record: pa.RecordBatch, path: Path, row: int, columns: DatasetColumns, layout: RankingLayout
+) -> DatasetBatch:
+    def numbers(name: str) -> np.ndarray:
+        array = record.column(name)
+        where = f"{path}: column '{name}'"
+        if array.null_count:
+            first = row + int(np.flatnonzero(array.is_null().to_numpy(zero_copy_only=False))[0])
+            raise ModelFileError(f"{where} is null at row {first}")
+        if not (pa.types.is_integer(array.type) or pa.types.is_floating(array.type)):
+            raise ModelFileError(f"{where} must hold numbers, holds {array.type}")
+        return array.to_numpy(zero_copy_only=False)
+
+    n = record.num_rows
+    dense = np.empty((n, layout.dense_dim), np.float32)
+    for j, name in enumerate(columns.dense):
+        dense[:, j] = numbers(name)
+    labels = None
+    if columns.labels:
+        labels = np.stack([numbers(name) for name in columns.labels], axis=1).astype(np.float32)
+    keys, offsets, at = [], [], 0
+    for slots in layout.slot_nums:
+        table_columns = columns.categorical[at : at + slots]
+        at += slots
+        table_keys, table_offsets = _table_keys(record, path, row, table_columns)
+        keys.append(table_keys)
+        offsets.append(table_offsets)
+    return DatasetBatch(SparseBatch(dense, tuple(keys), tuple(offsets)), labels)
+
+
+def _table_keys(
+    record: pa.RecordBatch, path: Path, row: int, names: Sequence[str]
+) -> tuple[np.ndarray, np.ndarray | None]:
+    """One table's keys, sample-major, and its row offsets (None when every slot is one
+    integer column: one key per (sample, slot))."""
+    arrays = [record.column(name) for name in names]
+    for name, array in zip(names, arrays, strict=True):
+        kind = array.type.value_type if pa.types.is_list(array.type) else array.type
+        if not pa.types.is_integer(kind):
+            raise ModelFileError(
+                f"{path}: categorical column '{name}' must hold integers or lists of them, "
+                f"holds {array.type}"
+            )
+        if array.null_count:
+            first = row + int(np.flatnonzero(array.is_null().to_numpy(zero_copy_only=False))[0])
+            raise ModelFileError(f"{path}: categorical column '{name}' is null at row {first}")
+    n, slots = record.num_rows, len(names)
+    if not any(pa.types.is_list(a.type) for a in arrays):
+        stacked = np.stack(
+            [_as_int64(a, path, name) for a, name in zip(arrays, names, strict=True)], axis=1
+        )
+        return stacked.reshape(-1), None
+    counts = np.empty((n, slots), np.int64)
+    values, bags = [], []
+    for s, (array, name) in enumerate(zip(arrays, names, strict=True)):
+        if pa.types.is_list(array.type):
+            lengths = array.value_lengths().to_numpy(zero_copy_only=False).astype(np.int64)
+            flat = _as_int64(array.flatten(), path, name)
+        else:
+            lengths = np.ones(n, np.int64)
+            flat = _as_int64(array, path, name)
+        counts[:, s] = lengths
+        values.append(flat)
+        bags.append(np.repeat(np.arange(n, dtype=np.int64) * slots + s, lengths))
+    # Sample-major: every key of bag (b, s) lands at bag b * S + s; a stable sort keeps each
+    # bag's keys in their list order.
+    order = np.argsort(np.concatenate(bags), kind="stable")
+    offsets = np.concatenate([[0], np.cumsum(counts.reshape(-1))]).astype(np.int64)
+    return np.concatenate(values)[order], offsets
+
+
+def _as_int64(array: pa.Array, path: Path, name: str) -> np.ndarray:
+    values = array.to_numpy(zero_copy_only=False)
+    if values.dtype == np.uint64 and values.size and int(values.max()) > np.iinfo(np.int64).max:
+        raise ModelFileError(f"{path}: categorical column '{name}' holds keys above 2^63 - 1")
+    return values.astype(np.int64, copy=False)

@@ -1,0 +1,241 @@
+"""The offline API (HugeCTR's ``InferenceModel`` shape): arrays, Parquet datasets, AUC and
+``check_out_tensor``, against the float64 reference, on the project's networks."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from network_files import OWN
+from nn_reference import network_forward
+from ranking_reference import (
+    embedding_layers,
+    encode_hugectr,
+    pooled_reference,
+    predict_reference,
+    random_keys,
+)
+from ranking_testdata import write_ranking_files
+
+from hps_core.cli.main import main as hps_main
+from hps_core.errors import ModelFileError, RequestError
+from hps_core.offline import DatasetColumns, InferenceModel, auc
+
+NETWORKS = ["dcn", "wdl", "dlrm", "deepfm"]
+
+
+def write_dataset(path: Path, files, dense, keys, labels=None, one_hot=False) -> DatasetColumns:
+    """A Parquet file in HugeCTR's column order: label, I1.., then C1.. (one per slot; an
+    integer when ``one_hot``, else a list)."""
+    columns, names = [], []
+    label_names = ()
+    if labels is not None:
+        columns.append(pa.array(labels.astype(np.float32)))
+        names.append("label")
+        label_names = ("label",)
+    for j in range(dense.shape[1]):
+        columns.append(pa.array(dense[:, j]))
+        names.append(f"I{j + 1}")
+    cats = []
+    for t, slots in enumerate(files.slot_nums):
+        for s in range(slots):
+            values = [sample[t][s] for sample in keys]
+            if one_hot:
+                columns.append(pa.array([v[0] for v in values], pa.int64()))
+            else:
+                columns.append(pa.array(values, pa.list_(pa.int64())))
+            names.append(f"C{len(cats) + 1}")
+            cats.append(names[-1])
+    pq.write_table(pa.Table.from_arrays(columns, names=names), path, row_group_size=7)
+    return DatasetColumns(label_names, tuple(names[len(label_names) : len(names) - len(cats)]),
+                          tuple(cats))  # fmt: skip
+
+
+def reference(files, dense, keys) -> np.ndarray:
+    return predict_reference(
+        files.network_file, files.dense_file, files.tables, files.defaults, dense, keys
+    )
+
+
+@pytest.mark.parametrize("name", NETWORKS)
+def test_predict_takes_hugectrs_arrays(tmp_path: Path, name: str) -> None:
+    files = write_ranking_files(tmp_path / "m", OWN[name], seed=31, max_batch_size=16)
+    model = InferenceModel.from_ps_json(files.ps_json)
+    rng = np.random.default_rng(32)
+    for batch in (1, 9, 16):
+        keys = random_keys(rng, batch, files.slot_nums, files.known_keys(), 3, 0.2, 0.1)
+        dense = rng.standard_normal((batch, model.layout.dense_dim)).astype(np.float32)
+        des, catcolumn, rowindex = encode_hugectr(dense, keys)
+        # As HugeCTR's Python API takes them: flat lists.
+        got = model.predict(des.ravel().tolist(), catcolumn.ravel().tolist(), rowindex.ravel())
+        assert got.shape == (batch, 1) and got.dtype == np.float32
+        np.testing.assert_allclose(got, reference(files, dense, keys), rtol=1e-4, atol=1e-5)
+    too_many = random_keys(rng, 17, files.slot_nums, files.known_keys())
+    with pytest.raises(RequestError, match="more than the 16 allowed"):
+        model.predict(*encode_hugectr(np.zeros((17, model.layout.dense_dim)), too_many))
+    model.close()
+
+
+@pytest.mark.parametrize("one_hot", [False, True])
+@pytest.mark.parametrize("name", ["wdl", "dlrm"])
+def test_dataset_predictions_equal_the_reference_and_the_auc(tmp_path, name, one_hot) -> None:
+    files = write_ranking_files(tmp_path / "m", OWN[name], seed=33, max_batch_size=8)
+    model = InferenceModel.from_ps_json(files.ps_json)
+    rng = np.random.default_rng(34)
+    n = 45  # several batches of 8 and several row groups of 7
+    keys = random_keys(rng, n, files.slot_nums, files.known_keys(), 1 if one_hot else 3)
+    dense = rng.standard_normal((n, model.layout.dense_dim)).astype(np.float32)
+    labels = (rng.random(n) < 0.4).astype(np.float32)
+    write_dataset(tmp_path / "data.parquet", files, dense, keys, labels, one_hot)
+    result = model.predict_dataset(tmp_path / "data.parquet", progress=False)
+    want = reference(files, dense, keys)
+    np.testing.assert_allclose(result.scores, want, rtol=1e-4, atol=1e-5)
+    np.testing.assert_array_equal(result.labels[:, 0], labels)
+    assert result.columns.labels == ("label",) and result.columns.dense[0] == "I1"
+    assert result.auc() == pytest.approx(auc(labels, want[:, 0]), abs=1e-6)
+    assert model.evaluate(tmp_path / "data.parquet") == pytest.approx(result.auc())
+    # The last batch holds the last 45 - 5 * 8 = 5 samples: check_out_tensor sees those.
+    assert model.check_out_tensor(model.tensor_names[-1]).shape == (5, 1)
+
+
+def test_file_list_metadata_and_unlabelled_data(tmp_path: Path) -> None:
+    files = write_ranking_files(tmp_path / "m", OWN["dcn"], seed=35, max_batch_size=8)
+    model = InferenceModel.from_ps_json(files.ps_json)
+    rng = np.random.default_rng(36)
+    parts, all_keys, all_dense = [], [], []
+    for i, n in enumerate((6, 11)):
+        keys = random_keys(rng, n, files.slot_nums, files.known_keys(), 2)
+        dense = rng.standard_normal((n, 13)).astype(np.float32)
+        columns = write_dataset(tmp_path / f"part{i}.parquet", files, dense, keys)
+        parts.append(f"part{i}.parquet")
+        all_keys += keys
+        all_dense.append(dense)
+    (tmp_path / "_file_list.txt").write_text(f"2\n{parts[1]}\n{parts[0]}\n")
+    # _metadata.json names the columns; the files' own order does not matter then.
+    metadata = {
+        "labels": [],
+        "conts": [{"col_name": c, "index": i} for i, c in enumerate(columns.dense)],
+        "cats": [{"col_name": c, "index": i} for i, c in enumerate(columns.categorical)],
+    }
+    (tmp_path / "_metadata.json").write_text(json.dumps(metadata))
+    result = model.predict_dataset(tmp_path / "_file_list.txt")
+    assert result.labels is None
+    dense = np.concatenate([all_dense[1], all_dense[0]])
+    keys = all_keys[6:] + all_keys[:6]
+    np.testing.assert_allclose(result.scores, reference(files, dense, keys), rtol=1e-4, atol=1e-5)
+    with pytest.raises(RequestError, match="no label columns"):
+        result.auc()
+
+
+def test_dataset_errors_name_file_column_and_row(tmp_path: Path) -> None:
+    files = write_ranking_files(tmp_path / "m", OWN["wdl"], seed=37, max_batch_size=8)
+    model = InferenceModel.from_ps_json(files.ps_json)
+    rng = np.random.default_rng(38)
+    keys = random_keys(rng, 4, files.slot_nums, files.known_keys(), 2)
+    dense = rng.standard_normal((4, 13)).astype(np.float32)
+    path = tmp_path / "d.parquet"
+    write_dataset(path, files, dense, keys)
+    table = pq.read_table(path)
+    pq.write_table(table.drop_columns(["I3"]), tmp_path / "short.parquet")
+    with pytest.raises(ModelFileError, match=r"short.parquet: 40 columns, but model 'rank'"):
+        model.predict_dataset(tmp_path / "short.parquet")
+    nulls = table.set_column(4, "I5", pa.array([1.0, None, 2.0, 3.0], pa.float32()))
+    pq.write_table(nulls, tmp_path / "nulls.parquet")
+    with pytest.raises(ModelFileError, match=r"nulls.parquet: column 'I5' is null at row 1"):
+        model.predict_dataset(tmp_path / "nulls.parquet")
+    text = table.set_column(20, "C8", pa.array(["a", "b", "c", "d"]))
+    pq.write_table(text, tmp_path / "text.parquet")
+    with pytest.raises(ModelFileError, match=r"categorical column 'C8' must hold integers"):
+        model.predict_dataset(tmp_path / "text.parquet")
+    (tmp_path / "bad_list.txt").write_text("3\nd.parquet\n")
+    with pytest.raises(ModelFileError, match="says 3 files but lists 1"):
+        model.predict_dataset(tmp_path / "bad_list.txt")
+
+
+def test_check_out_tensor_equals_a_float64_recomputation(tmp_path: Path) -> None:
+    files = write_ranking_files(tmp_path / "m", OWN["dlrm"], seed=39, max_batch_size=8)
+    model = InferenceModel.from_ps_json(files.ps_json)
+    with pytest.raises(RequestError, match="needs a prediction first"):
+        model.check_out_tensor("interaction")
+    rng = np.random.default_rng(40)
+    keys = random_keys(rng, 6, files.slot_nums, files.known_keys(), 1)
+    dense = rng.standard_normal((6, 13)).astype(np.float32)
+    model.predict(*encode_hugectr(dense, keys))
+    layers = embedding_layers(files.network_file)
+    pooled = {
+        layer["name"]: pooled_reference(layer, files.tables[t], files.defaults[t], keys, t)
+        for t, layer in enumerate(layers)
+    }
+    # The reference interpreter's tensors, in float64, for the same batch.
+    flat = np.fromfile(files.dense_file, dtype="<f4")
+    expected = network_forward(files.network_file, flat, dense, pooled, keep=True)
+    for name in ("bot_fc1", "bot_relu1", "interaction", "top_fc1", "sigmoid"):
+        got = model.check_out_tensor(name)
+        np.testing.assert_allclose(got, expected[name], rtol=1e-4, atol=1e-5, err_msg=name)
+    # The pre-ReLU output differs from the ReLU's: fusion does not hide it.
+    assert np.any(model.check_out_tensor("bot_fc1") < 0)
+    assert np.all(model.check_out_tensor("bot_relu1") >= 0)
+    with pytest.raises(RequestError, match=r"no tensor 'fc9'.*its tensors: dense, "):
+        model.check_out_tensor("fc9")
+
+
+def test_from_files_without_a_ps_json(tmp_path: Path) -> None:
+    files = write_ranking_files(tmp_path / "m", OWN["wdl"], seed=41, max_batch_size=8)
+    doc = json.loads(files.ps_json.read_text())["models"][0]
+    base = files.ps_json.parent
+    model = InferenceModel.from_files(
+        files.network_file,
+        files.dense_file,
+        [base / p for p in doc["sparse_files"]],
+        default_values=doc["default_value_for_each_table"],
+        max_batch_size=8,
+        workdir=tmp_path / "work",
+    )
+    rng = np.random.default_rng(42)
+    keys = random_keys(rng, 5, files.slot_nums, files.known_keys(), 2, unknown=0.2)
+    dense = rng.standard_normal((5, 13)).astype(np.float32)
+    got = model.predict(*encode_hugectr(dense, keys))
+    np.testing.assert_allclose(got, reference(files, dense, keys), rtol=1e-4, atol=1e-5)
+    with pytest.raises(RequestError, match="2 embedding layers, 1 sparse files"):
+        InferenceModel.from_files(files.network_file, files.dense_file, ["x"])
+
+
+def test_hps_predict_writes_labels_and_predictions(tmp_path: Path, capsys) -> None:
+    files = write_ranking_files(tmp_path / "m", OWN["dcn"], seed=43, max_batch_size=8)
+    rng = np.random.default_rng(44)
+    keys = random_keys(rng, 30, files.slot_nums, files.known_keys(), 2)
+    dense = rng.standard_normal((30, 13)).astype(np.float32)
+    labels = (rng.random(30) < 0.5).astype(np.float32)
+    write_dataset(tmp_path / "d.parquet", files, dense, keys, labels)
+    out = tmp_path / "out" / "pred.parquet"
+    assert hps_main(["predict", str(files.ps_json), str(tmp_path / "d.parquet"),
+                     "--out", str(out)]) == 0  # fmt: skip
+    printed = capsys.readouterr().out
+    assert "scored 30 samples on the CPU" in printed and "AUC " in printed
+    table = pq.read_table(out)
+    assert table.column_names == ["label", "prediction"]
+    np.testing.assert_array_equal(table["label"].to_numpy(), labels)
+    np.testing.assert_allclose(
+        table["prediction"].to_numpy(), reference(files, dense, keys)[:, 0], rtol=1e-4,
+        atol=1e-5,
+    )  # fmt: skip
+    assert hps_main(["predict", str(files.ps_json), str(tmp_path / "d.parquet"),
+                     "--out", str(out)]) == 2  # fmt: skip
+    assert "pass --overwrite" in capsys.readouterr().err
+
+
+def test_auc_against_pairs() -> None:
+    rng = np.random.default_rng(45)
+    labels = (rng.random(300) < 0.3).astype(np.int64)
+    scores = np.round(rng.random(300), 1)  # many ties
+    pos, neg = scores[labels == 1], scores[labels == 0]
+    pairs = (pos[:, None] > neg[None, :]).sum() + 0.5 * (pos[:, None] == neg[None, :]).sum()
+    assert auc(labels, scores) == pytest.approx(pairs / (pos.size * neg.size))
+    with pytest.raises(RequestError, match="both classes"):
+        auc(np.zeros(4), np.ones(4))
+    with pytest.raises(RequestError, match="labels of 0 and 1"):
+        auc(np.array([0, 2]), np.ones(2))
