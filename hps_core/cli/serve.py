@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import signal
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from types import FrameType
@@ -17,6 +17,7 @@ from types import FrameType
 from hps_core.server.process import (
     DEFAULT_EXIT_TIMEOUT_S,
     SERVICES,
+    ModelState,
     ServerError,
     ServerStartError,
     TritonServer,
@@ -86,6 +87,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "default, and off when model-control options are passed to tritonserver)",
     )
     parser.add_argument(
+        "--strict-models",
+        action="store_true",
+        help="exit when a model fails to load (by default that model is unavailable, with its "
+        "error printed, and the others serve)",
+    )
+    parser.add_argument(
         "tritonserver_args",
         nargs=argparse.REMAINDER,
         metavar="TRITONSERVER_ARGS",
@@ -137,11 +144,16 @@ def run(args: argparse.Namespace) -> int:
         # the next start.
         on_stopped=[lambda _: remove_stale_segments()],
         stub_watchdog=watchdog,
+        strict_models=args.strict_models,
     )
     check_ports_free(server)
     with _stop_signals_raise():
         try:
             server.start()
+            try:
+                report_unavailable_models(server.model_states())
+            except ServerError as exc:  # the repository API may be closed to us
+                print(f"hps serve: cannot list the models' states: {exc}", file=sys.stderr)
             print(
                 f"hps serve: ready on HTTP {server.http_url}, gRPC {server.grpc_url}, "
                 f"metrics {server.metrics_url} (Ctrl+C stops)",
@@ -159,6 +171,31 @@ def run(args: argparse.Namespace) -> int:
     if code is None:  # never launched
         return 1
     return 128 - code if code < 0 else code
+
+
+def report_unavailable_models(states: Mapping[str, ModelState]) -> list[str]:
+    """Print, for each model that did not load, its name and Triton's reason (stderr).
+
+    Args:
+        states: the server's models (:meth:`TritonServer.model_states`).
+
+    Returns:
+        The lines printed (none when every model is ready).
+    """
+    lines = []
+    ready = sum(state.ready for state in states.values())
+    for name, state in sorted(states.items()):
+        if not state.ready:
+            reason = " ".join(state.reason.split()) or "no reason given"
+            lines.append(f"hps serve: model '{name}' is {state.state or 'not loaded'}: {reason}")
+    if lines:
+        lines.append(
+            f"hps serve: {ready} of {len(states)} models serve; fix the files and restart (or "
+            "load the model through the repository API when model control is yours)"
+        )
+    for line in lines:
+        print(line, file=sys.stderr, flush=True)
+    return lines
 
 
 def check_ports_free(server: TritonServer) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import json
 import os
 import secrets
 import signal
@@ -30,7 +31,13 @@ from hps_core.cache.ipc_files import remove_cuda_event_files
 from hps_core.errors import HPSError
 from hps_core.server.install import TritonInstallation, find_triton, prepend_paths
 from hps_core.server.ports import busy_ports, listening_ports, pick_free_ports
-from hps_core.server.stub_watchdog import CONTROL_OPTIONS, StubWatchdog, control_args, new_token
+from hps_core.server.stub_watchdog import (
+    CONTROL_OPTIONS,
+    HEADER,
+    StubWatchdog,
+    control_args,
+    new_token,
+)
 
 # Options the launcher sets itself; passing them in extra_args would contradict its state.
 MANAGED_OPTIONS = (
@@ -84,6 +91,24 @@ class ServerPorts:
     metrics: int
 
 
+@dataclass(frozen=True)
+class ModelState:
+    """A model's state in a running server.
+
+    Args:
+        state: Triton's state, e.g. ``READY`` or ``UNAVAILABLE``.
+        reason: why it is not ready (a load error), or empty.
+    """
+
+    state: str
+    reason: str
+
+    @property
+    def ready(self) -> bool:
+        """Whether the model serves."""
+        return self.state == "READY"
+
+
 @dataclass(eq=False)
 class TritonServer:
     """One ``tritonserver`` process and its options.
@@ -112,6 +137,10 @@ class TritonServer:
             (:mod:`~hps_core.server.stub_watchdog`; Triton 2.51 does not restart it). Runs the
             server in explicit model-control mode with every model loaded at start and the
             model-repository API closed to clients.
+        strict_models: exit when a model fails to load (Triton's default). ``False``: the
+            model is UNAVAILABLE with its error (:meth:`model_states`) and the server starts
+            with the others (``--exit-on-error=false --strict-readiness=false``), so one bad
+            model file does not take every model down.
 
     Example:
         >>> with TritonServer("model_repository") as server:  # doctest: +SKIP
@@ -134,6 +163,7 @@ class TritonServer:
     installation: TritonInstallation | None = None
     on_stopped: list[Callable[[TritonServer], None]] = field(default_factory=list)
     stub_watchdog: bool = False
+    strict_models: bool = True
 
     _watchdog: StubWatchdog | None = field(default=None, init=False, repr=False)
     _control_token: str = field(default="", init=False, repr=False)
@@ -326,6 +356,32 @@ class TritonServer:
         # The model-control token stays out of anything that prints the command.
         return tuple(arg.replace(self._control_token, "***") for arg in self._command)
 
+    def model_states(self) -> dict[str, ModelState]:
+        """Every model of the repository and its state, from Triton's repository index.
+
+        Returns:
+            Model name -> its state (``READY``, ``UNAVAILABLE``, ...) and Triton's reason
+            (the load error of a model that failed to load).
+
+        Raises:
+            ServerError: the server is not running or does not answer.
+        """
+        headers = {"Content-Type": "application/json"}
+        if self._control_token:  # the watchdog restricts the repository API to its header
+            headers[HEADER] = self._control_token
+        request = urllib.request.Request(
+            f"{self.http_url}/v2/repository/index", data=b"{}", method="POST", headers=headers
+        )
+        try:
+            with _NO_PROXY.open(request, timeout=10.0) as reply:
+                entries = json.loads(reply.read())
+        except (urllib.error.URLError, OSError, ValueError) as exc:
+            raise ServerError(f"repository index of {self.http_url} failed: {exc}") from exc
+        return {
+            str(e["name"]): ModelState(str(e.get("state", "")), str(e.get("reason", "")))
+            for e in entries
+        }
+
     def log_tail(self, lines: int = LOG_TAIL_LINES) -> str:
         """Return the last ``lines`` lines of the server log ('' when logging to stdout)."""
         if self._log_path is None or not self._log_path.exists():
@@ -392,6 +448,10 @@ class TritonServer:
         if self.stub_watchdog:
             self._control_token = new_token()
             args.extend(control_args(self._control_token))
+        if not self.strict_models:
+            for option in ("--exit-on-error", "--strict-readiness"):
+                if not any(a == option or a.startswith(option + "=") for a in self.extra_args):
+                    args.append(f"{option}=false")
         args.extend(self.extra_args)
         self._command = tuple(args)
 

@@ -1,0 +1,78 @@
+"""A model whose files are broken while a server loads: a clear load error for that model,
+the other models keep serving (``TritonServer(strict_models=False)``, what ``hps serve``
+runs), and with Triton's strict default the start fails naming the file."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
+
+from hps_core.cli.main import main as hps_main
+from hps_core.formats.sparse_writer import write_sparse_table
+from hps_core.server.process import ServerStartError
+
+pytestmark = pytest.mark.integration
+
+DIM = 8
+
+
+@pytest.fixture
+def repo(tmp_path: Path) -> tuple[Path, dict[str, np.ndarray]]:
+    """A repository with embedding models 'good' and 'bad' (one table each)."""
+    rng = np.random.default_rng(3)
+    models, vectors = [], {}
+    for name in ("good", "bad"):
+        keys = np.arange(1000, dtype=np.int64)
+        vectors[name] = rng.standard_normal((1000, DIM)).astype(np.float32)
+        write_sparse_table(tmp_path / "data" / name, keys, vectors[name])
+        models.append({
+            "model": name, "sparse_files": [f"data/{name}"], "embedding_vecsize_per_table": [DIM],
+            "default_value_for_each_table": [0.0],
+            "maxnum_catfeature_query_per_table_per_sample": [4], "max_batch_size": 4,
+            "deployed_device_list": [0],
+        })  # fmt: skip
+    (tmp_path / "ps.json").write_text(json.dumps({"supportlonglong": True, "models": models}))
+    assert hps_main(["repo", str(tmp_path / "ps.json"), str(tmp_path / "repo")]) == 0
+    # The 'bad' table loses its last three vectors after the repository was written.
+    emb = tmp_path / "data" / "bad" / "emb_vector"
+    with emb.open("r+b") as f:
+        f.truncate(emb.stat().st_size - 3 * DIM * 4)
+    return tmp_path / "repo", vectors
+
+
+def lookup(url: str, model: str, keys: list[int]) -> np.ndarray:
+    client = httpclient.InferenceServerClient(url)
+    inputs = [httpclient.InferInput("KEYS", [1, len(keys)], "INT64"),
+              httpclient.InferInput("NUMKEYS", [1, 1], "INT32")]  # fmt: skip
+    inputs[0].set_data_from_numpy(np.array([keys], np.int64))
+    inputs[1].set_data_from_numpy(np.array([[len(keys)]], np.int32))
+    return client.infer(model, inputs).as_numpy("OUTPUT0").reshape(len(keys), DIM)
+
+
+@pytest.mark.parametrize("stub_watchdog", [False, True], ids=["plain", "watchdog"])
+def test_a_broken_model_fails_alone(triton_server, repo, stub_watchdog) -> None:
+    folder, vectors = repo
+    server = triton_server(folder, strict_models=False, stub_watchdog=stub_watchdog)
+    url = server.http_url.removeprefix("http://")
+    np.testing.assert_array_equal(lookup(url, "good", [3, 999]), vectors["good"][[3, 999]])
+    states = server.model_states()
+    assert states["good"].ready and not states["bad"].ready
+    assert states["bad"].state == "UNAVAILABLE"
+    reason = states["bad"].reason
+    assert "emb_vector" in reason and "looks truncated, 3 vectors" in reason, reason
+    with pytest.raises(InferenceServerException, match="bad"):
+        lookup(url, "bad", [1])
+    # The server still answers the good model afterwards.
+    np.testing.assert_array_equal(lookup(url, "good", [5]), vectors["good"][[5]])
+
+
+def test_strict_models_keep_tritons_exit_naming_the_file(triton_server, repo) -> None:
+    folder, _ = repo
+    with pytest.raises(ServerStartError, match="failed to load all models") as info:
+        triton_server(folder, startup_timeout_s=60)
+    assert "emb_vector" in str(info.value)
