@@ -66,6 +66,14 @@ class Handler(http.server.BaseHTTPRequestHandler):
         ok = self.path == "/v2/health/ready" and mode != "never_ready"
         self.send_response(200 if ok else 400)
         self.end_headers()
+    def do_POST(self):  # the repository index: one model, loaded
+        body = json.dumps([{"name": "m", "version": "1", "state": "READY"}]).encode()
+        ok = self.path == "/v2/repository/index"
+        self.send_response(200 if ok else 404)
+        self.send_header("Content-Length", str(len(body) if ok else 0))
+        self.end_headers()
+        if ok:
+            self.wfile.write(body)
     def log_message(self, *args):
         pass
 
