@@ -404,21 +404,19 @@ class TritonServer:
             raise ServerError(f"TritonServer.stop_timeout_s: {self.stop_timeout_s} < 0")
         if self.log_to_stdout and self.log_file is not None:
             raise ServerError("TritonServer: log_file and log_to_stdout exclude each other")
-        for arg in self.extra_args:
-            for option in MANAGED_OPTIONS:
-                if arg == option or arg.startswith(option + "="):
-                    raise ServerError(
-                        f"TritonServer.extra_args: {option} is set by the launcher "
-                        "(use the TritonServer field instead)"
-                    )
+        for option in MANAGED_OPTIONS:
+            if _passes(self.extra_args, option):
+                raise ServerError(
+                    f"TritonServer.extra_args: {option} is set by the launcher "
+                    "(use the TritonServer field instead)"
+                )
         if self.stub_watchdog:
-            for arg in self.extra_args:
-                for option in CONTROL_OPTIONS:
-                    if arg == option or arg.startswith(option + "="):
-                        raise ServerError(
-                            f"TritonServer.extra_args: {option} is set by the stub watchdog "
-                            "(turn stub_watchdog off to control models yourself)"
-                        )
+            for option in CONTROL_OPTIONS:
+                if _passes(self.extra_args, option):
+                    raise ServerError(
+                        f"TritonServer.extra_args: {option} is set by the stub watchdog "
+                        "(turn stub_watchdog off to control models yourself)"
+                    )
         if _disabled(self.extra_args, "--allow-http"):
             raise ServerError(
                 "TritonServer.extra_args: --allow-http must stay on, readiness is checked on it"
@@ -450,7 +448,7 @@ class TritonServer:
             args.extend(control_args(self._control_token))
         if not self.strict_models:
             for option in ("--exit-on-error", "--strict-readiness"):
-                if not any(a == option or a.startswith(option + "=") for a in self.extra_args):
+                if not _passes(self.extra_args, option):
                     args.append(f"{option}=false")
         args.extend(self.extra_args)
         self._command = tuple(args)
@@ -637,6 +635,11 @@ def _http_ok(url: str) -> bool:
             return response.status == 200
     except (urllib.error.URLError, OSError):
         return False
+
+
+def _passes(args: Sequence[str], option: str) -> bool:
+    """Whether ``args`` set ``option`` (``--option value`` or ``--option=value``)."""
+    return any(arg == option or arg.startswith(option + "=") for arg in args)
 
 
 def _disabled(args: Sequence[str], option: str) -> bool:
