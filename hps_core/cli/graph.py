@@ -1,4 +1,5 @@
-"""``hps graph NETWORK_JSON [--dense FILE]``: print the inference graph of a HugeCTR network.
+"""``hps graph NETWORK_JSON [--dense FILE] [--tensor NAME ...]``: print the inference graph of a
+HugeCTR network, and the values of named tensors.
 
 One line per layer in execution order: its line in the file, name, type, input and output
 shapes and parameter count; then the prediction, the total number of dense parameters and,
@@ -8,6 +9,13 @@ engine cannot run are listed with their file position, and the exit code is then
 The table stays within :data:`TABLE_WIDTH` columns: an input or output list that does not fit
 goes on to a second line, and a longer one is abbreviated to its first names and its length
 (``sparse_embedding1, ... (26 inputs)``); the network file, at the printed line, has them all.
+
+With ``--tensor NAME`` (repeatable) and ``--dense``, the network runs once (unfused, NumPy,
+float32) on the inputs of ``--inputs FILE.npz`` (``dense`` ``[B, dense_dim]`` and, per
+embedding layer, its pooled ``[B, slots, vec]`` vectors under the layer's name) or on
+``--random-inputs B`` samples drawn with ``--seed``, and each named tensor is printed: its
+shape, then its values (NumPy's print options: long arrays are summarised; ``--full`` prints
+every value). ``--tensor list`` names every tensor.
 """
 
 from __future__ import annotations
@@ -16,8 +24,17 @@ import argparse
 import sys
 from typing import NamedTuple, TextIO
 
-from hps_core.errors import ModelFileError, NotAvailableError
-from hps_core.nn import NetworkForm, NetworkGraph, build_graph, load_network_json
+import numpy as np
+
+from hps_core.errors import ModelFileError, NotAvailableError, RequestError
+from hps_core.nn import (
+    DenseExecutor,
+    NetworkForm,
+    NetworkGraph,
+    build_graph,
+    load_network_json,
+    read_dense_blob,
+)
 from hps_core.nn.dense_blob import check_dense_blob_size
 from hps_core.nn.graph import GraphNode
 from hps_core.nn.layers.activation import Dropout, LossAsSigmoid
@@ -68,6 +85,20 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("network", metavar="NETWORK_JSON", help="HugeCTR network JSON file")
     parser.add_argument("--dense", metavar="FILE", help="dense model file to check against it")
+    parser.add_argument(
+        "--tensor",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="print this tensor's values (needs --dense and inputs; 'list' names them all)",
+    )
+    inputs = parser.add_mutually_exclusive_group()
+    inputs.add_argument("--inputs", metavar="FILE.npz", help="inputs for --tensor (see above)")
+    inputs.add_argument(
+        "--random-inputs", type=int, metavar="B", help="B random samples for --tensor"
+    )
+    parser.add_argument("--seed", type=int, default=0, help="seed of --random-inputs")
+    parser.add_argument("--full", action="store_true", help="print every value of --tensor")
     parser.set_defaults(func=run)
 
 
@@ -95,7 +126,62 @@ def run(args: argparse.Namespace, stream: TextIO | None = None) -> int:
         print(f"cannot run {len(graph.cannot_run)} layer(s):", file=out)
         for problem in graph.cannot_run:
             print(f"  {problem}", file=out)
+    if getattr(args, "tensor", None) and ok:
+        _print_tensors(graph, args, out)
     return 0 if ok else 1
+
+
+def _print_tensors(graph: NetworkGraph, args: argparse.Namespace, out: TextIO) -> None:
+    """Run the network once on the given or random inputs and print the named tensors."""
+    names = [graph.spec.data.dense_name]
+    names += [top for node in graph.nodes if node.used for top in node.spec.tops]
+    names = list(dict.fromkeys(names))
+    if args.tensor == ["list"]:
+        print(f"tensors: {', '.join(names)}", file=out)
+        return
+    if args.dense is None:
+        raise RequestError("--tensor needs the dense model file (--dense FILE)")
+    executor = DenseExecutor(graph, read_dense_blob(args.dense, graph.dense_layout()), fuse=False)
+    unknown = [name for name in args.tensor if name not in names]
+    if unknown:
+        wanted = ", ".join(map(repr, unknown))
+        raise RequestError(f"no tensor {wanted}; tensors: {', '.join(names)}")
+    dense, pooled = _tensor_inputs(graph, args)
+    tensors = executor.tensors(dense, pooled)
+    options = {"threshold": sys.maxsize} if args.full else {}
+    with np.printoptions(precision=6, suppress=True, **options):
+        for name in args.tensor:
+            value = tensors[name]
+            print(f"tensor '{name}' {value.dtype} {tuple(value.shape)}:", file=out)
+            print(value, file=out)
+
+
+def _tensor_inputs(
+    graph: NetworkGraph, args: argparse.Namespace
+) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    data = graph.spec.data
+    layers = {node.spec.name: node.layer for node in graph.embeddings if node.used}
+    if args.inputs is None and args.random_inputs is None:
+        raise RequestError("--tensor needs inputs: --inputs FILE.npz or --random-inputs B")
+    if args.random_inputs is not None:
+        rng = np.random.default_rng(args.seed)
+        batch = args.random_inputs
+        dense = rng.standard_normal((batch, data.dense_dim)).astype(np.float32)
+        pooled = {
+            name: rng.standard_normal((batch, layer.slot_num, layer.vec_size)).astype(np.float32)
+            for name, layer in layers.items()
+        }
+        return dense, pooled
+    with np.load(args.inputs) as npz:
+        arrays = {name: npz[name] for name in npz.files}
+    missing = [name for name in (data.dense_name, *layers) if name not in arrays]
+    if missing:
+        raise RequestError(
+            f"{args.inputs}: missing arrays {', '.join(map(repr, missing))} (it needs "
+            f"'{data.dense_name}' [B, {data.dense_dim}] and each embedding layer's "
+            "[B, slots, vec])"
+        )
+    return arrays[data.dense_name], {name: arrays[name] for name in layers}
 
 
 def _print_inputs(graph: NetworkGraph, out: TextIO) -> None:
