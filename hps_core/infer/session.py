@@ -123,6 +123,10 @@ class RankingSession:
         """The array module predictions are computed with."""
         return self.executor.ctx.xp
 
+    def device(self) -> contextlib.AbstractContextManager:
+        """Context that makes the session's GPU current (nothing on the host)."""
+        return _device(self.xp, self.device_id)
+
     def embeddings(self, batch: SparseBatch) -> dict[str, UnpooledEmbedding]:
         """Look up every key of ``batch``: one lookup per table, started together.
 

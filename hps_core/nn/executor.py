@@ -317,6 +317,21 @@ class DenseExecutor:
             (step.name, layer_flops(step.layer, step.input_shapes, batch)) for step in self._steps
         )
 
+    def unfused(self) -> DenseExecutor:
+        """The same network, parameters, array module and precision without ReLU fusion (for
+        :meth:`tensors`, where each InnerProduct's own output is wanted).
+
+        Returns:
+            A new executor (its parameters are copied back to the host and uploaded again).
+        """
+        xp = self.ctx.xp
+        params = {
+            step.name: tuple(np.asarray(xp.asnumpy(p) if xp is not np else p) for p in step.params)
+            for step in self._steps
+            if step.params
+        }
+        return DenseExecutor(self.graph, params, xp, self.ctx.precision, fuse=False)
+
     def tensors(self, dense: Array, embeddings: Mapping[str, EmbeddingInput]) -> dict[str, Array]:
         """Run :meth:`forward` keeping every named tensor (for debugging a model, as HugeCTR's
         ``check_out_tensor``): nothing is released after its last use. Build the executor

@@ -303,15 +303,8 @@ class InferenceModel:
             raise RequestError("check_out_tensor needs a prediction first")
         session = self.session
         if self._debug is None:
-            executor = session.executor
-            self._debug = DenseExecutor(
-                executor.graph,
-                _params_of(executor),
-                executor.ctx.xp,
-                executor.ctx.precision,
-                fuse=False,
-            )
-        with _device_of(session):
+            self._debug = session.executor.unfused()
+        with session.device():
             tensors = self._debug.tensors(
                 session.xp.asarray(self._last.dense), session.embeddings(self._last)
             )
@@ -321,27 +314,6 @@ class InferenceModel:
     def close(self) -> None:
         """Release the model's tables (its host tier is shared with other users)."""
         self.session.lookup.close()
-
-
-def _params_of(executor: DenseExecutor) -> dict[str, tuple[np.ndarray, ...]]:
-    """The dense parameters an executor holds, back on the host, by layer."""
-    out = {}
-    for step in executor._steps:
-        if step.params:
-            out[step.name] = tuple(
-                np.asarray(p.get() if hasattr(p, "get") else p, np.float32) for p in step.params
-            )
-    return out
-
-
-def _device_of(session: RankingSession) -> Any:
-    import contextlib
-
-    if session.device_id is None:
-        return contextlib.nullcontext()
-    import cupy
-
-    return cupy.cuda.Device(session.device_id)
 
 
 def write_predictions(
