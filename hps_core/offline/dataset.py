@@ -1,10 +1,12 @@
 """Parquet datasets for offline scoring, read batch by batch as HugeCTR's Parquet reader lays
 them out.
 
-A dataset is a Parquet file, a folder of them (as :func:`~hps_core.formats.parquet.
-list_parquet_files` lists it), or HugeCTR's ``_file_list.txt`` (first line: the number of
-files; then one path per line, relative paths taken from the list's folder). Each row is a
-sample; its columns are, in HugeCTR's order:
+A dataset is a Parquet file, a folder of them (every file at any depth, skipping names that
+start with ``_`` or ``.``, as Spark and Hive write them), or HugeCTR's ``_file_list.txt``
+(first line: the number of files; then one path per line, relative paths taken from the
+list's folder), on the local disk or named by URI (``s3://bucket/data/``, HugeCTR's S3 HTTPS
+form, ``hdfs://``; see :mod:`hps_core.formats.uris`). Each row is a sample; its columns are,
+in HugeCTR's order:
 
 - the labels (``label_dim`` columns; none in a dataset without labels),
 - the dense features (``maxnum_des_feature_per_sample`` columns, numbers),
@@ -28,9 +30,10 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+from pyarrow.fs import FileType
 
 from hps_core.errors import ModelFileError
-from hps_core.formats.parquet import list_parquet_files
+from hps_core.formats.uris import FsPath, fs_path, is_uri
 from hps_core.infer.batch import SparseBatch
 from hps_core.infer.layout import RankingLayout
 
@@ -71,38 +74,57 @@ class DatasetBatch:
     labels: np.ndarray | None
 
 
-def dataset_files(source: str | os.PathLike[str]) -> list[Path]:
+def dataset_files(source: str | os.PathLike[str]) -> list[FsPath]:
     """The Parquet files of a dataset (see the module docstring), in reading order.
 
     Args:
-        source: a Parquet file, a folder, or a ``_file_list.txt``.
+        source: a Parquet file, a folder, or a ``_file_list.txt``; a local path or a URI.
 
     Returns:
         The files.
 
     Raises:
-        ModelFileError: the list is malformed or names missing files, or there is no file.
+        ModelFileError: no such file or folder, a malformed list or one naming missing files,
+            or no data file.
     """
-    path = Path(source)
-    if path.is_file() and path.suffix == ".txt":
-        lines = [line.strip() for line in path.read_text().splitlines() if line.strip()]
-        if not lines or not lines[0].isdigit():
-            raise ModelFileError(
-                f"{path}: a HugeCTR file list starts with the number of files, got "
-                f"{lines[0] if lines else 'an empty file'!r}"
-            )
-        files = [Path(p) if Path(p).is_absolute() else path.parent / p for p in lines[1:]]
-        if len(files) != int(lines[0]):
-            raise ModelFileError(f"{path}: says {lines[0]} files but lists {len(files)}")
-        missing = [str(f) for f in files if not f.is_file()]
-        if missing:
-            raise ModelFileError(f"{path}: listed files do not exist: {', '.join(missing[:5])}")
-        return files
-    return list_parquet_files(path)
+    root = fs_path(source)
+    kind = root.file_type()
+    if kind == FileType.NotFound:
+        raise ModelFileError(f"{root}: Parquet file, folder or file list does not exist")
+    if kind == FileType.File and root.name.endswith(".txt"):
+        return _listed_files(root)
+    if kind == FileType.File:
+        return [root]
+    files = [
+        f for f in root.files_below()
+        if not any(part.startswith(("_", ".")) for part in f.path[len(root.path):].split("/"))
+    ]  # fmt: skip
+    if not files:
+        raise ModelFileError(f"{root}: folder holds no Parquet data files")
+    return files
+
+
+def _listed_files(listing: FsPath) -> list[FsPath]:
+    lines = [line.strip() for line in listing.read_text().splitlines() if line.strip()]
+    if not lines or not lines[0].isdigit():
+        raise ModelFileError(
+            f"{listing}: a HugeCTR file list starts with the number of files, got "
+            f"{lines[0] if lines else 'an empty file'!r}"
+        )
+    files = [
+        fs_path(p) if is_uri(p) or Path(p).is_absolute() else listing.parent.joinpath(p)
+        for p in lines[1:]
+    ]
+    if len(files) != int(lines[0]):
+        raise ModelFileError(f"{listing}: says {lines[0]} files but lists {len(files)}")
+    missing = [str(f) for f in files if not f.is_file()]
+    if missing:
+        raise ModelFileError(f"{listing}: listed files do not exist: {', '.join(missing[:5])}")
+    return files
 
 
 def dataset_columns(
-    files: Sequence[Path], layout: RankingLayout, source: str | os.PathLike[str]
+    files: Sequence[FsPath], layout: RankingLayout, source: str | os.PathLike[str]
 ) -> DatasetColumns:
     """The columns of a dataset for ``layout``: by name from ``_metadata.json`` beside the
     files or the source, else by position.
@@ -118,10 +140,12 @@ def dataset_columns(
     Raises:
         ModelFileError: the counts of columns do not fit the model (naming what it expects).
     """
-    names = pq.read_schema(files[0]).names
-    base = Path(source) if Path(source).is_dir() else Path(source).parent
+    with files[0].open_input_file() as stream:
+        names = pq.read_schema(stream).names
+    root = fs_path(source)
+    base = root if root.file_type() == FileType.Directory else root.parent
     for folder in (base, files[0].parent):
-        metadata = folder / METADATA
+        metadata = folder.joinpath(METADATA)
         if metadata.is_file():
             return _from_metadata(metadata, layout, names)
     dense, slots, label_dim = layout.dense_dim, layout.total_slots, layout.label_dim
@@ -140,14 +164,14 @@ def dataset_columns(
     )
 
 
-def _from_metadata(path: Path, layout: RankingLayout, names: Sequence[str]) -> DatasetColumns:
+def _from_metadata(path: FsPath, layout: RankingLayout, names: Sequence[str]) -> DatasetColumns:
     try:
         doc = json.loads(path.read_text())
         groups = {
             key: tuple(str(entry["col_name"]) for entry in doc.get(key, []))
             for key in ("labels", "conts", "cats")
         }
-    except (OSError, ValueError, TypeError, KeyError) as exc:
+    except (ValueError, TypeError, KeyError) as exc:
         raise ModelFileError(f"{path}: not a dataset metadata file ({exc})") from exc
     columns = DatasetColumns(groups["labels"], groups["conts"], groups["cats"])
     expected = (("conts", layout.dense_dim, columns.dense), ("cats", layout.total_slots,
@@ -164,7 +188,7 @@ def _from_metadata(path: Path, layout: RankingLayout, names: Sequence[str]) -> D
 
 
 def iter_dataset(
-    files: Sequence[Path], columns: DatasetColumns, layout: RankingLayout, batch_size: int
+    files: Sequence[FsPath], columns: DatasetColumns, layout: RankingLayout, batch_size: int
 ) -> Iterator[DatasetBatch]:
     """Read the dataset ``batch_size`` rows at a time (a file's last batch may be smaller).
 
@@ -182,18 +206,28 @@ def iter_dataset(
             the file, column and row).
     """
     for path in files:
-        reader = pq.ParquetFile(path)
-        missing = [c for c in columns.all if c not in reader.schema_arrow.names]
-        if missing:
-            raise ModelFileError(f"{path}: missing columns {', '.join(missing[:5])}")
-        row = 0
-        for record in reader.iter_batches(batch_size=batch_size, columns=list(columns.all)):
-            yield _batch(record, path, row, columns, layout)
-            row += record.num_rows
+        with path.open_input_file() as stream:
+            reader = pq.ParquetFile(stream)
+            missing = [c for c in columns.all if c not in reader.schema_arrow.names]
+            if missing:
+                raise ModelFileError(f"{path}: missing columns {', '.join(missing[:5])}")
+            row = 0
+            for record in reader.iter_batches(batch_size=batch_size, columns=list(columns.all)):
+                yield _batch(record, path, row, columns, layout)
+                row += record.num_rows
+
+
+def dataset_rows(files: Sequence[FsPath]) -> int:
+    """Rows of every file of a dataset (from the Parquet footers)."""
+    total = 0
+    for path in files:
+        with path.open_input_file() as stream:
+            total += pq.ParquetFile(stream).metadata.num_rows
+    return total
 
 
 def _batch(
-    record: pa.RecordBatch, path: Path, row: int, columns: DatasetColumns, layout: RankingLayout
+    record: pa.RecordBatch, path: FsPath, row: int, columns: DatasetColumns, layout: RankingLayout
 ) -> DatasetBatch:
     def numbers(name: str) -> np.ndarray:
         array = record.column(name)
@@ -223,7 +257,7 @@ def _batch(
 
 
 def _table_keys(
-    record: pa.RecordBatch, path: Path, row: int, names: Sequence[str]
+    record: pa.RecordBatch, path: FsPath, row: int, names: Sequence[str]
 ) -> tuple[np.ndarray, np.ndarray | None]:
     """One table's keys, sample-major, and its row offsets (None when every slot is one
     integer column: one key per (sample, slot))."""
@@ -263,7 +297,7 @@ def _table_keys(
     return np.concatenate(values)[order], offsets
 
 
-def _as_int64(array: pa.Array, path: Path, name: str) -> np.ndarray:
+def _as_int64(array: pa.Array, path: FsPath, name: str) -> np.ndarray:
     values = array.to_numpy(zero_copy_only=False)
     if values.dtype == np.uint64 and values.size and int(values.max()) > np.iinfo(np.int64).max:
         raise ModelFileError(f"{path}: categorical column '{name}' holds keys above 2^63 - 1")

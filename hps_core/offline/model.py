@@ -26,6 +26,7 @@ from hps_core.offline.dataset import (
     DatasetColumns,
     dataset_columns,
     dataset_files,
+    dataset_rows,
     iter_dataset,
 )
 from hps_core.offline.metrics import auc
@@ -245,7 +246,7 @@ class InferenceModel:
         files = dataset_files(source)
         columns = columns or dataset_columns(files, self.layout, source)
         size = min(batch_size or self.layout.max_batch_size, self.layout.max_batch_size)
-        total = sum(pq.ParquetFile(f).metadata.num_rows for f in files)
+        total = dataset_rows(files)
         scores, labels = [], []
         enabled = total > 1_000_000 if progress is None else progress
         with RowProgress(total, f"scoring {source}", enabled) as bar:

@@ -239,3 +239,43 @@ def test_auc_against_pairs() -> None:
         auc(np.zeros(4), np.ones(4))
     with pytest.raises(RequestError, match="labels of 0 and 1"):
         auc(np.array([0, 2]), np.ones(2))
+
+
+def test_datasets_on_s3_equal_local_ones(tmp_path: Path, s3, capsys) -> None:
+    """A dataset folder, a file and a file list on an S3-compatible server (moto, loopback)
+    score as the same files on disk; a missing key and a missing bucket are named."""
+    files = write_ranking_files(tmp_path / "m", OWN["wdl"], seed=46, max_batch_size=8)
+    model = InferenceModel.from_ps_json(files.ps_json)
+    rng = np.random.default_rng(47)
+    local = tmp_path / "data"
+    local.mkdir()
+    for i, n in enumerate((9, 4)):
+        keys = random_keys(rng, n, files.slot_nums, files.known_keys(), 2)
+        dense = rng.standard_normal((n, 13)).astype(np.float32)
+        labels = (np.arange(n) % 2).astype(np.float32)
+        write_dataset(local / f"part{i}.parquet", files, dense, keys, labels)
+    s3.create_dir("bucket")
+    for name in ("part0.parquet", "part1.parquet"):
+        with s3.open_output_stream(f"bucket/ds/{name}") as out:
+            out.write((local / name).read_bytes())
+    with s3.open_output_stream("bucket/ds/_SUCCESS") as out:
+        out.write(b"")
+    with s3.open_output_stream("bucket/list/_file_list.txt") as out:
+        out.write(b"2\ns3://bucket/ds/part1.parquet\ns3://bucket/ds/part0.parquet\n")
+    want = model.predict_dataset(local)
+    got = model.predict_dataset("s3://bucket/ds/")
+    np.testing.assert_array_equal(got.scores, want.scores)
+    np.testing.assert_array_equal(got.labels, want.labels)
+    one = model.predict_dataset("s3://bucket/ds/part1.parquet")
+    np.testing.assert_array_equal(one.scores, want.scores[9:])
+    listed = model.predict_dataset("s3://bucket/list/_file_list.txt")
+    np.testing.assert_array_equal(listed.scores, np.concatenate([want.scores[9:], want.scores[:9]]))
+    with pytest.raises(ModelFileError, match=r"s3://bucket/nothing: Parquet file, folder or"):
+        model.predict_dataset("s3://bucket/nothing")
+    with pytest.raises(ModelFileError, match=r"s3://no-bucket/x"):
+        model.predict_dataset("s3://no-bucket/x")
+    out = tmp_path / "pred.parquet"
+    assert hps_main(["predict", str(files.ps_json), "s3://bucket/ds", "--out", str(out)]) == 0
+    printed = capsys.readouterr()
+    assert "scored 13 samples" in printed.out
+    assert "hps-test-secret-never-logged" not in printed.out + printed.err
