@@ -20,7 +20,8 @@ from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
 
-from hps_core.errors import Problem
+from hps_core.errors import HPSError, Problem
+from hps_core.formats.uris import ModelPath, is_uri, open_uri
 
 E = TypeVar("E", bound=Enum)
 Converter = Callable[[Any, str], Any]
@@ -28,7 +29,7 @@ Converter = Callable[[Any, str], Any]
 # Marks a key without a default: leaving it out is a problem.
 REQUIRED: Any = object()
 
-# HugeCTR documents hdfs://, s3:// and gs:// sparse files; this engine reads local files only.
+# Any URL: those hps_core.formats.uris does not open (ftp://, http:// outside S3) are problems.
 _URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 
 
@@ -217,23 +218,30 @@ class Collector:
             return None
         return value
 
-    def path(self, value: Any, where: str) -> Path | None:
-        """Accept a local file path; a relative one is resolved against ``base_dir``."""
+    def path(self, value: Any, where: str) -> ModelPath | None:
+        """Accept a local file path (a relative one is resolved against ``base_dir``) or a
+        URI of :mod:`hps_core.formats.uris` (``s3://``, ``hdfs://``, ...)."""
         text = self.string(value, where, nonempty=True)
         if text is None:
             return None
+        if is_uri(text):
+            try:
+                return open_uri(text)
+            except HPSError as exc:
+                self.add(where, str(exc))
+                return None
         if _URL.match(text):
             self.add(
                 where,
-                f"remote paths are not supported, found {json.dumps(text)}; copy the files "
-                "to a local or mounted folder and give that path",
+                f"unsupported URL {json.dumps(text)}; give a local path or an s3://, "
+                "hdfs:// or gs:// URI",
             )
             return None
         path = Path(text)
         # Lexical normalisation only: symlinks in a model repository are left alone.
         return path if path.is_absolute() else Path(os.path.normpath(self.base_dir / path))
 
-    def optional_path(self, value: Any, where: str) -> Path | None:
+    def optional_path(self, value: Any, where: str) -> ModelPath | None:
         """Like :meth:`path`, but ``""`` (HugeCTR's "not given") is accepted as ``None``."""
         if value == "":
             return None

@@ -38,8 +38,9 @@ Strictness (where this parser rejects files HugeCTR would accept):
       one sparse file is needed.
     - ``use_static_table: true`` together with an ``embedding_cache_type`` other than
       ``"static"`` is a problem (HugeCTR silently uses ``"static"``).
-    - Remote sparse-file URLs (``s3://``, ``hdfs://``, ``gs://``) are problems: only local or
-      mounted folders are read.
+    - File paths may be URIs (``s3://``, ``hdfs://``, ``gs://``, HugeCTR's S3 HTTPS form; see
+      :mod:`hps_core.formats.uris`): read through ``pyarrow.fs``, connected on first use; any
+      other URL is a problem.
 
 Differences from the docs (HugeCTR's parser is followed; the docs are
 ``docs/source/hierarchical_parameter_server/hps_database_backend.md``):

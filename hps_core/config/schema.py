@@ -28,6 +28,7 @@ from hps_core.config.enums import (
     UpdateSourceType,
 )
 from hps_core.errors import ConfigError, Problem
+from hps_core.formats.uris import ModelPath
 
 DEFAULT_UPDATE_FILTERS = ("^hps_.+$",)
 
@@ -37,8 +38,8 @@ def default_table_name(index: int) -> str:
     return f"sparse_embedding{index}"
 
 
-def _path_text(path: Path, relative_to: Path | None) -> str:
-    if relative_to is not None:
+def _path_text(path: ModelPath, relative_to: Path | None) -> str:
+    if relative_to is not None and isinstance(path, Path):
         try:
             return path.relative_to(relative_to).as_posix()
         except ValueError:

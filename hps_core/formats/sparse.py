@@ -32,6 +32,7 @@ import numpy as np
 
 from hps_core.errors import ModelFileError
 from hps_core.formats.progress import RowProgress, wants_progress
+from hps_core.formats.uris import ModelPath, model_path
 
 logger = logging.getLogger(__name__)
 
@@ -123,7 +124,7 @@ def inspect_sparse_table(path: str | os.PathLike[str], dim: int | None = None) -
         >>> info.rows, info.dim
         (100000, 16)
     """
-    folder = Path(path)
+    folder = model_path(path)
     if dim is not None:
         _check_positive("dim", dim)
     if not folder.exists():
@@ -241,12 +242,26 @@ def _fill(stream: RawIOBase, out: np.ndarray, path: Path, offset: int) -> None:
         filled += n
 
 
-def _open_unbuffered(path: Path) -> RawIOBase:
-    # Unbuffered: reads are whole chunks, so a buffer would only add a copy.
+def _open_unbuffered(path: ModelPath) -> RawIOBase:
+    # Unbuffered: reads are whole chunks, so a buffer would only add a copy. A URI's stream
+    # (pyarrow) reads what is asked the same way.
     try:
-        return open(path, "rb", buffering=0)
+        return path.open("rb", buffering=0)
     except OSError as exc:
         raise ModelFileError(f"{path}: cannot open: {exc.strerror or exc}") from exc
+
+
+def read_keys(folder: ModelPath, rows: int) -> np.ndarray:
+    """The first ``rows`` keys of a sparse model folder's ``key`` file (local or by URI).
+
+    Raises:
+        ModelFileError: the file is shorter (it changed since it was inspected).
+    """
+    keys = np.empty(rows, dtype=KEY_DTYPE)
+    path = folder / KEY_FILE
+    with _open_unbuffered(path) as stream:
+        _fill(stream, keys, path, 0)
+    return keys
 
 
 class _TableReader:

@@ -25,7 +25,7 @@ import numpy as np
 from hps_core.cache import make_cache
 from hps_core.config import EmbeddingCacheType, ModelConfig, PSConfig, TableConfig
 from hps_core.errors import RequestError
-from hps_core.formats.sparse import KEY_DTYPE, KEY_FILE, META_FILE
+from hps_core.formats.sparse import KEY_DTYPE, KEY_FILE, META_FILE, read_keys
 from hps_core.lookup.devices import array_module
 from hps_core.lookup.table_lookup import (
     CachedTableLookup,
@@ -370,9 +370,10 @@ class ModelLookup:
 def _warm_keys(table: TableConfig, given: np.ndarray | None) -> tuple[np.ndarray, str]:
     if given is not None:
         return np.asarray(given, dtype=np.int64), "given hot keys"
-    keys = np.fromfile(table.sparse_file / KEY_FILE, dtype=KEY_DTYPE)
-    meta = table.sparse_file / META_FILE
+    folder = table.sparse_file
+    keys = read_keys(folder, (folder / KEY_FILE).stat().st_size // KEY_DTYPE.itemsize)
+    meta = folder / META_FILE
     if meta.is_file() and meta.stat().st_size == keys.nbytes:
-        hotness = np.fromfile(meta, dtype="<i8")
+        hotness = np.frombuffer(meta.read_bytes(), dtype="<i8")
         return keys[np.argsort(-hotness, kind="stable")], "hottest first, from meta"
     return keys, "file order"

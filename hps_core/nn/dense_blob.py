@@ -15,7 +15,6 @@ in :data:`DenseParams`.
 from __future__ import annotations
 
 import json
-import os
 from bisect import bisect_right
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -25,6 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from hps_core.errors import ModelFileError
+from hps_core.formats.uris import FsPath, model_path
 from hps_core.nn.layers.base import ParamShape
 
 #: Parameters of one network: layer name -> its tensors in file order, then its state.
@@ -92,7 +92,11 @@ def read_dense_blob(path: str | Path, layout: DenseLayout) -> DenseParams:
             names the layer where the file ends early, or the extra floats).
     """
     check_dense_blob_size(path, layout)
-    floats = np.fromfile(path, dtype=_FLOAT).astype(np.float32, copy=False)
+    path = model_path(path)
+    if isinstance(path, FsPath):  # read as it streams in, no local copy
+        floats = np.frombuffer(path.read_bytes(), dtype=_FLOAT).astype(np.float32)
+    else:
+        floats = np.fromfile(path, dtype=_FLOAT).astype(np.float32, copy=False)
     state = _read_state(path, layout)
     params: DenseParams = {}
     offset = 0
@@ -110,10 +114,10 @@ def _read_state(path: str | Path, layout: DenseLayout) -> dict[str, tuple[np.nda
     holders = [layer for layer in layout.layers if layer.state]
     if not holders:
         return {}
-    ntp = Path(str(path) + NTP_SUFFIX)
+    ntp = model_path(str(path) + NTP_SUFFIX)
     try:
         entries = json.loads(ntp.read_text())["layers"]
-    except (OSError, ValueError, KeyError, TypeError) as exc:
+    except (OSError, ValueError, KeyError, TypeError, ModelFileError) as exc:
         names = ", ".join(f"'{layer.layer}'" for layer in holders)
         raise ModelFileError(
             f"{ntp}: cannot read the running statistics of {names} (HugeCTR writes them next "
@@ -154,8 +158,8 @@ def check_dense_blob_size(path: str | Path, layout: DenseLayout) -> int:
         ModelFileError: unreadable file or wrong size; names the layer where it goes wrong.
     """
     try:
-        size = os.path.getsize(path)
-    except OSError as exc:
+        size = model_path(path).stat().st_size
+    except (OSError, ModelFileError) as exc:
         raise ModelFileError(f"{path}: cannot read dense model file: {exc}") from None
     if size % _FLOAT.itemsize:
         raise ModelFileError(f"{path}: size {size} bytes is not a whole number of float32 values")

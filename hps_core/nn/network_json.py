@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from hps_core.errors import ConfigError, Problem
+from hps_core.formats.uris import model_path
 
 _MISSING: Any = object()
 _WHITESPACE = re.compile(r"[ \t\n\r]*")
@@ -197,7 +198,7 @@ def load_network_json(path: str | Path) -> NetworkSpec:
         >>> spec.layers[0].type  # doctest: +SKIP
         'DistributedSlotSparseEmbeddingHash'
     """
-    path = Path(path)
+    path = model_path(path)
     try:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:

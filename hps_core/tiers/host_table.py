@@ -18,8 +18,9 @@ from pathlib import Path
 import numpy as np
 
 from hps_core.errors import ModelFileError
-from hps_core.formats.sparse import KEY_DTYPE, KEY_FILE, VECTOR_FILE, inspect_sparse_table
+from hps_core.formats.sparse import KEY_FILE, VECTOR_FILE, inspect_sparse_table, read_keys
 from hps_core.formats.sparse import iter_sparse_table as _iter_sparse_table
+from hps_core.formats.uris import ModelPath, model_path
 from hps_core.hashing import unmix64
 from hps_core.tiers.hash_layout import (
     DuplicateKeysError,
@@ -37,7 +38,7 @@ logger = logging.getLogger("hps_core")
 LAYOUT_VERSION = 1
 
 
-def _file_identity(path: Path) -> str:
+def _file_identity(path: ModelPath) -> str:
     st = path.stat()
     return f"{path.resolve()}:{st.st_size}:{st.st_mtime_ns}:{st.st_ino}"
 
@@ -83,12 +84,12 @@ class SharedHostTable:
 
     def __init__(
         self,
-        sparse_dir: Path,
+        sparse_dir: ModelPath,
         dim: int,
         default_value: float = 0.0,
         progress: bool | None = None,
     ) -> None:
-        self.sparse_dir = Path(sparse_dir)
+        self.sparse_dir = model_path(sparse_dir)
         info = inspect_sparse_table(self.sparse_dir, dim)
         self.dim = dim
         self.rows = info.rows
@@ -148,12 +149,7 @@ class SharedHostTable:
         return self._hashes, self._starts
 
     def _build(self, buffer: mmap.mmap) -> None:
-        keys = np.fromfile(self.sparse_dir / KEY_FILE, dtype=KEY_DTYPE, count=self.rows)
-        if len(keys) != self.rows:
-            raise ModelFileError(
-                f"{self.sparse_dir / KEY_FILE}: holds {len(keys)} keys, expected {self.rows}"
-                " (the file changed while loading)"
-            )
+        keys = read_keys(self.sparse_dir, self.rows)  # a short file raises, naming it
         try:
             order, sorted_hashes = sort_order(keys)
         except DuplicateKeysError as exc:

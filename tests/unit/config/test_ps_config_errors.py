@@ -56,7 +56,7 @@ SINGLE_PROBLEM_CASES = [
     ({"models.0.model": DELETE}, "models[0].model", "missing"),
     ({"models.1.model": "wdl"}, "models[1].model", 'duplicate model name "wdl"'),
     ({"models.0.sparse_files": "a"}, "models[0].sparse_files", 'a list, found the string "a"'),
-    ({"models.0.sparse_files.1": "s3://bucket/t1"}, "models[0].sparse_files[1]", "remote"),
+    ({"models.0.sparse_files.1": "ftp://host/t1"}, "models[0].sparse_files[1]", "unsupported URL"),
     ({"models.0.sparse_files.1": ""}, "models[0].sparse_files[1]", "non-empty string"),
     ({"models.0.deployed_device_list": DELETE}, "models[0].deployed_device_list", "missing"),
     ({"models.0.deployed_device_list": []}, "models[0].deployed_device_list", "at least one"),

@@ -3,6 +3,7 @@ HDFS where libhdfs and Java are missing (as on this project's machines)."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pyarrow.fs as pafs
@@ -10,6 +11,15 @@ import pytest
 
 from hps_core.errors import ModelFileError, NotAvailableError
 from hps_core.formats.uris import fs_path, is_uri, open_uri
+from hps_core.model_check import check_ps_json
+
+
+def test_naming_an_s3_object_connects_to_nothing() -> None:
+    # No endpoint, no credentials: parsing a ps.json that names it must still work.
+    target = open_uri("s3://some-bucket/models/0_sparse_model")
+    assert target.path == "some-bucket/models/0_sparse_model"
+    assert (target / "key").path == "some-bucket/models/0_sparse_model/key"
+    assert str(target.parent) == "s3://some-bucket/models"
 
 
 @pytest.mark.parametrize(
@@ -49,8 +59,10 @@ def test_hdfs_without_libhdfs_says_what_to_install() -> None:
         pass
     else:  # pragma: no cover - a machine with Hadoop
         pytest.skip("libhdfs and Java are installed here")
+    target = open_uri("hdfs://localhost:1/m")  # naming it connects to nothing
+    assert target.path == "/m"
     with pytest.raises(NotAvailableError, match=r"hdfs://localhost:1/m: reading hdfs:// needs"):
-        open_uri("hdfs://localhost:1/m")
+        target.exists()
 
 
 def test_local_paths_and_file_uris(tmp_path: Path) -> None:
@@ -61,3 +73,25 @@ def test_local_paths_and_file_uris(tmp_path: Path) -> None:
     assert [f.name for f in fs_path(tmp_path).files_below()] == ["a.txt"]
     with pytest.raises(ModelFileError, match="cannot read"):
         fs_path(tmp_path / "missing.txt").read_text()
+
+
+def test_hps_check_of_an_hdfs_model_says_what_to_install(tmp_path: Path) -> None:
+    try:
+        pafs.HadoopFileSystem("localhost", 1)
+    except OSError:
+        pass
+    else:  # pragma: no cover - a machine with Hadoop
+        pytest.skip("libhdfs and Java are installed here")
+    ps = {
+        "supportlonglong": True,
+        "models": [{
+            "model": "m", "sparse_files": ["hdfs://namenode:9000/models/t0"],
+            "embedding_vecsize_per_table": [8], "default_value_for_each_table": [0.0],
+            "maxnum_catfeature_query_per_table_per_sample": [2], "max_batch_size": 4,
+            "deployed_device_list": [0],
+        }],
+    }  # fmt: skip
+    (tmp_path / "ps.json").write_text(json.dumps(ps))
+    [problem] = check_ps_json(tmp_path / "ps.json").problems
+    assert problem.where == "models[0].sparse_files[0]"
+    assert "hdfs://namenode:9000/models/t0: reading hdfs:// needs Hadoop's libhdfs" in str(problem)
