@@ -67,7 +67,9 @@ def register(converters: argparse._SubParsersAction) -> None:
         description="Convert a Parquet file, or a folder of part files, with an integer key "
         "column and a list-of-floats vector column into a HugeCTR sparse model folder.",
     )
-    to_hugectr.add_argument("parquet", metavar="PARQUET", help="Parquet file or folder")
+    to_hugectr.add_argument(
+        "parquet", metavar="PARQUET", help="Parquet file or folder (a path, or s3:// / hdfs:// URI)"
+    )
     to_hugectr.add_argument("out_dir", metavar="OUT_DIR", help="sparse model folder to write")
     to_hugectr.add_argument("--key-column", default="key", help="key column (default: key)")
     to_hugectr.add_argument(
@@ -87,7 +89,11 @@ def register(converters: argparse._SubParsersAction) -> None:
         description="Convert a HugeCTR sparse model folder into one Parquet file with an "
         "int64 key column and a fixed_size_list<float32> vector column.",
     )
-    to_parquet.add_argument("table_dir", metavar="TABLE_DIR", help="sparse model folder")
+    to_parquet.add_argument(
+        "table_dir",
+        metavar="TABLE_DIR",
+        help="sparse model folder (a path, or s3:// / hdfs:// URI)",
+    )
     to_parquet.add_argument("out", metavar="OUT.parquet", type=Path, help="file to write")
     to_parquet.add_argument(
         "--dim", type=_positive_int, help="floats per vector (default: from the file sizes)"

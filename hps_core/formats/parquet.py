@@ -33,6 +33,7 @@ from hps_core.formats.sparse import (
     iter_sparse_table,
 )
 from hps_core.formats.sparse_writer import SparseTableWriter
+from hps_core.formats.uris import FsPath, ModelPath, model_path
 
 DEFAULT_BATCH_ROWS = 65536
 # Rows per written row group are chosen so that one row group is about this large; writing
@@ -41,8 +42,10 @@ DEFAULT_ROW_GROUP_BYTES = 64 * 1024 * 1024
 _INT64_MAX = np.iinfo(np.int64).max
 
 
-def list_parquet_files(path: str | os.PathLike[str]) -> list[Path]:
-    """The Parquet files of a dataset: the file itself, or every data file under a folder.
+def list_parquet_files(path: str | os.PathLike[str]) -> list[ModelPath]:
+    """The Parquet files of a dataset: the file itself, or every data file under a folder,
+    on the local disk or named by URI (``s3://bucket/table/``; see
+    :mod:`hps_core.formats.uris`).
 
     In a folder, names starting with ``_`` or ``.`` are skipped at any depth, as Spark and
     Hive do (``_SUCCESS``, ``_metadata``, ``.part-0.parquet.crc``); every other file must be
@@ -58,7 +61,9 @@ def list_parquet_files(path: str | os.PathLike[str]) -> list[Path]:
     Raises:
         ModelFileError: the path does not exist or a folder holds no data file.
     """
-    root = Path(path)
+    root = model_path(path)
+    if isinstance(root, FsPath):
+        return _list_remote(root)
     if not root.exists():
         raise ModelFileError(f"{root}: Parquet file or folder does not exist")
     if root.is_file():
@@ -72,6 +77,26 @@ def list_parquet_files(path: str | os.PathLike[str]) -> list[Path]:
     if not files:
         raise ModelFileError(f"{root}: folder holds no Parquet data files")
     return files
+
+
+def _list_remote(root: FsPath) -> list[ModelPath]:
+    if not root.exists():
+        raise ModelFileError(f"{root}: Parquet file or folder does not exist")
+    if root.is_file():
+        return [root]
+    base = root.path.rstrip("/")
+    files: list[ModelPath] = [
+        f for f in root.files_below()
+        if not any(part.startswith(("_", ".")) for part in f.path[len(base) :].split("/"))
+    ]  # fmt: skip
+    if not files:
+        raise ModelFileError(f"{root}: folder holds no Parquet data files")
+    return files
+
+
+def open_parquet(file: ModelPath) -> pq.ParquetFile:
+    """A Parquet file of :func:`list_parquet_files`, local or remote, opened for reading."""
+    return pq.ParquetFile(file.open_input_file() if isinstance(file, FsPath) else file)
 
 
 @dataclass
@@ -187,12 +212,12 @@ def _vectors_to_float32(
 
 
 def _iter_batches(
-    file: Path, batch_rows: int, key_column: str, vector_column: str
+    file: ModelPath, batch_rows: int, key_column: str, vector_column: str
 ) -> Iterator[pa.RecordBatch]:
     """Read the two columns of ``file`` batch by batch; Arrow read errors name the file."""
     row = 0
     try:
-        with pq.ParquetFile(file) as parquet_file:
+        with open_parquet(file) as parquet_file:
             # One row group at a time: iterating over the whole file lets Arrow read ahead
             # and hold several row groups (seen: all of a 500 MB file) instead of one.
             for group in range(parquet_file.num_row_groups):
@@ -254,7 +279,7 @@ def parquet_to_sparse_table(
     total_rows = 0
     for file in files:
         try:
-            metadata = pq.read_metadata(file)
+            metadata = open_parquet(file).metadata
         except (pa.ArrowException, OSError) as exc:
             raise ModelFileError(f"{file}: not a readable Parquet file ({_one_line(exc)})") from exc
         _check_schema(file, metadata.schema.to_arrow_schema(), key_column, vector_column, target)

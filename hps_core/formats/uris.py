@@ -209,13 +209,6 @@ def model_path(source: str | os.PathLike[str] | FsPath) -> ModelPath:
     return open_uri(str(source)) if is_uri(source) else Path(source)
 
 
-def fs_path(source: str | os.PathLike[str]) -> FsPath:
-    """A local path or a URI (see :func:`open_uri`) as an :class:`FsPath`."""
-    if is_uri(source):
-        return open_uri(str(source))
-    return FsPath(str(Path(source).absolute()), str(source), _local_filesystem)
-
-
 def open_uri(uri: str) -> FsPath:
     """The path of ``uri`` in its file system, which connects on first use.
 
@@ -254,12 +247,6 @@ def _connect(target: str, uri: str, region: str | None) -> pafs.FileSystem:
         if target.startswith(("hdfs://", "viewfs://")):
             raise NotAvailableError(f"{uri}: {HDFS_HINT} ({_first_line(exc)})") from None
         raise ModelFileError(f"{uri}: cannot open ({_first_line(exc)})") from None
-
-
-def _local_filesystem() -> pafs.FileSystem:
-    import pyarrow.fs as pafs
-
-    return pafs.LocalFileSystem()
 
 
 def _first_line(exc: BaseException) -> str:

@@ -29,11 +29,10 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
-from pyarrow.fs import FileType
 
 from hps_core.errors import ModelFileError
-from hps_core.formats.uris import FsPath, fs_path, is_uri
+from hps_core.formats.parquet import list_parquet_files, open_parquet
+from hps_core.formats.uris import ModelPath, is_uri, model_path
 from hps_core.infer.batch import SparseBatch
 from hps_core.infer.layout import RankingLayout
 
@@ -74,7 +73,7 @@ class DatasetBatch:
     labels: np.ndarray | None
 
 
-def dataset_files(source: str | os.PathLike[str]) -> list[FsPath]:
+def dataset_files(source: str | os.PathLike[str]) -> list[ModelPath]:
     """The Parquet files of a dataset (see the module docstring), in reading order.
 
     Args:
@@ -87,24 +86,13 @@ def dataset_files(source: str | os.PathLike[str]) -> list[FsPath]:
         ModelFileError: no such file or folder, a malformed list or one naming missing files,
             or no data file.
     """
-    root = fs_path(source)
-    kind = root.file_type()
-    if kind == FileType.NotFound:
-        raise ModelFileError(f"{root}: Parquet file, folder or file list does not exist")
-    if kind == FileType.File and root.name.endswith(".txt"):
+    root = model_path(source)
+    if root.name.endswith(".txt") and root.is_file():
         return _listed_files(root)
-    if kind == FileType.File:
-        return [root]
-    files = [
-        f for f in root.files_below()
-        if not any(part.startswith(("_", ".")) for part in f.path[len(root.path):].split("/"))
-    ]  # fmt: skip
-    if not files:
-        raise ModelFileError(f"{root}: folder holds no Parquet data files")
-    return files
+    return list_parquet_files(source)
 
 
-def _listed_files(listing: FsPath) -> list[FsPath]:
+def _listed_files(listing: ModelPath) -> list[ModelPath]:
     lines = [line.strip() for line in listing.read_text().splitlines() if line.strip()]
     if not lines or not lines[0].isdigit():
         raise ModelFileError(
@@ -112,7 +100,7 @@ def _listed_files(listing: FsPath) -> list[FsPath]:
             f"{lines[0] if lines else 'an empty file'!r}"
         )
     files = [
-        fs_path(p) if is_uri(p) or Path(p).is_absolute() else listing.parent.joinpath(p)
+        model_path(p) if is_uri(p) or Path(p).is_absolute() else listing.parent / p
         for p in lines[1:]
     ]
     if len(files) != int(lines[0]):
@@ -124,7 +112,7 @@ def _listed_files(listing: FsPath) -> list[FsPath]:
 
 
 def dataset_columns(
-    files: Sequence[FsPath], layout: RankingLayout, source: str | os.PathLike[str]
+    files: Sequence[ModelPath], layout: RankingLayout, source: str | os.PathLike[str]
 ) -> DatasetColumns:
     """The columns of a dataset for ``layout``: by name from ``_metadata.json`` beside the
     files or the source, else by position.
@@ -140,12 +128,12 @@ def dataset_columns(
     Raises:
         ModelFileError: the counts of columns do not fit the model (naming what it expects).
     """
-    with files[0].open_input_file() as stream:
-        names = pq.read_schema(stream).names
-    root = fs_path(source)
-    base = root if root.file_type() == FileType.Directory else root.parent
+    with open_parquet(files[0]) as reader:
+        names = reader.schema_arrow.names
+    root = model_path(source)
+    base = root if root.is_dir() else root.parent
     for folder in (base, files[0].parent):
-        metadata = folder.joinpath(METADATA)
+        metadata = folder / METADATA
         if metadata.is_file():
             return _from_metadata(metadata, layout, names)
     dense, slots, label_dim = layout.dense_dim, layout.total_slots, layout.label_dim
@@ -164,7 +152,7 @@ def dataset_columns(
     )
 
 
-def _from_metadata(path: FsPath, layout: RankingLayout, names: Sequence[str]) -> DatasetColumns:
+def _from_metadata(path: ModelPath, layout: RankingLayout, names: Sequence[str]) -> DatasetColumns:
     try:
         doc = json.loads(path.read_text())
         groups = {
@@ -188,7 +176,7 @@ def _from_metadata(path: FsPath, layout: RankingLayout, names: Sequence[str]) ->
 
 
 def iter_dataset(
-    files: Sequence[FsPath], columns: DatasetColumns, layout: RankingLayout, batch_size: int
+    files: Sequence[ModelPath], columns: DatasetColumns, layout: RankingLayout, batch_size: int
 ) -> Iterator[DatasetBatch]:
     """Read the dataset ``batch_size`` rows at a time (a file's last batch may be smaller).
 
@@ -206,8 +194,7 @@ def iter_dataset(
             the file, column and row).
     """
     for path in files:
-        with path.open_input_file() as stream:
-            reader = pq.ParquetFile(stream)
+        with open_parquet(path) as reader:
             missing = [c for c in columns.all if c not in reader.schema_arrow.names]
             if missing:
                 raise ModelFileError(f"{path}: missing columns {', '.join(missing[:5])}")
@@ -217,17 +204,21 @@ def iter_dataset(
                 row += record.num_rows
 
 
-def dataset_rows(files: Sequence[FsPath]) -> int:
+def dataset_rows(files: Sequence[ModelPath]) -> int:
     """Rows of every file of a dataset (from the Parquet footers)."""
     total = 0
     for path in files:
-        with path.open_input_file() as stream:
-            total += pq.ParquetFile(stream).metadata.num_rows
+        with open_parquet(path) as reader:
+            total += reader.metadata.num_rows
     return total
 
 
 def _batch(
-    record: pa.RecordBatch, path: FsPath, row: int, columns: DatasetColumns, layout: RankingLayout
+    record: pa.RecordBatch,
+    path: ModelPath,
+    row: int,
+    columns: DatasetColumns,
+    layout: RankingLayout,
 ) -> DatasetBatch:
     def numbers(name: str) -> np.ndarray:
         array = record.column(name)
@@ -257,7 +248,7 @@ def _batch(
 
 
 def _table_keys(
-    record: pa.RecordBatch, path: FsPath, row: int, names: Sequence[str]
+    record: pa.RecordBatch, path: ModelPath, row: int, names: Sequence[str]
 ) -> tuple[np.ndarray, np.ndarray | None]:
     """One table's keys, sample-major, and its row offsets (None when every slot is one
     integer column: one key per (sample, slot))."""
@@ -297,7 +288,7 @@ def _table_keys(
     return np.concatenate(values)[order], offsets
 
 
-def _as_int64(array: pa.Array, path: FsPath, name: str) -> np.ndarray:
+def _as_int64(array: pa.Array, path: ModelPath, name: str) -> np.ndarray:
     values = array.to_numpy(zero_copy_only=False)
     if values.dtype == np.uint64 and values.size and int(values.max()) > np.iinfo(np.int64).max:
         raise ModelFileError(f"{path}: categorical column '{name}' holds keys above 2^63 - 1")

@@ -10,7 +10,7 @@ import pyarrow.fs as pafs
 import pytest
 
 from hps_core.errors import ModelFileError, NotAvailableError
-from hps_core.formats.uris import fs_path, is_uri, open_uri
+from hps_core.formats.uris import is_uri, open_uri
 from hps_core.model_check import check_ps_json
 
 
@@ -65,14 +65,14 @@ def test_hdfs_without_libhdfs_says_what_to_install() -> None:
         target.exists()
 
 
-def test_local_paths_and_file_uris(tmp_path: Path) -> None:
+def test_file_uris(tmp_path: Path) -> None:
     (tmp_path / "a.txt").write_text("hello")
-    local = fs_path(tmp_path / "a.txt")
+    local = open_uri(f"file://{tmp_path}/a.txt")
     assert local.is_file() and local.read_text() == "hello" and local.name == "a.txt"
-    assert fs_path(f"file://{tmp_path}/a.txt").read_text() == "hello"
-    assert [f.name for f in fs_path(tmp_path).files_below()] == ["a.txt"]
+    assert local.stat().st_size == 5 and local.parent.is_dir()
+    assert [f.name for f in open_uri(f"file://{tmp_path}").files_below()] == ["a.txt"]
     with pytest.raises(ModelFileError, match="cannot read"):
-        fs_path(tmp_path / "missing.txt").read_text()
+        open_uri(f"file://{tmp_path}/missing.txt").read_text()
 
 
 def test_hps_check_of_an_hdfs_model_says_what_to_install(tmp_path: Path) -> None:

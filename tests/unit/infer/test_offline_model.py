@@ -271,7 +271,7 @@ def test_datasets_on_s3_equal_local_ones(tmp_path: Path, s3, capsys) -> None:
     np.testing.assert_array_equal(one.scores, want.scores[9:])
     listed = model.predict_dataset("s3://bucket/list/_file_list.txt")
     np.testing.assert_array_equal(listed.scores, np.concatenate([want.scores[9:], want.scores[:9]]))
-    with pytest.raises(ModelFileError, match=r"s3://bucket/nothing: Parquet file, folder or"):
+    with pytest.raises(ModelFileError, match=r"s3://bucket/nothing: Parquet file or folder does"):
         model.predict_dataset("s3://bucket/nothing")
     with pytest.raises(ModelFileError, match=r"s3://no-bucket/x"):
         model.predict_dataset("s3://no-bucket/x")
