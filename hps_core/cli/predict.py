@@ -16,14 +16,15 @@ def run(args: argparse.Namespace) -> int:
         # Before scoring, which may take long.
         raise ModelFileError(f"{args.out} exists; {OVERWRITE_HINT}")
     started = time.perf_counter()
-    model = InferenceModel.from_ps_json(args.ps_json, args.model, args.device, args.precision)
+    device = "auto" if args.device == "auto" else None if args.device == "cpu" else int(args.device)
+    model = InferenceModel.from_ps_json(args.ps_json, args.model, device, args.precision)
     try:
         result = model.predict_dataset(args.dataset, batch_size=args.batch_size, progress=True)
     finally:
         model.close()
     seconds = time.perf_counter() - started
     rows = result.scores.shape[0]
-    where = "CPU" if args.device is None else f"GPU {args.device}"
+    where = "CPU" if model.session.device_id is None else f"GPU {model.session.device_id}"
     print(f"scored {rows:,} samples on the {where} in {seconds:.1f} s ({rows / seconds:,.0f}/s)")
     if args.out is not None:
         print(f"wrote {write_predictions(args.out, result, args.overwrite)}")
@@ -49,7 +50,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--model", help="the ps.json model (default: its only one)")
     parser.add_argument("--out", help="write labels and predictions to this Parquet file")
     parser.add_argument("--overwrite", action="store_true", help="replace --out if it exists")
-    parser.add_argument("--device", type=int, help="score on this GPU (default: the CPU)")
+    parser.add_argument(
+        "--device",
+        default="auto",
+        help="GPU id, or 'cpu' (default 'auto': GPU 0 when there is one, else the CPU)",
+    )
     parser.add_argument("--precision", default="fp32", choices=("fp32", "tf32", "fp16"))
     parser.add_argument(
         "--batch-size", type=int, help="samples per batch (default: the model's max_batch_size)"

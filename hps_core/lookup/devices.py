@@ -41,6 +41,16 @@ def array_module(device_id: int | None) -> Any:
     return cupy
 
 
+def first_gpu() -> int | None:
+    """GPU 0 when CuPy is installed and sees a CUDA device, else ``None`` (the host)."""
+    try:
+        import cupy
+
+        return 0 if cupy.cuda.runtime.getDeviceCount() > 0 else None
+    except Exception:  # no CuPy, no driver or no device: each raises its own error types
+        return None
+
+
 def module_of(array: Any) -> Any:
     """``cupy`` for a CuPy array, else ``numpy``."""
     if type(array).__module__.startswith("cupy"):

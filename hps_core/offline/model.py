@@ -21,6 +21,7 @@ from hps_core.infer.batch import SparseBatch
 from hps_core.infer.contracts import HugeCTRContract
 from hps_core.infer.layout import RankingLayout
 from hps_core.infer.session import RankingSession
+from hps_core.lookup.devices import first_gpu
 from hps_core.nn import DenseExecutor, build_graph, load_network_json
 from hps_core.offline.dataset import (
     DatasetColumns,
@@ -87,7 +88,7 @@ class InferenceModel:
         cls,
         ps_json: str | os.PathLike[str],
         model_name: str | None = None,
-        device_id: int | None = None,
+        device_id: int | str | None = "auto",
         precision: str = "fp32",
     ) -> InferenceModel:
         """Open a model of a ps.json (its ``network_file``, ``dense_file`` and tables).
@@ -95,7 +96,8 @@ class InferenceModel:
         Args:
             ps_json: the ps.json.
             model_name: the model (default: the only one).
-            device_id: GPU to score on; None: the CPU.
+            device_id: GPU to score on; None: the CPU; ``"auto"``: GPU 0 when there is one,
+                else the CPU.
             precision: ``"fp32"``, ``"tf32"`` or ``"fp16"``.
 
         Returns:
@@ -104,6 +106,8 @@ class InferenceModel:
         Raises:
             ConfigError: no such model, or the ps.json and the network disagree.
         """
+        if device_id == "auto":
+            device_id = first_gpu()
         if model_name is None:
             models = load_ps_config(ps_json).models
             if len(models) != 1:
@@ -122,7 +126,7 @@ class InferenceModel:
         model_name: str = "model",
         max_batch_size: int = 1024,
         default_values: Sequence[float] | None = None,
-        device_id: int | None = None,
+        device_id: int | str | None = "auto",
         precision: str = "fp32",
         workdir: str | os.PathLike[str] | None = None,
     ) -> InferenceModel:
@@ -136,7 +140,7 @@ class InferenceModel:
             model_name: the model's name.
             max_batch_size: most samples per batch (HugeCTR's ``max_batchsize``).
             default_values: the vector value of unknown keys per table (default 0).
-            device_id: GPU to score on; None: the CPU.
+            device_id: as :meth:`from_ps_json`.
             precision: ``"fp32"``, ``"tf32"`` or ``"fp16"``.
             workdir: folder for the generated ps.json (default: a new temporary folder).
 
@@ -171,7 +175,7 @@ class InferenceModel:
                     ),
                     "maxnum_des_feature_per_sample": graph.spec.data.dense_dim,
                     "max_batch_size": max_batch_size,
-                    "deployed_device_list": [0 if device_id is None else device_id],
+                    "deployed_device_list": [device_id if isinstance(device_id, int) else 0],
                 }
             ],
         }

@@ -29,7 +29,7 @@ def test_gpu_dataset_scores_equal_the_cpus(tmp_path: Path, name: str) -> None:
     options = ServingOptions(instances=(InstanceGroup(count=1, kind="KIND_GPU"),))
     DEMO_MODELS[name](tmp_path, options)
     ps_json = tmp_path / name / "ps.json"
-    cpu = InferenceModel.from_ps_json(ps_json)
+    cpu = InferenceModel.from_ps_json(ps_json, device_id=None)
     gpu = InferenceModel.from_ps_json(ps_json, device_id=0)
     model = Model(tmp_path, name)
     rng = np.random.default_rng(5)

@@ -21,6 +21,7 @@ from tritonclient.utils import InferenceServerException
 
 from hps_core.demo import DEMO_MODELS
 from hps_core.demo.dlrm import dlrm_state
+from hps_core.offline import InferenceModel
 from hps_core.server.install import TritonInstallError, find_perf_analyzer
 from hps_core.server.perf import run_perf_analyzer
 from hps_core.triton_repo import InstanceGroup, ServingOptions
@@ -47,6 +48,7 @@ class Model:
 
     def __init__(self, repo: Path, name: str) -> None:
         self.name = name
+        self.ps_json = repo / name / "ps.json"
         self.config, self.tables = model_tables(repo / name / "ps.json", name)
         self.known = [np.array(sorted(t), dtype=np.int64) for t in self.tables]
         self.slot_nums = [26] if name == "dcn" else [2, 26] if name == "wdl" else [1] * 26
@@ -125,6 +127,24 @@ def test_hugectr_contract_predicts_the_reference(served, name: str) -> None:
             got = infer_hugectr(module, client, name, *encode_hugectr(dense, keys))
             assert got.shape == (1, batch) and got.dtype == np.float32
             model.check(got, dense, keys)
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_offline_predictions_equal_the_served_ones(served, name: str) -> None:
+    """The offline API (hps_core.offline) on the same files and requests answers as the
+    server does, and as PyTorch for the exported DLRM."""
+    server, models = served
+    model = models[name]
+    offline = InferenceModel.from_ps_json(model.ps_json, name)
+    rng = np.random.default_rng(21)
+    module, client = clients(server)[0]
+    for batch in (1, 33):
+        dense, keys = model.samples(rng, batch)
+        request = encode_hugectr(dense, keys)
+        served_scores = infer_hugectr(module, client, name, *request).reshape(batch, -1)
+        got = offline.predict(*request)
+        np.testing.assert_allclose(got, served_scores, rtol=1e-6, atol=1e-7)
+        model.check(got, dense, keys)
 
 
 @pytest.mark.parametrize("name", MODELS)

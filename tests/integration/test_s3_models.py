@@ -29,8 +29,8 @@ def test_tables_on_s3_are_served_as_the_files_are(triton_server, s3, tmp_path: P
     rng = np.random.default_rng(11)
     tables = []
     for t, dim in enumerate(DIMS):
-        keys = rng.choice(10**9, 500, replace=False).astype(np.int64)
-        vectors = rng.standard_normal((500, dim)).astype(np.float32)
+        keys = rng.choice(10**9, 499, replace=False).astype(np.int64)
+        vectors = rng.standard_normal((499, dim)).astype(np.float32)
         write_sparse_table(tmp_path / "data" / f"t{t}", keys, vectors)
         tables.append((keys, vectors))
     s3.create_dir("hps")
@@ -41,7 +41,7 @@ def test_tables_on_s3_are_served_as_the_files_are(triton_server, s3, tmp_path: P
             "model": "emb", "sparse_files": ["s3://hps/emb/t0", "s3://hps/emb/t1"],
             "embedding_vecsize_per_table": list(DIMS),
             "default_value_for_each_table": [0.5, -0.5],
-            "maxnum_catfeature_query_per_table_per_sample": [4, 4], "max_batch_size": 4,
+            "maxnum_catfeature_query_per_table_per_sample": [500, 500], "max_batch_size": 1,
             "deployed_device_list": [0],
         }],
     }  # fmt: skip
@@ -50,15 +50,19 @@ def test_tables_on_s3_are_served_as_the_files_are(triton_server, s3, tmp_path: P
     log = tmp_path / "server.log"
     server = triton_server(tmp_path / "repo", log_file=log)
     client = httpclient.InferenceServerClient(server.http_url.removeprefix("http://"))
-    picks = [tables[0][0][[3, 77]], np.array([tables[1][0][5], 12345], np.int64)]
+    # Every key of both tables in one request, and one unknown key per table.
+    picks = [np.append(tables[0][0][:499], 7), np.append(tables[1][0][:499], 12345)]
     keys = np.concatenate(picks)[None, :]
     inputs = [httpclient.InferInput("KEYS", list(keys.shape), "INT64"),
               httpclient.InferInput("NUMKEYS", [1, 2], "INT32")]  # fmt: skip
     inputs[0].set_data_from_numpy(keys)
-    inputs[1].set_data_from_numpy(np.array([[2, 2]], np.int32))
+    inputs[1].set_data_from_numpy(np.array([[500, 500]], np.int32))
     got = client.infer("emb", inputs).as_numpy("OUTPUT0").ravel()
-    want = np.concatenate([tables[0][1][3], tables[0][1][77], tables[1][1][5], np.full(16, -0.5)])
-    np.testing.assert_array_equal(got, want.astype(np.float32))
+    want = np.concatenate([
+        tables[0][1][:499].ravel(), np.full(DIMS[0], 0.5), tables[1][1][:499].ravel(),
+        np.full(DIMS[1], -0.5),
+    ]).astype(np.float32)  # fmt: skip
+    np.testing.assert_array_equal(got, want)
     server.stop()
     assert SECRET not in log.read_text(errors="replace")
     assert "s3://hps/emb/t0" in log.read_text(errors="replace")  # the host tier says so

@@ -76,9 +76,7 @@ def warmup_inputs(folder: Path, config: model_config_pb2.ModelConfig) -> list[np
 
 @pytest.fixture
 def wdl(tmp_path: Path):
-    return write_ranking_files(
-        tmp_path / "src", OWN["wdl"], seed=3, name="wdl", max_batch_size=32
-    )
+    return write_ranking_files(tmp_path / "src", OWN["wdl"], seed=3, name="wdl", max_batch_size=32)
 
 
 def test_ranking_model_gets_both_contracts(

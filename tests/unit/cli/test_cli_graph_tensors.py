@@ -42,9 +42,7 @@ def test_tensors_of_given_inputs_equal_the_reference(dlrm, tmp_path, capsys) -> 
     rng = np.random.default_rng(5)
     dense = rng.standard_normal((3, 13)).astype(np.float32)
     pooled = {
-        node.spec.name: (0.5 * rng.standard_normal((3, 1, node.layer.vec_size))).astype(
-            np.float32
-        )
+        node.spec.name: (0.5 * rng.standard_normal((3, 1, node.layer.vec_size))).astype(np.float32)
         for node in graph.embeddings
     }
     np.savez(tmp_path / "in.npz", dense=dense, **pooled)
