@@ -6,8 +6,8 @@ well as PyTorch's, so one run shows both systems' kernels by name. Same model, b
 peer as ``ranking_vs_pytorch.py`` (one-hot Zipf keys on the host, ``gpucacheper`` ``--cache``
 after warm-up); per (precision, batch): the host time of staging and copying the batch, the
 median ``predict`` (and with ``--staging-threads``, with each number of threads filling the
-staging buffer), then the kernel table of ``--batches-profiled`` predictions and of as many
-peer calls.
+staging buffer), the median ``predict`` of fresh batches under each of ``VARIANTS`` and the
+default, then the kernel table of ``--batches-profiled`` predictions and of as many peer calls.
 
 Usage:
     python benchmarks/make_large_dlrm.py --out /tmp/dlrm --max-rows-per-table 1000000 \\
@@ -41,8 +41,10 @@ WARMUP_BATCH = 16384
 VARIANTS = {
     "insert 8 blocks/SM": {"_INSERT_BLOCKS_PER_SM": 8},
     "insert 1 block/SM": {"_INSERT_BLOCKS_PER_SM": 1},
+    "insert 4 blocks/SM": {"_INSERT_BLOCKS_PER_SM": 4},
 }
-"""Settings of :mod:`hps_core.gpu.pipeline` timed beside the default (the median predict)."""
+"""Settings of :mod:`hps_core.gpu.pipeline` timed beside the default (the median predict of
+fresh batches, the settings alternating)."""
 
 
 def rebuild(pipe) -> None:
@@ -64,6 +66,9 @@ def main() -> None:
     parser.add_argument("--alpha", type=float, default=1.05)
     parser.add_argument("--warmup", type=int, default=40)
     parser.add_argument("--batches-profiled", type=int, default=2)
+    parser.add_argument(
+        "--variant-rounds", type=int, default=3, help="rounds alternating the VARIANTS settings"
+    )
     parser.add_argument("--out", type=Path, default=Path("bench_results"))
     parser.add_argument(
         "--staging-threads", default="", help="also time predict with these thread counts"
@@ -129,23 +134,28 @@ def main() -> None:
                 log(f"  {threads} staging threads: predict "
                     f"{1e3 * statistics.median(times):.3f} ms")  # fmt: skip
             gpu_pipeline._STAGING_THREADS = default_threads
+            # Settings are compared on fresh batches (a batch seen before hits more), in rounds
+            # that alternate them, so that drift in the cache or the machine hits all alike.
+            times: dict[str, list[float]] = {label: [] for label in ("default", *VARIANTS)}
+            for _ in range(args.variant_rounds):
+                for label in times:
+                    settings = VARIANTS.get(label, {})
+                    saved = {k: getattr(gpu_pipeline, k) for k in settings}
+                    for key, value in settings.items():
+                        setattr(gpu_pipeline, key, value)
+                    rebuild(pipe)
+                    session.predict(make_batch(rng, rows, batch, args.alpha, dense_dim)[2])
+                    for _ in range(3):
+                        sparse = make_batch(rng, rows, batch, args.alpha, dense_dim)[2]
+                        started = time.perf_counter()
+                        session.predict(sparse)
+                        times[label].append(time.perf_counter() - started)
+                    for key, value in saved.items():
+                        setattr(gpu_pipeline, key, value)
             rebuild(pipe)
-            for label, settings in VARIANTS.items():
-                saved = {k: getattr(gpu_pipeline, k) for k in settings}
-                for key, value in settings.items():
-                    setattr(gpu_pipeline, key, value)
-                rebuild(pipe)
-                for _, _, sparse in inputs[:2]:
-                    session.predict(sparse)  # records the bucket's graphs again
-                times = []
-                for _, _, sparse in inputs * 2:
-                    started = time.perf_counter()
-                    session.predict(sparse)
-                    times.append(time.perf_counter() - started)
-                log(f"  {label}: predict {1e3 * statistics.median(times):.3f} ms")
-                for key, value in saved.items():
-                    setattr(gpu_pipeline, key, value)
-                rebuild(pipe)
+            for label, samples in times.items():
+                log(f"  {label}: predict {1e3 * statistics.median(samples):.3f} ms "
+                    f"(median of {len(samples)} fresh batches)")  # fmt: skip
             for who in ("hps-triton", "pytorch"):
                 torch.cuda.synchronize()
                 with profile(activities=activities) as prof:

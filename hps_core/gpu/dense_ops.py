@@ -5,7 +5,8 @@ with the same result up to float32 rounding order:
 
 - :func:`bias_activation`: ``y += bias`` then ReLU, in one pass over ``y``;
 - :func:`interaction`: DLRM's dot interaction (stack, Gram matrix, lower triangle, padding) in
-  one kernel (``kernels/dense.cu``) instead of a batched GEMM and four copies.
+  one kernel (``kernels/dense.cu``) instead of a batched GEMM and four copies; each thread sums
+  a tile of 4 x 4 entries of the Gram matrix in registers.
 """
 
 from __future__ import annotations
@@ -20,7 +21,6 @@ from hps_core.gpu import kernels
 
 DENSE_TEMPLATES = ("interaction<float>", "interaction<unsigned short>")
 """The template instantiations ``kernels/dense.cu`` is compiled with (one module for all)."""
-_INTERACTION_THREADS = 128
 _MAX_STATIC_SHARED = 48 * 1024
 
 
@@ -47,16 +47,31 @@ def bias_activation(y: Any, bias: Any, relu: bool) -> Any:
     return y
 
 
-@functools.cache
-def _pairs(n: int, device_id: int) -> Any:
-    i, j = np.tril_indices(n, k=-1)
-    with cupy.cuda.Device(device_id):
-        return cupy.asarray(np.stack([i, j], axis=1).astype(np.int32).ravel())
+def _stage_stride(dim: int) -> int:
+    """Floats per staged row: whole float4s with an odd count of them when ``dim % 4 == 0``
+    (the kernel then loads four d at once), else an odd count; so that the rows one load
+    instruction reads across a warp fall in different shared-memory banks."""
+    if dim % 4 == 0:
+        return dim if (dim // 4) % 2 else dim + 4
+    return dim if dim % 2 else dim + 1
+
+
+def _stage_bytes(n: int, dim: int) -> int:
+    """Shared memory of one block: ``n`` vectors padded to a multiple of 4 rows."""
+    return -(-n // 4) * 4 * _stage_stride(dim) * 4
+
+
+def _threads(n: int, dim: int) -> int:
+    """Whole warps, at most 4: one thread per 4 x 4 tile of the Gram matrix, or more when the
+    vectors are long (staging them from global memory then needs the threads)."""
+    row_tiles = -(-n // 4)
+    tiles = row_tiles * (row_tiles + 1) // 2
+    return min(128, -(-max(tiles, dim) // 32) * 32)
 
 
 def interaction_fits(n: int, dim: int) -> bool:
     """Whether :func:`interaction` can stage ``n`` vectors of ``dim`` in shared memory."""
-    return n * (dim + 1) * 4 <= _MAX_STATIC_SHARED
+    return _stage_bytes(n, dim) <= _MAX_STATIC_SHARED
 
 
 def interaction(mlp: Any, emb: Any, tf32: bool) -> Any:
@@ -81,14 +96,14 @@ def interaction(mlp: Any, emb: Any, tf32: bool) -> Any:
     if rows == 0:
         return out
     name = "interaction<float>" if mlp.dtype == np.float32 else "interaction<unsigned short>"
-    device_id = cupy.cuda.Device().id
-    mod = kernels.module("dense", device_id, DENSE_TEMPLATES)
+    mod = kernels.module("dense", cupy.cuda.Device().id, DENSE_TEMPLATES)
     kernel = mod.get_function(name)
     item = mlp.itemsize
     kernel(
-        (rows,), (_INTERACTION_THREADS,),
+        (rows,), (_threads(n, dim),),
         (mlp, np.int64(mlp.strides[0] // item), emb, np.int64(emb.strides[0] // item),
-         _pairs(n, device_id), np.int32(n), np.int32(dim), out, np.int64(width), np.bool_(tf32)),
-        shared_mem=n * (dim + 1) * 4,
+         np.int32(n), np.int32(dim), np.int32(_stage_stride(dim)), out, np.int64(width),
+         np.bool_(tf32)),
+        shared_mem=_stage_bytes(n, dim),
     )  # fmt: skip
     return out

@@ -31,20 +31,40 @@ __device__ __forceinline__ float round_tf32(const float x) {
   return __uint_as_float(bits);
 }
 
+// Four consecutive storage values, loaded in one instruction where aligned.
+template <typename S> struct Quad;
+template <> struct Quad<float> { typedef float4 T; };
+template <> struct Quad<unsigned short> { typedef ushort4 T; };
+
+// acc += a . b over four consecutive d, in order, one fmaf per term.
+__device__ __forceinline__ float dot4(const float4 a, const float4 b, float acc) {
+  acc = fmaf(a.x, b.x, acc);
+  acc = fmaf(a.y, b.y, acc);
+  acc = fmaf(a.z, b.z, acc);
+  return fmaf(a.w, b.w, acc);
+}
+
 // DLRM's dot interaction laid out as HugeCTR does (hps_core.nn.layers.interaction): one block
-// per sample. The n = num_emb + 1 vectors (the bottom MLP's output first) are staged in shared
-// memory as float, rows padded by one so that threads reading different rows hit different
-// banks; each thread computes whole dot products of the strictly lower triangle, in float32
-// (operands rounded to TF32 when tf32 is set). Output row: the MLP vector, the triangle row by
-// row, one zero.
+// per sample. Output row: the MLP vector, the strictly lower triangle of the Gram matrix of the
+// n = num_emb + 1 vectors (the MLP output first) row by row, one zero. Every dot product runs
+// over d in order, one fmaf per term, in float32 (operands rounded to TF32 when tf32 is set).
+//
+// The vectors are staged in shared memory as float, one row of `stride` floats each, with zero
+// rows up to 4 * R (R = ceil(n / 4)). Each thread computes the 16 dot products of a tile: rows
+// ti, ti + R, ti + 2R, ti + 3R against rows tj, tj + R, ... (tj <= ti), with its sums in
+// registers: 8 shared-memory loads per 16 products, where one dot product per thread took 2
+// per product and was bound by shared-memory bandwidth. When dim % 4 == 0, each load fetches
+// four consecutive d (stride a multiple of 4, stride / 4 odd); otherwise stride is odd. Either
+// way the rows one load instruction reads across a warp (ti varying) fall in different banks.
 template <typename S>
 __global__ void interaction(const S* __restrict__ mlp, const i64 mlp_stride,
-                            const S* __restrict__ emb, const i64 emb_stride,
-                            const int* __restrict__ pairs, const int n, const int dim,
-                            S* __restrict__ out, const i64 out_stride, const bool tf32) {
-  extern __shared__ float stage[];  // [n][dim + 1]
+                            const S* __restrict__ emb, const i64 emb_stride, const int n,
+                            const int dim, const int stride, S* __restrict__ out,
+                            const i64 out_stride, const bool tf32) {
+  extern __shared__ __align__(16) float stage[];  // [4 * R][stride]
   const i64 r = blockIdx.x;
-  const int width = dim + 1;
+  const int R = (n + 3) / 4;
+  const bool quads = dim % 4 == 0;
   const S* m = mlp + r * mlp_stride;
   const S* e = emb + r * emb_stride;
   S* o = out + r * out_stride;
@@ -53,30 +73,98 @@ __global__ void interaction(const S* __restrict__ mlp, const i64 mlp_stride,
     stage[d] = tf32 ? round_tf32(v) : v;
     o[d] = m[d];
   }
-  for (int x = threadIdx.x; x < (n - 1) * dim; x += blockDim.x) {
-    const int row = x / dim + 1;
-    const float v = Io<S>::load(e[x]);
-    stage[row * width + x % dim] = tf32 ? round_tf32(v) : v;
+  const int values = (n - 1) * dim;
+  if (quads && reinterpret_cast<size_t>(e) % sizeof(typename Quad<S>::T) == 0) {
+    const typename Quad<S>::T* in = reinterpret_cast<const typename Quad<S>::T*>(e);
+#pragma unroll 4
+    for (int q = threadIdx.x; q < values / 4; q += blockDim.x) {
+      const typename Quad<S>::T v = in[q];
+      float4 x = make_float4(Io<S>::load(v.x), Io<S>::load(v.y), Io<S>::load(v.z),
+                             Io<S>::load(v.w));
+      if (tf32) {
+        x = make_float4(round_tf32(x.x), round_tf32(x.y), round_tf32(x.z), round_tf32(x.w));
+      }
+      *reinterpret_cast<float4*>(stage + (4 * q / dim + 1) * stride + 4 * q % dim) = x;
+    }
+  } else {
+    for (int x = threadIdx.x; x < values; x += blockDim.x) {
+      const float v = Io<S>::load(e[x]);
+      stage[(x / dim + 1) * stride + x % dim] = tf32 ? round_tf32(v) : v;
+    }
+  }
+  for (int x = threadIdx.x; x < (4 * R - n) * stride; x += blockDim.x) {
+    stage[n * stride + x] = 0.0f;
   }
   __syncthreads();
-  const int num_pairs = n * (n - 1) / 2;
-  for (int p = threadIdx.x; p < num_pairs; p += blockDim.x) {
-    const float* a = stage + pairs[2 * p] * width;
-    const float* b = stage + pairs[2 * p + 1] * width;
-    float acc = 0.0f;
-    for (int d = 0; d < dim; ++d) acc = fmaf(a[d], b[d], acc);
-    o[dim + p] = Io<S>::store(acc);
+  const int tiles = R * (R + 1) / 2;
+  for (int t = threadIdx.x; t < tiles; t += blockDim.x) {
+    // t = ti * (ti + 1) / 2 + tj with tj <= ti.
+    int ti = (int)((sqrtf(8.0f * t + 1.0f) - 1.0f) * 0.5f);
+    while (ti * (ti + 1) / 2 > t) --ti;
+    while ((ti + 1) * (ti + 2) / 2 <= t) ++ti;
+    const int tj = t - ti * (ti + 1) / 2;
+    const float* a = stage + ti * stride;
+    const float* b = stage + tj * stride;
+    const int step = R * stride;  // from one row of a tile to the next
+    float acc[4][4];
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+#pragma unroll
+      for (int l = 0; l < 4; ++l) acc[k][l] = 0.0f;
+    }
+    if (quads) {
+      for (int d = 0; d < dim; d += 4) {
+        float4 av[4], bv[4];
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+          av[k] = *reinterpret_cast<const float4*>(a + k * step + d);
+          bv[k] = *reinterpret_cast<const float4*>(b + k * step + d);
+        }
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+#pragma unroll
+          for (int l = 0; l < 4; ++l) acc[k][l] = dot4(av[k], bv[l], acc[k][l]);
+        }
+      }
+    } else {
+      for (int d = 0; d < dim; ++d) {
+        float av[4], bv[4];
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+          av[k] = a[k * step + d];
+          bv[k] = b[k * step + d];
+        }
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+#pragma unroll
+          for (int l = 0; l < 4; ++l) acc[k][l] = fmaf(av[k], bv[l], acc[k][l]);
+        }
+      }
+    }
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+#pragma unroll
+      for (int l = 0; l < 4; ++l) {
+        // Each pair of distinct rows {x, y} is in exactly one tile (once on a diagonal tile
+        // as k > l), stored at HugeCTR's position of (max, min).
+        const int x = ti + R * k, y = tj + R * l;
+        const int i = max(x, y), j = min(x, y);
+        if (i < n && (ti != tj || k > l)) {
+          o[dim + i * (i - 1) / 2 + j] = Io<S>::store(acc[k][l]);
+        }
+      }
+    }
   }
-  if (threadIdx.x == 0) o[dim + num_pairs] = Io<S>::store(0.0f);
+  if (threadIdx.x == 0) o[dim + n * (n - 1) / 2] = Io<S>::store(0.0f);
 }
 
 template __global__ void interaction<float>(const float*, const i64, const float*, const i64,
-                                            const int*, const int, const int, float*, const i64,
+                                            const int, const int, const int, float*, const i64,
                                             const bool);
 template __global__ void interaction<unsigned short>(const unsigned short*, const i64,
-                                                     const unsigned short*, const i64,
-                                                     const int*, const int, const int,
-                                                     unsigned short*, const i64, const bool);
+                                                     const unsigned short*, const i64, const int,
+                                                     const int, const int, unsigned short*,
+                                                     const i64, const bool);
 
 // FP32 products on TF32 tensor cores (hps_core.gpu.linear, "3xTF32"): each float32 value x
 // of a [rows, cols] matrix (row stride ld) becomes hi = round_tf32(x) and lo =

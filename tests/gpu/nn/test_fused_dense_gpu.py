@@ -271,15 +271,25 @@ def reference_interaction(mlp, emb, precision):
 
 @pytest.mark.parametrize("precision", ["fp32", "tf32", "fp16"])
 @pytest.mark.parametrize(
-    "rows,n,dim", [(1, 2, 1), (5, 4, 7), (64, 27, 16), (300, 27, 128), (33, 9, 64), (7, 14, 3)]
-)
-def test_interaction_equals_float64(rows, n, dim, precision):
+    "rows,n,dim,emb_offset",
+    [
+        (1, 2, 1, 0), (5, 4, 7, 0), (64, 27, 16, 0), (300, 27, 128, 0), (33, 9, 64, 0),
+        (7, 14, 3, 0),
+        (40, 45, 32, 0),  # 78 tiles: 96 threads
+        (9, 70, 8, 0),  # 171 tiles: threads take several
+        (50, 27, 128, 1),  # rows not 16-byte aligned: element loads
+        (20, 5, 12, 2),
+    ],
+)  # fmt: skip
+def test_interaction_equals_float64(rows, n, dim, emb_offset, precision):
     rng = np.random.default_rng(rows + n + dim)
     dtype = DTYPE[precision]
     # The MLP output as the top MLP's input buffer holds it: rows strided, then contiguous.
     wide = operand(rng, (rows, dim + 5), precision)
     mlp = cupy.asarray(wide)[:, 2 : 2 + dim]
-    emb = cupy.asarray(operand(rng, (rows, n - 1, dim), precision))
+    values = rows * (n - 1) * dim
+    flat = cupy.asarray(operand(rng, (values + emb_offset,), precision))
+    emb = flat[emb_offset:].reshape(rows, n - 1, dim)
     got = dense_ops.interaction(mlp, emb, tf32=precision == "tf32")
     assert got.dtype == dtype and got.shape == (rows, dim + n * (n - 1) // 2 + 1)
     want, bound = reference_interaction(cupy.asnumpy(mlp), cupy.asnumpy(emb), precision)
@@ -292,4 +302,5 @@ def test_interaction_equals_float64(rows, n, dim, precision):
 
 def test_interaction_sizes_that_do_not_fit_are_reported():
     assert dense_ops.interaction_fits(27, 128)
-    assert not dense_ops.interaction_fits(200, 128)  # 200 x 129 floats exceed 48 KiB
+    assert dense_ops.interaction_fits(92, 128)  # 92 rows of 132 floats
+    assert not dense_ops.interaction_fits(93, 128)  # padded to 96 rows: over 48 KiB
