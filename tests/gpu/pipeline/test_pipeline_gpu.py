@@ -234,18 +234,27 @@ def test_large_batches_staged_and_copied_in_groups(
     assert slots == list(range(len(pipe._slot_table)))  # every slot in exactly one group
 
 
-def on_gpu(batch: SparseBatch) -> SparseBatch:
+def on_gpu(batch: SparseBatch, strided: bool = False) -> SparseBatch:
+    """``batch`` as CuPy arrays; ``strided``: every array a view with a step (not contiguous)."""
+
+    def put(array: np.ndarray) -> cupy.ndarray:
+        if not strided:
+            return cupy.asarray(array)
+        doubled = cupy.asarray(np.repeat(array, 2, axis=0))
+        return doubled[::2]
+
     return SparseBatch(
-        cupy.asarray(batch.dense),
-        tuple(cupy.asarray(k) for k in batch.keys),
-        tuple(None if o is None else cupy.asarray(o) for o in batch.row_offsets),
+        put(batch.dense),
+        tuple(put(k) for k in batch.keys),
+        tuple(None if o is None else put(o) for o in batch.row_offsets),
     )
 
 
 @pytest.mark.parametrize("name", MODELS)
 def test_batches_on_the_gpu_equal_host_batches(repo: Path, name: str) -> None:
     """CuPy batches (as lookup_fromdlpack takes keys) are copied in place on the device and
-    score exactly as the same batch from the host, multi-hot and one-hot, in every bucket."""
+    score exactly as the same batch from the host, multi-hot and one-hot, in every bucket,
+    from contiguous arrays (one memcpy each) and from strided views (CuPy copies)."""
     ps = variant(repo, name, "dynamic")
     model = Model(repo, name)
     gpu = RankingSession.open(ps, name, device_id=0)
@@ -258,6 +267,7 @@ def test_batches_on_the_gpu_equal_host_batches(repo: Path, name: str) -> None:
             parsed = HugeCTRContract(gpu.layout).parse(*encode_hugectr(dense, keys))
         got = gpu.predict(on_gpu(parsed))
         np.testing.assert_array_equal(got, gpu.predict(parsed))
+        np.testing.assert_array_equal(gpu.predict(on_gpu(parsed, strided=True)), got)
         model.check(got, dense, keys)
     steps = gpu.pipeline.profile(on_gpu(parsed))
     assert list(steps) == ["upload", "lookup", "insert", "forward", "download"]
