@@ -60,7 +60,11 @@ logger = logging.getLogger("hps_core")
 
 _H2D, _D2H = 1, 2  # cudaMemcpyHostToDevice, cudaMemcpyDeviceToHost
 _CAPTURE_THREAD_LOCAL = 1  # cudaStreamCaptureModeThreadLocal
-_DEVICE_TO_DEVICE = 3  # cudaMemcpyDeviceToDevice
+SPAN_DTYPE = np.dtype([("src", np.uint64), ("dst", np.uint64), ("nbytes", np.int64)])
+"""A byte span to copy on the GPU: ``struct Span`` of ``kernels/copy.cu``."""
+_COPY_THREADS = 256
+_COPY_BLOCKS = 64
+"""Most blocks per span of ``copy_spans`` (16 bytes per thread and step)."""
 _INSERT_BLOCKS_PER_SM = 2
 """Blocks of ``bank_insert`` per SM: few, so that the dense network's GEMMs, which run beside
 the insert, find room on every SM (eight per SM left them waiting for the insert to drain)."""
@@ -166,6 +170,12 @@ class GpuRankingPipeline:
             ]
             self._looked_up = cupy.cuda.Event(disable_timing=True)
             self._bank_kernels = kernels.module("bank", self.device_id)
+            self._copy_spans = kernels.module("copy", self.device_id).get_function("copy_spans")
+            # A batch on the device has one key array per table, offsets for each multi-hot
+            # one, and its dense features.
+            spans = 1 + 2 * len(self.feeds)
+            self._spans_host = _pinned(spans, SPAN_DTYPE)
+            self._spans_device = cupy.empty(spans * SPAN_DTYPE.itemsize, dtype=cupy.uint8)
             self._insert_blocks = (
                 cupy.cuda.Device().attributes["MultiProcessorCount"] * _INSERT_BLOCKS_PER_SM
             )
@@ -327,8 +337,7 @@ class GpuRankingPipeline:
             # rest of their regions, in stream order.
             self._upload(bucket, lay.header_at, lay.nbytes)
             with self._stream:
-                for copies in (head, *groups):
-                    _copy_on_device(copies, self._stream)
+                self._gather_on_device([c for copies in (head, *groups) for c in copies])
             return
         if _grouped(bucket):
             for _ in self._upload_groups(bucket, batch):
@@ -338,6 +347,31 @@ class GpuRankingPipeline:
         for copies in (head, *groups):
             _copy_all(copies)
         self._upload(bucket, 0, lay.nbytes)
+
+    def _gather_on_device(self, copies: Sequence[tuple[Any, Any]]) -> None:
+        """``_copy_all`` for CuPy arrays, on the current (main) stream: the copies whose
+        source and target are contiguous and alike in one ``copy_spans`` launch, after one
+        upload of its span table (two calls, where a ``cudaMemcpyAsync`` per array costs a
+        few microseconds each); the others (strided, or of another dtype) as CuPy copies,
+        which also cast and raise on a shape that does not fit."""
+        spans = self._spans_host
+        count = widest = 0
+        for target, source in copies:
+            alike = source.shape == target.shape and source.dtype == target.dtype
+            if not (alike and source.flags.c_contiguous and target.flags.c_contiguous):
+                target[...] = source
+            elif source.nbytes:
+                spans[count] = (source.data.ptr, target.data.ptr, source.nbytes)
+                count += 1
+                widest = max(widest, source.nbytes)
+        if count == 0:
+            return
+        cupy.cuda.runtime.memcpyAsync(
+            self._spans_device.data.ptr, spans.ctypes.data, count * SPAN_DTYPE.itemsize, _H2D,
+            self._stream.ptr,
+        )  # fmt: skip
+        blocks = min(_COPY_BLOCKS, -(-widest // (16 * _COPY_THREADS)))
+        self._copy_spans((blocks, count), (_COPY_THREADS,), (self._spans_device,))
 
     def _upload_groups(self, bucket: _Bucket, batch: SparseBatch) -> Iterator[int]:
         """Stage and copy a host batch in the order the GPU needs it: the header and row
@@ -704,21 +738,6 @@ def _miss_capacity(bucket: _Bucket) -> int:
 def _copy_all(copies: Sequence[tuple[np.ndarray, np.ndarray]]) -> None:
     for target, source in copies:
         target[...] = source
-
-
-def _copy_on_device(copies: Sequence[tuple[Any, Any]], stream: Any) -> None:
-    """``_copy_all`` for CuPy arrays on ``stream``: one ``cudaMemcpyAsync`` where source and
-    target are contiguous and alike (a few microseconds each, where an indexed assignment
-    launches a kernel through CuPy's dispatch, about ten times that), a CuPy copy otherwise
-    (which also casts, and raises on a shape that does not fit)."""
-    for target, source in copies:
-        alike = source.shape == target.shape and source.dtype == target.dtype
-        if alike and source.flags.c_contiguous and target.flags.c_contiguous:
-            cupy.cuda.runtime.memcpyAsync(
-                target.data.ptr, source.data.ptr, source.nbytes, _DEVICE_TO_DEVICE, stream.ptr
-            )
-        else:
-            target[...] = source
 
 
 def _captured(stream: Any, pool: Any, launch: Any) -> Any:
