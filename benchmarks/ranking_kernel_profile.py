@@ -39,9 +39,7 @@ WARMUP_BATCH = 16384
 
 
 VARIANTS = {
-    "insert 8 blocks/SM": {"_INSERT_BLOCKS_PER_SM": 8},
-    "insert 1 block/SM": {"_INSERT_BLOCKS_PER_SM": 1},
-    "insert 4 blocks/SM": {"_INSERT_BLOCKS_PER_SM": 4},
+    "insert beside the dense network": {"_INSERT_AFTER_SCORES": False},
 }
 """Settings of :mod:`hps_core.gpu.pipeline` timed beside the default (the median predict of
 fresh batches, the settings alternating)."""
@@ -154,6 +152,8 @@ def main() -> None:
                         setattr(gpu_pipeline, key, value)
             rebuild(pipe)
             for label, samples in times.items():
+                if not samples:  # --variant-rounds 0
+                    continue
                 log(f"  {label}: predict {1e3 * statistics.median(samples):.3f} ms "
                     f"(median of {len(samples)} fresh batches)")  # fmt: skip
             for who in ("hps-triton", "pytorch"):

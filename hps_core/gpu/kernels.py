@@ -1,13 +1,14 @@
 """CUDA kernels on the GPU: ``kernels/*.cu`` files compiled once per device.
 
 The ``.cu`` files are plain CUDA C++ (readable and compilable as such): ``bank.cu``,
-``dense.cu`` and ``copy.cu`` for the GPU pipeline, ``cache.cu`` for the dynamic cache and the static table of
-:mod:`hps_core.cache` (loaded by :func:`hps_core.cache.cupy_cache.load_kernels`). ``bank.cu``
-and ``cache.cu`` share the set-probing helpers of ``kernels/cache_set.cuh``. The constants a
-file shares with Python are prepended here as ``#define`` lines generated from the Python
-modules that own them, so the two cannot drift apart: the pipeline's by this module, the
-cache's by :func:`hps_core.cache.kernel_consts.cuda_defines`. Templated kernels are
-instantiated through CuPy's ``name_expressions`` (``interaction<float>``,
+``dense.cu`` and ``copy.cu`` for the GPU pipeline, ``cache.cu`` for the dynamic cache and the
+static table of :mod:`hps_core.cache` (loaded by
+:func:`hps_core.cache.cupy_cache.load_kernels`). ``bank.cu`` and ``cache.cu`` share the
+set-probing helpers of ``kernels/cache_set.cuh``. The constants a file shares with Python are
+prepended here as ``#define`` lines generated from the Python modules that own them, so the
+two cannot drift apart: the pipeline's by this module, the cache's by
+:func:`hps_core.cache.kernel_consts.cuda_defines`. Templated kernels are instantiated through
+CuPy's ``name_expressions`` (``interaction<float>``,
 ``interaction<unsigned short>`` for half).
 
 Building the source text needs no CuPy (:func:`source`); compiling it does (:func:`module`
