@@ -217,8 +217,9 @@ class CacheBank:
 
     def table_counters(self) -> list[TableCounters]:
         """The device counters per model table (zeros for tables the bank does not serve);
-        one device-to-host copy."""
-        with cupy.cuda.Device(self.device_id):
+        one device-to-host copy, after the work already launched on the caches (a batch's
+        insert may still run after its scores are back)."""
+        with cupy.cuda.Device(self.device_id), self.section():
             values = self.counters.get()
         out = [TableCounters() for _ in range(self.lookup.num_tables)]
         for row, t in zip(values.tolist(), self.tables, strict=True):
