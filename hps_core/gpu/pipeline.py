@@ -70,7 +70,8 @@ _COPY_BLOCKS = 64
 """Most blocks per span of ``copy_spans`` (16 bytes per thread and step)."""
 _INSERT_BLOCKS_PER_SM = 2
 """Blocks of ``bank_insert`` per SM: few, so that the dense network's GEMMs, which run beside
-the insert, find room on every SM (eight per SM left them waiting for the insert to drain)."""
+the insert when caches are shared between processes (and beside the previous batch's insert
+otherwise), find room on every SM (eight per SM left them waiting for the insert to drain)."""
 _INSERT_AFTER_SCORES = True
 """Launch the insert after the dense network, not beside it (caches of its own only)."""
 _GROUPED_STAGING_SAMPLES = 16384

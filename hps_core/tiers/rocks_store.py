@@ -66,14 +66,15 @@ class RocksStore:
             raise ModelFileError(
                 f"persistent_db.max_batch_size must be at least 1, got {self.max_batch_size}"
             )
-        if self.read_only and not self._exists():
+        exists = (self.path / "CURRENT").is_file()
+        if self.read_only and not exists:
             raise ModelFileError(
                 f"persistent_db.path '{self.path}': no RocksDB database there (a read_only "
                 "database is opened, never created)"
             )
         options = self._options(config.num_threads)
         try:
-            families = Rdict.list_cf(str(self.path), options) if self._exists() else ["default"]
+            families = Rdict.list_cf(str(self.path), options) if exists else ["default"]
             self._db = Rdict(
                 str(self.path),
                 options,
@@ -85,9 +86,6 @@ class RocksStore:
         self._families: dict[str, Any] = {
             name: self._db.get_column_family(name) for name in families if name != "default"
         }
-
-    def _exists(self) -> bool:
-        return (self.path / "CURRENT").is_file()
 
     @staticmethod
     def _options(threads: int | None = None) -> Any:
@@ -230,6 +228,6 @@ class RocksStore:
 
 
 def _split(keys: np.ndarray) -> list[bytes]:
-    """Each key as its 8 little-endian bytes (HugeCTR's key encoding)."""
-    raw = keys.astype(_KEY, copy=False).tobytes()
+    """Each key (``_KEY``, contiguous) as its 8 little-endian bytes (HugeCTR's encoding)."""
+    raw = keys.tobytes()
     return [raw[i : i + 8] for i in range(0, len(raw), 8)]
