@@ -56,3 +56,11 @@ class NotAvailableError(HPSError):
 
 class RequestError(HPSError):
     """A client request is malformed; maps to Triton's INVALID_ARG for that request only."""
+
+
+class TierUnavailableError(HPSError):
+    """A tier below the host tier (a Redis node, a database) did not answer.
+
+    The lookup cascade counts it and answers the keys from the tiers below, or with the
+    default vector: a lost tier costs accuracy for a while, never the request.
+    """

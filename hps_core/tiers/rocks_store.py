@@ -28,18 +28,8 @@ _KEY = np.dtype("<i8")
 _VALUE = np.dtype("<f4")
 
 
-def table_tag(model: str, table: str) -> str:
-    """The column family of a model's table: HPS's tag name ``hps_et.<model>.<table>``.
-
-    Example:
-        >>> table_tag("dlrm", "sparse_embedding1")
-        'hps_et.dlrm.sparse_embedding1'
-    """
-    return f"hps_et.{model}.{table}"
-
-
 class RocksStore:
-    """A RocksDB database of embedding tables, one column family each.
+    """A RocksDB database of embedding tables, one column family each (a :class:`BackingStore`).
 
     Args:
         config: ps.json ``persistent_db`` (``path``, ``read_only``, ``num_threads``,
@@ -58,6 +48,8 @@ class RocksStore:
 
     def __init__(self, config: PersistentDBConfig) -> None:
         from rocksdict import AccessType, Rdict  # here: only models with a persistent tier
+
+        self.kind = "rocks_db"
 
         self.path = Path(config.path)
         self.read_only = config.read_only

@@ -13,7 +13,8 @@ import pytest
 from hps_core.config import DatabaseType, PersistentDBConfig
 from hps_core.errors import ModelFileError, RequestError
 from hps_core.formats.sparse_writer import write_sparse_table
-from hps_core.tiers.rocks_store import RocksStore, table_tag
+from hps_core.tiers.backing import table_tag
+from hps_core.tiers.rocks_store import RocksStore
 
 
 def config(path: Path, read_only: bool = False, batch: int = 7) -> PersistentDBConfig:

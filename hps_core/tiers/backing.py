@@ -1,0 +1,58 @@
+"""What a tier below the shared host tier offers the lookup cascade.
+
+HugeCTR's hierarchy is GPU cache -> volatile database -> persistent database. Here the
+volatile level is the shared host tier (:mod:`hps_core.tiers.host_table`) and, when ps.json
+asks for ``redis_cluster``, a Redis cluster below it; the persistent level is RocksDB
+(:mod:`hps_core.tiers.rocks_store`). Both lower tiers name a table by HPS's tag
+(:func:`table_tag`) and store float32 vectors under int64 keys.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Protocol
+
+import numpy as np
+
+
+def table_tag(model: str, table: str) -> str:
+    """The name a lower tier stores a model's table under: HPS's ``hps_et.<model>.<table>``.
+
+    Example:
+        >>> table_tag("dlrm", "sparse_embedding1")
+        'hps_et.dlrm.sparse_embedding1'
+    """
+    return f"hps_et.{model}.{table}"
+
+
+class BackingStore(Protocol):
+    """A key-value tier of embedding tables below the shared host tier."""
+
+    kind: str
+    """The ps.json type it serves (``redis_cluster``, ``rocks_db``): its label in metrics."""
+
+    def tables(self) -> list[str]:
+        """The tables it holds, sorted."""
+        ...
+
+    def insert(self, table: str, keys: np.ndarray, vectors: np.ndarray) -> None:
+        """Write rows (int64 ``[n]``, float32 ``[n, dim]``), replacing existing ones."""
+        ...
+
+    def load_sparse(self, table: str, folder: str | os.PathLike[str], dim: int) -> int:
+        """Copy a HugeCTR sparse model folder into ``table``; returns the rows written."""
+        ...
+
+    def lookup(
+        self, table: str, keys: np.ndarray, dim: int, default: float = 0.0
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """float32 ``[n, dim]`` vectors (``default`` where missing) and a bool found mask.
+
+        Raises:
+            TierUnavailableError: the tier did not answer (the cascade counts it and goes on).
+        """
+        ...
+
+    def close(self) -> None:
+        """Release connections and handles (idempotent)."""
+        ...
