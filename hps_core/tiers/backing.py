@@ -31,6 +31,9 @@ class BackingStore(Protocol):
     kind: str
     """The ps.json type it serves (``redis_cluster``, ``rocks_db``): its label in metrics."""
 
+    errors: int
+    """Requests that failed since it opened (a node down, a timeout); counted, not raised."""
+
     def tables(self) -> list[str]:
         """The tables it holds, sorted."""
         ...
@@ -48,8 +51,11 @@ class BackingStore(Protocol):
     ) -> tuple[np.ndarray, np.ndarray]:
         """float32 ``[n, dim]`` vectors (``default`` where missing) and a bool found mask.
 
+        Keys the tier cannot answer (their node is down) are reported not found and the
+        failure is counted in :attr:`errors`; the lookup goes on below.
+
         Raises:
-            TierUnavailableError: the tier did not answer (the cascade counts it and goes on).
+            TierUnavailableError: no part of the tier answered.
         """
         ...
 

@@ -50,6 +50,7 @@ class RocksStore:
         from rocksdict import AccessType, Rdict  # here: only models with a persistent tier
 
         self.kind = "rocks_db"
+        self.errors = 0
 
         self.path = Path(config.path)
         self.read_only = config.read_only
