@@ -31,6 +31,7 @@ from hps_core.triton_repo import InstanceGroup, ServingOptions
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit" / "infer"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from instance_kinds import INSTANCE_KINDS
 from ranking_reference import encode_hugectr, encode_samples
 from test_ranking_models import Model
 
@@ -68,10 +69,10 @@ FAULTS = (
 )
 
 
-@pytest.fixture(scope="module")
-def served(module_triton_server, tmp_path_factory: pytest.TempPathFactory):
+@pytest.fixture(scope="module", params=INSTANCE_KINDS)
+def served(module_triton_server, tmp_path_factory: pytest.TempPathFactory, request):
     repo = tmp_path_factory.mktemp("fuzz_repo")
-    DEMO_MODELS[NAME](repo, ServingOptions(instances=(InstanceGroup(count=1),)))
+    DEMO_MODELS[NAME](repo, ServingOptions(instances=(InstanceGroup(count=1, kind=request.param),)))
     server = module_triton_server(repo, startup_timeout_s=180)
     clients = {
         "http": (httpclient, httpclient.InferenceServerClient(server.http_url.split("//")[-1])),

@@ -4,7 +4,8 @@ Triton 2.51 does not restart a dead stub: without the watchdog, the requests rou
 dead instance fail for as long as the server runs. With it (``hps serve``'s default), the
 model is reloaded within seconds, good requests are answered correctly again, clients still
 cannot load or unload models, and no process or ``/dev/shm`` entry is left after the server
-stops.
+stops. Checked on CPU instances and, where CUDA is usable, on GPU instances (the GPU pipeline,
+its CUDA IPC cache files and mapped host tier).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from hps_core.triton_repo import InstanceGroup, ServingOptions
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit" / "infer"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from instance_kinds import INSTANCE_KINDS
 from ranking_reference import encode_hugectr
 from test_ranking_models import Model
 
@@ -53,11 +55,12 @@ def infer(client, model: Model, rng: np.random.Generator) -> None:
     model.check(got.reshape(-1, 1), dense, keys)
 
 
+@pytest.mark.parametrize("kind", INSTANCE_KINDS)
 def test_a_killed_stub_is_replaced_and_the_model_serves_again(
-    module_triton_server, tmp_path: Path
+    module_triton_server, tmp_path: Path, kind: str
 ) -> None:
     repo = tmp_path / "repo"
-    DEMO_MODELS[NAME](repo, ServingOptions(instances=(InstanceGroup(count=2),)))
+    DEMO_MODELS[NAME](repo, ServingOptions(instances=(InstanceGroup(count=2, kind=kind),)))
     shm_before = set(os.listdir("/dev/shm"))
     # As hps serve runs it: the watchdog on, and host-tier segments whose users all died (the
     # lingering stub is killed at stop) removed once the server is gone.
