@@ -38,6 +38,48 @@ _VOLATILE_IGNORED = (
 _PERSISTENT_IGNORED = ("max_get_batch_size", "max_set_batch_size")
 _UPDATE_SOURCE_IGNORED = ("max_receive_buffer_size",)
 
+REDIS_DEFAULT_PORT = 6379
+"""The port of an ``address`` entry without one (redis++'s default, which HugeCTR uses)."""
+
+
+def redis_seeds(address: str) -> list[tuple[str, int]]:
+    """The ``(host, port)`` seeds of a Redis ``volatile_db.address``.
+
+    HugeCTR reads ``host[:port]`` entries separated by commas (``[v6]:port`` for IPv6); a
+    missing port is Redis's 6379. HugeCTR connects through the first entry only; every entry
+    is a seed here, so the cluster opens while any one of them answers.
+
+    Args:
+        address: e.g. ``"10.0.0.1:7000,10.0.0.2:7000"``.
+
+    Returns:
+        The seeds in the order given.
+
+    Raises:
+        ValueError: an entry is empty or its port is not an integer in [1, 65535].
+
+    Example:
+        >>> redis_seeds("127.0.0.1:7000, redis-b")
+        [('127.0.0.1', 7000), ('redis-b', 6379)]
+    """
+    seeds = []
+    for entry in (part.strip() for part in address.split(",")):
+        host, port_text = entry, ""
+        if entry.startswith("["):  # [IPv6]:port
+            host, _, rest = entry[1:].partition("]")
+            port_text = rest.removeprefix(":")
+        elif entry.count(":") == 1:
+            host, port_text = entry.split(":")
+        if not host:
+            raise ValueError(f"entry {entry!r} has no host (write host:port, comma-separated)")
+        port = REDIS_DEFAULT_PORT if not port_text else None
+        if port_text.isdigit() and 1 <= int(port_text) <= 65535:
+            port = int(port_text)
+        if port is None:
+            raise ValueError(f"entry {entry!r}: the port must be an integer in [1, 65535]")
+        seeds.append((host, port))
+    return seeds
+
 
 def _section(
     c: Collector,
@@ -70,11 +112,11 @@ def volatile_defaults(c: Collector) -> dict[str, Any]:
 
 
 def volatile_db(c: Collector, value: Any, where: str) -> VolatileDBConfig | None:
-    """Read the ``volatile_db`` section."""
+    """Read the ``volatile_db`` section; a ``redis_cluster`` one must have a valid address."""
     defaults = volatile_defaults(c)
     # HugeCTR: a volatile_db section without "type" is disabled; no section at all is not.
     defaults["type"] = DatabaseType.DISABLED
-    return _section(
+    config = _section(
         c,
         value,
         where,
@@ -107,6 +149,14 @@ def volatile_db(c: Collector, value: Any, where: str) -> VolatileDBConfig | None
         _VOLATILE_IGNORED,
         VolatileDBConfig,
     )
+    if config is not None and config.type is DatabaseType.REDIS_CLUSTER:
+        # HugeCTR fails on a bad port only when it connects (std::stoi); say so at load.
+        try:
+            redis_seeds(config.address)
+        except ValueError as exc:
+            c.add(f"{where}.address", str(exc))
+            return None
+    return config
 
 
 def persistent_db(c: Collector, value: Any, where: str) -> PersistentDBConfig | None:
