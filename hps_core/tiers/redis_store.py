@@ -22,9 +22,11 @@ can be read by the other:
   parallel.
 - Overflow: after a batch leaves a partition with more than ``overflow_margin`` entries, it is
   shrunk to ``overflow_margin * overflow_resolution_target`` (rounded) by the policy: random
-  keys, the oldest, or the least used first (then the surviving counters are halved). HugeCTR
-  draws ``evict_random`` victims from the metadata hash, which that policy never fills, so it
-  never evicts; here they are drawn from the partition itself.
+  keys, the oldest, or the least used first (then the surviving counters are halved). Two
+  differences from HugeCTR: it draws ``evict_random`` victims from the metadata hash, which
+  that policy never fills, so it never evicts (here they come from the partition itself); and
+  it deletes whole ``max_batch_size`` batches of victims, overshooting the target (here only
+  the excess goes).
 
 Failures: a node that does not answer (refused, timed out, down) costs one bounded wait
 (``connect_timeout``/``socket_timeout``); its keys are reported not found, the failure is
@@ -618,10 +620,11 @@ class RedisClusterStore:
                 rank = {k: int(v) if v.isdigit() else 0 for k, v in meta.items()}
             victims = sorted(rank, key=rank.__getitem__)
         evicted = 0
-        for start in range(0, len(victims), self.max_batch_size):
-            if size <= self._resolution_margin:
-                break
-            batch = victims[start : start + self.max_batch_size]
+        while evicted < len(victims) and size > self._resolution_margin:
+            # Only the excess goes (HugeCTR drops whole max_batch_size batches, which can
+            # empty a partition when the batch size is near the margin).
+            take = min(self.max_batch_size, size - self._resolution_margin)
+            batch = victims[evicted : evicted + take]
             pipe = client.pipeline(transaction=False)
             pipe.hdel(hm, *batch)
             pipe.hdel(hv, *batch)
@@ -634,7 +637,7 @@ class RedisClusterStore:
             if extra:
                 client.hdel(hv, *extra)
         if self.overflow_policy is OverflowPolicy.EVICT_LEAST_USED and evicted < len(victims):
-            # HugeCTR's decay: the survivors' counters become half the smallest survivor's.
+            # HugeCTR's decay: the survivors' counters become half the least survivor's.
             survivors = victims[evicted:]
             count = str(rank[survivors[0]] // 2).encode()
             for start in range(0, len(survivors), self.max_batch_size):
