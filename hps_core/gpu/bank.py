@@ -35,38 +35,9 @@ from hps_core.gpu.counters import (
     NUM_COUNTERS,
 )
 from hps_core.gpu.host_mapping import map_host_table, unmap_host_table
+from hps_core.gpu.structs import TABLE_DTYPE
 from hps_core.lookup.model_lookup import ModelLookup
 from hps_core.lookup.table_lookup import CachedTableLookup, TableCounters
-
-TABLE_DTYPE = np.dtype(
-    [
-        ("cache_keys", "<u8"),
-        ("cache_stamps", "<u8"),
-        ("cache_values", "<u8"),
-        ("locks", "<u8"),
-        ("index_hashes", "<u8"),
-        ("index_starts", "<u8"),
-        ("values", "<u8"),
-        ("cache_sets", "<u8"),
-        ("keys_at", "<i8"),
-        ("offsets_at", "<i8"),
-        ("out_at", "<i8"),
-        ("out_shift", "<i8"),
-        ("out_stride", "<i8"),
-        ("slot_num", "<i4"),
-        ("dim", "<i4"),
-        ("bucket_bits", "<i4"),
-        ("starts64", "<i4"),
-        ("combiner", "<i4"),
-        ("host_values", "<i4"),
-        ("default_value", "<f4"),
-        ("keys_cap", "<i4"),
-    ]
-)
-"""``struct Table`` of ``kernels/bank.cu``, field for field."""
-
-MISS_DTYPE = np.dtype([("key", "<i8"), ("src", "<u8"), ("table", "<i4"), ("pad", "<i4")])
-"""``struct Miss`` of ``kernels/bank.cu``."""
 
 
 @dataclass(frozen=True)
@@ -108,6 +79,7 @@ class _TableState:
     bucket_bits: int
     default_value: float
     dim: int
+    lower: bool  # the table has tiers below its host tier
 
 
 class CacheBank:
@@ -154,18 +126,36 @@ class CacheBank:
                 if not cache.shared:
                     cache.order = self.order
         locks = cupy.zeros(2 * cache.num_sets if cache is not None else 1, dtype=cupy.int32)
+        lower = bool(getattr(host, "has_lower_tiers", False))
         if static is not None:
             return _TableState(
                 None, static, host, None, static.values_ptr, False, locks,
-                static.bucket_bits, float(host.default_value), host.dim,
+                static.bucket_bits, float(host.default_value), host.dim, lower,
             )  # fmt: skip
         hashes, starts = host.index_arrays()
         index = (cupy.asarray(hashes), cupy.asarray(starts))
         values_ptr = map_host_table(host, self.device_id)
         return _TableState(
             cache, None, host, index, values_ptr, True, locks, host.layout.bucket_bits,
-            float(host.default_value), host.dim,
+            float(host.default_value), host.dim, lower,
         )  # fmt: skip
+
+    @property
+    def lower(self) -> tuple[bool, ...]:
+        """Per served table: whether it has tiers below its host tier (Redis, RocksDB)."""
+        return tuple(state.lower for state in self._states)
+
+    def lookup_lower(self, position: int, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Rows of ``keys`` from the tiers below the host tier of the bank's table ``position``.
+
+        Args:
+            position: the table's index in :attr:`tables`.
+            keys: unique int64 keys its cache and host tier lack.
+
+        Returns:
+            float32 ``[n, dim]`` rows and the bool mask of the keys found.
+        """
+        return self._states[position].host.lookup_lower(keys)
 
     @property
     def shared(self) -> bool:
@@ -178,15 +168,15 @@ class CacheBank:
         group = self.lookup.cache_group
         return group.section() if group is not None else self.order.section()
 
-    def descriptors(self, placements: Sequence[TablePlacement]) -> Any:
+    def descriptor_rows(self, placements: Sequence[TablePlacement]) -> np.ndarray:
         """The ``Table`` array of ``kernels/bank.cu`` for ``placements`` (one per table, in
-        the bank's order), on the GPU.
+        the bank's order), on the host: copy it to the GPU as bytes.
 
         Args:
             placements: where each table's keys and outputs sit in a batch.
 
         Returns:
-            A CuPy uint8 array of ``len(placements) * TABLE_DTYPE.itemsize`` bytes.
+            A NumPy ``TABLE_DTYPE`` array (``extra_*`` fields zero: no lower-tier rows yet).
         """
         rows = np.zeros(len(placements), dtype=TABLE_DTYPE)
         for row, place, state in zip(rows, placements, self._states, strict=True):
@@ -208,12 +198,12 @@ class CacheBank:
             row["bucket_bits"] = state.bucket_bits
             row["default_value"] = state.default_value
             row["dim"] = state.dim
+            row["lower"] = int(state.lower)
             for name in ("slot_num", "combiner", "keys_at", "offsets_at", "out_at", "keys_cap"):
                 row[name] = getattr(place, name)
             row["out_shift"] = place.out_shift
             row["out_stride"] = place.out_stride
-        with cupy.cuda.Device(self.device_id):
-            return cupy.asarray(rows.view(np.uint8))
+        return rows
 
     def table_counters(self) -> list[TableCounters]:
         """The device counters per model table (zeros for tables the bank does not serve);

@@ -52,8 +52,9 @@ import numpy as np
 
 from hps_core.errors import RequestError
 from hps_core.gpu import kernels
-from hps_core.gpu.bank import MISS_DTYPE, CacheBank, TablePlacement
+from hps_core.gpu.bank import CacheBank, TablePlacement
 from hps_core.gpu.staging import BatchLayout, bucket_for, split_copies
+from hps_core.gpu.structs import MISS_DTYPE, PENDING_DTYPE, SPAN_DTYPE
 from hps_core.infer.batch import SparseBatch
 from hps_core.infer.layout import RankingLayout, TableFeed
 from hps_core.lookup.model_lookup import ModelLookup
@@ -63,8 +64,6 @@ logger = logging.getLogger("hps_core")
 
 _H2D, _D2H = 1, 2  # cudaMemcpyHostToDevice, cudaMemcpyDeviceToHost
 _CAPTURE_THREAD_LOCAL = 1  # cudaStreamCaptureModeThreadLocal
-SPAN_DTYPE = np.dtype([("src", np.uint64), ("dst", np.uint64), ("nbytes", np.int64)])
-"""A byte span to copy on the GPU: ``struct Span`` of ``kernels/copy.cu``."""
 _COPY_THREADS = 256
 _COPY_BLOCKS = 64
 """Most blocks per span of ``copy_spans`` (16 bytes per thread and step)."""
@@ -105,6 +104,8 @@ class _Bucket:
     miss_count: Any
     scores_host: np.ndarray  # pinned
     pool: Any
+    pending: Any = None  # keys for the lower tiers (PENDING_DTYPE), models with such tiers
+    pending_count: Any = None
     scores: Any = None
     prefix: dict[str, Any] | None = None  # outputs of the dense network's dense-only steps
     graphs: _Graphs | None = None
@@ -158,6 +159,8 @@ class GpuRankingPipeline:
         self._table_group, self._group_keys = self._groups()
         self._group_slots = self._slots_of_groups()
         self._bank: CacheBank | None = None
+        self._lower = False  # a table has tiers below its host tier (set with the bank)
+        self._extras: tuple[Any, Any] | None = None  # their rows for the batch in flight
         self._buckets: dict[int, _Bucket] = {}
         self._lock = threading.Lock()
         self._copy_pool: concurrent.futures.ThreadPoolExecutor | None = None
@@ -265,8 +268,10 @@ class GpuRankingPipeline:
         """The device state of the tables (opened on first use)."""
         if self._bank is None:
             self._bank = CacheBank(self.lookup, [p.table for p in self._placements])
+            self._lower = any(self._bank.lower)
             with cupy.cuda.Device(self.device_id):
-                self._descriptors = self._bank.descriptors(self._placements)
+                self._descriptor_rows = self._bank.descriptor_rows(self._placements)
+                self._descriptors = cupy.asarray(self._descriptor_rows.view(np.uint8))
                 self._slot_table_d = cupy.asarray(self._slot_table)
                 self._slot_local_d = cupy.asarray(self._slot_local)
         return self._bank
@@ -297,10 +302,12 @@ class GpuRankingPipeline:
         with self._lock, cupy.cuda.Device(self.device_id):
             bank = self.bank
             bucket = self._bucket(size)
-            if _grouped(bucket) and not isinstance(batch.dense, cupy.ndarray):
+            if _grouped(bucket) and not isinstance(batch.dense, cupy.ndarray) and not self._lower:
                 self._run(bucket, self._upload_groups(bucket, batch))
             else:
                 self._stage_and_upload(bucket, batch)
+                if self._lower:
+                    self._fetch_lower(bucket)
                 self._run(bucket)
             self._stream.synchronize()
             bank.batches += 1
@@ -438,6 +445,79 @@ class GpuRankingPipeline:
             # Padded samples: empty bags after the last key.
             host_offsets[at + bags + 1 : at + lay.size * f.slot_num + 1] = table_keys.shape[0]
         return head, groups
+
+    def _fetch_lower(self, bucket: _Bucket) -> None:
+        """Fetch, through the host, the keys of the uploaded batch that neither a cache nor a
+        host tier holds from the tiers below (Redis, RocksDB): ``bank_probe`` lists them on
+        the GPU, the host reads the list (the one round trip such a model pays per batch),
+        asks each table's lower tiers for its unique keys, and hands the rows found to
+        ``bank_lookup`` as each table's sorted extra rows (descriptor fields ``extra_*``),
+        which it pools and inserts like the host tier's rows. A model without lower tiers
+        never comes here."""
+        main, cache = self._stream, self._cache_stream
+        lay = bucket.layout
+        keys, header, offsets, _ = lay.views(bucket.inputs)
+        self._uploaded[0].record(main)
+        with cache, self.bank.section():
+            cache.wait_event(self._uploaded[0])
+            bucket.pending_count.fill(0)
+            bags = lay.size * lay.slots
+            if bags:
+                self._bank_kernels.get_function("bank_probe")(
+                    (-(-bags * kernels.LANES // kernels.THREADS),), (kernels.THREADS,),
+                    (self._descriptors, self._slot_table_d, self._slot_local_d, np.int32(0),
+                     np.int32(lay.slots), np.int64(lay.size), keys, header, offsets,
+                     bucket.pending, bucket.pending_count,
+                     np.uint64(bucket.pending.nbytes // PENDING_DTYPE.itemsize)),
+                )  # fmt: skip
+            pending_count = bucket.pending_count.get(stream=cache)
+        # The probe followed the last batch's insert on the cache stream: once it is done,
+        # nothing reads the last batch's extra rows any more.
+        cache.synchronize()
+        had_extras, self._extras = self._extras is not None, None
+        n = min(int(pending_count[0]), bucket.pending.nbytes // PENDING_DTYPE.itemsize)
+        rows = self._descriptor_rows
+        rows["extra_keys"] = rows["extra_values"] = rows["extra_count"] = 0
+        if n:
+            pending = bucket.pending[: n * PENDING_DTYPE.itemsize].get().view(PENDING_DTYPE)
+            self._extras = self._extra_rows(pending, rows)
+        if self._extras is not None or had_extras:
+            with cache:
+                self._descriptors.set(rows.view(np.uint8), stream=cache)
+
+    def _extra_rows(self, pending: np.ndarray, rows: np.ndarray) -> tuple[Any, Any] | None:
+        """Look the pending keys up in their tables' lower tiers; upload the rows found, each
+        table's keys sorted with its rows 16-byte aligned, and point ``rows`` (the host copy
+        of the descriptors) at them. Returns the device buffers (kept until the batch's
+        insert has run), or None when no key was found."""
+        key_parts: list[np.ndarray] = []
+        value_parts: list[np.ndarray] = []
+        spans = []  # (position, first key, first float, count)
+        at_key = at_float = 0
+        for position in np.unique(pending["table"]).tolist():
+            table_keys = np.unique(pending["key"][pending["table"] == position])
+            values, found = self.bank.lookup_lower(position, table_keys)
+            count = int(found.sum())
+            if count == 0:
+                continue
+            dim = int(rows[position]["dim"])
+            block = np.zeros(-(-count * dim // 4) * 4, np.float32)
+            block[: count * dim] = values[found].reshape(-1)
+            key_parts.append(table_keys[found])
+            value_parts.append(block)
+            spans.append((position, at_key, at_float, count))
+            at_key += count
+            at_float += block.shape[0]
+        if not spans:
+            return None
+        with self._cache_stream:  # before the lookup that reads them, on its stream
+            keys_d = cupy.asarray(np.concatenate(key_parts))
+            values_d = cupy.asarray(np.concatenate(value_parts))
+        for position, first_key, first_float, count in spans:
+            rows[position]["extra_keys"] = keys_d.data.ptr + 8 * first_key
+            rows[position]["extra_values"] = values_d.data.ptr + 4 * first_float
+            rows[position]["extra_count"] = count
+        return keys_d, values_d
 
     def _copier(self) -> concurrent.futures.ThreadPoolExecutor:
         if self._copy_pool is None:
@@ -679,10 +759,14 @@ class GpuRankingPipeline:
         capacity = size * self._keys_per_sample
         misses = cupy.zeros(max(capacity, 1) * MISS_DTYPE.itemsize, dtype=cupy.uint8)
         miss_count = cupy.zeros(1, dtype=cupy.uint64)
-        return _Bucket(
+        bucket = _Bucket(
             lay, staging, inputs, embeddings, given, misses, miss_count, scores_host,
             cupy.cuda.MemoryPool(),
         )  # fmt: skip
+        if self._lower:
+            bucket.pending = cupy.zeros(max(capacity, 1) * PENDING_DTYPE.itemsize, cupy.uint8)
+            bucket.pending_count = cupy.zeros(1, dtype=cupy.uint64)
+        return bucket
 
     def _given(self, embeddings: Any, size: int) -> dict[str, Any]:
         """The executor's inputs that live in ``embeddings`` (float32 views): each table's

@@ -2,8 +2,8 @@
 //
 // Loaded by hps_core/gpu/kernels.py, which prepends the #defines shared with Python (WAYS, LANES,
 // EMPTY_KEY, counter positions) and puts cache_set.cuh in place of its #include. The Table
-// struct is mirrored by TABLE_DTYPE in hps_core/gpu/bank.py and Miss by MISS_DTYPE there; change
-// them together.
+// struct is mirrored by TABLE_DTYPE in hps_core/gpu/bank.py, Miss by MISS_DTYPE and Pending by
+// PENDING_DTYPE there; change them together.
 //
 // A batch is a jagged batch of bags: bag (b, g) holds the keys of sample b in slot g (slots of
 // all tables numbered together), given by CSR row offsets per table, or, for a one-hot table
@@ -13,7 +13,9 @@
 //   2. the table's row index (sorted mixed keys + bucket directory, on the GPU) and its rows,
 //      which live in GPU memory (static table) or in the host tier, read in place through a
 //      registered mapping of its shared-memory segment (zero copy),
-//   3. the table's default value.
+//   3. for a table with tiers below its host tier (Redis, RocksDB), the rows the host fetched
+//      from them for this batch (sorted keys + rows in GPU memory; see bank_probe),
+//   4. the table's default value.
 // The bag's vectors are pooled (sum or mean, in key order) straight into the dense network's
 // input buffer. Keys found in the host tier but not in the cache are recorded as misses;
 // bank_insert then puts them into the cache. Nothing waits for the host.
@@ -28,7 +30,10 @@ struct Table {
   const u64* index_hashes;    // mix64 of every row's key, sorted (+1 padding entry)
   const void* index_starts;   // bucket directory, int32 or int64 (starts64)
   const float* values;        // [rows, dim] in index order: GPU memory or mapped host memory
+  const i64* extra_keys;      // keys the host fetched from the lower tiers for this batch, sorted
+  const float* extra_values;  // [extra_count, dim], GPU memory
   u64 cache_sets;             // 0: no dynamic cache
+  i64 extra_count;
   i64 keys_at;                // this table's keys start at batch * keys_at in the key buffer
   i64 offsets_at;             // its row offsets start at batch * offsets_at + table index
   i64 out_at;                 // its output starts at batch * out_at + out_shift ...
@@ -42,11 +47,20 @@ struct Table {
   int host_values;            // values are in host memory (a found row is a cache miss)
   float default_value;
   int keys_cap;               // key room per sample: its keys fill at most batch * keys_cap
+  int lower;                  // the table has tiers below its host tier (see bank_probe)
+  int pad;                    // the struct's size stays a multiple of 8, explicitly
 };
 
 struct Miss {
   i64 key;
   const float* src;  // the row to insert (the bag's output row, or the host tier's row)
+  int table;
+  int pad;
+};
+
+// A key neither the cache nor the host tier holds, in a table with lower tiers.
+struct Pending {
+  i64 key;
   int table;
   int pad;
 };
@@ -77,6 +91,16 @@ __device__ __forceinline__ i64 index_row(const Table& t, const i64 key) {
     if (c > h) break;  // sorted inside a bucket
   }
   return -1;
+}
+
+// The row the host fetched for `key` from the lower tiers for this batch, or nullptr.
+__device__ __forceinline__ const float* extra_row(const Table& t, const i64 key) {
+  i64 lo = 0, hi = t.extra_count;
+  while (lo < hi) {
+    const i64 mid = (lo + hi) >> 1;
+    if (t.extra_keys[mid] < key) lo = mid + 1; else hi = mid;
+  }
+  return lo < t.extra_count && t.extra_keys[lo] == key ? t.extra_values + lo * t.dim : nullptr;
 }
 
 // The cached row of `key`, or nullptr. The LANES lanes of `mask` each load WAYS / LANES of the
@@ -154,6 +178,24 @@ __device__ __forceinline__ void scale_row(float* dst, const float f, const int d
   for (int d = lane; d < dim; d += LANES) dst[d] *= f;
 }
 
+// Keys [begin, end) of table t's bag of sample b, slot s (indices into the table's keys).
+__device__ __forceinline__ void bag_range(const Table& tab, const int t, const int s, const i64 b,
+                                          const i64 batch, const int* __restrict__ header,
+                                          const int* __restrict__ offsets, int& begin, int& end) {
+  const i64 row = b * tab.slot_num + s;
+  if (header[1 + t]) {  // one-hot: key `row` fills bag `row`; padded samples have none
+    begin = (int)row;
+    end = b < header[0] ? begin + 1 : begin;
+  } else {
+    const int* off = offsets + batch * tab.offsets_at + t;
+    // The host checks the offsets of host batches; those of a batch handed over on the
+    // device are not read back, so keep every key read inside the table's key region.
+    const int cap = (int)(batch * tab.keys_cap);
+    begin = min(max(off[row], 0), cap);
+    end = min(max(off[row + 1], begin), cap);
+  }
+}
+
 extern "C" __global__ void bank_lookup(
     const Table* __restrict__ tables, const int* __restrict__ slot_table,
     const int* __restrict__ slot_local, const int slot_begin, const int slot_end,
@@ -181,19 +223,8 @@ extern "C" __global__ void bank_lookup(
     t = slot_table[g];
     const Table& tab = tables[t];
     const int s = slot_local[g];
-    const i64 row = b * tab.slot_num + s;
     int begin, end;
-    if (header[1 + t]) {  // one-hot: key `row` fills bag `row`; padded samples have none
-      begin = (int)row;
-      end = b < header[0] ? begin + 1 : begin;
-    } else {
-      const int* off = offsets + batch * tab.offsets_at + t;
-      // The host checks the offsets of host batches; those of a batch handed over on the
-      // device are not read back, so keep every key read inside the table's key region.
-      const int cap = (int)(batch * tab.keys_cap);
-      begin = min(max(off[row], 0), cap);
-      end = min(max(off[row + 1], begin), cap);
-    }
+    bag_range(tab, t, s, b, batch, header, offsets, begin, end);
     const i64* bag_keys = keys + batch * tab.keys_at;
     float* dst = out + batch * tab.out_at + tab.out_shift + b * tab.out_stride + (i64)s * tab.dim;
     const bool vec = tab.dim % 4 == 0;  // the host aligns every region to 16 bytes
@@ -210,6 +241,8 @@ extern "C" __global__ void bank_lookup(
         if (r >= 0) {
           src = tab.values + r * tab.dim;
           hit = !tab.host_values;  // a static table answers from GPU memory
+        } else if (tab.extra_count != 0) {
+          src = extra_row(tab, key);  // a miss, inserted like the host tier's rows
         }
       }
       pool_row(dst, src, tab.default_value, tab.dim, lane, i == begin, vec);
@@ -263,6 +296,51 @@ extern "C" __global__ void bank_lookup(
   __syncthreads();
   if (threadIdx.x < 4 && block_table >= 0 && block_counts[threadIdx.x] != 0) {
     atomicAdd(counters + (i64)block_table * NUM_COUNTERS + threadIdx.x, block_counts[threadIdx.x]);
+  }
+}
+
+// Run before bank_lookup only when a table has tiers below its host tier: records each key of
+// such a table that neither its cache nor its host tier holds (repeats included; the host
+// deduplicates), so that the host fetches them from the lower tiers in one round trip per
+// batch and bank_lookup finds them among the table's extra rows. Bags map to lanes as in
+// bank_lookup.
+extern "C" __global__ void bank_probe(
+    const Table* __restrict__ tables, const int* __restrict__ slot_table,
+    const int* __restrict__ slot_local, const int slot_begin, const int slot_end,
+    const i64 batch, const i64* __restrict__ keys, const int* __restrict__ header,
+    const int* __restrict__ offsets, Pending* __restrict__ pending,
+    u64* __restrict__ pending_count, const u64 pending_capacity) {
+  // All LANES lanes of a bag return together: probe_cache's ballots need the whole group.
+  const i64 bag = (i64)slot_begin * batch + ((i64)blockIdx.x * blockDim.x + threadIdx.x) / LANES;
+  if (bag >= batch * slot_end) return;
+  const int lane = threadIdx.x % LANES;
+  const int shift = (threadIdx.x % WARP) / LANES * LANES;
+  const unsigned mask = GROUP_MASK << shift;
+  const int g = (int)(bag / batch);
+  const i64 b = bag - (i64)g * batch;
+  const int t = slot_table[g];
+  const Table& tab = tables[t];
+  if (!tab.lower) return;
+  int begin, end;
+  bag_range(tab, t, slot_local[g], b, batch, header, offsets, begin, end);
+  const i64* bag_keys = keys + batch * tab.keys_at;
+  for (int i = begin; i < end; ++i) {
+    const i64 key = bag_keys[i];
+    if (tab.cache_sets != 0 && key != EMPTY_KEY &&
+        probe_cache(tab, key, lane, mask, shift) != nullptr) {
+      continue;
+    }
+    if (index_row(tab, key) >= 0) continue;
+    if (lane == 0) {
+      const u64 at = atomicAdd(pending_count, 1ull);
+      if (at < pending_capacity) {
+        Pending p;
+        p.key = key;
+        p.table = t;
+        p.pad = 0;
+        pending[at] = p;
+      }
+    }
   }
 }
 

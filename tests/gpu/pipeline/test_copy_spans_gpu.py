@@ -9,7 +9,8 @@ import pytest
 cupy = pytest.importorskip("cupy")
 
 from hps_core.gpu import kernels  # noqa: E402
-from hps_core.gpu.pipeline import _COPY_THREADS, SPAN_DTYPE  # noqa: E402
+from hps_core.gpu.pipeline import _COPY_THREADS  # noqa: E402
+from hps_core.gpu.structs import SPAN_DTYPE  # noqa: E402
 
 
 @pytest.mark.parametrize("blocks", [1, 3, 64])

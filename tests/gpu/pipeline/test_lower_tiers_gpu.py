@@ -1,0 +1,103 @@
+"""The GPU pipeline with tiers below the host tier: keys the GPU cannot answer go through the host.
+
+The host tier holds 30% of each table (``initial_cache_rate``) and RocksDB all of it, so most
+keys of a batch are found by neither the GPU cache nor the host tier: ``bank_probe`` lists
+them, the host fetches them from RocksDB, ``bank_lookup`` pools them and ``bank_insert`` puts
+them in the cache. Scores must equal the NumPy path (which reads the same cascade) and the
+independent references, for dynamic and static caches, host and device batches, repeated
+batches (the second finds the rows in the cache), and large batches (staged whole: the
+grouped staging is for models without lower tiers). A model without lower tiers never probes.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+cupy = pytest.importorskip("cupy")
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "unit" / "infer"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "integration"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from ranking_reference import encode_hugectr  # noqa: E402
+from test_pipeline_gpu import on_gpu  # noqa: E402
+from test_ranking_models import MODELS, Model  # noqa: E402
+
+from hps_core.demo import DEMO_MODELS  # noqa: E402
+from hps_core.hps import HPS  # noqa: E402
+from hps_core.infer import RankingSession  # noqa: E402
+from hps_core.infer.contracts import HugeCTRContract  # noqa: E402
+from hps_core.triton_repo import InstanceGroup, ServingOptions  # noqa: E402
+
+CACHES = {
+    "dynamic": {"gpucacheper": 0.2},
+    "static": {"embedding_cache_type": "static"},
+}
+
+
+@pytest.fixture(scope="module")
+def repo(tmp_path_factory: pytest.TempPathFactory):
+    root = tmp_path_factory.mktemp("gpu_lower_tiers")
+    options = ServingOptions(instances=(InstanceGroup(count=1, kind="KIND_GPU"),))
+    for name in MODELS:
+        DEMO_MODELS[name](root, options)
+    yield root
+    HPS.close_all()
+
+
+def tiered(repo: Path, name: str, cache: str, tmp: Path) -> Path:
+    """The model's ps.json with 30% of each table in the host tier and all of it in RocksDB."""
+    ps = json.loads((repo / name / "ps.json").read_text())
+    ps["models"][0].update(CACHES[cache], hit_rate_threshold=0.5)
+    ps["volatile_db"] = {"type": "hash_map", "initial_cache_rate": 0.3}
+    ps["persistent_db"] = {"type": "rocks_db", "path": str(tmp / "rocksdb")}
+    path = repo / name / f"ps_lower_{cache}_{tmp.name}.json"
+    path.write_text(json.dumps(ps))
+    return path
+
+
+@pytest.mark.parametrize("cache", CACHES)
+@pytest.mark.parametrize("name", MODELS)
+def test_keys_below_the_host_tier_are_fetched_through_the_host(
+    repo: Path, name: str, cache: str, tmp_path: Path
+) -> None:
+    ps = tiered(repo, name, cache, tmp_path)
+    model = Model(repo, name)
+    gpu = RankingSession.open(ps, name, device_id=0)
+    cpu = RankingSession.open(ps, name)
+    contract = HugeCTRContract(gpu.layout)
+    rng = np.random.default_rng(23)
+    for batch in (1, 64, 200, 64):
+        dense, keys = model.samples(rng, batch)
+        parsed = contract.parse(*encode_hugectr(dense, keys))
+        got = gpu.predict(parsed)
+        np.testing.assert_allclose(got, cpu.predict(parsed), rtol=1e-5, atol=1e-6)
+        model.check(got, dense, keys)
+        # Again, now partly from the cache, and handed over on the GPU.
+        np.testing.assert_allclose(gpu.predict(on_gpu(parsed)), got, rtol=1e-6, atol=1e-7)
+    pipe = gpu.pipeline
+    assert pipe._lower and pipe._extras is not None
+    counters = gpu.lookup.counters()
+    # Unknown: keys no tier holds (the samples draw about 10% unknown keys, DLRM none).
+    assert all(c.unknown_keys < c.keys for c in counters)
+    if cache == "dynamic":
+        assert sum(c.inserted_keys for c in counters) > 0
+
+
+def test_a_model_without_lower_tiers_never_probes(repo: Path) -> None:
+    name = "dcn"
+    ps = json.loads((repo / name / "ps.json").read_text())
+    path = repo / name / "ps_no_lower.json"
+    path.write_text(json.dumps(ps))
+    model = Model(repo, name)
+    gpu = RankingSession.open(path, name, device_id=0)
+    dense, keys = model.samples(np.random.default_rng(2), 32)
+    parsed = HugeCTRContract(gpu.layout).parse(*encode_hugectr(dense, keys))
+    model.check(gpu.predict(parsed), dense, keys)
+    pipe = gpu.pipeline
+    assert not pipe._lower and pipe._extras is None
+    assert all(b.pending is None for b in pipe._buckets.values())
