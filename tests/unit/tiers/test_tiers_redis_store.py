@@ -41,7 +41,8 @@ def config(address: str, **fields: object) -> VolatileDBConfig:
 
 
 def rows(rng: np.random.Generator, n: int, dim: int) -> tuple[np.ndarray, np.ndarray]:
-    keys = rng.choice(np.arange(-(10**12), 10**12, 7919), n, replace=False).astype(np.int64)
+    # Distinct multiples of 7919 in [-1e12, 1e12), drawn without building the population.
+    keys = rng.choice(2 * 10**12 // 7919, n, replace=False).astype(np.int64) * 7919 - 10**12
     keys[: min(n, 3)] = [EXTREME_KEYS[0], EXTREME_KEYS[-1], 0][: min(n, 3)]
     return keys, rng.standard_normal((n, dim)).astype(np.float32)
 
