@@ -25,7 +25,7 @@ import numpy as np
 from hps_core.cache import make_cache
 from hps_core.config import EmbeddingCacheType, ModelConfig, PSConfig, TableConfig
 from hps_core.errors import RequestError
-from hps_core.formats.sparse import KEY_DTYPE, KEY_FILE, META_FILE, read_keys
+from hps_core.formats.sparse import KEY_DTYPE, KEY_FILE, META_FILE, read_keys, read_sparse_table
 from hps_core.lookup.devices import array_module
 from hps_core.lookup.table_lookup import (
     CachedTableLookup,
@@ -33,7 +33,7 @@ from hps_core.lookup.table_lookup import (
     TableCounters,
     lookup_cached_tables,
 )
-from hps_core.tiers.factory import open_host_table
+from hps_core.tiers.factory import open_table_tiers
 
 logger = logging.getLogger("hps_core")
 
@@ -194,18 +194,23 @@ class ModelLookup:
 
     def _open(self, table_id: int) -> TableLookup:
         table = self.model.tables[table_id]
-        host = open_host_table(self.config, table)
+        # The shared tier alone, or the cascade to Redis/RocksDB when ps.json has them.
+        host = open_table_tiers(self.config, self.model.name, table)
         if not self.uses_cache:
             return HostTableLookup(host, self.xp)
         name = f"{self.model.name}.{table.name}@gpu{self.device_id}"
         with self.xp.cuda.Device(self.device_id):
             if self.model.embedding_cache_type == EmbeddingCacheType.STATIC:
-                keys, values = host.contents()
+                if host.rows == host.table_rows:
+                    keys, values = host.contents()
+                else:  # the shared tier holds part of the table: a static cache needs it all
+                    keys, values = read_sparse_table(table.sparse_file, table.dim)
                 cache = make_cache(
-                    "static", host.rows, table.dim, self.xp, name=name, contents=(keys, values)
+                    "static", len(keys), table.dim, self.xp, name=name, contents=(keys, values)
                 )
             else:
-                capacity = math.ceil(self.model.gpucacheper * host.rows)
+                # gpucacheper is a share of the whole table, not of its shared-memory part.
+                capacity = math.ceil(self.model.gpucacheper * host.table_rows)
                 cache = self._dynamic_cache(capacity, table.dim, name, table_id)
         return CachedTableLookup(
             host, cache, self.xp, self.model.hit_rate_threshold, self.miss_policy, name
@@ -345,10 +350,12 @@ class ModelLookup:
             )
 
     def flush(self) -> None:
-        """Wait for every table's background cache inserts."""
+        """Wait for every table's background cache inserts and tier writes."""
         for table in self._tables:
             if isinstance(table, CachedTableLookup):
                 table.flush()
+            if table is not None and table.host.has_lower_tiers:
+                table.host.flush()  # rows being written to Redis (cache_missed_embeddings)
 
     def close(self) -> None:
         """Stop background work and detach from every opened table."""

@@ -34,6 +34,7 @@ import numpy as np
 
 from hps_core.cache import StaticTable
 from hps_core.lookup.devices import module_of, to_host
+from hps_core.tiers.cascade import TieredTable
 from hps_core.tiers.host_table import SharedHostTable
 
 logger = logging.getLogger("hps_core")
@@ -60,6 +61,20 @@ class TableCounters:
         failed_inserts: background insertions that raised (logged).
         evictions: rows the cache evicted to make room (read from the cache by ``snapshot``).
         seconds: time spent in lookups.
+        tier_host_hits: keys the host side read from the shared host tier.
+        tier_redis_cluster_hits: keys answered by the Redis cluster below it.
+        tier_rocks_db_hits: keys answered by RocksDB.
+        tier_default_keys: keys no tier holds (the default vector answered).
+        tier_redis_cluster_errors: failed Redis requests (their keys fell through).
+        tier_rocks_db_errors: failed RocksDB requests (their keys fell through).
+        tier_elevated_keys: rows found in RocksDB written to Redis
+            (``cache_missed_embeddings``).
+        tier_dropped_elevations: batches of such rows dropped because too many were pending.
+
+    The ``tier_*`` counters of a table with lower tiers come from its cascade
+    (:class:`~hps_core.tiers.cascade.TierCounters`, every host-side lookup of the table,
+    warm-up and refresh included); without lower tiers they count the host tier's answers to
+    requests.
     """
 
     lookups: int = 0
@@ -75,6 +90,14 @@ class TableCounters:
     failed_inserts: int = 0
     evictions: int = 0
     seconds: float = 0.0
+    tier_host_hits: int = 0
+    tier_redis_cluster_hits: int = 0
+    tier_rocks_db_hits: int = 0
+    tier_default_keys: int = 0
+    tier_redis_cluster_errors: int = 0
+    tier_rocks_db_errors: int = 0
+    tier_elevated_keys: int = 0
+    tier_dropped_elevations: int = 0
 
     @property
     def hit_rate(self) -> float:
@@ -85,6 +108,22 @@ class TableCounters:
         """A copy, safe to read while lookups go on."""
         return TableCounters(**{f.name: getattr(self, f.name) for f in fields(self)})
 
+    def with_tiers(self, host: SharedHostTable | TieredTable) -> TableCounters:
+        """These counters with the ``tier_*`` ones read from ``host``'s cascade, if it has one.
+
+        Args:
+            host: the table's host tier.
+
+        Returns:
+            ``self``, updated.
+        """
+        if host.has_lower_tiers:
+            tiers = host.tier_counters()
+            for f in fields(tiers):
+                if hasattr(self, f"tier_{f.name}"):
+                    setattr(self, f"tier_{f.name}", getattr(tiers, f.name))
+        return self
+
     def __add__(self, other: TableCounters) -> TableCounters:
         """Field-wise sum (counters of two lookup paths over one table)."""
         return TableCounters(
@@ -93,18 +132,20 @@ class TableCounters:
 
 
 class HostTableLookup:
-    """Lookups straight from the shared host tier.
+    """Lookups straight from the host tier (the shared tier, or the cascade below it).
 
     Args:
-        host: the table's host tier.
+        host: the table's host tier: its :class:`SharedHostTable`, or its
+            :class:`~hps_core.tiers.cascade.TieredTable` when the model has lower tiers.
         xp: array module of the results (``numpy``, or ``cupy`` for a GPU without cache).
     """
 
-    def __init__(self, host: SharedHostTable, xp: Any = np) -> None:
+    def __init__(self, host: SharedHostTable | TieredTable, xp: Any = np) -> None:
         self.host = host
         self.xp = xp
         self.counters = TableCounters()
         self._lock = threading.Lock()
+        self._tiered = host.has_lower_tiers
 
     @property
     def dim(self) -> int:
@@ -135,18 +176,23 @@ class HostTableLookup:
                 result = device_rows[device_inverse]
             else:
                 result = self.xp.take(device_rows, device_inverse, axis=0, out=out)
+        unknown = int(len(found) - np.count_nonzero(found))
         with self._lock:
             c = self.counters
             c.lookups += 1
             c.keys += len(host_keys)
             c.unique_keys += len(unique)
-            c.unknown_keys += int(len(found) - np.count_nonzero(found))
+            c.unknown_keys += unknown
+            if not self._tiered:  # else the cascade counts its tiers itself
+                c.tier_host_hits += len(unique) - unknown
+                c.tier_default_keys += unknown
             c.seconds += time.perf_counter() - start
         return result
 
     def snapshot(self) -> TableCounters:
-        """A copy of the counters, safe to read while lookups go on."""
-        return self.counters.snapshot()
+        """A copy of the counters (the cascade's tier counters included), safe to read while
+        lookups go on."""
+        return self.counters.snapshot().with_tiers(self.host)
 
     def close(self) -> None:
         """Nothing to release besides the host tier, which the session owns."""
@@ -320,7 +366,9 @@ class CachedTableLookup:
     """Lookups through an embedding cache backed by the host tier.
 
     Args:
-        host: the table's host tier.
+        host: the table's host tier (:class:`SharedHostTable`, or the
+            :class:`~hps_core.tiers.cascade.TieredTable` of a model with lower tiers: the
+            GPU pipeline reads its shared tier and asks ``lookup_lower`` for the rest).
         cache: a dynamic cache (``query``/``replace``) or a :class:`StaticTable`.
         xp: the cache's array module.
         hit_rate_threshold: below it a batch's misses are inserted before answering.
@@ -331,7 +379,7 @@ class CachedTableLookup:
 
     def __init__(
         self,
-        host: SharedHostTable,
+        host: SharedHostTable | TieredTable,
         cache: Any,
         xp: Any,
         hit_rate_threshold: float,
@@ -349,6 +397,7 @@ class CachedTableLookup:
         self.counters = TableCounters()
         self._lock = threading.Lock()
         self._static = isinstance(cache, StaticTable)
+        self._tiered = host.has_lower_tiers
         # One worker keeps background inserts in order; created on first use.
         self._worker: concurrent.futures.ThreadPoolExecutor | None = None
         self._pending: list[concurrent.futures.Future[None]] = []
@@ -536,6 +585,9 @@ class CachedTableLookup:
             c.cache_hits += u - r.misses
             c.cache_misses += r.misses
             c.unknown_keys += r.unknown
+            if not self._tiered:  # else the cascade counts its tiers itself
+                c.tier_host_hits += r.inserted
+                c.tier_default_keys += r.unknown
             if r.mode == "sync":
                 c.sync_inserts += 1
             elif r.mode == "async":
@@ -546,7 +598,7 @@ class CachedTableLookup:
 
     def snapshot(self) -> TableCounters:
         """A copy of the counters, with the cache's evictions, safe to read while serving."""
-        counters = self.counters.snapshot()
+        counters = self.counters.snapshot().with_tiers(self.host)
         counters.evictions = self.cache.stats().evictions
         return counters
 
@@ -558,6 +610,9 @@ class CachedTableLookup:
             self.counters.default_answers += known
             self.counters.unknown_keys += len(found) - known
             self.counters.inserted_keys += known
+            if not self._tiered:
+                self.counters.tier_host_hits += known
+                self.counters.tier_default_keys += len(found) - known
         if known:
             self.cache.replace(miss_keys[found], values[found])
 

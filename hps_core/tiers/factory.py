@@ -1,19 +1,79 @@
-"""Choose and open the host tiers a ps.json asks for.
+"""Choose, fill and open the host tiers a ps.json asks for.
 
 The volatile database types of HugeCTR that keep tables in host memory (``hash_map``,
 ``parallel_hash_map``, ``multi_process_hash_map``) all map to :class:`SharedHostTable`: under
-Triton's Python backend one shared copy per machine is what each of them is for. Tiers that
-later work adds (Redis cluster, RocksDB, an update source) parse today and fail here, when a
-model is opened, with a message saying so.
+Triton's Python backend one shared copy per machine is what each of them is for.
+
+Without a lower tier (no ``persistent_db``, volatile level in host memory) a table opens as
+its :class:`SharedHostTable` alone, holding every row, exactly as before the cascade existed.
+With one, it opens as a :class:`~hps_core.tiers.cascade.TieredTable`:
+
+====================  ==================================  ===================  ============
+volatile_db.type      shared host tier                    Redis cluster        RocksDB
+====================  ==================================  ===================  ============
+hash_map types        first ``initial_cache_rate`` rows   -                    every row
+redis_cluster         empty (no local copy: the cluster   first ``initial_     every row
+                      is the volatile level, as HugeCTR)  cache_rate`` rows
+disabled              empty                               -                    every row
+====================  ==================================  ===================  ============
+
+Without RocksDB, ``initial_cache_rate`` is ignored (warned): the volatile level holds every
+row, since nothing below could answer the others. ``initialize_after_startup: false`` leaves
+the volatile level empty (for a hash map: an empty shared tier) and RocksDB unfilled (it must
+then hold the table already, as with ``read_only``). HugeCTR applies the rate only when a
+table exceeds the volatile database's capacity (``overflow_margin``); here it is the share of
+the rows, as HugeCTR's documentation describes it.
+
+Loading happens once per database, not once per process (Triton instances are processes):
+
+- RocksDB: a loader takes an exclusive ``flock`` on ``<path>/HPS_TRITON_LOAD_LOCK``, opens the
+  database for writing (RocksDB allows one writing process), loads the table unless its
+  marker says the same source files were loaded already, writes the marker, flushes and
+  closes. Every process then serves from a read-only handle (one per database per process,
+  reopened when a table it lacks was loaded since). The marker is a one-row table
+  ``hps_triton_loaded.<tag>`` in the database itself holding a digest of the source files'
+  identity (path, size, mtime, inode; as :func:`~hps_core.tiers.host_table.segment_name`),
+  so a restart skips the load and a rewritten table is dropped and reloaded.
+- Redis cluster: the same marker in the cluster, the lock a file in the shared-memory folder
+  (per machine; two machines loading at once write the same rows).
+
+``read_only`` databases are never written: the table must be there, else the error names the
+path and the table.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import functools
+import hashlib
 import logging
+import threading
+import time
+from pathlib import Path
+from typing import Any
 
-from hps_core.config import DatabaseType, PSConfig, TableConfig, UpdateSourceType
-from hps_core.errors import NotAvailableError
-from hps_core.tiers.host_table import SharedHostTable
+import numpy as np
+
+from hps_core.config import (
+    DatabaseType,
+    PersistentDBConfig,
+    PSConfig,
+    TableConfig,
+    UpdateSourceType,
+    VolatileDBConfig,
+)
+from hps_core.errors import ModelFileError, NotAvailableError, RequestError
+from hps_core.formats.sparse import (
+    KEY_FILE,
+    VECTOR_FILE,
+    inspect_sparse_table,
+    iter_sparse_table,
+)
+from hps_core.formats.uris import model_path
+from hps_core.tiers.backing import BackingStore, table_tag
+from hps_core.tiers.cascade import LowerTier, TieredTable
+from hps_core.tiers.host_table import LAYOUT_VERSION, SharedHostTable, file_identity, held_rows
+from hps_core.tiers.shm_segment import _locked, shm_dir
 
 logger = logging.getLogger("hps_core")
 
@@ -24,6 +84,9 @@ _SHARED_MEMORY_TYPES = frozenset(
         DatabaseType.MULTI_PROCESS_HASH_MAP,
     }
 )
+LOAD_LOCK = "HPS_TRITON_LOAD_LOCK"
+MARKER_PREFIX = "hps_triton_loaded."
+_MARKER_DIM = 8  # a 16-byte digest as eight 16-bit integers, exact in float32
 
 
 def check_tiers_available(config: PSConfig) -> None:
@@ -36,15 +99,15 @@ def check_tiers_available(config: PSConfig) -> None:
         NotAvailableError: naming the ps.json field and the value that is not available yet.
     """
     volatile = config.volatile_db.type
-    if volatile not in _SHARED_MEMORY_TYPES and volatile != DatabaseType.DISABLED:
+    if volatile not in _SHARED_MEMORY_TYPES | {DatabaseType.DISABLED, DatabaseType.REDIS_CLUSTER}:
         raise NotAvailableError(
-            f"volatile_db.type: '{volatile.value}' is not available yet; use 'hash_map', "
-            "'parallel_hash_map' or 'multi_process_hash_map' (one shared-memory copy per machine)"
+            f"volatile_db.type: '{volatile.value}' is not available; use 'hash_map', "
+            "'parallel_hash_map', 'multi_process_hash_map' or 'redis_cluster'"
         )
-    if config.persistent_db.type != DatabaseType.DISABLED:
+    if config.persistent_db.type not in (DatabaseType.DISABLED, DatabaseType.ROCKS_DB):
         raise NotAvailableError(
-            f"persistent_db.type: '{config.persistent_db.type.value}' is not available yet; "
-            "remove the persistent_db section or set its type to 'disabled'"
+            f"persistent_db.type: '{config.persistent_db.type.value}' is not available; use "
+            "'rocks_db' or 'disabled'"
         )
     if config.update_source.type != UpdateSourceType.NULL:
         raise NotAvailableError(
@@ -53,24 +116,325 @@ def check_tiers_available(config: PSConfig) -> None:
         )
 
 
-def open_host_table(config: PSConfig, table: TableConfig) -> SharedHostTable:
-    """Open (building once per machine) the host-memory copy of one table.
+def has_lower_tiers(config: PSConfig) -> bool:
+    """Whether tables of this ps.json open as a cascade (a Redis cluster or RocksDB below)."""
+    return (
+        config.volatile_db.type == DatabaseType.REDIS_CLUSTER
+        or config.persistent_db.type == DatabaseType.ROCKS_DB
+    )
 
-    ``volatile_db.type: disabled`` still gets the shared copy: without a persistent tier
+
+def open_table_tiers(
+    config: PSConfig, model: str, table: TableConfig
+) -> SharedHostTable | TieredTable:
+    """Open (filling once per machine or database) every tier of one table.
+
+    ``volatile_db.type: disabled`` without a persistent tier still gets the shared copy:
     there is nowhere else to read the table from.
 
     Args:
         config: the parsed ps.json.
+        model: the model's name (lower tiers name the table ``hps_et.<model>.<table>``).
         table: the table to open.
 
     Returns:
-        The attached shared table.
+        The shared table itself when the ps.json has no lower tier, else the cascade.
+
+    Raises:
+        NotAvailableError: a tier this version cannot serve.
+        ModelFileError: a database cannot be opened or lacks a table it must hold.
+
+    Example:
+        >>> host = open_table_tiers(config, "dlrm", config.models[0].tables[0])  # doctest: +SKIP
+        >>> values, found = host.lookup(np.array([1, 2], np.int64))  # doctest: +SKIP
     """
     check_tiers_available(config)
-    if config.volatile_db.initial_cache_rate < 1.0:
+    volatile, persistent = config.volatile_db, config.persistent_db
+    has_rocks = persistent.type == DatabaseType.ROCKS_DB
+    has_redis = volatile.type == DatabaseType.REDIS_CLUSTER
+    if volatile.initial_cache_rate < 1.0 and not has_rocks:
         logger.warning(
-            "volatile_db.initial_cache_rate=%s ignored: without a persistent tier the host "
-            "tier holds every row",
-            config.volatile_db.initial_cache_rate,
+            "volatile_db.initial_cache_rate=%s ignored: without a persistent tier the %s holds "
+            "every row",
+            volatile.initial_cache_rate,
+            "Redis cluster" if has_redis else "host tier",
         )
-    return SharedHostTable(table.sparse_file, table.dim, table.default_value)
+    if not (has_rocks or has_redis):
+        return SharedHostTable(table.sparse_file, table.dim, table.default_value)
+
+    tag = table_tag(model, table.name)
+    rate = volatile.initial_cache_rate if has_rocks else 1.0
+    if not volatile.initialize_after_startup:
+        rate = 0.0
+    releases: list[Any] = []
+    lower: list[LowerTier] = []
+    try:
+        if has_redis:
+            redis = _acquire(("redis", _redis_key(volatile)), lambda: _open_redis(volatile))
+            releases.append(redis)
+            if rate > 0:
+                _fill_redis(redis.store, volatile, tag, table, rate)
+            lower.append(LowerTier(redis.store, tag))
+        if has_rocks:
+            path = str(Path(persistent.path).resolve())
+            rocks = _acquire(("rocks", path), lambda: _RocksReader(persistent))
+            releases.append(rocks)
+            _ensure_rocks_table(rocks.store, persistent, tag, table)
+            lower.append(LowerTier(rocks.store, tag))
+        shared_rate = 0.0 if has_redis or volatile.type == DatabaseType.DISABLED else rate
+        shared = SharedHostTable(
+            table.sparse_file, table.dim, table.default_value, fraction=shared_rate
+        )
+    except BaseException:
+        _release_all(releases)
+        raise
+    return TieredTable(
+        shared,
+        lower,
+        name=f"{model}.{table.name}",
+        cache_missed_embeddings=volatile.cache_missed_embeddings,
+        release=functools.partial(_release_all, releases),
+    )
+
+
+# --- process-wide store handles ------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class _Handle:
+    key: tuple[str, ...]
+    store: Any
+    users: int = 0
+
+
+_handles: dict[tuple[str, ...], _Handle] = {}
+_handles_lock = threading.Lock()
+
+
+def _acquire(key: tuple[str, ...], make: Any) -> _Handle:
+    """The process's one handle of a store (tables of every model share it), counted."""
+    with _handles_lock:
+        handle = _handles.get(key)
+        if handle is None:
+            handle = _handles[key] = _Handle(key, make())
+        handle.users += 1
+        return handle
+
+
+def _release_all(handles: list[_Handle]) -> None:
+    for handle in handles:
+        _release(handle)
+
+
+def _release(handle: _Handle) -> None:
+    with _handles_lock:
+        handle.users -= 1
+        if handle.users > 0:
+            return
+        _handles.pop(handle.key, None)
+    handle.store.close()
+
+
+def _redis_key(config: VolatileDBConfig) -> tuple[str, ...]:
+    # The password is part of the identity but never kept in clear text.
+    secret = hashlib.sha256(config.password.encode()).hexdigest()[:16]
+    return (config.address, config.user_name, secret, str(config.enable_tls))
+
+
+def _open_redis(config: VolatileDBConfig) -> BackingStore:
+    from hps_core.tiers.redis_store import RedisClusterStore  # here: only Redis models need it
+
+    return RedisClusterStore(config)
+
+
+class _RocksReader:
+    """A read-only RocksDB handle of one database in this process, reopened on demand.
+
+    Other processes load tables while this one serves; a read-only handle sees the database
+    as it was when opened, so a table loaded since needs a fresh one. Old handles are kept
+    until :meth:`close`: a lookup in flight on another thread may still use them.
+    """
+
+    kind = "rocks_db"
+
+    def __init__(self, config: PersistentDBConfig) -> None:
+        self.config = dataclasses.replace(config, read_only=True)
+        self.path = Path(config.path)
+        self._current: Any = None
+        self._retired: list[Any] = []
+        self._lock = threading.Lock()
+
+    @property
+    def errors(self) -> int:
+        """Failed requests of every handle opened."""
+        stores = self._retired + ([self._current] if self._current is not None else [])
+        return sum(store.errors for store in stores)
+
+    def reopen(self) -> Any:
+        """Open a fresh read-only handle (the previous one is kept until :meth:`close`)."""
+        from hps_core.tiers.rocks_store import RocksStore
+
+        with self._lock:
+            fresh = RocksStore(self.config)
+            if self._current is not None:
+                self._retired.append(self._current)
+            self._current = fresh
+            return fresh
+
+    def current(self) -> Any:
+        """The current handle, opened if the database exists; ``None`` if it does not."""
+        if self._current is None and (self.path / "CURRENT").is_file():
+            return self.reopen()
+        return self._current
+
+    def tables(self) -> list[str]:
+        """Tables of the current handle."""
+        current = self.current()
+        return [] if current is None else current.tables()
+
+    def insert(self, table: str, keys: np.ndarray, vectors: np.ndarray) -> None:
+        """Refused: serving processes never write the persistent tier."""
+        raise RequestError(f"persistent_db '{self.path}' is opened read-only for serving")
+
+    def load_sparse(self, table: str, folder: Any, dim: int) -> int:
+        """Refused: tables are loaded by :func:`open_table_tiers` under the load lock."""
+        raise RequestError(f"persistent_db '{self.path}' is opened read-only for serving")
+
+    def lookup(
+        self, table: str, keys: np.ndarray, dim: int, default: float = 0.0
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`RocksStore.lookup` on the current handle."""
+        return self._current.lookup(table, keys, dim, default)
+
+    def close(self) -> None:
+        """Close every handle opened (idempotent)."""
+        with self._lock:
+            for store in [*self._retired, self._current]:
+                if store is not None:
+                    store.close()
+            self._retired, self._current = [], None
+
+
+# --- loading once ----------------------------------------------------------------------------
+
+
+def source_digest(table: TableConfig, rows: int | None = None) -> bytes:
+    """16 bytes naming a table's source files (and the rows taken from them) exactly.
+
+    Args:
+        table: the table.
+        rows: rows loaded when only the first ones are (Redis with ``initial_cache_rate``).
+
+    Returns:
+        The digest stored in a database's marker.
+    """
+    folder = model_path(table.sparse_file)
+    parts = [
+        f"v{LAYOUT_VERSION}",
+        f"dim={table.dim}",
+        file_identity(folder / KEY_FILE),
+        file_identity(folder / VECTOR_FILE),
+        f"rows={rows}",
+    ]
+    return hashlib.sha256("|".join(parts).encode()).digest()[:16]
+
+
+def read_marker(store: BackingStore, tag: str) -> bytes | None:
+    """The digest of the source a store's table was loaded from, ``None`` if unmarked."""
+    try:
+        values, found = store.lookup(MARKER_PREFIX + tag, np.zeros(1, np.int64), _MARKER_DIM)
+    except (RequestError, ModelFileError):  # no marker table (yet)
+        return None
+    if not found[0]:
+        return None
+    return values[0].astype(np.uint16).astype("<u2").tobytes()
+
+
+def write_marker(store: BackingStore, tag: str, digest: bytes) -> None:
+    """Record that ``tag`` holds the rows of the source named by ``digest``."""
+    vector = np.frombuffer(digest, dtype="<u2").astype(np.float32)[None, :]
+    store.insert(MARKER_PREFIX + tag, np.zeros(1, np.int64), vector)
+
+
+def _ensure_rocks_table(
+    reader: _RocksReader, config: PersistentDBConfig, tag: str, table: TableConfig
+) -> None:
+    if config.read_only or not config.initialize_after_startup:
+        if not (reader.path / "CURRENT").is_file():
+            raise ModelFileError(
+                f"persistent_db.path '{reader.path}': no RocksDB database there (read_only or "
+                "initialize_after_startup=false: the database must already hold the tables)"
+            )
+        if tag not in reader.tables() and tag not in reader.reopen().tables():
+            why = "read_only" if config.read_only else "initialize_after_startup=false"
+            raise ModelFileError(
+                f"persistent_db.path '{reader.path}': no table '{tag}' ({why}: the database "
+                f"must already hold it; it has: {', '.join(reader.tables()) or 'none'})"
+            )
+        return
+    digest = source_digest(table)
+    current = reader.current()
+    if current is not None and read_marker(current, tag) == digest:
+        return  # loaded before (by this or another process, now or before a restart)
+    from hps_core.tiers.rocks_store import RocksStore
+
+    reader.path.mkdir(parents=True, exist_ok=True)
+    lock = reader.path / LOAD_LOCK
+    with _locked(lock):
+        writer = RocksStore(dataclasses.replace(config, read_only=False))
+        try:
+            if read_marker(writer, tag) != digest:
+                started = time.perf_counter()
+                writer.drop_table(tag)  # rows of older files must not outlive them
+                rows = writer.load_sparse(tag, table.sparse_file, table.dim)
+                write_marker(writer, tag, digest)
+                writer.flush()
+                logger.info(
+                    "persistent tier: loaded %s into %s table %s (%d rows) in %.2f s",
+                    table.sparse_file,
+                    reader.path,
+                    tag,
+                    rows,
+                    time.perf_counter() - started,
+                )
+        finally:
+            writer.close()
+            lock.unlink(missing_ok=True)  # still held: a waiter re-creates it
+    reader.reopen()
+
+
+def _fill_redis(
+    store: BackingStore, config: VolatileDBConfig, tag: str, table: TableConfig, rate: float
+) -> None:
+    folder = model_path(table.sparse_file)
+    rows = held_rows(inspect_sparse_table(folder, table.dim).rows, rate)
+    digest = source_digest(table, rows)
+    if read_marker(store, tag) == digest:
+        return
+    name = hashlib.sha256(f"{config.address}|{tag}".encode()).hexdigest()[:24]
+    lock = shm_dir() / f"hps-triton-redis-load.{name}.lock"
+    with _locked(lock):
+        try:
+            if read_marker(store, tag) == digest:
+                return
+            # Rows of older files must not outlive them (RedisClusterStore.evict drops a table).
+            drop = getattr(store, "evict", None) or getattr(store, "drop_table", None)
+            if drop is not None:
+                drop(tag)
+            started, written = time.perf_counter(), 0
+            for chunk in iter_sparse_table(folder, table.dim):
+                if written >= rows:
+                    break
+                n = min(len(chunk.keys), rows - written)
+                store.insert(tag, chunk.keys[:n], chunk.vectors[:n])
+                written += n
+            write_marker(store, tag, digest)
+            logger.info(
+                "volatile tier: cached %d rows of %s in the Redis cluster as %s in %.2f s",
+                written,
+                folder,
+                tag,
+                time.perf_counter() - started,
+            )
+        finally:
+            lock.unlink(missing_ok=True)

@@ -5,6 +5,11 @@ table in host memory. Under Triton's Python backend every model instance is a se
 process, so the copy lives in a shared-memory segment (:mod:`hps_core.tiers.shm_segment`)
 laid out by :mod:`hps_core.tiers.hash_layout`: the first process to open a table builds it
 from the sparse files, every other process of the machine maps the same pages.
+
+Below a persistent tier (:mod:`hps_core.tiers.cascade`) the copy may hold only the first
+``fraction`` of the file's rows (HugeCTR's ``initial_cache_rate``, which caches the first rows
+of the file); the fraction is part of the segment name, so tables of different fractions never
+share a segment.
 """
 
 from __future__ import annotations
@@ -38,34 +43,51 @@ logger = logging.getLogger("hps_core")
 LAYOUT_VERSION = 1
 
 
-def _file_identity(path: ModelPath) -> str:
+def file_identity(path: ModelPath) -> str:
+    """``path:size:mtime_ns:inode`` of a file: equal strings mean the same file contents."""
     st = path.stat()
     return f"{path.resolve()}:{st.st_size}:{st.st_mtime_ns}:{st.st_ino}"
 
 
-def segment_name(sparse_dir: Path, dim: int) -> str:
+def held_rows(rows: int, fraction: float) -> int:
+    """Rows of a table of ``rows`` that a tier holding ``fraction`` of it keeps.
+
+    Rounded to nearest as HugeCTR rounds ``initial_cache_rate * capacity``.
+
+    Example:
+        >>> held_rows(10, 0.25), held_rows(10, 1.0), held_rows(0, 0.5)
+        (3, 10, 0)
+    """
+    if not 0.0 <= fraction <= 1.0:
+        raise ValueError(f"fraction must be in [0, 1], got {fraction}")
+    return rows if fraction >= 1.0 else min(rows, int(fraction * rows + 0.5))
+
+
+def segment_name(sparse_dir: Path, dim: int, fraction: float = 1.0) -> str:
     """Name of the segment holding a sparse folder's table.
 
-    Equal names mean equal contents: the name covers the layout version, the dim and the
-    identity (path, size, modification time, inode) of both files, so a rewritten table gets
-    a new segment instead of stale rows.
+    Equal names mean equal contents: the name covers the layout version, the dim, the
+    fraction of the rows held and the identity (path, size, modification time, inode) of
+    both files, so a rewritten table gets a new segment instead of stale rows.
 
     Args:
         sparse_dir: the sparse model folder.
         dim: embedding vector size.
+        fraction: share of the file's rows held (the first ones); 1.0 names the segment as
+            before fractions existed, so whole tables keep their names.
 
     Returns:
         A short hexadecimal digest.
     """
-    ident = "|".join(
-        [
-            f"v{LAYOUT_VERSION}",
-            f"dim={dim}",
-            _file_identity(sparse_dir / KEY_FILE),
-            _file_identity(sparse_dir / VECTOR_FILE),
-        ]
-    )
-    return hashlib.sha256(ident.encode()).hexdigest()[:32]
+    parts = [
+        f"v{LAYOUT_VERSION}",
+        f"dim={dim}",
+        file_identity(sparse_dir / KEY_FILE),
+        file_identity(sparse_dir / VECTOR_FILE),
+    ]
+    if fraction < 1.0:
+        parts.append(f"fraction={fraction!r}")
+    return hashlib.sha256("|".join(parts).encode()).hexdigest()[:32]
 
 
 class SharedHostTable:
@@ -76,11 +98,20 @@ class SharedHostTable:
         dim: embedding vector size.
         default_value: the value of every element of the vector returned for unknown keys.
         progress: progress report while building (see ``iter_sparse_table``).
+        fraction: share of the file's rows to hold, the first ones in file order (HugeCTR's
+            ``initial_cache_rate``); the others are answered by the tiers below.
+
+    Attributes:
+        rows: rows held (the layout's rows; what ``index_arrays``/``contents`` cover).
+        table_rows: rows of the sparse files (equal to ``rows`` unless ``fraction < 1``).
 
     Example:
         >>> table = SharedHostTable(Path("0_sparse_model"), dim=16)  # doctest: +SKIP
         >>> values, found = table.lookup(np.array([3, 7], dtype=np.int64))  # doctest: +SKIP
     """
+
+    has_lower_tiers = False
+    """No tier below: unknown keys get the default vector (see :mod:`hps_core.tiers.cascade`)."""
 
     def __init__(
         self,
@@ -88,28 +119,32 @@ class SharedHostTable:
         dim: int,
         default_value: float = 0.0,
         progress: bool | None = None,
+        fraction: float = 1.0,
     ) -> None:
         self.sparse_dir = model_path(sparse_dir)
         info = inspect_sparse_table(self.sparse_dir, dim)
         self.dim = dim
-        self.rows = info.rows
+        self.table_rows = info.rows
+        self.fraction = fraction
+        self.rows = held_rows(info.rows, fraction)
         self.file_bytes = info.total_bytes
         self.default_value = np.float32(default_value)
         self.layout = HashLayout(info.rows, dim)
         self._progress = progress
         started = time.perf_counter()
         self._segment = SharedSegment.open(
-            segment_name(self.sparse_dir, dim), self.layout.nbytes, self._build
+            segment_name(self.sparse_dir, dim, fraction), self.layout.nbytes, self._build
         )
         self._hashes, self._starts, self._values = self.layout.views(
             self._segment.buffer if self._segment.buffer is not None else bytearray(0)
         )
         verb = "built" if self._segment.built_here else "attached to"
         logger.info(
-            "host tier: %s %s (%d rows, dim %d, %.1f MiB shared) in %.2f s",
+            "host tier: %s %s (%d of %d rows, dim %d, %.1f MiB shared) in %.2f s",
             verb,
             self.sparse_dir,
             self.rows,
+            self.table_rows,
             dim,
             self.layout.nbytes / 2**20,
             time.perf_counter() - started,
@@ -164,8 +199,10 @@ class SharedHostTable:
         destination[order] = np.arange(self.rows, dtype=np.intp)
         del order
         for chunk in _iter_sparse_table(self.sparse_dir, self.dim, progress=self._progress):
-            n = len(chunk.keys)
-            values[destination[chunk.start_row : chunk.start_row + n]] = chunk.vectors
+            if chunk.start_row >= self.rows:
+                break  # a partial table holds the first rows only
+            n = min(len(chunk.keys), self.rows - chunk.start_row)
+            values[destination[chunk.start_row : chunk.start_row + n]] = chunk.vectors[:n]
 
     def find(self, keys: np.ndarray) -> np.ndarray:
         """Row of each key in the table, ``-1`` for unknown keys.

@@ -7,9 +7,10 @@ either can be read by the other: one column family per table, named with HPS's t
 is the ``dim`` float32 of the vector (little-endian). Reads and writes go in batches of at most
 ``max_batch_size`` keys (one ``MultiGet`` or one ``WriteBatch`` each).
 
-This module is the tier itself (open, load a sparse model folder, insert, look up); the
-lookup cascade does not consult it yet (ps.json ``persistent_db`` still fails at model open,
-see :mod:`hps_core.tiers.factory`).
+This module is the tier itself (open, load a sparse model folder, insert, look up, drop a
+table); :mod:`hps_core.tiers.factory` loads each table once per database and opens it
+read-only in every serving process, and :mod:`hps_core.tiers.cascade` reads it below the
+shared host tier.
 """
 
 from __future__ import annotations
@@ -205,6 +206,26 @@ class RocksStore:
         family = self._db.create_column_family(table, self._options())
         self._families[table] = family
         return family
+
+    def drop_table(self, table: str) -> None:
+        """Remove a table (column family) and all its rows; nothing if it does not exist.
+
+        The lookup cascade reloads a table whose sparse files changed: rows of the old files
+        must not outlive them.
+
+        Raises:
+            RequestError: the database is read-only.
+        """
+        if self.read_only:
+            raise RequestError(f"persistent_db '{self.path}' is read_only: cannot drop a table")
+        if self._families.pop(table, None) is not None:
+            self._db.drop_column_family(table)
+
+    def flush(self) -> None:
+        """Write every table's memtable to disk, so that read-only openers see it in files."""
+        for family in self._families.values():
+            family.flush()
+        self._db.flush()
 
     def close(self) -> None:
         """Flush and close the database (idempotent)."""

@@ -231,10 +231,10 @@ def test_broken_ps_json_is_not_cached(tmp_path: Path) -> None:
 def test_unavailable_tier_fails_at_first_lookup(tmp_path: Path, shm_path: Path) -> None:
     ps, _ = write_models(tmp_path)
     obj = json.loads(ps.read_text())
-    obj["volatile_db"] = {"type": "redis_cluster"}
+    obj["update_source"] = {"type": "kafka_message_queue"}
     ps.write_text(json.dumps(obj))
     hps = HPS(ps)
-    with pytest.raises(NotAvailableError, match=r"^volatile_db\.type: 'redis_cluster'"):
+    with pytest.raises(NotAvailableError, match=r"^update_source\.type: 'kafka_message_queue'"):
         hps.lookup(np.array([1], np.int64), "wdl", 0)
     assert list(shm_path.iterdir()) == []
 

@@ -1,4 +1,5 @@
-"""check_tiers_available / open_host_table: which ps.json tiers open, and how the others fail."""
+"""check_tiers_available / open_table_tiers: which ps.json tiers open, and how the others fail
+(the cascade below the shared tier: test_tiers_cascade.py)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from tiers_testdata import make_keys, random_vectors
 from hps_core.config import PSConfig, parse_ps_config
 from hps_core.errors import NotAvailableError
 from hps_core.formats.sparse_writer import write_sparse_table
-from hps_core.tiers.factory import check_tiers_available, open_host_table
+from hps_core.tiers.factory import check_tiers_available, open_table_tiers
 
 
 def ps_dict(**sections: Any) -> dict[str, Any]:
@@ -41,15 +42,13 @@ def config(tmp_path: Path, **sections: Any) -> PSConfig:
 @pytest.mark.parametrize(
     ("sections", "field", "value"),
     [
-        ({"volatile_db": {"type": "redis_cluster"}}, "volatile_db.type", "redis_cluster"),
-        ({"persistent_db": {"type": "rocks_db"}}, "persistent_db.type", "rocks_db"),
         (
             {"update_source": {"type": "kafka_message_queue"}},
             "update_source.type",
             "kafka_message_queue",
         ),
     ],
-    ids=["redis", "rocksdb", "kafka"],
+    ids=["kafka"],
 )
 def test_unavailable_tiers_name_the_ps_json_field(
     tmp_path: Path, shm_path: Path, sections: dict, field: str, value: str
@@ -60,7 +59,7 @@ def test_unavailable_tiers_name_the_ps_json_field(
     message = str(info.value)
     assert message.startswith(f"{field}: '{value}' is not available yet")
     with pytest.raises(NotAvailableError, match=f"^{field}: "):
-        open_host_table(cfg, cfg.models[0].tables[0])
+        open_table_tiers(cfg, "m", cfg.models[0].tables[0])
     assert list(shm_path.iterdir()) == []  # refused before anything was opened
 
 
@@ -79,7 +78,7 @@ def test_host_memory_tiers_open_the_shared_table(
     sections = {} if volatile is None else {"volatile_db": volatile}
     cfg = config(tmp_path, **sections, persistent_db={"type": "disabled"})
     check_tiers_available(cfg)
-    table = open_host_table(cfg, cfg.models[0].tables[0])
+    table = open_table_tiers(cfg, "m", cfg.models[0].tables[0])
     absent = next(k for k in range(10) if k not in set(keys.tolist()))
     values, found = table.lookup(np.concatenate([keys[:10], [absent]]))
     np.testing.assert_array_equal(values[:10], vectors[:10])
@@ -97,7 +96,7 @@ def test_partial_initial_cache_rate_is_warned_and_every_row_served(
     write_sparse_table(tmp_path / "t0", keys, vectors)
     cfg = config(tmp_path, volatile_db={"type": "hash_map", "initial_cache_rate": 0.25})
     with caplog.at_level(logging.WARNING, logger="hps_core"):
-        table = open_host_table(cfg, cfg.models[0].tables[0])
+        table = open_table_tiers(cfg, "m", cfg.models[0].tables[0])
     assert "volatile_db.initial_cache_rate=0.25 ignored" in caplog.text
     values, found = table.lookup(keys)
     assert found.all()

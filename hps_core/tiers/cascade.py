@@ -1,0 +1,350 @@
+"""One table's lookup cascade: shared host tier -> Redis cluster -> RocksDB -> default vector.
+
+HugeCTR's parameter server (``HugeCTR/src/hps/hier_parameter_server.cpp``, ``lookup``) asks
+its volatile database first, sends only the keys it missed to the persistent database, and
+fills what neither holds with the table's default value. :class:`TieredTable` does the same
+for one table, with the shared-memory host tier (:mod:`hps_core.tiers.host_table`, read-only,
+built from the sparse files) on top and any :class:`~hps_core.tiers.backing.BackingStore`
+below it, in order:
+
+1. the shared host tier answers what it holds (all of it, or the first ``initial_cache_rate``
+   of the file's rows; empty when the volatile level is a Redis cluster);
+2. the keys it missed are deduplicated and go to the first lower tier, those still missing
+   to the next (each store reads in batches of its ``max_batch_size``);
+3. the keys no tier holds get the default vector and ``found=False``.
+
+With ``cache_missed_embeddings`` the rows found in RocksDB are written to the Redis tier above
+it, in the background as HugeCTR's asynchronous inserter does (only rows found are written;
+HugeCTR also writes the default vectors of keys nobody holds). The shared host tier stays as
+built from the files.
+
+A lower tier that fails (a node down, a timeout, any exception) is counted in its errors and
+its keys fall through to the next tier or the default vector: the request is still answered.
+
+Interface for the GPU pipeline (``CachedTableLookup.host`` is a :class:`TieredTable` when the
+model has lower tiers, else the :class:`~hps_core.tiers.host_table.SharedHostTable` itself):
+
+- ``table.has_lower_tiers``: ``True`` for a cascade (``SharedHostTable`` has it ``False``).
+- ``table.shared``: the shared host tier; the cascade also passes through what kernels read of
+  it: ``index_arrays()``, ``layout``, ``buffer_address()``, ``contents()``, ``find()``,
+  ``rows`` (rows *held* in shared memory), ``sparse_dir``, ``default_value``, ``dim``.
+- ``table.table_rows``: rows of the whole table (the sparse files); size caches from this.
+- ``table.lookup_lower(keys) -> (values, found)``: int64 host keys the shared tier lacks (any
+  order, repeats allowed), float32 ``[n, dim]`` vectors (default where no lower tier holds
+  the key) and a bool mask; counted in the cascade's counters like host-side lookups.
+- ``table.tier_counters()``: a snapshot of the per-tier counters (:class:`TierCounters`).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, fields
+from pathlib import Path
+
+import numpy as np
+
+from hps_core.tiers.backing import BackingStore
+from hps_core.tiers.hash_layout import HashLayout
+from hps_core.tiers.host_table import SharedHostTable
+
+logger = logging.getLogger("hps_core")
+
+# Background writes of rows elevated to Redis waiting at most; more are dropped (counted):
+# the answer never waits for them, and a slow Redis must not grow an unbounded queue.
+MAX_PENDING_ELEVATIONS = 8
+# At most one log line per tier and table in this many seconds while a tier keeps failing.
+_ERROR_LOG_PERIOD_S = 10.0
+
+
+@dataclass
+class TierCounters:
+    """What a cascade's tiers answered since it opened; keys are counted as asked.
+
+    ``host_hits + redis_cluster_hits + rocks_db_hits + default_keys`` is the number of keys
+    looked up (:meth:`TieredTable.lookup_lower` keys count from the Redis tier down).
+
+    Args:
+        host_hits: keys answered by the shared host tier.
+        redis_cluster_hits: keys answered by the Redis cluster.
+        rocks_db_hits: keys answered by RocksDB.
+        default_keys: keys no tier holds (answered with the default vector).
+        redis_cluster_errors: Redis requests that failed (keys fell through).
+        rocks_db_errors: RocksDB requests that failed (keys fell through).
+        elevated_keys: rows found in RocksDB written to Redis (``cache_missed_embeddings``).
+        dropped_elevations: batches of such rows not written because too many were pending.
+        lower_seconds: time spent in lower tiers.
+    """
+
+    host_hits: int = 0
+    redis_cluster_hits: int = 0
+    rocks_db_hits: int = 0
+    default_keys: int = 0
+    redis_cluster_errors: int = 0
+    rocks_db_errors: int = 0
+    elevated_keys: int = 0
+    dropped_elevations: int = 0
+    lower_seconds: float = 0.0
+
+    def snapshot(self) -> TierCounters:
+        """A copy, safe to read while lookups go on."""
+        return TierCounters(**{f.name: getattr(self, f.name) for f in fields(self)})
+
+
+@dataclass(frozen=True)
+class LowerTier:
+    """A store below the shared host tier and the name it keeps this table under.
+
+    Args:
+        store: the store (its ``kind`` is ``redis_cluster`` or ``rocks_db``).
+        table: the table's name in the store, :func:`~hps_core.tiers.backing.table_tag`.
+    """
+
+    store: BackingStore
+    table: str
+
+
+class TieredTable:
+    """One table looked up through the shared host tier and the stores below it.
+
+    Args:
+        shared: the shared host tier (whole, partial or empty).
+        lower: the stores below it, highest first.
+        name: label for logs, e.g. ``"dlrm.t0"``.
+        cache_missed_embeddings: write rows found in a lower tier to the first tier above it
+            that is a Redis cluster (ps.json ``volatile_db.cache_missed_embeddings``).
+        release: called once by :meth:`close` after the shared tier is closed (the factory
+            drops its references to the stores there).
+
+    Example:
+        >>> table = TieredTable(shared, [LowerTier(rocks, "hps_et.m.t0")])  # doctest: +SKIP
+        >>> values, found = table.lookup(np.array([3, 7, 3], dtype=np.int64))  # doctest: +SKIP
+        >>> values.shape, table.tier_counters().rocks_db_hits  # doctest: +SKIP
+        ((3, 16), 1)
+    """
+
+    has_lower_tiers = True
+
+    def __init__(
+        self,
+        shared: SharedHostTable,
+        lower: Sequence[LowerTier],
+        name: str = "table",
+        cache_missed_embeddings: bool = False,
+        release: Callable[[], None] | None = None,
+    ) -> None:
+        self.shared = shared
+        self.lower = tuple(lower)
+        self.name = name
+        self.dim = shared.dim
+        self.default_value = shared.default_value
+        self.table_rows = shared.table_rows
+        self.counters = TierCounters()
+        self._lock = threading.Lock()
+        self._release = release
+        self._next_error_log: dict[str, float] = {}
+        # Tier index -> index of the Redis tier above it that receives its rows.
+        self._elevate_to: dict[int, int] = {}
+        if cache_missed_embeddings:
+            for i in range(len(self.lower)):
+                above = [j for j in range(i) if self.lower[j].store.kind == "redis_cluster"]
+                if above:
+                    self._elevate_to[i] = above[-1]
+        self._worker: concurrent.futures.ThreadPoolExecutor | None = None
+        self._pending: list[concurrent.futures.Future[None]] = []
+
+    # --- the shared tier, as the GPU pipeline reads it -------------------------------------
+
+    @property
+    def rows(self) -> int:
+        """Rows held by the shared host tier (see :attr:`table_rows` for the whole table)."""
+        return self.shared.rows
+
+    @property
+    def layout(self) -> HashLayout:
+        """Byte layout of the shared host tier's segment."""
+        return self.shared.layout
+
+    @property
+    def sparse_dir(self) -> Path:
+        """The sparse model folder the table was loaded from."""
+        return self.shared.sparse_dir
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of shared memory the shared tier occupies."""
+        return self.shared.nbytes
+
+    def buffer_address(self) -> tuple[int, int]:
+        """:meth:`SharedHostTable.buffer_address` of the shared tier."""
+        return self.shared.buffer_address()
+
+    def index_arrays(self) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`SharedHostTable.index_arrays` of the shared tier."""
+        return self.shared.index_arrays()
+
+    def contents(self) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`SharedHostTable.contents` of the shared tier (its rows only)."""
+        return self.shared.contents()
+
+    def find(self, keys: np.ndarray) -> np.ndarray:
+        """:meth:`SharedHostTable.find`: rows of ``keys`` in the shared tier, ``-1`` if absent."""
+        return self.shared.find(keys)
+
+    # --- lookups ---------------------------------------------------------------------------
+
+    def lookup(
+        self, keys: np.ndarray, out: np.ndarray | None = None
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Vectors of ``keys`` from the highest tier holding each; the default vector else.
+
+        Args:
+            keys: int64 keys, any order, duplicates allowed.
+            out: optional float32 ``[len(keys), dim]`` C-contiguous array to write into.
+
+        Returns:
+            ``(values, found)``: float32 ``[len(keys), dim]`` and a bool mask of the keys some
+            tier holds.
+
+        Raises:
+            TypeError: the keys are not int64.
+        """
+        keys = np.asarray(keys)
+        if keys.dtype != np.int64:
+            raise TypeError(f"keys must be int64, got {keys.dtype}")
+        keys = keys.ravel()
+        if self.shared.rows:
+            values, found = self.shared.lookup(keys, out)
+            host_hits = int(np.count_nonzero(found))
+        else:  # the volatile level is Redis: nothing to probe here
+            values = np.empty((len(keys), self.dim), np.float32) if out is None else out
+            found = np.zeros(len(keys), dtype=bool)
+            host_hits = 0
+        if host_hits:
+            with self._lock:
+                self.counters.host_hits += host_hits
+        if host_hits < len(keys):
+            miss = np.flatnonzero(~found)
+            values[miss], found[miss] = self.lookup_lower(keys[miss])
+        return values, found
+
+    def lookup_lower(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Vectors of ``keys`` from the tiers below the shared host tier only.
+
+        What the GPU pipeline calls for the keys its probe of the shared tier missed.
+
+        Args:
+            keys: int64 host keys, any order, duplicates allowed (looked up once each).
+
+        Returns:
+            ``(values, found)``: float32 ``[len(keys), dim]`` (the default vector where no
+            lower tier holds the key) and a bool mask.
+        """
+        start = time.perf_counter()
+        keys = np.ascontiguousarray(keys, dtype=np.int64).ravel()
+        unique, inverse, counts = np.unique(keys, return_inverse=True, return_counts=True)
+        values = np.full((len(unique), self.dim), self.default_value, np.float32)
+        found = np.zeros(len(unique), dtype=bool)
+        remaining = np.arange(len(unique))
+        hits: dict[str, int] = {}
+        errors: dict[str, int] = {}
+        for i, tier in enumerate(self.lower):
+            if not len(remaining):
+                break
+            kind = tier.store.kind
+            asked = unique[remaining]
+            before = tier.store.errors
+            try:
+                got, got_found = tier.store.lookup(tier.table, asked, self.dim, self.default_value)
+            except Exception as exc:  # any failure of a tier: its keys fall through
+                got_found = None
+                self._log_error(kind, exc)
+            # Failures the store counted itself (keys of a lost node), else the one raised.
+            failed = max(tier.store.errors - before, 0 if got_found is not None else 1)
+            errors[kind] = errors.get(kind, 0) + failed
+            if got_found is None or not got_found.any():
+                continue
+            rows = remaining[got_found]
+            values[rows] = got[got_found]
+            found[rows] = True
+            hits[kind] = hits.get(kind, 0) + int(counts[rows].sum())
+            if i in self._elevate_to:
+                self._elevate(self.lower[self._elevate_to[i]], asked[got_found], got[got_found])
+            remaining = remaining[~got_found]
+        with self._lock:
+            c = self.counters
+            for kind, n in hits.items():
+                setattr(c, f"{kind}_hits", getattr(c, f"{kind}_hits") + n)
+            for kind, n in errors.items():
+                if n:
+                    setattr(c, f"{kind}_errors", getattr(c, f"{kind}_errors") + n)
+            c.default_keys += int(counts[remaining].sum())
+            c.lower_seconds += time.perf_counter() - start
+        return values[inverse], found[inverse]
+
+    def _log_error(self, kind: str, exc: Exception) -> None:
+        now = time.monotonic()
+        if now >= self._next_error_log.get(kind, 0.0):
+            self._next_error_log[kind] = now + _ERROR_LOG_PERIOD_S
+            logger.error(
+                "%s: %s lookup failed, its keys fall through to the tiers below: %s",
+                self.name,
+                kind,
+                exc,
+            )
+
+    # --- cache_missed_embeddings ------------------------------------------------------------
+
+    def _elevate(self, tier: LowerTier, keys: np.ndarray, vectors: np.ndarray) -> None:
+        self._pending = [f for f in self._pending if not f.done()]
+        if len(self._pending) >= MAX_PENDING_ELEVATIONS:
+            with self._lock:
+                self.counters.dropped_elevations += 1
+            return
+        if self._worker is None:
+            self._worker = concurrent.futures.ThreadPoolExecutor(
+                1, thread_name_prefix=f"hps-elevate-{self.name}"
+            )
+        self._pending.append(self._worker.submit(self._write_up, tier, keys, vectors))
+
+    def _write_up(self, tier: LowerTier, keys: np.ndarray, vectors: np.ndarray) -> None:
+        field = f"{tier.store.kind}_errors"
+        before = tier.store.errors
+        try:
+            tier.store.insert(tier.table, keys, vectors)
+        except Exception as exc:
+            self._log_error(tier.store.kind, exc)
+            failed = max(tier.store.errors - before, 1)
+        else:
+            failed = max(tier.store.errors - before, 0)
+        with self._lock:
+            if not failed:
+                self.counters.elevated_keys += len(keys)
+            setattr(self.counters, field, getattr(self.counters, field) + failed)
+
+    def flush(self) -> None:
+        """Wait until the rows being written to Redis (``cache_missed_embeddings``) are."""
+        for future in list(self._pending):
+            future.exception()  # waits; failures were counted and logged
+        self._pending = []
+
+    # --- counters and life cycle ------------------------------------------------------------
+
+    def tier_counters(self) -> TierCounters:
+        """A snapshot of the per-tier counters."""
+        with self._lock:
+            return self.counters.snapshot()
+
+    def close(self) -> None:
+        """Finish background writes, detach from the shared tier, release the stores."""
+        if self._worker is not None:
+            self._worker.shutdown(wait=True)
+            self._worker = None
+        self._pending = []
+        self.shared.close()
+        if self._release is not None:
+            release, self._release = self._release, None
+            release()

@@ -1,0 +1,523 @@
+"""The lookup cascade (``hps_core.tiers.cascade``) and how the factory fills and opens it:
+shared host tier -> Redis cluster -> RocksDB -> default vector, against a dict of the file rows,
+on real RocksDB databases (and a real three-node Redis cluster where ``redis-server`` is)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from tiers_testdata import make_keys, mixed_queries, random_vectors
+
+from hps_core.config import PSConfig, parse_ps_config
+from hps_core.errors import ModelFileError, NotAvailableError, TierUnavailableError
+from hps_core.formats.sparse_writer import write_sparse_table
+from hps_core.tiers.backing import table_tag
+from hps_core.tiers.cascade import LowerTier, TierCounters, TieredTable
+from hps_core.tiers.factory import (
+    LOAD_LOCK,
+    check_tiers_available,
+    has_lower_tiers,
+    open_table_tiers,
+    read_marker,
+)
+from hps_core.tiers.host_table import SharedHostTable, held_rows
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # tests/: the cluster helper
+from redis_cluster import SECRET, RedisCluster, redis_cluster
+
+DEFAULT = 0.5
+TAG = table_tag("m", "t0")
+
+
+def ps_dict(dim: int, **sections: Any) -> dict[str, Any]:
+    """A one-model ps.json (table ``t0`` of ``dim``, default 0.5) plus the given sections."""
+    return {
+        "supportlonglong": True,
+        **sections,
+        "models": [
+            {
+                "model": "m",
+                "sparse_files": ["t0"],
+                "embedding_table_names": ["t0"],
+                "deployed_device_list": [0],
+                "default_value_for_each_table": [DEFAULT],
+                "maxnum_catfeature_query_per_table_per_sample": [2],
+                "embedding_vecsize_per_table": [dim],
+            }
+        ],
+    }
+
+
+def config(root: Path, dim: int, **sections: Any) -> PSConfig:
+    return parse_ps_config(ps_dict(dim, **sections), root)
+
+
+def rocks(root: Path, **fields: Any) -> dict[str, Any]:
+    return {"type": "rocks_db", "path": str(root / "db"), "num_threads": 2, **fields}
+
+
+def write_table(root: Path, rng: np.random.Generator, rows: int, dim: int) -> dict[int, int]:
+    """Write table ``t0`` of random wide keys; returns key -> file row."""
+    keys = make_keys(rng, rows, "wide")
+    vectors = random_vectors(rng, rows, dim)
+    write_sparse_table(root / "t0", keys, vectors, overwrite=True)
+    return {k: i for i, k in enumerate(keys.tolist())}
+
+
+def reference(
+    root: Path, rows_of: dict[int, int], queries: np.ndarray, dim: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Expected vectors, found mask and file row (-1 if absent) of each query."""
+    vectors = np.fromfile(root / "t0" / "emb_vector", dtype="<f4").reshape(-1, dim)
+    row = np.array([rows_of.get(q, -1) for q in queries.tolist()], dtype=np.int64)
+    want = np.full((len(queries), dim), DEFAULT, np.float32)
+    want[row >= 0] = vectors[row[row >= 0]]
+    return want, row >= 0, row
+
+
+def database_files(path: Path) -> list[tuple[str, int]]:
+    """RocksDB's files and their mtimes (rocksdict rewrites its own config at every open)."""
+    return sorted(
+        (p.name, p.stat().st_mtime_ns) for p in path.iterdir() if not p.name.startswith("rocksdict")
+    )
+
+
+def tier_sum(c: TierCounters) -> int:
+    return c.host_hits + c.redis_cluster_hits + c.rocks_db_hits + c.default_keys
+
+
+class DictStore:
+    """A dict-backed :class:`~hps_core.tiers.backing.BackingStore` that records what it is
+    asked and can be told to fail."""
+
+    def __init__(self, kind: str, rows: dict[int, np.ndarray] | None = None) -> None:
+        self.kind = kind
+        self.errors = 0
+        self.rows: dict[int, np.ndarray] = dict(rows or {})
+        self.asked: list[np.ndarray] = []
+        self.inserted: list[np.ndarray] = []
+        self.fail: str | None = None  # None, "all" (raise) or "half" (lose every odd key)
+
+    def tables(self) -> list[str]:
+        return [TAG]
+
+    def insert(self, table: str, keys: np.ndarray, vectors: np.ndarray) -> None:
+        self.inserted.append(keys.copy())
+        self.rows.update(zip(keys.tolist(), vectors.copy(), strict=True))
+
+    def load_sparse(self, table: str, folder: Any, dim: int) -> int:
+        raise NotImplementedError
+
+    def lookup(
+        self, table: str, keys: np.ndarray, dim: int, default: float = 0.0
+    ) -> tuple[np.ndarray, np.ndarray]:
+        self.asked.append(keys.copy())
+        if self.fail == "all":
+            self.errors += 1
+            raise TierUnavailableError(f"{self.kind}: no node answered")
+        out = np.full((len(keys), dim), default, np.float32)
+        found = np.zeros(len(keys), bool)
+        for i, key in enumerate(keys.tolist()):
+            if self.fail == "half" and key % 2:
+                continue
+            if key in self.rows:
+                out[i], found[i] = self.rows[key], True
+        if self.fail == "half":
+            self.errors += 1
+        return out, found
+
+    def close(self) -> None:
+        pass
+
+
+# --- the factory: which ps.json opens what -------------------------------------------------
+
+
+def test_no_lower_tier_opens_the_shared_table_itself(tmp_path: Path, shm_path: Path) -> None:
+    rng = np.random.default_rng(1)
+    write_table(tmp_path, rng, 20, 4)
+    cfg = config(tmp_path, 4, volatile_db={"type": "hash_map"})
+    assert not has_lower_tiers(cfg)
+    table = open_table_tiers(cfg, "m", cfg.models[0].tables[0])
+    assert type(table) is SharedHostTable and not table.has_lower_tiers  # today's object
+    table.close()
+    assert list(shm_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    "sections",
+    [
+        {"volatile_db": {"type": "redis_cluster"}},
+        {"persistent_db": {"type": "rocks_db"}},
+        {"volatile_db": {"type": "redis_cluster"}, "persistent_db": {"type": "rocks_db"}},
+    ],
+    ids=["redis", "rocksdb", "both"],
+)
+def test_lower_tiers_are_available_but_update_sources_are_not(
+    tmp_path: Path, sections: dict
+) -> None:
+    check_tiers_available(config(tmp_path, 4, **sections))
+    assert has_lower_tiers(config(tmp_path, 4, **sections))
+    kafka = config(tmp_path, 4, **sections, update_source={"type": "kafka_message_queue"})
+    with pytest.raises(NotAvailableError, match=r"^update_source\.type: 'kafka_message_queue'"):
+        check_tiers_available(kafka)
+
+
+# --- shared tier + RocksDB against the reference ---------------------------------------------
+
+
+@pytest.mark.parametrize("rate", [0.0, 0.3, 1.0])
+@pytest.mark.parametrize(("rows", "dim"), [(1, 1), (257, 16), (3000, 128)])
+def test_partial_host_tier_and_rocksdb_equal_the_file_rows(
+    tmp_path: Path, shm_path: Path, rng: np.random.Generator, rows: int, dim: int, rate: float
+) -> None:
+    rows_of = write_table(tmp_path, rng, rows, dim)
+    cfg = config(
+        tmp_path,
+        dim,
+        volatile_db={"type": "hash_map", "initial_cache_rate": rate},
+        persistent_db=rocks(tmp_path, max_batch_size=97),
+    )
+    table = open_table_tiers(cfg, "m", cfg.models[0].tables[0])
+    assert isinstance(table, TieredTable) and table.has_lower_tiers
+    held = held_rows(rows, rate)
+    assert (table.rows, table.table_rows, table.shared.rows) == (held, rows, held)
+    queries = mixed_queries(rng, np.fromiter(rows_of, np.int64), 4 * rows + 40)
+    out = np.empty((len(queries), dim), np.float32)
+    values, found = table.lookup(queries, out=out)
+    want, want_found, row = reference(tmp_path, rows_of, queries, dim)
+    assert values is out
+    np.testing.assert_array_equal(found, want_found)
+    np.testing.assert_array_equal(values, want)
+    c = table.tier_counters()
+    # The first `held` rows of the file are in shared memory, the others only in RocksDB.
+    assert c.host_hits == int(np.count_nonzero((row >= 0) & (row < held)))
+    assert c.rocks_db_hits == int(np.count_nonzero(row >= held))
+    assert c.default_keys == int(np.count_nonzero(row < 0))
+    assert tier_sum(c) == len(queries) and c.rocks_db_errors == 0
+    # lookup_lower (the GPU pipeline's call) skips the shared tier; RocksDB holds every row.
+    lower, lower_found = table.lookup_lower(queries)
+    np.testing.assert_array_equal(lower_found, want_found)
+    np.testing.assert_array_equal(lower, want)
+    after = table.tier_counters()
+    assert after.host_hits == c.host_hits
+    assert after.rocks_db_hits == c.rocks_db_hits + int(np.count_nonzero(want_found))
+    table.close()
+    assert list(shm_path.iterdir()) == []
+    assert not (tmp_path / "db" / LOAD_LOCK).exists()
+
+
+def test_only_missed_keys_go_below_once_each_and_the_highest_tier_answers(
+    tmp_path: Path, rng: np.random.Generator
+) -> None:
+    dim = 3
+    rows_of = write_table(tmp_path, rng, 100, dim)
+    keys = np.fromiter(rows_of, np.int64)
+    shared = SharedHostTable(tmp_path / "t0", dim, DEFAULT, fraction=0.5)
+    upper = DictStore("redis_cluster", {int(k): np.full(dim, 1.0, np.float32) for k in keys[40:]})
+    lower = DictStore("rocks_db", {int(k): np.full(dim, 2.0, np.float32) for k in keys})
+    table = TieredTable(shared, [LowerTier(upper, TAG), LowerTier(lower, TAG)])
+    queries = np.concatenate([keys, keys[::-1], [7, 7, 7]]).astype(np.int64)
+    if 7 in rows_of:
+        pytest.skip("7 happens to be a key")
+    values, found = table.lookup(queries)
+    # shared: rows 0-49; Redis: 50-99 (it also holds 40-49, never asked); RocksDB: nothing.
+    assert len(upper.asked) == 1
+    assert sorted(upper.asked[0].tolist()) == sorted({*keys[50:].tolist(), 7})
+    assert lower.asked[0].tolist() == [7]  # deduplicated, only what Redis missed
+    np.testing.assert_array_equal(values[:50], shared.lookup(keys[:50])[0])
+    assert (values[50:100] == 1.0).all() and (values[-3:] == DEFAULT).all()
+    assert found.tolist() == [True] * 200 + [False] * 3
+    c = table.tier_counters()
+    assert (c.host_hits, c.redis_cluster_hits, c.rocks_db_hits, c.default_keys) == (100, 100, 0, 3)
+    table.close()
+
+
+def test_cache_missed_embeddings_writes_rocksdb_rows_to_redis(
+    tmp_path: Path, rng: np.random.Generator
+) -> None:
+    dim = 2
+    rows_of = write_table(tmp_path, rng, 30, dim)
+    keys = np.fromiter(rows_of, np.int64)
+    redis = DictStore("redis_cluster", {})
+    rocks_store = DictStore("rocks_db", {int(k): np.full(dim, k % 5, np.float32) for k in keys})
+    shared = SharedHostTable(tmp_path / "t0", dim, DEFAULT, fraction=0.0)
+    table = TieredTable(
+        shared, [LowerTier(redis, TAG), LowerTier(rocks_store, TAG)], cache_missed_embeddings=True
+    )
+    unknown = np.array([k for k in range(3) if k not in rows_of][:1], np.int64)
+    table.lookup(np.concatenate([keys[:10], unknown]))
+    table.flush()
+    # Only rows found below are elevated: never the default vector of an unknown key.
+    assert sorted(redis.rows) == sorted(keys[:10].tolist())
+    values, _ = table.lookup(keys[:10])
+    c = table.tier_counters()
+    assert (c.rocks_db_hits, c.redis_cluster_hits, c.elevated_keys) == (10, 10, 10)
+    np.testing.assert_array_equal(
+        values, np.stack([rocks_store.rows[k] for k in keys[:10].tolist()])
+    )
+    table.close()
+
+
+@pytest.mark.parametrize("failure", ["all", "half"])
+def test_a_failing_tier_is_counted_and_the_request_still_answers(
+    tmp_path: Path, rng: np.random.Generator, failure: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    dim = 4
+    rows_of = write_table(tmp_path, rng, 64, dim)
+    keys = np.fromiter(rows_of, np.int64)
+    vectors = np.fromfile(tmp_path / "t0" / "emb_vector", "<f4").reshape(-1, dim)
+    redis = DictStore("redis_cluster", dict(zip(keys.tolist(), vectors, strict=True)))
+    redis.fail = failure
+    shared = SharedHostTable(tmp_path / "t0", dim, DEFAULT, fraction=0.25)
+    # RocksDB holds the even file rows only: the rest of what Redis loses gets the default.
+    rocks_store = DictStore("rocks_db", dict(zip(keys[::2].tolist(), vectors[::2], strict=True)))
+    table = TieredTable(shared, [LowerTier(redis, TAG), LowerTier(rocks_store, TAG)])
+    with caplog.at_level(logging.ERROR, logger="hps_core"):
+        values, found = table.lookup(keys)
+    lost = np.zeros(64, bool)
+    lost[16:] = True if failure == "all" else (keys[16:] % 2 != 0)
+    answered = ~lost | (np.arange(64) % 2 == 0)
+    np.testing.assert_array_equal(found, answered)
+    np.testing.assert_array_equal(values[answered], vectors[answered])
+    assert (values[~answered] == DEFAULT).all()
+    c = table.tier_counters()
+    assert c.redis_cluster_errors == 1 and c.rocks_db_errors == 0
+    assert tier_sum(c) == 64 and c.default_keys == int(np.count_nonzero(~answered))
+    assert ("redis_cluster lookup failed" in caplog.text) == (failure == "all")
+    table.close()
+
+
+# --- RocksDB databases: read_only, missing, corrupt, reloaded ---------------------------------
+
+
+def test_read_only_database_is_served_and_must_hold_the_table(
+    tmp_path: Path, rng: np.random.Generator
+) -> None:
+    dim = 8
+    rows_of = write_table(tmp_path, rng, 200, dim)
+    volatile = {"type": "hash_map", "initial_cache_rate": 0.3}
+    table_cfg = config(tmp_path, dim).models[0].tables[0]
+    missing = config(
+        tmp_path, dim, volatile_db=volatile, persistent_db=rocks(tmp_path, read_only=True)
+    )
+    with pytest.raises(ModelFileError, match=f"persistent_db.path '{tmp_path / 'db'}': no RocksDB"):
+        open_table_tiers(missing, "m", table_cfg)
+    # Filled by a writable open, then served read-only: same answers, nothing written.
+    open_table_tiers(config(tmp_path, dim, persistent_db=rocks(tmp_path)), "m", table_cfg).close()
+    before = database_files(tmp_path / "db")
+    table = open_table_tiers(missing, "m", table_cfg)
+    queries = mixed_queries(rng, np.fromiter(rows_of, np.int64), 300)
+    values, found = table.lookup(queries)
+    want, want_found, _ = reference(tmp_path, rows_of, queries, dim)
+    np.testing.assert_array_equal(values, want)
+    np.testing.assert_array_equal(found, want_found)
+    table.close()
+    assert database_files(tmp_path / "db") == before
+    # A read-only database without the table: the error names the path and the table.
+    other = config(
+        tmp_path, dim, volatile_db=volatile, persistent_db=rocks(tmp_path, read_only=True)
+    )
+    with pytest.raises(ModelFileError) as info:
+        open_table_tiers(other, "other", table_cfg)
+    assert f"'{tmp_path / 'db'}'" in str(info.value)
+    assert "no table 'hps_et.other.t0' (read_only" in str(info.value)
+    assert TAG in str(info.value)  # what it has
+
+
+def test_corrupt_database_directory_is_a_clear_load_error(
+    tmp_path: Path, rng: np.random.Generator, shm_path: Path
+) -> None:
+    write_table(tmp_path, rng, 10, 4)
+    (tmp_path / "db").mkdir()
+    (tmp_path / "db" / "CURRENT").write_text("MANIFEST-000042\n")  # a manifest that is not there
+    cfg = config(tmp_path, 4, persistent_db=rocks(tmp_path))
+    with pytest.raises(ModelFileError, match=f"^persistent_db.path '{tmp_path / 'db'}': "):
+        open_table_tiers(cfg, "m", cfg.models[0].tables[0])
+    assert list(shm_path.iterdir()) == []  # nothing left attached
+
+
+def test_a_restart_skips_the_load_and_rewritten_files_are_reloaded(
+    tmp_path: Path, rng: np.random.Generator, caplog: pytest.LogCaptureFixture
+) -> None:
+    dim = 4
+    rows_of = write_table(tmp_path, rng, 50, dim)
+    cfg = config(
+        tmp_path,
+        dim,
+        volatile_db={"type": "hash_map", "initial_cache_rate": 0.2},
+        persistent_db=rocks(tmp_path),
+    )
+    table_cfg = cfg.models[0].tables[0]
+    with caplog.at_level(logging.INFO, logger="hps_core"):
+        open_table_tiers(cfg, "m", table_cfg).close()
+        assert caplog.text.count("persistent tier: loaded") == 1
+        open_table_tiers(cfg, "m", table_cfg).close()  # a restart: the marker matches
+        assert caplog.text.count("persistent tier: loaded") == 1
+        old_keys = np.fromiter(rows_of, np.int64)
+        time.sleep(0.01)  # a new mtime even on coarse clocks
+        rows_of = write_table(tmp_path, np.random.default_rng(99), 40, dim)
+        table = open_table_tiers(cfg, "m", table_cfg)
+        assert caplog.text.count("persistent tier: loaded") == 2
+    values, found = table.lookup(old_keys)
+    stale = np.isin(old_keys, np.fromiter(rows_of, np.int64))
+    assert not found[~stale].any()  # rows of the old files did not outlive them
+    assert (values[~stale] == DEFAULT).all()
+    table.close()
+
+
+# --- two processes open the same model --------------------------------------------------------
+
+WORKER = """
+import json, logging, sys
+import numpy as np
+from hps_core.config import parse_ps_config
+from hps_core.tiers.factory import open_table_tiers
+
+records = []
+handler = logging.Handler()
+handler.emit = lambda r: records.append(r.getMessage())
+logging.getLogger("hps_core").addHandler(handler)
+logging.getLogger("hps_core").setLevel(logging.INFO)
+root, go = sys.argv[1], float(sys.argv[2])
+cfg = parse_ps_config(json.load(open(root + "/ps.json")), root)
+import time
+time.sleep(max(0.0, go - time.time()))  # start together
+table = open_table_tiers(cfg, "m", cfg.models[0].tables[0])
+keys = np.load(root + "/queries.npy")
+values, found = table.lookup(keys)
+np.save(root + f"/answer-{sys.argv[3]}.npy", values)
+print(json.dumps({"loaded": sum("persistent tier: loaded" in m for m in records),
+                  "built": bool(table.shared.built_here), "found": int(found.sum())}))
+table.close()
+"""
+
+
+def test_two_processes_load_the_database_and_segment_once(
+    tmp_path: Path, rng: np.random.Generator, shm_path: Path
+) -> None:
+    dim = 16
+    rows_of = write_table(tmp_path, rng, 20_000, dim)
+    ps = ps_dict(
+        dim,
+        volatile_db={"type": "hash_map", "initial_cache_rate": 0.3},
+        persistent_db=rocks(tmp_path),
+    )
+    (tmp_path / "ps.json").write_text(json.dumps(ps))
+    queries = mixed_queries(rng, np.fromiter(rows_of, np.int64), 5000)
+    np.save(tmp_path / "queries.npy", queries)
+    go = time.time() + 1.5
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", WORKER, str(tmp_path), str(go), str(i)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for i in range(2)
+    ]
+    reports = []
+    for proc in procs:
+        out, err = proc.communicate(timeout=120)
+        assert proc.returncode == 0, err
+        reports.append(json.loads(out.strip().splitlines()[-1]))
+    want, want_found, _ = reference(tmp_path, rows_of, queries, dim)
+    for i in range(2):
+        np.testing.assert_array_equal(np.load(tmp_path / f"answer-{i}.npy"), want)
+    assert sorted(r["loaded"] for r in reports) == [0, 1]  # RocksDB filled once
+    assert {r["found"] for r in reports} == {int(want_found.sum())}
+    assert list(shm_path.iterdir()) == []
+    assert not (tmp_path / "db" / LOAD_LOCK).exists()
+
+
+# --- a real Redis cluster between the shared tier and RocksDB ---------------------------------
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[RedisCluster]:
+    """A password-protected three-node cluster shared by the Redis tests of this module."""
+    yield from redis_cluster(password=SECRET)
+
+
+def redis_section(cluster: RedisCluster, **fields: Any) -> dict[str, Any]:
+    return {
+        "type": "redis_cluster", "address": cluster.address, "password": SECRET,
+        "num_partitions": 3, "max_batch_size": 50, **fields,
+    }  # fmt: skip
+
+
+@pytest.mark.parametrize(("rows", "dim"), [(120, 4), (2000, 32)])
+def test_redis_holds_the_initial_cache_rate_and_rocksdb_the_rest(
+    tmp_path: Path, rng: np.random.Generator, cluster: RedisCluster, shm_path: Path,
+    rows: int, dim: int,
+) -> None:  # fmt: skip
+    rows_of = write_table(tmp_path, rng, rows, dim)
+    model = f"m{rows}"
+    cfg = config(
+        tmp_path, dim, volatile_db=redis_section(cluster, initial_cache_rate=0.3),
+        persistent_db=rocks(tmp_path),
+    )  # fmt: skip
+    table = open_table_tiers(cfg, model, cfg.models[0].tables[0])
+    assert table.shared.rows == 0 and table.table_rows == rows  # Redis is the volatile level
+    redis = table.lower[0].store
+    assert redis.kind == "redis_cluster" and read_marker(redis, table_tag(model, "t0"))
+    held = held_rows(rows, 0.3)
+    assert redis.count(table_tag(model, "t0")) == held
+    queries = mixed_queries(rng, np.fromiter(rows_of, np.int64), 3 * rows)
+    values, found = table.lookup(queries)
+    want, want_found, row = reference(tmp_path, rows_of, queries, dim)
+    np.testing.assert_array_equal(values, want)
+    np.testing.assert_array_equal(found, want_found)
+    c = table.tier_counters()
+    assert c.host_hits == 0
+    assert c.redis_cluster_hits == int(np.count_nonzero((row >= 0) & (row < held)))
+    assert c.rocks_db_hits == int(np.count_nonzero(row >= held))
+    assert c.default_keys == int(np.count_nonzero(row < 0))
+    table.close()
+    # A second open (another instance, a restart) finds Redis filled: nothing rewritten.
+    again = open_table_tiers(cfg, model, cfg.models[0].tables[0])
+    assert again.lower[0].store.count(table_tag(model, "t0")) == held
+    again.close()
+    assert list(shm_path.iterdir()) == []
+
+
+def test_redis_cache_missed_embeddings_and_a_lost_node(
+    tmp_path: Path, rng: np.random.Generator, cluster: RedisCluster
+) -> None:
+    dim = 8
+    rows_of = write_table(tmp_path, rng, 300, dim)
+    keys = np.fromiter(rows_of, np.int64)
+    cfg = config(
+        tmp_path, dim,
+        volatile_db=redis_section(cluster, initial_cache_rate=0.0, cache_missed_embeddings=True),
+        persistent_db=rocks(tmp_path),
+    )  # fmt: skip
+    table = open_table_tiers(cfg, "missed", cfg.models[0].tables[0])
+    table.lookup(keys[:100])
+    table.flush()
+    c = table.tier_counters()
+    assert (c.rocks_db_hits, c.elevated_keys) == (100, 100)
+    table.lookup(keys[:100])
+    assert table.tier_counters().redis_cluster_hits == 100  # now answered by Redis
+    # A node dies: its keys fall through to RocksDB, counted; every answer stays right.
+    port = sorted(cluster.processes)[0]
+    cluster.kill(port)
+    try:
+        values, found = table.lookup(keys)
+        want, _, _ = reference(tmp_path, rows_of, keys, dim)
+        np.testing.assert_array_equal(values, want)
+        assert found.all()
+        assert table.tier_counters().redis_cluster_errors >= 1
+    finally:
+        table.close()
+        cluster.restart(port)
+        cluster.wait_ok()
