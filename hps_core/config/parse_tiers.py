@@ -7,6 +7,7 @@ v24.06's; :mod:`hps_core.config.parse` lists where they differ from HugeCTR's do
 
 from __future__ import annotations
 
+import re
 from functools import partial
 from typing import Any
 
@@ -14,6 +15,7 @@ from hps_core.config.checks import (
     AT_LEAST_0,
     OPEN_UNIT,
     UNIT,
+    Bounds,
     Collector,
     ObjectReader,
     dataclass_defaults,
@@ -37,6 +39,57 @@ _VOLATILE_IGNORED = (
 )
 _PERSISTENT_IGNORED = ("max_get_batch_size", "max_set_batch_size")
 _UPDATE_SOURCE_IGNORED = ("max_receive_buffer_size",)
+
+KAFKA_DEFAULT_PORT = 9092
+"""The port of a ``brokers`` entry without one (librdkafka's default)."""
+
+# HugeCTR's KafkaMessageSource checks these when it starts (HCTR_CHECK, a crash at load time
+# in HugeCTR); they are checked here whatever the type, as a value that can never work.
+_METADATA_REFRESH_BOUNDS = Bounds(low=10)
+_RECEIVE_BUFFER_BOUNDS = Bounds(low=1024)
+# poll_timeout_ms goes to rd_kafka_consumer_poll as an int: (0, INT_MAX).
+_POLL_TIMEOUT_BOUNDS = Bounds(low=1, high=2**31 - 2)
+
+
+def kafka_brokers(brokers: str) -> list[str]:
+    """The entries of an ``update_source.brokers`` list, each ``host:port``.
+
+    HugeCTR documents ``host[:port][;host[:port]...]`` and hands the string to librdkafka,
+    which splits at commas; both separators are accepted here. A missing port is 9092.
+
+    Args:
+        brokers: the ps.json value.
+
+    Returns:
+        ``host:port`` strings (IPv6 hosts in brackets), in the given order.
+
+    Raises:
+        ValueError: an entry is empty or its port is not an integer in [1, 65535].
+
+    Example:
+        >>> kafka_brokers("10.0.0.5:9092;kafka-b")
+        ['10.0.0.5:9092', 'kafka-b:9092']
+    """
+    out = []
+    for entry in (part.strip() for part in re.split(r"[;,]", brokers)):
+        host, port_text = entry, ""
+        if entry.startswith("["):  # [IPv6]:port
+            inner, _, rest = entry[1:].partition("]")
+            host, port_text = f"[{inner}]" if inner else "", rest.removeprefix(":")
+        elif entry.count(":") == 1:
+            host, port_text = entry.split(":")
+        if not host:
+            raise ValueError(
+                f"entry {entry!r} has no host (write host:port, separated by ';' or ',')"
+            )
+        port = KAFKA_DEFAULT_PORT if not port_text else None
+        if port_text.isdigit() and 1 <= int(port_text) <= 65535:
+            port = int(port_text)
+        if port is None:
+            raise ValueError(f"entry {entry!r}: the port must be an integer in [1, 65535]")
+        out.append(f"{host}:{port}")
+    return out
+
 
 REDIS_DEFAULT_PORT = 6379
 """The port of an ``address`` entry without one (redis++'s default, which HugeCTR uses)."""
@@ -181,17 +234,17 @@ def persistent_db(c: Collector, value: Any, where: str) -> PersistentDBConfig | 
 
 
 def update_source(c: Collector, value: Any, where: str) -> UpdateSourceConfig | None:
-    """Read the ``update_source`` section."""
-    return _section(
+    """Read the ``update_source`` section; its brokers must be ``host[:port]`` entries."""
+    config = _section(
         c,
         value,
         where,
         {
             "type": partial(c.choice, names=UPDATE_SOURCE_TYPE_NAMES),
             "brokers": partial(c.string, nonempty=True),
-            "metadata_refresh_interval_ms": c.int_in(),
-            "receive_buffer_size": c.int_in(),
-            "poll_timeout_ms": c.int_in(AT_LEAST_0),
+            "metadata_refresh_interval_ms": c.int_in(_METADATA_REFRESH_BOUNDS),
+            "receive_buffer_size": c.int_in(_RECEIVE_BUFFER_BOUNDS),
+            "poll_timeout_ms": c.int_in(_POLL_TIMEOUT_BOUNDS),
             "max_batch_size": c.int_in(),
             "failure_backoff_ms": c.int_in(AT_LEAST_0),
             "max_commit_interval": c.int_in(),
@@ -200,3 +253,11 @@ def update_source(c: Collector, value: Any, where: str) -> UpdateSourceConfig | 
         _UPDATE_SOURCE_IGNORED,
         UpdateSourceConfig,
     )
+    if config is not None:
+        # HugeCTR fails on a bad broker only when the consumer connects; say so at load.
+        try:
+            kafka_brokers(config.brokers)
+        except ValueError as exc:
+            c.add(f"{where}.brokers", str(exc))
+            return None
+    return config

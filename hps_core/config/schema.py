@@ -329,7 +329,25 @@ class PersistentDBConfig:
 
 @dataclass(frozen=True, kw_only=True)
 class UpdateSourceConfig:
-    """``update_source``: the stream of online embedding updates (Kafka in HugeCTR)."""
+    """``update_source``: the stream of online embedding updates (Kafka in HugeCTR).
+
+    Defaults are HugeCTR v24.06's ``UpdateSourceParams``; :mod:`hps_core.updates` uses them.
+
+    Args:
+        type: ``null`` (no updates) or ``kafka_message_queue`` (aliases ``kafka_mq``,
+            ``kafka``).
+        brokers: ``host[:port]`` entries separated by ``;`` (HugeCTR's docs) or ``,``.
+        metadata_refresh_interval_ms: how often topic metadata is fetched again, i.e. how
+            late a consumer sees a new partition (>= 10).
+        receive_buffer_size: largest message in bytes; should equal the training side's
+            ``send_buffer_size`` (>= 1024).
+        poll_timeout_ms: longest wait for a message before pending offsets are committed
+            (>= 1).
+        max_batch_size: most rows applied in one call (the producer packs messages to it).
+        failure_backoff_ms: pause after a broker error or a failed apply.
+        max_commit_interval: offsets are committed once more than this many messages were
+            applied since the last commit (and whenever the stream goes idle).
+    """
 
     type: UpdateSourceType = UpdateSourceType.NULL
     brokers: str = "127.0.0.1:9092"

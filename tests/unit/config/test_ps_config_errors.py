@@ -140,7 +140,11 @@ SINGLE_PROBLEM_CASES = [
     ({"persistent_db.num_threads": 0}, "persistent_db.num_threads", ">= 1, found 0"),
     ({"persistent_db.read_only": "no"}, "persistent_db.read_only", "true or false"),
     ({"update_source.type": "kafak"}, "update_source.type", '(did you mean "kafka"?)'),
-    ({"update_source.poll_timeout_ms": -1}, "update_source.poll_timeout_ms", ">= 0, found -1"),
+    (
+        {"update_source.poll_timeout_ms": 0},
+        "update_source.poll_timeout_ms",
+        "in [1, 2147483646], found 0",
+    ),
 ]
 
 
