@@ -3,6 +3,12 @@
 Counters mirror :class:`hps_core.lookup.TableCounters`; after each ``execute`` the model
 adds what changed since the last report. Labels: ``model``, ``table``, ``device`` (``cpu`` or
 ``gpuN``) and ``instance``, so instances and GPUs can be told apart.
+
+The tiers of the host side (:mod:`hps_core.tiers.cascade`) add a ``tier`` label:
+``hps_tier_hits_total{tier="host"|"redis_cluster"|"rocks_db"|"default"}`` (keys each tier
+answered; ``default``: keys no tier holds) and
+``hps_tier_errors_total{tier="redis_cluster"|"rocks_db"}``. No label or value carries a
+tier's address or credentials.
 """
 
 from __future__ import annotations
@@ -32,6 +38,23 @@ _COUNTERS = {
     "failed_inserts": ("hps_cache_failed_inserts_total", "Background inserts that failed"),
     "evictions": ("hps_cache_evictions_total", "Rows the GPU cache evicted to make room"),
 }
+# counter field -> (metric name, tier label)
+_TIER_COUNTERS = {
+    "tier_host_hits": ("hps_tier_hits_total", "host"),
+    "tier_redis_cluster_hits": ("hps_tier_hits_total", "redis_cluster"),
+    "tier_rocks_db_hits": ("hps_tier_hits_total", "rocks_db"),
+    "tier_default_keys": ("hps_tier_hits_total", "default"),
+    "tier_redis_cluster_errors": ("hps_tier_errors_total", "redis_cluster"),
+    "tier_rocks_db_errors": ("hps_tier_errors_total", "rocks_db"),
+    "tier_elevated_keys": ("hps_tier_elevated_keys_total", "redis_cluster"),
+    "tier_dropped_elevations": ("hps_tier_dropped_elevations_total", "redis_cluster"),
+}
+_TIER_HELP = {
+    "hps_tier_hits_total": "Keys answered by each host-side tier (default: no tier holds them)",
+    "hps_tier_errors_total": "Failed requests to a tier below the shared host tier",
+    "hps_tier_elevated_keys_total": "Rows found in RocksDB written to Redis",
+    "hps_tier_dropped_elevations_total": "Batches of such rows dropped (too many pending)",
+}
 _LATENCY = ("hps_lookup_duration_us_total", "Time spent in lookups, microseconds")
 _HIT_RATE = ("hps_cache_hit_rate", "Cache hit rate of unique keys since start")
 
@@ -58,13 +81,19 @@ class LookupMetrics:
         self._hit_rate_family = pb_utils.MetricFamily(
             name=_HIT_RATE[0], description=_HIT_RATE[1], kind=gauge
         )
+        # Kept as long as their metrics: Triton refuses updates once a family is deleted.
+        self._tier_families = {
+            name: pb_utils.MetricFamily(name=name, description=doc, kind=counter)
+            for name, doc in _TIER_HELP.items()
+        }
         self._metrics: list[dict[str, Any]] = []
         self._hit_rate: list[Any] = []
         for table in table_names:
             labels = {"model": model, "table": table, "device": device, "instance": instance}
-            self._metrics.append(
-                {f: fam.Metric(labels=labels) for f, fam in self._families.items()}
-            )
+            metrics = {f: fam.Metric(labels=labels) for f, fam in self._families.items()}
+            for f, (name, tier) in _TIER_COUNTERS.items():
+                metrics[f] = self._tier_families[name].Metric(labels={**labels, "tier": tier})
+            self._metrics.append(metrics)
             self._hit_rate.append(self._hit_rate_family.Metric(labels=labels))
         self._last = [TableCounters() for _ in table_names]
 

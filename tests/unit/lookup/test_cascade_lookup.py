@@ -1,0 +1,110 @@
+"""Host and cached lookups over a table with lower tiers (``hps_core.tiers.cascade``): the
+shared host tier holds 30% of the rows, RocksDB all of them; answers equal the file rows and
+the tier counters reach ``TableCounters`` (what the metrics endpoint publishes)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from cached_lookup_cases import DEFAULT, expected, query_stream
+from lookup_testdata import write_models
+
+from hps_core.cache import make_cache
+from hps_core.config import PSConfig, parse_ps_config
+from hps_core.formats.sparse_writer import write_sparse_table
+from hps_core.hps import HPS
+from hps_core.lookup import CachedTableLookup, HostTableLookup, ModelLookup
+from hps_core.tiers.cascade import TieredTable
+from hps_core.tiers.host_table import SharedHostTable
+
+ROWS, DIM = 3000, 8
+
+
+def tiered_config(root: Path, rate: float = 0.3) -> tuple[PSConfig, dict]:
+    """A one-table ps.json with a partial shared tier over RocksDB, and its dict reference."""
+    rng = np.random.default_rng(4)
+    keys = rng.choice(np.arange(-(10**9), 10**9, 3), ROWS, replace=False).astype(np.int64)
+    vectors = rng.standard_normal((ROWS, DIM)).astype(np.float32)
+    write_sparse_table(root / "t0", keys, vectors)
+    ps = {
+        "supportlonglong": True,
+        "volatile_db": {"type": "hash_map", "initial_cache_rate": rate},
+        "persistent_db": {"type": "rocks_db", "path": str(root / "db"), "num_threads": 2},
+        "models": [
+            {
+                "model": "m",
+                "sparse_files": ["t0"],
+                "deployed_device_list": [0],
+                "default_value_for_each_table": [DEFAULT],
+                "maxnum_catfeature_query_per_table_per_sample": [4],
+                "embedding_vecsize_per_table": [DIM],
+            }
+        ],
+    }
+    return parse_ps_config(ps, root), dict(zip(keys.tolist(), vectors, strict=True))
+
+
+def test_host_lookup_through_the_cascade_counts_every_tier(tmp_path: Path) -> None:
+    cfg, reference = tiered_config(tmp_path)
+    session = ModelLookup(cfg, cfg.models[0])
+    table = session.table(0)
+    assert isinstance(table, HostTableLookup) and isinstance(table.host, TieredTable)
+    first = set(list(reference)[: round(0.3 * ROWS)])
+    unique = 0
+    for q in query_stream(reference, 6, 500, seed=2):
+        np.testing.assert_array_equal(session.lookup(0, q), expected(reference, q, DIM))
+        unique += len(np.unique(q))
+    c = session.counters()[0]
+    # HostTableLookup deduplicates: the cascade sees each batch's distinct keys once.
+    assert c.tier_host_hits + c.tier_rocks_db_hits + c.tier_default_keys == unique
+    assert c.tier_default_keys == c.unknown_keys > 0
+    assert c.tier_host_hits > 0 and c.tier_rocks_db_hits > 0
+    assert c.tier_host_hits == sum(
+        len(set(np.unique(q).tolist()) & first) for q in query_stream(reference, 6, 500, seed=2)
+    )
+    session.close()
+
+
+def test_cached_lookup_misses_go_through_the_cascade(tmp_path: Path) -> None:
+    cfg, reference = tiered_config(tmp_path)
+    session = ModelLookup(cfg, cfg.models[0])
+    host = session.table(0).host
+    cache = make_cache("dynamic", int(0.1 * ROWS), DIM, np, name="t")
+    lookup = CachedTableLookup(host, cache, np, 0.9, name="t")
+    for q in query_stream(reference, 20, 400, seed=3):
+        out = np.full((len(q), DIM), np.nan, np.float32)
+        np.testing.assert_array_equal(lookup.lookup(q, out=out), expected(reference, q, DIM))
+    lookup.flush()
+    c = lookup.snapshot()
+    fetched = c.tier_host_hits + c.tier_rocks_db_hits + c.tier_default_keys
+    assert c.tier_rocks_db_hits > 0 and fetched == c.cache_misses  # misses only went below
+    lookup.close()
+    session.close()
+
+
+@pytest.mark.parametrize("rate", [0.3, 1.0])
+def test_shared_tier_holds_the_rate_and_table_rows_the_whole_table(
+    tmp_path: Path, rate: float
+) -> None:
+    cfg, _ = tiered_config(tmp_path, rate)
+    session = ModelLookup(cfg, cfg.models[0])
+    host = session.table(0).host
+    assert (host.rows, host.table_rows) == (round(rate * ROWS), ROWS)
+    session.close()
+
+
+def test_without_lower_tiers_the_host_tier_is_counted_inline(tmp_path: Path) -> None:
+    ps, data = write_models(tmp_path)
+    hps = HPS(ps)
+    name = hps.config.model_names[0]
+    session = hps.model(name)
+    table = session.table(0)
+    assert type(table.host) is SharedHostTable  # today's object path, no cascade
+    keys = data[name][0].keys
+    session.lookup(0, np.concatenate([keys[:10], keys[:3], [1, 2]]).astype(np.int64))
+    c = session.counters()[0]
+    assert (c.tier_host_hits, c.tier_default_keys) == (10, c.unknown_keys)
+    assert c.tier_rocks_db_hits == c.tier_redis_cluster_hits == 0
+    hps.close()
