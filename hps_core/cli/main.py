@@ -25,6 +25,7 @@ _SUBCOMMAND_MODULES = (
     "hps_core.cli.graph",
     "hps_core.cli.prepare",
     "hps_core.cli.predict",
+    "hps_core.cli.publish",
 )
 
 

@@ -1,0 +1,25 @@
+"""Fixtures of the update tests: one in-memory Kafka broker for the session and a fresh
+model name per test, so topics and consumer groups never mix between tests."""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import Iterator
+
+import pytest
+from kafka_broker import kafka_broker
+
+_names = itertools.count()
+
+
+@pytest.fixture(scope="session")
+def broker() -> Iterator[str]:
+    """``host:port`` of a tansu broker shared by the tests of this session."""
+    yield from kafka_broker()
+
+
+@pytest.fixture
+def model() -> str:
+    """A model name no other test uses, so topics and groups never mix between tests."""
+    return f"m{next(_names)}_{time.monotonic_ns() % 10**9}"

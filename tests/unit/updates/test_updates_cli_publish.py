@@ -1,0 +1,75 @@
+"""``hps publish`` end to end: a sparse folder, a Parquet file and the changed keys between
+two folders reach a consumer of the table's topic exactly."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from updates_testlib import Collector, make_consumer, poll_until, rows
+
+from hps_core.cli.main import main
+from hps_core.formats.sparse_writer import SparseTableWriter
+from hps_core.updates import topic_for
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def write_sparse(folder, keys, vectors):
+    with SparseTableWriter(folder) as writer:
+        writer.append(keys, vectors)
+
+
+def test_hps_publish_sparse_parquet_and_changed(broker, model, tmp_path, capsys):
+    tag = topic_for(model, "emb")
+    keys, vectors = rows(3000, 16, seed=11)
+    write_sparse(tmp_path / "v1", keys, vectors)
+    base = ["publish", "--brokers", broker, "--model", model, "--table", "emb"]
+
+    assert main([*base, "--sparse", str(tmp_path / "v1"), "--linger-ms", "5"]) == 0
+    out = capsys.readouterr().out
+    assert re.search(rf"sent 3000 keys in \d+ messages to {re.escape(tag)} .* keys/s\)", out)
+
+    # Parquet rows: other keys, a list<double> column as pandas would write it.
+    p_keys, p_vectors = rows(500, 16, seed=12, start=10_000)
+    table = pa.table({"id": p_keys, "emb": pa.array(p_vectors.astype(np.float64).tolist())})
+    pq.write_table(table, tmp_path / "rows.parquet")
+    args = ["--parquet", str(tmp_path / "rows.parquet"), "--key-column", "id"]
+    assert main([*base, *args, "--vector-column", "emb"]) == 0
+    assert "sent 500 keys" in capsys.readouterr().out
+
+    # Version 2 of the table: 7 vectors changed, one key added.
+    v2_vectors = vectors.copy()
+    v2_vectors[100:107] *= -1
+    v2_keys = np.append(keys, 99)
+    v2_vectors = np.vstack([v2_vectors, np.full((1, 16), 0.5, np.float32)])
+    write_sparse(tmp_path / "v2", v2_keys, v2_vectors)
+    assert main([*base, "--changed", str(tmp_path / "v1"), str(tmp_path / "v2")]) == 0
+    out = capsys.readouterr().out
+    assert "sent 8 keys" in out and "1 added, 7 changed, 2993 unchanged" in out
+
+    target = Collector()
+    consumer = make_consumer(broker, [tag], target, group_id=f"{model}.g")
+    try:
+        poll_until(consumer, lambda: target.keys_applied() == 3000 + 500 + 8)
+    finally:
+        consumer.stop()
+    want = dict(zip(v2_keys.tolist(), v2_vectors, strict=True))
+    want.update(zip(p_keys.tolist(), p_vectors, strict=True))
+    got = target.rows[tag]
+    assert got.keys() == want.keys()
+    assert all(np.array_equal(got[k], v) for k, v in want.items())
+
+
+def test_hps_publish_reports_bad_arguments_in_one_line(tmp_path, capsys):
+    base = ["publish", "--model", "m", "--table", "t", "--sparse", str(tmp_path)]
+    code = main([*base, "--brokers", "kafka:99999"])
+    assert code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "port must be an integer" in err
+    bad_model = ["publish", "--brokers", "k:9092", "--model", "a.b", "--table", "t"]
+    assert main([*bad_model, "--sparse", str(tmp_path)]) == 2
+    assert "contain no '.'" in capsys.readouterr().err
