@@ -19,6 +19,12 @@ Commits follow HugeCTR's ``max_commit_interval``: after more than that many mess
 the last commit, and whenever the stream goes idle (a poll of ``poll_timeout_ms`` returns
 nothing, or a partition's end is reached), and on :meth:`UpdateConsumer.stop`.
 
+``max_batch_size`` bounds the rows of one ``apply`` only as far as the producer packed its
+messages to it (:meth:`~hps_core.updates.producer.UpdateProducer.from_config` does; HugeCTR's
+sink packs by ``send_buffer_size`` bytes): a larger message is still applied in one call,
+because splitting it would break whole-or-nothing. HugeCTR instead gathers rows of several
+messages up to ``max_batch_size`` per callback and may split a message between two.
+
 Consumer group: every server must see every update, so servers must not share a group
 unless they share the tier they write into. HugeCTR names the group ``hps.volatile`` (or
 ``hps.persistent``) when that database is shared by all servers (a Redis cluster, where one
