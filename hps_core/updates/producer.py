@@ -86,7 +86,7 @@ def key_groups(keys: np.ndarray, num_key_groups: int) -> np.ndarray:
 
     Example:
         >>> key_groups(np.array([1, 2, 3]), 8).tolist()
-        [2, 2, 6]
+        [1, 6, 5]
     """
     x = keys.astype(np.int64).view(np.uint64)
     # splitmix64's finaliser: every key bit reaches the low bits used by the modulo.
