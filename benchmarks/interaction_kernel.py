@@ -87,7 +87,7 @@ def main() -> None:
           f"{'copy ms':>8} {'x torch':>7} {'GB/s':>6} {'max |diff|':>10}")  # fmt: skip
     rows = []
     # PyTorch and CuPy on one stream, so that the events time both alike.
-    with cupy.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream):
+    with cupy.cuda.Stream.from_external(torch.cuda.current_stream()):
         for samples, n, dim in SHAPES:
             for tf32 in (False, True):
                 r = measure(rng, samples, n, dim, tf32, args.runs)
