@@ -8,6 +8,15 @@ Used by ``hps repo`` (a HugeCTR user's ps.json -> a ready model repository) and 
     <repo>/<model>/1/model.py      one import of triton_backend
     <repo>/<model>/warmup/...      a warm-up request that loads the tables before READY
 
+A new version of a model (``hps repo ... --version N``, :func:`write_repository` with
+``version``) adds ``<repo>/<model>/<N>/model.py`` and ``<repo>/<model>/<N>/ps.json``: that
+version's own ps.json, naming its own sparse, dense and network files, which the backend
+prefers to the model folder's (:func:`triton_backend.model_settings.read_settings`). Triton's
+default version policy serves the highest version, so loading the model again (``hps reload``)
+switches to it. With ``freeze_sparse`` (HugeCTR's hps-backend config.pbtxt parameter) a new
+version keeps the sparse files of the version it replaces, so its tables are not re-read and
+the rows that online updates wrote into the shared host tier survive the switch.
+
 A ps.json model with ``network_file`` and ``dense_file`` is a ranking model (lookup + dense
 network) and gets two Triton models over the same files: ``<model>`` with HugeCTR's
 ``hugectr`` backend contract (``DES``, ``CATCOLUMN``, ``ROWINDEX`` -> ``OUTPUT0``), and
@@ -20,6 +29,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -57,6 +67,13 @@ __all__ = ["TritonPythonModel"]
 #: Suffix of the Triton model that serves a ranking model one sample per batch row.
 SAMPLES_SUFFIX = "_samples"
 
+#: config.pbtxt parameter of HugeCTR's hps backend: a new version does not re-read the sparse
+#: files (its tables stay as the online updates left them).
+FREEZE_SPARSE_PARAMETER = "freeze_sparse"
+_FREEZE_SPARSE_RE = re.compile(
+    r'key:\s*"freeze_sparse"\s*value:\s*\{\s*string_value:\s*"(true|yes|1)"', re.IGNORECASE
+)
+
 
 @dataclass(frozen=True)
 class InstanceGroup:
@@ -91,6 +108,9 @@ class ServingOptions:
         warmup: add a warm-up request that loads the tables before the model is READY.
         share_gpu_cache: GPU instances on one GPU share its dynamic caches (parameter
             ``share_gpu_cache``); ``False`` gives each instance its own copy.
+        freeze_sparse: write HugeCTR's ``freeze_sparse`` parameter: a new version of the
+            model keeps the sparse files of the version it replaces (see
+            :func:`write_repository`).
     """
 
     max_batch_size: int = 16
@@ -98,6 +118,7 @@ class ServingOptions:
     instances: tuple[InstanceGroup, ...] = (InstanceGroup(),)
     warmup: bool = True
     share_gpu_cache: bool = True
+    freeze_sparse: bool = False
 
 
 def placed_on_deployed_devices(options: ServingOptions, model: ModelConfig) -> ServingOptions:
@@ -181,6 +202,8 @@ def _config_pbtxt(
         # so keys already on the GPU are never copied to the host and back.
         params = [*params, ("FORCE_CPU_ONLY_INPUT_TENSORS", "no")]
         params.append(("share_gpu_cache", "true" if options.share_gpu_cache else "false"))
+    if options.freeze_sparse:
+        params = [*params, (FREEZE_SPARSE_PARAMETER, "true")]
     parameters = [
         f"{{ key: {_quoted(k)} value: {{ string_value: {_quoted(v)} }} }}" for k, v in params
     ]
@@ -350,12 +373,127 @@ def _write_ps_json(folder: Path, config: PSConfig) -> None:
     _write(folder / "ps.json", json.dumps(config.to_dict(relative_to=folder), indent=2) + "\n")
 
 
+def _version_folder(folder: Path, version: int | None) -> Path:
+    """The folder of ``version`` in a model folder (``1`` when no version is asked for)."""
+    return folder / str(version or 1)
+
+
+def model_versions(folder: Path) -> list[int]:
+    """The versions a Triton model folder holds: its numeric subfolders with a ``model.py``.
+
+    Args:
+        folder: a model folder of a repository.
+
+    Returns:
+        The version numbers, ascending (empty when the folder does not exist).
+
+    Example:
+        >>> model_versions(Path("model_repository/hps_embedding"))  # doctest: +SKIP
+        [1, 2]
+    """
+    if not folder.is_dir():
+        return []
+    return sorted(
+        int(entry.name)
+        for entry in folder.iterdir()
+        if entry.name.isdigit() and (entry / "model.py").is_file()
+    )
+
+
+def version_ps_json(folder: Path, version: int) -> Path:
+    """The ps.json that ``version`` of a model folder serves.
+
+    The version's own ``<folder>/<version>/ps.json`` when it has one, else the model folder's
+    ``ps.json`` (the layout of a repository written without ``--version``). The backend
+    resolves it the same way (:func:`triton_backend.model_settings.read_settings`).
+
+    Args:
+        folder: the model folder.
+        version: the version.
+
+    Returns:
+        The path (which may not exist).
+    """
+    own = folder / str(version) / "ps.json"
+    return own if own.is_file() else folder / "ps.json"
+
+
+def is_frozen(folder: Path) -> bool:
+    """Whether a model folder's config.pbtxt sets ``freeze_sparse`` to true."""
+    config = folder / "config.pbtxt"
+    return config.is_file() and _FREEZE_SPARSE_RE.search(config.read_text()) is not None
+
+
+def _check_new_version(folder: Path, version: int) -> list[Problem]:
+    """Problems with adding ``version`` to a model folder (empty when it can be added)."""
+    where = f"{folder} version {version}"
+    existing = model_versions(folder)
+    if version in existing:
+        return [
+            Problem(
+                where,
+                "already exists; versions are not rewritten while they may be served, add "
+                f"version {max(existing) + 1} instead",
+            )
+        ]
+    if existing and max(existing) > version:
+        return [
+            Problem(
+                where,
+                f"would not be served: Triton serves the highest version and {max(existing)} "
+                f"exists; use --version {max(existing) + 1}",
+            )
+        ]
+    return []
+
+
+def frozen_sparse_files(folder: Path, version: int, model: ModelConfig) -> ModelConfig:
+    """``model`` with the sparse files of the version of ``folder`` that ``version`` replaces.
+
+    HugeCTR's hps backend with ``freeze_sparse`` does not re-read the sparse files when a new
+    version of a model loads: the tables stay as they are in its databases, online updates
+    included. Here the new version's ps.json names the previous version's sparse files, so its
+    processes open the same shared host-tier segments (named by the files' identity) while the
+    old version still holds them.
+
+    Args:
+        folder: the model folder.
+        version: the version being added.
+        model: the new version's model (its dense and network files are kept).
+
+    Returns:
+        The model with the previous sparse files, or ``model`` unchanged when the folder has
+        no earlier version.
+
+    Raises:
+        ConfigError: the earlier version's tables differ in number, names or dims.
+    """
+    earlier = [v for v in model_versions(folder) if v < version]
+    if not earlier:
+        return model
+    source = version_ps_json(folder, max(earlier))
+    previous = load_ps_config(source).model(model.name)
+    where = f"{source} model '{model.name}'"
+    old = [(t.name, t.dim) for t in previous.tables]
+    new = [(t.name, t.dim) for t in model.tables]
+    if old != new:
+        raise ConfigError(
+            Problem(
+                where,
+                f"freeze_sparse keeps its tables {old}, but the new version has {new}; "
+                "write the model without freeze_sparse to change tables",
+            )
+        )
+    return replace(model, sparse_files=previous.sparse_files)
+
+
 def write_embedding_model(
     repo_dir: Path,
     config: PSConfig,
     model: ModelConfig,
     options: ServingOptions | None = None,
     triton_name: str | None = None,
+    version: int | None = None,
 ) -> Path:
     """Write one embedding-lookup model folder.
 
@@ -365,6 +503,8 @@ def write_embedding_model(
         model: the model to serve.
         options: batching and placement.
         triton_name: folder / Triton name; the ps.json model name by default.
+        version: write this version with its own ps.json in ``<folder>/<version>/``;
+            ``None`` writes version 1 with the ps.json in the model folder.
 
     Returns:
         The model folder.
@@ -373,8 +513,9 @@ def write_embedding_model(
     name = triton_name or model.name
     folder = (repo_dir / name).resolve()
     _write(folder / "config.pbtxt", embedding_config_pbtxt(name, model, options, model.name))
-    _write(folder / "1" / "model.py", EMBEDDING_MODEL_PY)
-    _write_ps_json(folder, config)
+    version_dir = _version_folder(folder, version)
+    _write(version_dir / "model.py", EMBEDDING_MODEL_PY)
+    _write_ps_json(version_dir if version else folder, config)
     if options.warmup:
         # One key per table: loading every table is the point, the key need not exist.
         t = len(model.tables)
@@ -406,6 +547,7 @@ def write_ranking_model(
     model: ModelConfig,
     options: ServingOptions | None = None,
     triton_name: str | None = None,
+    version: int | None = None,
 ) -> list[Path]:
     """Write the two Triton models of a ranking model: ``<name>`` and ``<name>_samples``.
 
@@ -416,6 +558,9 @@ def write_ranking_model(
         options: batching and placement.
         triton_name: name of the first folder / Triton model; the ps.json model name by
             default.
+        version: write this version of both models, each with its own copy of the ps.json
+            in ``<folder>/<version>/``; ``None`` writes version 1 with one ps.json in the
+            first folder.
 
     Returns:
         The two model folders.
@@ -428,8 +573,8 @@ def write_ranking_model(
     name = triton_name or model.name
     folder = (repo_dir / name).resolve()
     _write(folder / "config.pbtxt", hugectr_config_pbtxt(name, layout, options))
-    _write(folder / "1" / "model.py", HUGECTR_RANKING_MODEL_PY)
-    _write_ps_json(folder, config)
+    _write(_version_folder(folder, version) / "model.py", HUGECTR_RANKING_MODEL_PY)
+    _write_ps_json(_version_folder(folder, version) if version else folder, config)
     if options.warmup:
         rows = np.concatenate([np.arange(s + 1) for s in layout.slot_nums])
         _write(folder / "warmup" / "rowindex", rows.astype("<i4").tobytes())
@@ -437,31 +582,82 @@ def write_ranking_model(
     samples = (repo_dir / samples_name).resolve()
     text = samples_config_pbtxt(samples_name, layout, options, f"../{name}/ps.json")
     _write(samples / "config.pbtxt", text)
-    _write(samples / "1" / "model.py", SAMPLES_RANKING_MODEL_PY)
+    _write(_version_folder(samples, version) / "model.py", SAMPLES_RANKING_MODEL_PY)
+    if version:
+        _write_ps_json(_version_folder(samples, version), config)
     return [folder, samples]
 
 
+def triton_folders(repo: Path, model: ModelConfig) -> list[Path]:
+    """The Triton model folders :func:`write_repository` writes for one ps.json model.
+
+    Args:
+        repo: the model repository.
+        model: the ps.json model.
+
+    Returns:
+        ``<repo>/<model>``, and ``<repo>/<model>_samples`` for a ranking model.
+    """
+    folder = (repo / model.name).resolve()
+    if is_ranking_model(model):
+        return [folder, (repo / (model.name + SAMPLES_SUFFIX)).resolve()]
+    return [folder]
+
+
 def write_repository(
-    ps_json: str | os.PathLike[str], out_dir: str | os.PathLike[str], options: ServingOptions
+    ps_json: str | os.PathLike[str],
+    out_dir: str | os.PathLike[str],
+    options: ServingOptions,
+    version: int | None = None,
 ) -> list[Path]:
     """Write a model repository serving every model of a ps.json.
 
-    Every ranking model is checked before anything is written.
+    Every ranking model is checked before anything is written. With ``version``, each model
+    gets that version next to the ones it has (the version folder holds its own ps.json), to
+    be served once the model is loaded again (``hps reload``); a model whose config.pbtxt
+    sets ``freeze_sparse`` (or ``options.freeze_sparse``) keeps the sparse files of its
+    previous version (:func:`frozen_sparse_files`).
 
     Args:
         ps_json: the HugeCTR ps.json.
         out_dir: the repository folder (created if needed).
         options: batching and placement of every model.
+        version: the version to add (1 or more, above every version the models have);
+            ``None`` writes version 1 the way a repository without versions is laid out.
 
     Returns:
         The model folders written.
 
     Raises:
-        ConfigError: every problem of every ranking model.
+        ConfigError: every problem of every ranking model, or a version that exists or
+            would not be served.
         NotAvailableError: a network has layers the engine cannot run.
+
+    Example:
+        >>> write_repository("v2/ps.json", "model_repository", ServingOptions(), version=2)
+        ... # doctest: +SKIP
+        [PosixPath('.../model_repository/hps_embedding')]
     """
     config = load_ps_config(ps_json)
+    repo = Path(out_dir)
     problems: list[Problem] = []
+    if version is not None and version < 1:
+        raise ConfigError(Problem("--version", f"must be 1 or more, got {version}"))
+    frozen: dict[str, bool] = {}
+    if version is not None:
+        models = []
+        for model in config.models:
+            folders = triton_folders(repo, model)
+            for folder in folders:
+                problems.extend(_check_new_version(folder, version))
+            frozen[model.name] = options.freeze_sparse or is_frozen(folders[0])
+            if frozen[model.name] and not problems:
+                try:
+                    model = frozen_sparse_files(folders[0], version, model)
+                except ConfigError as exc:
+                    problems.extend(exc.problems)
+            models.append(model)
+        config = replace(config, models=tuple(models))
     for model in config.models:
         if is_ranking_model(model):
             try:
@@ -470,11 +666,12 @@ def write_repository(
                 problems.extend(exc.problems)
     if problems:
         raise ConfigError(problems)
-    repo = Path(out_dir)
     folders = []
     for model in config.models:
+        # A frozen model stays frozen: its config.pbtxt keeps the parameter.
+        own = replace(options, freeze_sparse=options.freeze_sparse or frozen.get(model.name, False))
         if is_ranking_model(model):
-            folders.extend(write_ranking_model(repo, config, model, options))
+            folders.extend(write_ranking_model(repo, config, model, own, version=version))
         else:
-            folders.append(write_embedding_model(repo, config, model, options))
+            folders.append(write_embedding_model(repo, config, model, own, version=version))
     return folders

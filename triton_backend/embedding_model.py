@@ -58,8 +58,9 @@ class EmbeddingModel:
         self.contract = HpsContract.from_model(model)
         self.service = LookupService(settings)
         logger.info(
-            "model '%s': ps.json %s, model '%s', %d tables (dims %s), %s instance%s",
+            "model '%s' version %d: ps.json %s, model '%s', %d tables (dims %s), %s instance%s",
             settings.triton_model,
+            settings.version,
             settings.ps_json,
             settings.hps_model,
             self.contract.num_tables,

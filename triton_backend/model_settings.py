@@ -20,6 +20,9 @@ HPS_MODEL_PARAMETER = "hps_model_name"
 MISS_POLICY_PARAMETER = "async_miss_policy"
 HOT_KEYS_PARAMETER = "hot_keys"
 SHARE_CACHE_PARAMETER = "share_gpu_cache"
+FREEZE_SPARSE_PARAMETER = "freeze_sparse"
+VERSION_PS_JSON = "ps.json"
+"""A version folder's own ps.json (``<model>/<version>/ps.json``), preferred to the model's."""
 _BOOLEANS = {"true": True, "yes": True, "1": True, "false": False, "no": False, "0": False}
 
 
@@ -41,6 +44,10 @@ class ModelSettings:
             caches with; ``None`` uses each sparse folder's ``meta`` file or file order.
         share_gpu_cache: GPU instances on one GPU share its dynamic caches (CUDA IPC) instead
             of holding one copy each.
+        version: the Triton model version this instance serves.
+        freeze_sparse: HugeCTR's ``freeze_sparse``: new versions of this model keep the
+            sparse files of the version they replace (applied when a version is written, see
+            :mod:`hps_core.triton_repo`; here it is checked and logged).
     """
 
     triton_model: str
@@ -53,11 +60,24 @@ class ModelSettings:
     miss_policy: str = "fetch"
     hot_keys: Path | None = None
     share_gpu_cache: bool = True
+    version: int = 1
+    freeze_sparse: bool = False
 
     @property
     def lookup_device(self) -> int | None:
         """The GPU whose caches serve this instance, ``None`` for a CPU instance."""
         return self.device_id if self.instance_kind == "GPU" else None
+
+
+def _boolean(config: Mapping[str, Any], key: str, default: bool) -> bool:
+    text = _parameter(config, key)
+    if text is None:
+        return default
+    if text.lower() not in _BOOLEANS:
+        raise ConfigError(
+            Problem(f"config.pbtxt parameters.{key}", f"must be 'true' or 'false', got '{text}'")
+        )
+    return _BOOLEANS[text.lower()]
 
 
 def _parameter(config: Mapping[str, Any], key: str) -> str | None:
@@ -133,9 +153,11 @@ def check_instance_device(settings: ModelSettings, deployed: Sequence[int], wher
 def read_settings(args: Mapping[str, str]) -> ModelSettings:
     """Decode the ``args`` of ``TritonPythonModel.initialize``.
 
-    The ps.json comes from the config.pbtxt parameter ``ps_json`` (relative to the model
-    folder), else ``ps.json`` in the model folder. The ps.json model defaults to the Triton
-    model's name, as in HugeCTR's backends, unless the parameter ``hps_model_name`` names it.
+    The ps.json is the version folder's own ``<model>/<version>/ps.json`` when it exists
+    (each version of a model names its own files), else the one the config.pbtxt parameter
+    ``ps_json`` names (relative to the model folder), else ``ps.json`` in the model folder.
+    The ps.json model defaults to the Triton model's name, as in HugeCTR's backends, unless
+    the parameter ``hps_model_name`` names it.
 
     Args:
         args: Triton's ``initialize`` arguments.
@@ -150,7 +172,9 @@ def read_settings(args: Mapping[str, str]) -> ModelSettings:
     model_dir = Path(args["model_repository"])
     name = args["model_name"]
     given = _parameter(config, PS_JSON_PARAMETER)
-    ps_json = (model_dir / given) if given else model_dir / "ps.json"
+    version = str(args.get("model_version", "") or "1")
+    own = model_dir / version / VERSION_PS_JSON
+    ps_json = own if own.is_file() else (model_dir / given) if given else model_dir / "ps.json"
     if not ps_json.is_file():
         where = f"config.pbtxt parameters.{PS_JSON_PARAMETER}" if given else "model folder"
         raise ConfigError(
@@ -170,14 +194,8 @@ def read_settings(args: Mapping[str, str]) -> ModelSettings:
         raise ConfigError(
             Problem(f"config.pbtxt parameters.{HOT_KEYS_PARAMETER}", f"not a folder: {hot_keys}")
         )
-    share = _parameter(config, SHARE_CACHE_PARAMETER) or "true"
-    if share.lower() not in _BOOLEANS:
-        raise ConfigError(
-            Problem(
-                f"config.pbtxt parameters.{SHARE_CACHE_PARAMETER}",
-                f"must be 'true' or 'false', got '{share}'",
-            )
-        )
+    share = _boolean(config, SHARE_CACHE_PARAMETER, True)
+    freeze = _boolean(config, FREEZE_SPARSE_PARAMETER, False)
     return ModelSettings(
         triton_model=name,
         hps_model=_parameter(config, HPS_MODEL_PARAMETER) or name,
@@ -188,5 +206,7 @@ def read_settings(args: Mapping[str, str]) -> ModelSettings:
         instance_name=args.get("model_instance_name", name),
         miss_policy=policy,
         hot_keys=hot_keys,
-        share_gpu_cache=_BOOLEANS[share.lower()],
+        share_gpu_cache=share,
+        version=int(version) if version.isdigit() else 1,
+        freeze_sparse=freeze,
     )

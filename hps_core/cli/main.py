@@ -21,6 +21,7 @@ _SUBCOMMAND_MODULES = (
     "hps_core.cli.check",
     "hps_core.cli.repo",
     "hps_core.cli.serve",
+    "hps_core.cli.reload",
     "hps_core.cli.convert",
     "hps_core.cli.graph",
     "hps_core.cli.prepare",

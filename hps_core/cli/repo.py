@@ -3,6 +3,13 @@
 A model with ``network_file`` and ``dense_file`` becomes a ranking model (two Triton models,
 ``<model>`` with HugeCTR's ``hugectr`` contract and ``<model>_samples``); any other model an
 embedding-lookup model (HugeCTR's ``hps`` contract).
+
+``--version N`` adds version N of every model next to the versions the repository has, with
+its own ps.json (naming the new sparse/dense/network files); a running ``hps serve`` switches
+to it with ``hps reload MODEL`` while the old version keeps serving until the load returns.
+
+Example:
+    hps repo retrained/ps.json model_repository --version 2 && hps reload wdl
 """
 
 from __future__ import annotations
@@ -28,9 +35,10 @@ def run(args: argparse.Namespace) -> int:
         instances=(InstanceGroup(args.instances, args.kind, gpus),),
         warmup=not args.no_warmup,
         share_gpu_cache=not args.private_gpu_caches,
+        freeze_sparse=args.freeze_sparse,
     )
     try:
-        folders = write_repository(args.ps_json, args.out_dir, options)
+        folders = write_repository(args.ps_json, args.out_dir, options, version=args.version)
     except ConfigError as exc:
         for problem in exc.problems:
             print(problem, file=sys.stderr)
@@ -39,8 +47,12 @@ def run(args: argparse.Namespace) -> int:
         print(exc, file=sys.stderr)
         return 1
     for folder in folders:
-        print(f"wrote {folder}")
-    print(f"serve it with: hps serve --model-repository {args.out_dir}")
+        print(f"wrote {folder}" + (f" version {args.version}" if args.version else ""))
+    if args.version:
+        names = " ".join(folder.name for folder in folders)
+        print(f"switch a running hps serve to it with: hps reload {names}")
+    else:
+        print(f"serve it with: hps serve --model-repository {args.out_dir}")
     return 0
 
 
@@ -73,5 +85,19 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         action="store_true",
         help="give each GPU instance its own copy of the dynamic caches instead of sharing "
         "one per GPU",
+    )
+    parser.add_argument(
+        "--version",
+        type=int,
+        default=None,
+        metavar="N",
+        help="add version N of each model (its own ps.json in <model>/N/), above the "
+        "versions it has; Triton serves the highest version once the model is reloaded",
+    )
+    parser.add_argument(
+        "--freeze-sparse",
+        action="store_true",
+        help="HugeCTR's freeze_sparse: later versions keep this version's sparse files, so "
+        "a version switch does not re-read the tables (rows from online updates stay)",
     )
     parser.set_defaults(func=run)

@@ -1,5 +1,11 @@
 """``hps serve``: run tritonserver in the foreground on this project's model repository.
 
+Model control stays with the operator: Triton runs in explicit mode with the model-repository
+API restricted to a token, which ``hps serve`` writes to a control file only this user can
+read (:mod:`hps_core.server.control`), so ``hps reload MODEL`` can switch a model to a new
+version while clients cannot load or unload anything. Passing model-control options to
+tritonserver after ``--`` hands model control to the user instead (no watchdog, no reload).
+
 Example:
     hps serve --http-port 8000 -- --model-control-mode=explicit --load-model=dlrm
 """
@@ -7,6 +13,7 @@ Example:
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import sys
 from collections.abc import Iterator, Mapping
@@ -14,6 +21,12 @@ from contextlib import contextmanager
 from pathlib import Path
 from types import FrameType
 
+from hps_core.server.control import (
+    ControlError,
+    ControlInfo,
+    remove_control_file,
+    write_control_file,
+)
 from hps_core.server.process import (
     DEFAULT_EXIT_TIMEOUT_S,
     SERVICES,
@@ -129,7 +142,8 @@ def run(args: argparse.Namespace) -> int:
     if extra[:1] == ["--"]:
         extra = extra[1:]
     # A user who controls models (explicit mode, restricted APIs) keeps that control.
-    watchdog = args.stub_watchdog and not any(a.startswith(CONTROL_OPTIONS) for a in extra)
+    own_control = any(a.startswith(CONTROL_OPTIONS) for a in extra)
+    watchdog = args.stub_watchdog and not own_control
     server = TritonServer(
         model_repository=args.model_repository or default_model_repository(),
         host=args.host,
@@ -145,11 +159,14 @@ def run(args: argparse.Namespace) -> int:
         on_stopped=[lambda _: remove_stale_segments()],
         stub_watchdog=watchdog,
         strict_models=args.strict_models,
+        model_control=not own_control,
     )
     check_ports_free(server)
+    control_file = None
     with _stop_signals_raise():
         try:
             server.start()
+            control_file = _publish_control(server)
             try:
                 report_unavailable_models(server.model_states())
             except ServerError as exc:  # the repository API may be closed to us
@@ -167,10 +184,24 @@ def run(args: argparse.Namespace) -> int:
         finally:
             # A second signal would interrupt the orderly stop; stop() has its own deadline.
             _ignore_stop_signals()
+            if control_file is not None:
+                remove_control_file(control_file, os.getpid())
             code = server.stop()
     if code is None:  # never launched
         return 1
     return 128 - code if code < 0 else code
+
+
+def _publish_control(server: TritonServer) -> os.PathLike[str] | None:
+    """Write the control file ``hps reload`` reads; ``None`` without model control."""
+    if not server.controls_models:
+        return None
+    info = ControlInfo(os.getpid(), server.http_url, server.control_token)
+    try:
+        return write_control_file(server.ports.http, info)
+    except (ControlError, OSError) as exc:  # serving matters more than reloading
+        print(f"hps serve: hps reload will not reach this server: {exc}", file=sys.stderr)
+        return None
 
 
 def report_unavailable_models(states: Mapping[str, ModelState]) -> list[str]:

@@ -29,6 +29,7 @@ from typing import IO
 
 from hps_core.cache.ipc_files import remove_cuda_event_files
 from hps_core.errors import HPSError
+from hps_core.server.control import VersionState, load_model, version_states
 from hps_core.server.install import TritonInstallation, find_triton, prepend_paths
 from hps_core.server.ports import busy_ports, listening_ports, pick_free_ports
 from hps_core.server.stub_watchdog import (
@@ -141,6 +142,9 @@ class TritonServer:
             model is UNAVAILABLE with its error (:meth:`model_states`) and the server starts
             with the others (``--exit-on-error=false --strict-readiness=false``), so one bad
             model file does not take every model down.
+        model_control: run in explicit model-control mode with every model loaded at start
+            and the model-repository API closed to clients (as ``stub_watchdog`` does, which
+            implies it), so that :meth:`load_model` can switch a model to a new version.
 
     Example:
         >>> with TritonServer("model_repository") as server:  # doctest: +SKIP
@@ -164,6 +168,7 @@ class TritonServer:
     on_stopped: list[Callable[[TritonServer], None]] = field(default_factory=list)
     stub_watchdog: bool = False
     strict_models: bool = True
+    model_control: bool = False
 
     _watchdog: StubWatchdog | None = field(default=None, init=False, repr=False)
     _control_token: str = field(default="", init=False, repr=False)
@@ -304,6 +309,62 @@ class TritonServer:
     ) -> None:
         self.stop()
 
+    # -- model control ---------------------------------------------------------------------
+
+    @property
+    def controls_models(self) -> bool:
+        """Whether this server holds model control (``model_control`` or ``stub_watchdog``)."""
+        return self.model_control or self.stub_watchdog
+
+    @property
+    def control_token(self) -> str:
+        """The model-control token of the running server (a secret: never print it).
+
+        Raises:
+            ServerError: the server does not hold model control or was not started.
+        """
+        if not (self.controls_models and self._control_token):
+            raise ServerError(
+                "TritonServer: no model control (start it with model_control=True or "
+                "stub_watchdog=True)"
+            )
+        return self._control_token
+
+    def load_model(self, name: str, timeout: float = 600.0) -> float:
+        """Load ``name`` again through the restricted model-repository API.
+
+        A new version folder of the model is loaded while the old version serves; requests
+        go to the new version when this returns, and Triton unloads the old one once its
+        in-flight requests are answered (see :mod:`~hps_core.server.control`).
+
+        Args:
+            name: the model.
+            timeout: seconds to wait for the load.
+
+        Returns:
+            Seconds the load took.
+
+        Raises:
+            ServerError: no model control here.
+            ControlError: Triton failed the load (the old version keeps serving).
+
+        Example:
+            >>> seconds = server.load_model("hps_embedding")  # doctest: +SKIP
+        """
+        return load_model(self.http_url, self.control_token, name, timeout)
+
+    def version_states(self) -> list[VersionState]:
+        """Every version of every model Triton has loaded or tried to, with its state.
+
+        Returns:
+            One entry per model version (``READY``, ``UNLOADING``, ``UNAVAILABLE``, ...).
+
+        Raises:
+            ServerError: no model control here.
+            ControlError: the index cannot be read.
+        """
+        return version_states(self.http_url, self.control_token)
+
     # -- state -----------------------------------------------------------------------------
 
     @property
@@ -410,12 +471,12 @@ class TritonServer:
                     f"TritonServer.extra_args: {option} is set by the launcher "
                     "(use the TritonServer field instead)"
                 )
-        if self.stub_watchdog:
+        if self.controls_models:
             for option in CONTROL_OPTIONS:
                 if _passes(self.extra_args, option):
                     raise ServerError(
-                        f"TritonServer.extra_args: {option} is set by the stub watchdog "
-                        "(turn stub_watchdog off to control models yourself)"
+                        f"TritonServer.extra_args: {option} is set by the stub watchdog and "
+                        "model_control (turn both off to control models yourself)"
                     )
         if _disabled(self.extra_args, "--allow-http"):
             raise ServerError(
@@ -443,7 +504,7 @@ class TritonServer:
             # killed stub leaves in /dev/shm can be removed without touching other servers'.
             self._shm_prefix = f"triton_python_backend_shm_region_hps{secrets.token_hex(6)}_"
             args.append(f"--backend-config=python,shm-region-prefix-name={self._shm_prefix}")
-        if self.stub_watchdog:
+        if self.controls_models:
             self._control_token = new_token()
             args.extend(control_args(self._control_token))
         if not self.strict_models:

@@ -12,7 +12,10 @@ new stubs start, requests go to them as soon as the load returns (about 2 s for 
 models on the CPU machine). The old version is not released: when the stub died during a
 request, Triton 2.51 never finishes unloading that version, so its other stubs stay until the
 server stops (which then takes its exit timeout; ``TritonServer.stop`` ends what is left and
-removes the shared memory). This needs
+removes the shared memory). Stubs that exit because their version was unloaded on purpose (a
+switch to a new version, :mod:`~hps_core.server.control`) are not reloaded: the watchdog
+reloads a model only while the version of the vanished stub is still ``READY`` in Triton's
+repository index (a version being unloaded is ``UNLOADING``, then ``UNAVAILABLE``). This needs
 ``--model-control-mode=explicit --load-model=*`` (every model loaded at start, as without
 model control) and the model-repository API restricted to requests that carry a header with a
 token drawn per server start (:func:`control_args`), so clients still cannot load or unload
@@ -26,6 +29,7 @@ Example:
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import secrets
@@ -80,7 +84,23 @@ def stub_processes(server_pid: int) -> dict[int, str]:
     Returns:
         One entry per stub alive now.
     """
-    stubs: dict[int, str] = {}
+    return {pid: model for pid, (model, _) in stub_versions(server_pid).items()}
+
+
+def stub_versions(server_pid: int) -> dict[int, tuple[str, int]]:
+    """The Python stub processes of a server: pid -> (model, version) it serves.
+
+    Args:
+        server_pid: the tritonserver process.
+
+    Returns:
+        One entry per stub alive now (version 0 when the folder is not a number).
+
+    Example:
+        >>> stub_versions(server.pid)  # doctest: +SKIP
+        {4121: ('hps_embedding', 1), 4122: ('hps_embedding', 1)}
+    """
+    stubs: dict[int, tuple[str, int]] = {}
     for entry in os.scandir("/proc"):
         if not entry.name.isdigit():
             continue
@@ -95,7 +115,9 @@ def stub_processes(server_pid: int) -> dict[int, str]:
         except (OSError, ValueError, IndexError):
             continue  # exited meanwhile, or not readable
         if len(argv) > 1 and Path(argv[0]).name == STUB_EXECUTABLE:
-            stubs[int(entry.name)] = Path(argv[1]).parent.parent.name
+            version_dir = Path(argv[1]).parent
+            version = int(version_dir.name) if version_dir.name.isdigit() else 0
+            stubs[int(entry.name)] = (version_dir.parent.name, version)
     return stubs
 
 
@@ -133,25 +155,52 @@ class StubWatchdog:
             self._thread = None
 
     def _run(self) -> None:
-        known = stub_processes(self.server_pid)
+        known = stub_versions(self.server_pid)
         retired: set[int] = set()  # stubs of an old version, expected to exit after a reload
         while not self._stop.wait(self.interval_s):
-            current = stub_processes(self.server_pid)
-            lost = {
-                model for pid, model in known.items() if pid not in current and pid not in retired
+            current = stub_versions(self.server_pid)
+            gone = {
+                pid: served
+                for pid, served in known.items()
+                if pid not in current and pid not in retired
             }
-            if lost and self._server_ready():
-                for model in sorted(lost):
-                    dead = sorted(p for p, m in known.items() if m == model and p not in current)
-                    logger.warning(
-                        "model '%s': stub process %s exited; reloading the model", model,
-                        ", ".join(map(str, dead)),
-                    )  # fmt: skip
-                    retired |= {p for p, m in current.items() if m == model}
-                    self._reload(model)
-                current = stub_processes(self.server_pid)
+            lost = set()
+            if gone and self._server_ready():
+                ready = self._ready_versions()
+                # A stub of a version that is no longer READY exited because Triton unloaded
+                # that version (a switch to a new one): nothing to bring back.
+                lost = {m for m, v in gone.values() if ready is None or (m, v) in ready}
+            for model in sorted(lost):
+                dead = sorted(p for p, (m, _) in gone.items() if m == model)
+                logger.warning(
+                    "model '%s': stub process %s exited; reloading the model", model,
+                    ", ".join(map(str, dead)),
+                )  # fmt: skip
+                retired |= {p for p, (m, _) in current.items() if m == model}
+                self._reload(model)
+            if lost:
+                current = stub_versions(self.server_pid)
             retired &= set(current)
             known = current
+
+    def _ready_versions(self) -> set[tuple[str, int]] | None:
+        """(model, version) pairs Triton reports READY; ``None`` if the index is unreadable."""
+        request = urllib.request.Request(
+            f"{self.http_url}/v2/repository/index",
+            data=b"{}",
+            method="POST",
+            headers={HEADER: self._token, "Content-Type": "application/json"},
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=5) as reply:
+                entries = json.loads(reply.read())
+        except (OSError, urllib.error.URLError, ValueError):
+            return None
+        return {
+            (str(e["name"]), int(e["version"]))
+            for e in entries
+            if e.get("state") == "READY" and str(e.get("version", "")).isdigit()
+        }
 
     def _server_ready(self) -> bool:
         """The server answers ready (not shutting down: then its stubs exit on purpose)."""

@@ -1,0 +1,120 @@
+"""``hps reload MODEL...``: switch models of a running ``hps serve`` to their newest version.
+
+Reads the server's control file (:mod:`hps_core.server.control`, written by ``hps serve`` for
+this user only) and asks Triton to load each model again. Triton loads the newest version of
+the model folder while the old one keeps serving, switches requests when the load returns and
+unloads the old version after its in-flight requests; this command then waits until the old
+versions are unloaded (their stubs have exited and released their host-tier segments).
+
+Example:
+    hps repo retrained/ps.json model_repository --version 2
+    hps reload hps_embedding
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+from hps_core.server.control import ControlError, load_model, read_control_file, version_states
+
+_POLL_S = 0.2
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add ``hps reload`` to the ``hps`` parser.
+
+    Args:
+        subparsers: the top-level subparsers of ``hps``.
+    """
+    parser = subparsers.add_parser(
+        "reload",
+        help="load models of a running hps serve again (switch to their newest version)",
+        description="Switch models of a running `hps serve` on this machine to the newest "
+        "version in their folders, without failing requests: the old version serves until "
+        "the new one is loaded. Only the user who runs `hps serve` can do this.",
+    )
+    parser.add_argument("models", nargs="+", metavar="MODEL", help="Triton model names")
+    parser.add_argument(
+        "--http-port",
+        type=int,
+        default=8000,
+        metavar="PORT",
+        help="HTTP port of the hps serve to reach (default %(default)s)",
+    )
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=600.0,
+        metavar="SECONDS",
+        help="give up waiting for a load, or for an old version to unload (default %(default)s)",
+    )
+    parser.add_argument(
+        "--no-wait",
+        action="store_true",
+        help="return when the new version serves, not when the old one is unloaded",
+    )
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Load each model again; report the load time and the versions serving.
+
+    Args:
+        args: parsed ``hps reload`` arguments.
+
+    Returns:
+        0 when every model loaded (and its old versions unloaded unless ``--no-wait``), 1
+        otherwise.
+    """
+    try:
+        info = read_control_file(args.http_port)
+    except ControlError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    code = 0
+    for model in args.models:
+        try:
+            seconds = load_model(info.http_url, info.token, model, args.timeout)
+        except ControlError as exc:
+            print(f"error: model '{model}': load failed, the serving version stays: {exc}",
+                  file=sys.stderr)  # fmt: skip
+            code = 1
+            continue
+        serving = _versions(info.http_url, info.token, model, "READY")
+        print(f"model '{model}': loaded in {seconds:.2f} s; serving version {_listed(serving)}")
+        if args.no_wait:
+            continue
+        left = _wait_unloaded(info.http_url, info.token, model, max(serving, default=0), args)
+        if left:
+            print(f"error: model '{model}': version {_listed(left)} still not unloaded after "
+                  f"{args.timeout:g} s", file=sys.stderr)  # fmt: skip
+            code = 1
+        else:
+            print(f"model '{model}': older versions unloaded")
+    return code
+
+
+def _versions(http_url: str, token: str, model: str, *states: str) -> list[int]:
+    try:
+        entries = version_states(http_url, token)
+    except ControlError:
+        return []
+    return sorted(e.version for e in entries if e.model == model and e.state in states)
+
+
+def _wait_unloaded(
+    http_url: str, token: str, model: str, newest: int, args: argparse.Namespace
+) -> list[int]:
+    """Wait until no version below ``newest`` is READY or UNLOADING; return those left."""
+    deadline = time.monotonic() + args.timeout
+    while True:
+        left = [v for v in _versions(http_url, token, model, "READY", "UNLOADING") if v < newest]
+        if not left or time.monotonic() > deadline:
+            return left
+        time.sleep(_POLL_S)
+
+
+def _listed(versions: list[int]) -> str:
+    return ", ".join(map(str, versions)) or "none"
