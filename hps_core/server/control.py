@@ -133,6 +133,8 @@ def write_control_file(http_port: int, info: ControlInfo) -> Path:
 def remove_control_file(path: Path, pid: int | None = None) -> None:
     """Remove a control file, only if it is still the one process ``pid`` wrote.
 
+    The folder goes too once no server's file is left in it.
+
     Args:
         path: the file.
         pid: the writer; ``None`` removes it whoever wrote it.
@@ -140,6 +142,8 @@ def remove_control_file(path: Path, pid: int | None = None) -> None:
     with contextlib.suppress(OSError, ValueError, KeyError):
         if pid is None or json.loads(path.read_text())["pid"] == pid:
             path.unlink()
+    with contextlib.suppress(OSError):  # not empty: another server's file is there
+        path.parent.rmdir()
 
 
 def read_control_file(http_port: int) -> ControlInfo:
