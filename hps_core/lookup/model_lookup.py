@@ -233,6 +233,47 @@ class ModelLookup:
         """Context for GPU work on every table at once (one lock round for a shared group)."""
         return self._group.section() if self._group is not None else contextlib.nullcontext()
 
+    def cache_section(self) -> Any:
+        """Context for work on this model's caches from a thread other than the lookups':
+        the shared group's section, else the stream order of the GPU pipeline (when one made
+        it), else nothing (the cache's own lock orders calls)."""
+        if self._group is not None:
+            return self._group.section()
+        if self._order is not None:
+            return self._order.section()
+        return contextlib.nullcontext()
+
+    def update_cached_rows(self, table_id: int, keys: np.ndarray, values: np.ndarray) -> None:
+        """Overwrite the cached rows of ``keys`` in table ``table_id``'s cache (online updates).
+
+        Keys the cache does not hold are ignored (a later miss reads the updated tiers). The
+        work is ordered with the GPU pipeline's and the other instances' work on the caches
+        (:meth:`cache_section`) on a stream of the calling thread, and waited for: when this
+        returns, the next lookup launched anywhere reads the new rows.
+
+        Args:
+            table_id: index of the table.
+            keys: int64 host keys ``[n]``.
+            values: float32 host vectors ``[n, dim]``.
+        """
+        table = self._tables[table_id]
+        if not isinstance(table, CachedTableLookup) or not len(keys):
+            return
+        if self.device_id is None:  # a NumPy cache (tests)
+            with self.cache_section():
+                table.cache.update(keys, values)
+            return
+        xp = self.xp
+        with xp.cuda.Device(self.device_id):
+            ordered = self._group is not None or self._order is not None
+            # Ordered work goes on a stream of its own (the section makes it wait for the
+            # others' work, and theirs for it); else the legacy default stream, which the
+            # lookups without a pipeline use too, so the update never runs beside them.
+            stream = _thread_update_stream() if ordered else xp.cuda.Stream.null
+            with stream, self.cache_section():
+                table.cache.update(xp.asarray(keys), xp.asarray(values))
+            stream.synchronize()
+
     def open_all(self) -> None:
         """Open every table now instead of on first use."""
         for table_id in range(self.num_tables):
@@ -372,6 +413,22 @@ class ModelLookup:
                 self._group.close()
                 self._group = None
             self._group_tried = False
+
+
+_update_streams = threading.local()
+
+
+def _thread_update_stream() -> Any:
+    """A non-blocking CUDA stream of the calling thread on the current device (made once)."""
+    import cupy
+
+    device = cupy.cuda.Device().id
+    streams = getattr(_update_streams, "by_device", None)
+    if streams is None:
+        streams = _update_streams.by_device = {}
+    if device not in streams:
+        streams[device] = cupy.cuda.Stream(non_blocking=True)
+    return streams[device]
 
 
 def _warm_keys(table: TableConfig, given: np.ndarray | None) -> tuple[np.ndarray, str]:

@@ -62,9 +62,11 @@ class TableCounters:
         evictions: rows the cache evicted to make room (read from the cache by ``snapshot``).
         seconds: time spent in lookups.
         tier_host_hits: keys the host side read from the shared host tier.
+        tier_overlay_hits: keys answered by rows online updates added (new keys).
         tier_redis_cluster_hits: keys answered by the Redis cluster below it.
         tier_rocks_db_hits: keys answered by RocksDB.
         tier_default_keys: keys no tier holds (the default vector answered).
+        tier_overlay_errors: failed lookups in the update overlay (not expected).
         tier_redis_cluster_errors: failed Redis requests (their keys fell through).
         tier_rocks_db_errors: failed RocksDB requests (their keys fell through).
         tier_elevated_keys: rows found in RocksDB written to Redis
@@ -91,9 +93,11 @@ class TableCounters:
     evictions: int = 0
     seconds: float = 0.0
     tier_host_hits: int = 0
+    tier_overlay_hits: int = 0
     tier_redis_cluster_hits: int = 0
     tier_rocks_db_hits: int = 0
     tier_default_keys: int = 0
+    tier_overlay_errors: int = 0
     tier_redis_cluster_errors: int = 0
     tier_rocks_db_errors: int = 0
     tier_elevated_keys: int = 0
@@ -535,7 +539,13 @@ class CachedTableLookup:
         else:
             miss_keys = to_host(p.unique[self.xp.asarray(miss_h)])
         background = 1.0 - misses / int(p.unique.shape[0]) >= self.hit_rate_threshold
-        if self._static:
+        if self._static and self._tiered:
+            # A static cache holds the whole file: a miss is a key the file lacks, which
+            # online updates may have added (the overlay below the shared tier).
+            values, found = self.host.lookup_lower(miss_keys)
+            resolved.fill = values
+            resolved.unknown = misses - int(np.count_nonzero(found))
+        elif self._static:
             # A static cache holds the whole table: a miss is a key the table lacks.
             resolved.fill = self.host.default_value
             resolved.unknown = misses

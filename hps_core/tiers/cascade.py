@@ -18,6 +18,11 @@ it, in the background as HugeCTR's asynchronous inserter does (only rows found a
 HugeCTR also writes the default vectors of keys nobody holds). The shared host tier stays as
 built from the files.
 
+With online updates (ps.json ``update_source``), the first tier below the shared one is this
+process's :class:`~hps_core.tiers.overlay.OverlayStore`: the rows updates brought for keys the
+shared tier lacks (:mod:`hps_core.updates.apply` writes it, and the shared tier's rows in
+place). Such a table is a cascade even when nothing else lies below the shared tier.
+
 A lower tier that fails (a node down, a timeout, any exception) is counted in its errors and
 its keys fall through to the next tier or the default vector: the request is still answered.
 
@@ -64,14 +69,17 @@ _ERROR_LOG_PERIOD_S = 10.0
 class TierCounters:
     """What a cascade's tiers answered since it opened; keys are counted as asked.
 
-    ``host_hits + redis_cluster_hits + rocks_db_hits + default_keys`` is the number of keys
-    looked up (:meth:`TieredTable.lookup_lower` keys count from the Redis tier down).
+    ``host_hits + overlay_hits + redis_cluster_hits + rocks_db_hits + default_keys`` is the
+    number of keys looked up (:meth:`TieredTable.lookup_lower` keys count from the overlay
+    down).
 
     Args:
         host_hits: keys answered by the shared host tier.
+        overlay_hits: keys answered by the rows online updates added (new keys).
         redis_cluster_hits: keys answered by the Redis cluster.
         rocks_db_hits: keys answered by RocksDB.
         default_keys: keys no tier holds (answered with the default vector).
+        overlay_errors: overlay lookups that failed (never expected; counted like the others).
         redis_cluster_errors: Redis requests that failed (keys fell through).
         rocks_db_errors: RocksDB requests that failed (keys fell through).
         elevated_keys: rows found in RocksDB written to Redis (``cache_missed_embeddings``).
@@ -80,9 +88,11 @@ class TierCounters:
     """
 
     host_hits: int = 0
+    overlay_hits: int = 0
     redis_cluster_hits: int = 0
     rocks_db_hits: int = 0
     default_keys: int = 0
+    overlay_errors: int = 0
     redis_cluster_errors: int = 0
     rocks_db_errors: int = 0
     elevated_keys: int = 0
@@ -99,7 +109,7 @@ class LowerTier:
     """A store below the shared host tier and the name it keeps this table under.
 
     Args:
-        store: the store (its ``kind`` is ``redis_cluster`` or ``rocks_db``).
+        store: the store (its ``kind`` is ``overlay``, ``redis_cluster`` or ``rocks_db``).
         table: the table's name in the store, :func:`~hps_core.tiers.backing.table_tag`.
     """
 
@@ -155,6 +165,11 @@ class TieredTable:
                     self._elevate_to[i] = above[-1]
         self._worker: concurrent.futures.ThreadPoolExecutor | None = None
         self._pending: list[concurrent.futures.Future[None]] = []
+
+    def lower_store(self, kind: str) -> LowerTier | None:
+        """The first tier below the shared one of ``kind`` (``overlay``, ``redis_cluster``,
+        ``rocks_db``), or ``None``."""
+        return next((tier for tier in self.lower if tier.store.kind == kind), None)
 
     # --- the shared tier, as the GPU pipeline reads it -------------------------------------
 

@@ -39,6 +39,12 @@ Loading happens once per database, not once per process (Triton instances are pr
 
 ``read_only`` databases are never written: the table must be there, else the error names the
 path and the table.
+
+With online updates (``update_source.type: kafka_message_queue``) every table opens as a
+cascade: its shared tier is mapped read-write (updates overwrite the rows it holds, in place,
+once per machine) and an :class:`~hps_core.tiers.overlay.OverlayStore` of this process is the
+first tier below it (rows of keys the shared tier lacks). The consumer that applies the
+updates is started by the lookup session (:mod:`hps_core.updates.apply`).
 """
 
 from __future__ import annotations
@@ -73,6 +79,7 @@ from hps_core.formats.uris import model_path
 from hps_core.tiers.backing import BackingStore, table_tag
 from hps_core.tiers.cascade import LowerTier, TieredTable
 from hps_core.tiers.host_table import LAYOUT_VERSION, SharedHostTable, file_identity, held_rows
+from hps_core.tiers.overlay import OverlayStore
 from hps_core.tiers.shm_segment import _locked, shm_dir
 
 logger = logging.getLogger("hps_core")
@@ -109,18 +116,28 @@ def check_tiers_available(config: PSConfig) -> None:
             f"persistent_db.type: '{config.persistent_db.type.value}' is not available; use "
             "'rocks_db' or 'disabled'"
         )
-    if config.update_source.type != UpdateSourceType.NULL:
+    if config.update_source.type not in (
+        UpdateSourceType.NULL,
+        UpdateSourceType.KAFKA_MESSAGE_QUEUE,
+    ):
         raise NotAvailableError(
-            f"update_source.type: '{config.update_source.type.value}' is not available yet; "
-            "set it to 'null'"
+            f"update_source.type: '{config.update_source.type.value}' is not available; "
+            "use 'null' or 'kafka_message_queue'"
         )
 
 
+def receives_updates(config: PSConfig) -> bool:
+    """Whether tables of this ps.json receive online updates (a Kafka update source)."""
+    return config.update_source.type == UpdateSourceType.KAFKA_MESSAGE_QUEUE
+
+
 def has_lower_tiers(config: PSConfig) -> bool:
-    """Whether tables of this ps.json open as a cascade (a Redis cluster or RocksDB below)."""
+    """Whether tables of this ps.json open as a cascade (a Redis cluster, RocksDB, or the
+    overlay of online updates below the shared tier)."""
     return (
         config.volatile_db.type == DatabaseType.REDIS_CLUSTER
         or config.persistent_db.type == DatabaseType.ROCKS_DB
+        or receives_updates(config)
     )
 
 
@@ -138,7 +155,8 @@ def open_table_tiers(
         table: the table to open.
 
     Returns:
-        The shared table itself when the ps.json has no lower tier, else the cascade.
+        The shared table itself when the ps.json has no lower tier and no update source,
+        else the cascade (its first lower tier the update overlay, with an update source).
 
     Raises:
         NotAvailableError: a tier this version cannot serve.
@@ -159,7 +177,8 @@ def open_table_tiers(
             volatile.initial_cache_rate,
             "Redis cluster" if has_redis else "host tier",
         )
-    if not (has_rocks or has_redis):
+    updates = receives_updates(config)
+    if not (has_rocks or has_redis or updates):
         return SharedHostTable(table.sparse_file, table.dim, table.default_value)
 
     tag = table_tag(model, table.name)
@@ -168,6 +187,9 @@ def open_table_tiers(
         rate = 0.0
     releases: list[Any] = []
     lower: list[LowerTier] = []
+    if updates:
+        # Consulted first below the shared tier: it holds the newest rows of its keys.
+        lower.append(LowerTier(OverlayStore(), tag))
     try:
         if has_redis:
             redis = _acquire(("redis", _redis_key(volatile)), lambda: _open_redis(volatile))
@@ -181,9 +203,16 @@ def open_table_tiers(
             releases.append(rocks)
             _ensure_rocks_table(rocks.store, persistent, tag, table)
             lower.append(LowerTier(rocks.store, tag))
-        shared_rate = 0.0 if has_redis or volatile.type == DatabaseType.DISABLED else rate
+        # volatile_db disabled: RocksDB answers, unless there is none (then the shared copy
+        # holds every row, as without updates).
+        disabled = volatile.type == DatabaseType.DISABLED and has_rocks
+        shared_rate = 0.0 if has_redis or disabled else rate
         shared = SharedHostTable(
-            table.sparse_file, table.dim, table.default_value, fraction=shared_rate
+            table.sparse_file,
+            table.dim,
+            table.default_value,
+            fraction=shared_rate,
+            writable=updates,
         )
     except BaseException:
         _release_all(releases)

@@ -100,6 +100,9 @@ class SharedHostTable:
         progress: progress report while building (see ``iter_sparse_table``).
         fraction: share of the file's rows to hold, the first ones in file order (HugeCTR's
             ``initial_cache_rate``); the others are answered by the tiers below.
+        writable: map the segment read-write so that online updates can overwrite rows in
+            place (:meth:`write_rows`); the row index stays read-only either way. Processes
+            that map it read-only see those writes too (one set of pages per machine).
 
     Attributes:
         rows: rows held (the layout's rows; what ``index_arrays``/``contents`` cover).
@@ -120,6 +123,7 @@ class SharedHostTable:
         default_value: float = 0.0,
         progress: bool | None = None,
         fraction: float = 1.0,
+        writable: bool = False,
     ) -> None:
         self.sparse_dir = model_path(sparse_dir)
         info = inspect_sparse_table(self.sparse_dir, dim)
@@ -133,11 +137,19 @@ class SharedHostTable:
         self._progress = progress
         started = time.perf_counter()
         self._segment = SharedSegment.open(
-            segment_name(self.sparse_dir, dim, fraction), self.layout.nbytes, self._build
+            segment_name(self.sparse_dir, dim, fraction),
+            self.layout.nbytes,
+            self._build,
+            writable=writable,
         )
+        self.writable = writable and self._segment.buffer is not None
         self._hashes, self._starts, self._values = self.layout.views(
             self._segment.buffer if self._segment.buffer is not None else bytearray(0)
         )
+        if self.writable:
+            # Only the rows are updated in place; the index never changes after the build.
+            self._hashes.flags.writeable = False
+            self._starts.flags.writeable = False
         verb = "built" if self._segment.built_here else "attached to"
         logger.info(
             "host tier: %s %s (%d of %d rows, dim %d, %.1f MiB shared) in %.2f s",
@@ -242,6 +254,39 @@ class SharedHostTable:
         if not found.all():
             values[~found] = self.default_value
         return values, found
+
+    def read_rows(self, rows: np.ndarray) -> np.ndarray:
+        """Copies of the vectors at ``rows`` (rows from :meth:`find`, all ``>= 0``).
+
+        Args:
+            rows: int64 row numbers.
+
+        Returns:
+            float32 ``[len(rows), dim]``, a new array.
+        """
+        return self._values[np.asarray(rows, dtype=np.int64)]
+
+    def write_rows(self, rows: np.ndarray, vectors: np.ndarray) -> None:
+        """Overwrite rows in place in the shared segment (online updates).
+
+        Every process of the machine (and every GPU that maps the segment, see
+        :mod:`hps_core.gpu.host_mapping`) reads the same pages, so the new values are what the
+        next lookup anywhere on the machine reads. A reader running at the same moment may see
+        a row half written; rows of one message are written in one NumPy assignment.
+
+        Args:
+            rows: int64 row numbers from :meth:`find` (all ``>= 0``); for repeated rows the
+                last vector wins.
+            vectors: float32 ``[len(rows), dim]``.
+
+        Raises:
+            PermissionError: the table was opened without ``writable``.
+        """
+        if not self.writable:
+            raise PermissionError(
+                f"host tier of {self.sparse_dir} is mapped read-only; open it with writable=True"
+            )
+        self._values[np.asarray(rows, dtype=np.int64)] = vectors
 
     def contents(self) -> tuple[np.ndarray, np.ndarray]:
         """Every key and its vector, in the table's internal (hash) order.

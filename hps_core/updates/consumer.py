@@ -33,6 +33,14 @@ hash maps, its RocksDB). :func:`default_group_id` follows that naming; two serve
 host, each with its own tier, must pass distinct ``host`` values (e.g. hostname and port),
 or the Kafka group would split the partitions between them.
 
+Replay: a consumer made with ``replay=True`` reads each partition from its beginning the first
+time it is assigned, whatever its group committed, then goes on as above. A serving process
+needs it when the state its group's committed offsets describe is gone: the update overlay
+(:mod:`hps_core.tiers.overlay`) lives in the process's memory and starts empty, and the shared
+host tier may have been rebuilt from the model files. Resuming from the committed offsets
+would then lose the updates applied before the restart; replaying them is harmless (an
+update overwrites) and costs one read of the retained log.
+
 Example:
     >>> consumer = UpdateConsumer(cfg.update_source, [("dlrm", "sparse_embedding0")],
     ...                           apply=host_tier_insert)  # doctest: +SKIP
@@ -140,6 +148,8 @@ class UpdateConsumer:
         topic_partitions: partitions of a followed topic that does not exist yet; it is
             created at start (``None``: do not create; the consumer waits for it).
         kafka_options: further librdkafka settings, overriding HugeCTR's.
+        replay: read each partition from its beginning when it is first assigned to this
+            consumer, instead of from the group's committed offset (see the module notes).
 
     Raises:
         UpdateSourceError: the settings are refused by librdkafka or ``tables`` is empty.
@@ -163,6 +173,7 @@ class UpdateConsumer:
         key_bytes: int = 8,
         topic_partitions: int | None = DEFAULT_TOPIC_PARTITIONS,
         kafka_options: Mapping[str, Any] | None = None,
+        replay: bool = False,
     ) -> None:
         from confluent_kafka import Consumer, KafkaException
 
@@ -183,6 +194,9 @@ class UpdateConsumer:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._closed = False
+        self._replay = replay
+        # Partitions assigned at least once: a replay starts each from its beginning only once.
+        self._seen: set[tuple[str, int]] = set()
         try:
             brokers = bootstrap_servers(config.brokers)
         except ValueError as exc:
@@ -216,7 +230,12 @@ class UpdateConsumer:
         }
         try:
             self._consumer = Consumer(merged(conf, kafka_options))
-            self._consumer.subscribe(self.topics, on_revoke=self._on_revoke, on_lost=self._on_lost)
+            self._consumer.subscribe(
+                self.topics,
+                on_assign=self._on_assign,
+                on_revoke=self._on_revoke,
+                on_lost=self._on_lost,
+            )
         except (KafkaException, ValueError, TypeError) as exc:
             raise UpdateSourceError(f"cannot create the Kafka update consumer: {exc}") from exc
 
@@ -247,6 +266,22 @@ class UpdateConsumer:
         self._count_error(f"broker error {err.name()}: {err.str()}")
 
     # -- rebalancing ----------------------------------------------------------------------
+
+    def _on_assign(self, consumer: Any, partitions: list[Any]) -> None:
+        from confluent_kafka import OFFSET_BEGINNING
+
+        fresh = [p for p in partitions if (p.topic, p.partition) not in self._seen]
+        self._seen.update((p.topic, p.partition) for p in partitions)
+        if not (self._replay and fresh):
+            return  # librdkafka assigns them at their committed offsets
+        for p in fresh:
+            p.offset = OFFSET_BEGINNING
+        log.info(
+            "kafka updates (group %s): replaying %d partition(s) from their beginning",
+            self.group_id,
+            len(fresh),
+        )
+        consumer.assign(partitions)
 
     def _on_revoke(self, consumer: Any, partitions: list[Any]) -> None:
         # Partitions move to another member: commit what was applied from them first, or it

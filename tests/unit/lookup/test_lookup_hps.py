@@ -13,7 +13,7 @@ import pytest
 from lookup_testdata import MODELS, write_models
 
 from hps_core import HPS
-from hps_core.errors import ConfigError, NotAvailableError, RequestError
+from hps_core.errors import ConfigError, RequestError
 
 
 def data_files(shm_path: Path) -> list[Path]:
@@ -228,15 +228,22 @@ def test_broken_ps_json_is_not_cached(tmp_path: Path) -> None:
     assert HPS(ps).config.model_names == ("wdl", "dcn")
 
 
-def test_unavailable_tier_fails_at_first_lookup(tmp_path: Path, shm_path: Path) -> None:
+def test_update_source_tables_answer_the_files_through_the_cascade(
+    tmp_path: Path, shm_path: Path
+) -> None:
     ps, _ = write_models(tmp_path)
     obj = json.loads(ps.read_text())
     obj["update_source"] = {"type": "kafka_message_queue"}
     ps.write_text(json.dumps(obj))
     hps = HPS(ps)
-    with pytest.raises(NotAvailableError, match=r"^update_source\.type: 'kafka_message_queue'"):
-        hps.lookup(np.array([1], np.int64), "wdl", 0)
-    assert list(shm_path.iterdir()) == []
+    with_updates = hps.lookup(np.arange(3, dtype=np.int64), "wdl", 0)
+    assert hps.model("wdl").table(0).host.has_lower_tiers  # the update overlay below
+    hps.close()
+    obj["update_source"] = {"type": "null"}
+    ps.write_text(json.dumps(obj))
+    np.testing.assert_array_equal(
+        with_updates, HPS(ps).lookup(np.arange(3, dtype=np.int64), "wdl", 0)
+    )
 
 
 _SCRIPT = """

@@ -12,7 +12,6 @@ import pytest
 from tiers_testdata import make_keys, random_vectors
 
 from hps_core.config import PSConfig, parse_ps_config
-from hps_core.errors import NotAvailableError
 from hps_core.formats.sparse_writer import write_sparse_table
 from hps_core.tiers.factory import check_tiers_available, open_table_tiers
 
@@ -39,28 +38,20 @@ def config(tmp_path: Path, **sections: Any) -> PSConfig:
     return parse_ps_config(ps_dict(**sections), tmp_path)
 
 
-@pytest.mark.parametrize(
-    ("sections", "field", "value"),
-    [
-        (
-            {"update_source": {"type": "kafka_message_queue"}},
-            "update_source.type",
-            "kafka_message_queue",
-        ),
-    ],
-    ids=["kafka"],
-)
-def test_unavailable_tiers_name_the_ps_json_field(
-    tmp_path: Path, shm_path: Path, sections: dict, field: str, value: str
+def test_kafka_update_source_opens_a_cascade_with_the_overlay(
+    tmp_path: Path, shm_path: Path
 ) -> None:
-    cfg = config(tmp_path, **sections)
-    with pytest.raises(NotAvailableError) as info:
-        check_tiers_available(cfg)
-    message = str(info.value)
-    assert message.startswith(f"{field}: '{value}' is not available yet")
-    with pytest.raises(NotAvailableError, match=f"^{field}: "):
-        open_table_tiers(cfg, "m", cfg.models[0].tables[0])
-    assert list(shm_path.iterdir()) == []  # refused before anything was opened
+    keys = np.arange(5, dtype=np.int64)
+    write_sparse_table(tmp_path / "t0", keys, np.ones((5, 4), np.float32))
+    cfg = config(tmp_path, update_source={"type": "kafka_message_queue"})
+    check_tiers_available(cfg)  # online updates are available now
+    table = open_table_tiers(cfg, "m", cfg.models[0].tables[0])
+    try:
+        assert table.has_lower_tiers and table.shared.writable
+        assert [tier.store.kind for tier in table.lower] == ["overlay"]
+    finally:
+        table.close()
+    assert list(shm_path.iterdir()) == []
 
 
 @pytest.mark.parametrize(
