@@ -83,13 +83,17 @@ def test_keys_below_the_host_tier_are_fetched_through_the_host(
         model.check(got, dense, keys)
         # Again, now partly from the cache, and handed over on the GPU.
         np.testing.assert_allclose(gpu.predict(on_gpu(parsed)), got, rtol=1e-6, atol=1e-7)
-    assert gpu.pipeline._lower and sum(fetched) > 0
+    assert gpu.pipeline._lower
     counters = gpu.lookup.counters()
-    assert sum(c.tier_rocks_db_hits for c in counters) > 0
-    # Unknown: keys no tier holds (the samples draw about 10% unknown keys, DLRM none).
-    assert all(c.unknown_keys < c.keys for c in counters)
+    rocks_hits = sum(c.tier_rocks_db_hits for c in counters)
     if cache == "dynamic":
+        # Most keys live below the host tier: fetched, answered by RocksDB, then cached.
+        assert sum(fetched) > 0 and rocks_hits > 0
         assert sum(c.inserted_keys for c in counters) > 0
+    else:
+        # A static table holds the whole table on the GPU: only keys no tier holds (the
+        # unknown keys of DCN's and W&D's samples) are asked of the lower tiers, in vain.
+        assert rocks_hits == 0
 
 
 def test_a_model_without_lower_tiers_never_probes(repo: Path) -> None:
