@@ -9,11 +9,21 @@
   refreshes them.
 - After an ``execute`` the table counters go to Triton's metrics endpoint (at most twice a
   second).
-- ``finalize`` stops background work and detaches from the shared host tier.
+- With ``update_source.type: kafka_message_queue`` in the ps.json, each instance applies the
+  online updates of its model's tables once its tables are open (:mod:`hps_core.updates.apply`),
+  in a consumer group of its own (:func:`~hps_core.updates.apply.instance_group_id`: host,
+  ps.json path, instance name): each instance keeps its own overlay and caches, so each must
+  receive every update, and a restarted instance rejoins the same group. It replays the
+  retained updates at start, since its overlay starts empty. Optional config.pbtxt
+  parameters: ``update_kafka_options`` (JSON object of librdkafka settings),
+  ``update_replay`` (``false``: resume from the committed offsets only).
+- ``finalize`` stops the update consumer and background work and detaches from the shared
+  host tier.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import time
@@ -25,12 +35,50 @@ import numpy as np
 from hps_core.hps import HPS
 from hps_core.lookup import ModelLookup
 from hps_core.lookup.refresher import CacheRefresher
-from triton_backend.metrics import LookupMetrics
+from hps_core.updates.apply import ModelUpdates, instance_group_id
+from triton_backend.metrics import LookupMetrics, UpdateMetrics
 from triton_backend.model_settings import ModelSettings
 
 logger = logging.getLogger("hps_core")
 
 METRICS_PERIOD_S = 0.5
+KAFKA_OPTIONS_PARAMETER = "update_kafka_options"
+REPLAY_PARAMETER = "update_replay"
+
+
+def _parameter(config: Any, key: str) -> str | None:
+    value = config.get("parameters", {}).get(key)
+    if value is None:
+        return None
+    return str(value.get("string_value", "")).strip() or None
+
+
+def update_settings(settings: ModelSettings) -> tuple[str, bool, dict[str, Any]]:
+    """The consumer group, replay flag and librdkafka options of an instance's updates.
+
+    Args:
+        settings: the instance's settings.
+
+    Returns:
+        ``(group_id, replay, kafka_options)``.
+
+    Raises:
+        ValueError: ``update_kafka_options`` is not a JSON object.
+    """
+    group = instance_group_id(
+        settings.instance_name or settings.triton_model,
+        f"{settings.ps_json}|{settings.triton_model}",
+    )
+    replay = (_parameter(settings.config, REPLAY_PARAMETER) or "true").lower() not in (
+        "false",
+        "no",
+        "0",
+    )
+    raw = _parameter(settings.config, KAFKA_OPTIONS_PARAMETER)
+    options = json.loads(raw) if raw else {}
+    if not isinstance(options, dict):
+        raise ValueError(f"parameters.{KAFKA_OPTIONS_PARAMETER}: a JSON object is needed")
+    return group, replay, options
 
 
 def log_to_stderr() -> None:
@@ -74,6 +122,8 @@ class LookupService:
         self._session: ModelLookup | None = None
         self._refresher: CacheRefresher | None = None
         self._metrics: LookupMetrics | None = None
+        self._updates: ModelUpdates | None = None
+        self._update_metrics: UpdateMetrics | None = None
         self._next_report = 0.0
         self._lock = threading.Lock()
 
@@ -111,6 +161,10 @@ class LookupService:
         self._metrics = LookupMetrics(
             s.triton_model, s.instance_name, device, [t.name for t in model.tables]
         )
+        group, replay, options = update_settings(s)
+        self._updates = ModelUpdates.start(session, group, replay=replay, kafka_options=options)
+        if self._updates is not None:
+            self._update_metrics = UpdateMetrics(s.triton_model, s.instance_name, device)
         return session
 
     def report(self) -> None:
@@ -124,9 +178,14 @@ class LookupService:
             return
         self._next_report = now + METRICS_PERIOD_S
         self._metrics.report(self._session.counters())
+        if self._update_metrics is not None and self._updates is not None:
+            self._update_metrics.report(self._updates.stats)
 
     def close(self) -> None:
-        """Stop the refresher and detach from every table."""
+        """Stop the update consumer and the refresher, and detach from every table."""
+        if self._updates is not None:
+            self._updates.stop()  # commits what was applied, before the tables close
+            self._updates = None
         if self._refresher is not None:
             self._refresher.stop()
         HPS.close_all()

@@ -7,8 +7,14 @@ adds what changed since the last report. Labels: ``model``, ``table``, ``device`
 The tiers of the host side (:mod:`hps_core.tiers.cascade`) add a ``tier`` label:
 ``hps_tier_hits_total{tier="host"|"redis_cluster"|"rocks_db"|"default"}`` (keys each tier
 answered; ``default``: keys no tier holds) and
-``hps_tier_errors_total{tier="redis_cluster"|"rocks_db"}``. No label or value carries a
-tier's address or credentials.
+``hps_tier_errors_total{tier="redis_cluster"|"rocks_db"}``; ``tier="overlay"`` counts keys
+answered by the rows online updates added. No label or value carries a tier's address or
+credentials.
+
+Online updates (:mod:`hps_core.updates.apply`) are counted per instance by
+:class:`UpdateMetrics`: ``hps_update_messages_total``, ``hps_update_keys_total``,
+``hps_update_malformed_total``, ``hps_update_errors_total`` (labels ``model``, ``device``,
+``instance``).
 """
 
 from __future__ import annotations
@@ -41,9 +47,11 @@ _COUNTERS = {
 # counter field -> (metric name, tier label)
 _TIER_COUNTERS = {
     "tier_host_hits": ("hps_tier_hits_total", "host"),
+    "tier_overlay_hits": ("hps_tier_hits_total", "overlay"),
     "tier_redis_cluster_hits": ("hps_tier_hits_total", "redis_cluster"),
     "tier_rocks_db_hits": ("hps_tier_hits_total", "rocks_db"),
     "tier_default_keys": ("hps_tier_hits_total", "default"),
+    "tier_overlay_errors": ("hps_tier_errors_total", "overlay"),
     "tier_redis_cluster_errors": ("hps_tier_errors_total", "redis_cluster"),
     "tier_rocks_db_errors": ("hps_tier_errors_total", "rocks_db"),
     "tier_elevated_keys": ("hps_tier_elevated_keys_total", "redis_cluster"),
@@ -112,3 +120,49 @@ class LookupMetrics:
                     self._metrics[t][f.name].increment(delta * scale)
             self._hit_rate[t].set(now.hit_rate)
             self._last[t] = now
+
+
+# UpdateStats field -> (metric name, help)
+_UPDATE_COUNTERS = {
+    "messages_applied": ("hps_update_messages_total", "Kafka update messages applied whole"),
+    "keys_applied": ("hps_update_keys_total", "Rows of the update messages applied"),
+    "malformed": ("hps_update_malformed_total", "Update messages skipped as not decodable"),
+    "errors": (
+        "hps_update_errors_total",
+        "Broker errors, failed commits and failed applies of updates (each retried)",
+    ),
+}
+
+
+class UpdateMetrics:
+    """Publishes one model instance's online-update counters
+    (:class:`~hps_core.updates.consumer.UpdateStats`).
+
+    Args:
+        model: Triton model name.
+        instance: instance name.
+        device: ``"cpu"`` or ``"gpuN"``.
+    """
+
+    def __init__(self, model: str, instance: str, device: str) -> None:
+        labels = {"model": model, "device": device, "instance": instance}
+        counter = pb_utils.MetricFamily.COUNTER
+        # Families are kept as long as their metrics (see LookupMetrics).
+        self._families = {
+            field: pb_utils.MetricFamily(name=name, description=doc, kind=counter)
+            for field, (name, doc) in _UPDATE_COUNTERS.items()
+        }
+        self._metrics = {f: fam.Metric(labels=labels) for f, fam in self._families.items()}
+        self._last = {f: 0 for f in _UPDATE_COUNTERS}
+
+    def report(self, stats: Any) -> None:
+        """Add the change since the last report.
+
+        Args:
+            stats: the consumer's :class:`~hps_core.updates.consumer.UpdateStats`.
+        """
+        for field, metric in self._metrics.items():
+            now = int(getattr(stats, field))
+            if now > self._last[field]:
+                metric.increment(now - self._last[field])
+            self._last[field] = now
