@@ -184,6 +184,17 @@ def main() -> int:
                 done = subprocess.run(command, env=dict(pa.env), capture_output=True, text=True)
                 result["rc"], result["output"] = done.returncode, done.stdout + done.stderr
 
+            # An unloaded version's counters leave the metrics page: sample them as they grow.
+            counts: dict[tuple[str, str], float] = {}
+            sampling = threading.Event()
+
+            def sample() -> None:
+                while not sampling.wait(0.2):
+                    for key, value in served_counts(server.metrics_url).items():
+                        counts[key] = max(counts.get(key, 0.0), value)
+
+            sampler = threading.Thread(target=sample, daemon=True)
+            sampler.start()
             started = time.time_ns()
             runner = threading.Thread(target=run_pa)
             runner.start()
@@ -211,7 +222,8 @@ def main() -> int:
                 SharedSegment(segment_name(p, dim)).data_path.exists()
                 for p, (_, dim) in zip(v2_dirs, TABLES, strict=True)
             )
-            counts = served_counts(server.metrics_url)
+            sampling.set()
+            sampler.join()
             _check_v2(server)
             reloads = list(server._watchdog.reloads) if server._watchdog else []
         if result["rc"] != 0 or not export.is_file():
@@ -264,7 +276,8 @@ def main() -> int:
         f"version 2's segments present: {v2_segments}; watchdog reloads: {reloads}; "
         "answers equal version 2's files"
     )
-    print(f"Triton's counters: successes per version {served}, failures {failed}")
+    print(f"Triton's counters (sampled every 0.2 s, perf_analyzer's requests after its last "
+          f"window included): successes per version {served}, failures {failed}")  # fmt: skip
     print(f"setup: {setup}")
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / f"version_switch_{_commit()}.csv"
