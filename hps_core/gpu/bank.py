@@ -145,6 +145,12 @@ class CacheBank:
         """Per served table: whether it has tiers below its host tier (Redis, RocksDB)."""
         return tuple(state.lower for state in self._states)
 
+    def lower_may_answer(self) -> bool:
+        """Whether any served table's lower tiers may hold a row now (see
+        :meth:`~hps_core.tiers.cascade.TieredTable.lower_may_answer`): a few Python calls, no
+        GPU work. A model whose only lower tier is an empty update overlay answers False."""
+        return any(state.lower and state.host.lower_may_answer() for state in self._states)
+
     def lookup_lower(self, position: int, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Rows of ``keys`` from the tiers below the host tier of the bank's table ``position``.
 

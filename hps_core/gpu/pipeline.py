@@ -302,11 +302,15 @@ class GpuRankingPipeline:
         with self._lock, cupy.cuda.Device(self.device_id):
             bank = self.bank
             bucket = self._bucket(size)
-            if _grouped(bucket) and not isinstance(batch.dense, cupy.ndarray) and not self._lower:
+            # Tables whose lower tiers may hold rows (RocksDB, Redis, an update overlay with
+            # new keys) cost a host round trip per batch; the others never do (one more fetch
+            # clears the extra rows a last fetch left).
+            fetch = self._lower and (self._extras is not None or bank.lower_may_answer())
+            if _grouped(bucket) and not isinstance(batch.dense, cupy.ndarray) and not fetch:
                 self._run(bucket, self._upload_groups(bucket, batch))
             else:
                 self._stage_and_upload(bucket, batch)
-                if self._lower:
+                if fetch:
                     self._fetch_lower(bucket)
                 self._run(bucket)
             self._stream.synchronize()

@@ -171,6 +171,14 @@ class TieredTable:
         ``rocks_db``), or ``None``."""
         return next((tier for tier in self.lower if tier.store.kind == kind), None)
 
+    def lower_may_answer(self) -> bool:
+        """Whether a tier below the shared one may hold a row now: always with Redis or
+        RocksDB; with the update overlay alone, once updates brought a key the shared tier
+        lacks. While it is False the GPU pipeline skips its host round trip for the table."""
+        return any(
+            tier.store.kind != "overlay" or tier.store.rows(tier.table) > 0 for tier in self.lower
+        )
+
     # --- the shared tier, as the GPU pipeline reads it -------------------------------------
 
     @property

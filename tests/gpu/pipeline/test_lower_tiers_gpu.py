@@ -109,3 +109,23 @@ def test_a_model_without_lower_tiers_never_probes(repo: Path) -> None:
     pipe = gpu.pipeline
     assert not pipe._lower and pipe._extras is None
     assert all(b.pending is None for b in pipe._buckets.values())
+
+
+def test_an_empty_update_overlay_costs_no_round_trip(repo: Path) -> None:
+    """A model with online updates has the update overlay below its host tier; until updates
+    bring a key the host tier lacks, no batch probes or waits for the host."""
+    name = "dcn"
+    ps = json.loads((repo / name / "ps.json").read_text())
+    ps["update_source"] = {"type": "kafka_message_queue", "brokers": "127.0.0.1:9"}
+    path = repo / name / "ps_overlay_only.json"
+    path.write_text(json.dumps(ps))
+    model = Model(repo, name)
+    gpu = RankingSession.open(path, name, device_id=0)
+    pipe = gpu.pipeline
+    fetches: list[int] = []
+    fetch = pipe._fetch_lower
+    pipe._fetch_lower = lambda bucket: (fetches.append(bucket.layout.size), fetch(bucket))[1]
+    dense, keys = model.samples(np.random.default_rng(4), 48)
+    parsed = HugeCTRContract(gpu.layout).parse(*encode_hugectr(dense, keys))
+    model.check(gpu.predict(parsed), dense, keys)
+    assert pipe._lower and not pipe.bank.lower_may_answer() and fetches == []

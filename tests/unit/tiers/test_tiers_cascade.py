@@ -240,6 +240,31 @@ def test_only_missed_keys_go_below_once_each_and_the_highest_tier_answers(
     table.close()
 
 
+def test_lower_tiers_may_answer_with_a_store_or_an_overlay_holding_rows(
+    tmp_path: Path, rng: np.random.Generator
+) -> None:
+    """What lets the GPU pipeline skip its host round trip: an empty update overlay alone
+    holds nothing; a store (RocksDB, Redis) or an overlay with rows may answer."""
+    from hps_core.tiers.overlay import OverlayStore
+
+    dim = 3
+    write_table(tmp_path, rng, 20, dim)
+    shared = SharedHostTable(tmp_path / "t0", dim, DEFAULT)
+    overlay = OverlayStore()
+    table = TieredTable(shared, [LowerTier(overlay, TAG)])
+    assert table.has_lower_tiers and not table.lower_may_answer()
+    overlay.insert(TAG, np.array([10**12], np.int64), np.ones((1, dim), np.float32))
+    assert table.lower_may_answer()
+    overlay.remove(TAG, np.array([10**12], np.int64))
+    assert not table.lower_may_answer()
+    with_store = TieredTable(
+        shared, [LowerTier(overlay, TAG), LowerTier(DictStore("rocks_db"), TAG)]
+    )
+    assert with_store.lower_may_answer()
+    table.close()
+    with_store.close()
+
+
 def test_cache_missed_embeddings_writes_rocksdb_rows_to_redis(
     tmp_path: Path, rng: np.random.Generator
 ) -> None:
