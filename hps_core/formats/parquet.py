@@ -386,3 +386,44 @@ def sparse_table_to_parquet(
         with contextlib.suppress(OSError):
             tmp.unlink(missing_ok=True)
     return info
+
+
+def iter_parquet_rows(
+    path: str | os.PathLike[str],
+    key_column: str = "key",
+    vector_column: str = "vector",
+    dim: int | None = None,
+    batch_rows: int = 65536,
+) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """``(keys, vectors)`` batches of a Parquet embedding table (a file or a folder of them),
+    with the checks and messages (naming file, column and row) of
+    :func:`parquet_to_sparse_table`, so that every reader accepts and refuses the same files.
+
+    Args:
+        path: a Parquet file or folder (local path or URI).
+        key_column, vector_column: the columns holding keys and vectors.
+        dim: the vector length expected; ``None``: the first file's.
+        batch_rows: rows per batch read.
+
+    Returns:
+        An iterator of int64 ``[n]`` keys and float32 ``[n, dim]`` vectors.
+
+    Raises:
+        ModelFileError: a file is unreadable, a column is missing or of the wrong type, a
+            value is null or a vector has the wrong length.
+    """
+    target = _Dim(dim, "the dim given")
+    files = list_parquet_files(path)
+    for file in files:
+        metadata = open_parquet(file).metadata
+        _check_schema(file, metadata.schema.to_arrow_schema(), key_column, vector_column, target)
+    for file in files:
+        row0 = 0
+        for batch in _iter_batches(file, batch_rows, key_column, vector_column):
+            keys = _keys_to_int64(batch.column(key_column), file, key_column, row0)
+            vectors = _vectors_to_float32(
+                batch.column(vector_column), file, vector_column, row0, target
+            )
+            row0 += len(keys)
+            if len(keys):
+                yield keys, vectors

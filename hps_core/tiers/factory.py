@@ -80,7 +80,7 @@ from hps_core.tiers.backing import BackingStore, table_tag
 from hps_core.tiers.cascade import LowerTier, TieredTable
 from hps_core.tiers.host_table import LAYOUT_VERSION, SharedHostTable, file_identity, held_rows
 from hps_core.tiers.overlay import OverlayStore
-from hps_core.tiers.shm_segment import _locked, shm_dir
+from hps_core.tiers.shm_segment import file_lock, shm_dir
 
 logger = logging.getLogger("hps_core")
 
@@ -409,7 +409,7 @@ def _ensure_rocks_table(
 
     reader.path.mkdir(parents=True, exist_ok=True)
     lock = reader.path / LOAD_LOCK
-    with _locked(lock):
+    with file_lock(lock):
         writer = RocksStore(dataclasses.replace(config, read_only=False))
         try:
             if read_marker(writer, tag) != digest:
@@ -442,7 +442,7 @@ def _fill_redis(
         return
     name = hashlib.sha256(f"{config.address}|{tag}".encode()).hexdigest()[:24]
     lock = shm_dir() / f"hps-triton-redis-load.{name}.lock"
-    with _locked(lock):
+    with file_lock(lock):
         try:
             if read_marker(store, tag) == digest:
                 return

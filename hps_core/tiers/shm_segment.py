@@ -62,7 +62,7 @@ def _same_file(fd: int, path: Path) -> bool:
 
 
 @contextlib.contextmanager
-def _locked(path: Path, blocking: bool = True) -> Iterator[int | None]:
+def file_lock(path: Path, blocking: bool = True) -> Iterator[int | None]:
     """Hold an exclusive flock on ``path`` (created if needed); yields None if busy."""
     while True:
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
@@ -128,7 +128,7 @@ class SharedSegment:
         """
         seg = cls(name, directory)
         remove_stale_segments(seg.directory)
-        with _locked(seg.build_path) as _:
+        with file_lock(seg.build_path) as _:
             users_fd = os.open(seg.users_path, os.O_RDWR | os.O_CREAT, 0o600)
             fcntl.flock(users_fd, fcntl.LOCK_SH)
             seg._users_fd = users_fd
@@ -221,7 +221,7 @@ class SharedSegment:
             with contextlib.suppress(BufferError):  # views still alive: unmapped when freed
                 self.buffer.close()
             self.buffer = None
-        with _locked(self.build_path) as _:
+        with file_lock(self.build_path) as _:
             return self._release_users(remove_if_last=True)
 
     def __enter__(self) -> SharedSegment:
@@ -290,7 +290,7 @@ def remove_stale_segments(directory: Path | None = None) -> list[str]:
         if not path.name.endswith(".build"):
             continue
         seg = SharedSegment(path.name[len(PREFIX) : -len(".build")], directory)
-        with _locked(seg.build_path, blocking=False) as fd:
+        with file_lock(seg.build_path, blocking=False) as fd:
             if fd is None:  # someone is building, attaching or detaching right now
                 continue
             users_fd = os.open(seg.users_path, os.O_RDWR | os.O_CREAT, 0o600)

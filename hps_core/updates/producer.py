@@ -31,6 +31,7 @@ import numpy as np
 
 from hps_core.config.schema import UpdateSourceConfig
 from hps_core.errors import HPSError
+from hps_core.formats.parquet import iter_parquet_rows
 from hps_core.updates.kafka_conf import RECEIVE_MESSAGE_MAX_BYTES, bootstrap_servers, merged
 from hps_core.updates.messages import (
     BEACON_TOPIC,
@@ -493,49 +494,6 @@ def _sparse_chunks(folder: str | os.PathLike[str], dim: int) -> Iterator[tuple[n
 
     for chunk in iter_sparse_table(folder, dim):
         yield chunk.keys, chunk.vectors
-
-
-def iter_parquet_rows(
-    path: str | os.PathLike[str],
-    key_column: str = "key",
-    vector_column: str = "vector",
-    dim: int | None = None,
-    batch_rows: int = 65536,
-) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-    """``(keys, vectors)`` batches of a Parquet embedding table, with the checks (and
-    messages naming file, column and row) of ``hps convert parquet-to-hugectr``.
-
-    Raises:
-        ModelFileError: a file is unreadable, a column is missing or of the wrong type, a
-            value is null or a vector has the wrong length.
-    """
-    # The converter's readers are private to hps_core.formats.parquet; they are used here
-    # so that both commands accept and refuse the same files.
-    from hps_core.formats.parquet import (
-        _check_schema,
-        _Dim,
-        _iter_batches,
-        _keys_to_int64,
-        _vectors_to_float32,
-        list_parquet_files,
-        open_parquet,
-    )
-
-    target = _Dim(dim, "the dim given")
-    files = list_parquet_files(path)
-    for file in files:
-        metadata = open_parquet(file).metadata
-        _check_schema(file, metadata.schema.to_arrow_schema(), key_column, vector_column, target)
-    for file in files:
-        row0 = 0
-        for batch in _iter_batches(file, batch_rows, key_column, vector_column):
-            keys = _keys_to_int64(batch.column(key_column), file, key_column, row0)
-            vectors = _vectors_to_float32(
-                batch.column(vector_column), file, vector_column, row0, target
-            )
-            row0 += len(keys)
-            if len(keys):
-                yield keys, vectors
 
 
 def _topic_partitions(client: Any, topic: str, timeout_s: float = 10.0) -> int | None:
