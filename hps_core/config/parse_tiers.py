@@ -98,9 +98,10 @@ REDIS_DEFAULT_PORT = 6379
 def redis_seeds(address: str) -> list[tuple[str, int]]:
     """The ``(host, port)`` seeds of a Redis ``volatile_db.address``.
 
-    HugeCTR reads ``host[:port]`` entries separated by commas (``[v6]:port`` for IPv6); a
-    missing port is Redis's 6379. HugeCTR connects through the first entry only; every entry
-    is a seed here, so the cluster opens while any one of them answers.
+    HugeCTR reads ``host[:port]`` entries separated by commas (``[v6]:port`` for IPv6; its
+    header documents semicolons, also accepted); a missing port is Redis's 6379. HugeCTR
+    connects through the first entry only; every entry is a seed here, so the cluster opens
+    while any one of them answers.
 
     Args:
         address: e.g. ``"10.0.0.1:7000,10.0.0.2:7000"``.
@@ -116,7 +117,7 @@ def redis_seeds(address: str) -> list[tuple[str, int]]:
         [('127.0.0.1', 7000), ('redis-b', 6379)]
     """
     seeds = []
-    for entry in (part.strip() for part in address.split(",")):
+    for entry in (part.strip() for part in address.replace(";", ",").split(",")):
         host, port_text = entry, ""
         if entry.startswith("["):  # [IPv6]:port
             host, _, rest = entry[1:].partition("]")

@@ -18,6 +18,7 @@ from hps_core.errors import ConfigError
         ("127.0.0.1:7000", [("127.0.0.1", 7000)]),
         ("a:7000,b:7001, c:7002", [("a", 7000), ("b", 7001), ("c", 7002)]),
         ("redis-host", [("redis-host", 6379)]),  # no port: Redis's default, as redis++
+        ("a:7000;b:7001", [("a", 7000), ("b", 7001)]),  # semicolons, as HugeCTR's header
         ("[::1]:7000,[fe80::1]", [("::1", 7000), ("fe80::1", 6379)]),
     ],
 )
