@@ -14,6 +14,8 @@ from typing import Protocol
 
 import numpy as np
 
+from hps_core.formats.sparse import iter_sparse_table
+
 
 def table_tag(model: str, table: str) -> str:
     """The name a lower tier stores a model's table under: HPS's ``hps_et.<model>.<table>``.
@@ -62,3 +64,28 @@ class BackingStore(Protocol):
     def close(self) -> None:
         """Release connections and handles (idempotent)."""
         ...
+
+
+def copy_sparse_folder(
+    store: BackingStore, table: str, folder: str | os.PathLike[str], dim: int
+) -> int:
+    """Insert a HugeCTR sparse model folder into ``store`` chunk by chunk (what each store's
+    ``load_sparse`` does; the chunks bound the memory a large table needs).
+
+    Args:
+        store: the tier to fill.
+        table: the table's name there.
+        folder: the sparse model folder (local path or URI).
+        dim: floats per vector.
+
+    Returns:
+        Rows written.
+
+    Raises:
+        ModelFileError: the folder is invalid or ends early.
+    """
+    rows = 0
+    for chunk in iter_sparse_table(folder, dim):
+        store.insert(table, chunk.keys, chunk.vectors)
+        rows += chunk.keys.shape[0]
+    return rows

@@ -27,7 +27,7 @@ import threading
 import numpy as np
 
 from hps_core.errors import RequestError
-from hps_core.formats.sparse import iter_sparse_table
+from hps_core.tiers.backing import copy_sparse_folder
 
 _INITIAL_ROWS = 1024
 
@@ -140,11 +140,7 @@ class OverlayStore:
         Returns:
             Rows written.
         """
-        written = 0
-        for chunk in iter_sparse_table(folder, dim):
-            self.insert(table, chunk.keys, chunk.vectors)
-            written += len(chunk.keys)
-        return written
+        return copy_sparse_folder(self, table, folder, dim)
 
     def lookup(
         self, table: str, keys: np.ndarray, dim: int, default: float = 0.0

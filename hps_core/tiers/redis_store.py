@@ -59,7 +59,7 @@ import numpy as np
 from hps_core.config import OverflowPolicy, VolatileDBConfig
 from hps_core.config.parse_tiers import redis_seeds
 from hps_core.errors import ConfigError, ModelFileError, Problem, RequestError, TierUnavailableError
-from hps_core.formats.sparse import iter_sparse_table
+from hps_core.tiers.backing import copy_sparse_folder
 
 logger = logging.getLogger(__name__)
 
@@ -485,11 +485,7 @@ class RedisClusterStore:
             ModelFileError: the folder is invalid or ends early.
             TierUnavailableError: a node did not take its rows.
         """
-        rows = 0
-        for chunk in iter_sparse_table(folder, dim):
-            self.insert(table, chunk.keys, chunk.vectors)
-            rows += chunk.keys.shape[0]
-        return rows
+        return copy_sparse_folder(self, table, folder, dim)
 
     def lookup(
         self, table: str, keys: np.ndarray, dim: int, default: float = 0.0

@@ -23,7 +23,7 @@ import numpy as np
 
 from hps_core.config import PersistentDBConfig
 from hps_core.errors import ModelFileError, RequestError
-from hps_core.formats.sparse import iter_sparse_table
+from hps_core.tiers.backing import copy_sparse_folder
 
 _KEY = np.dtype("<i8")
 _VALUE = np.dtype("<f4")
@@ -144,11 +144,7 @@ class RocksStore:
         Raises:
             ModelFileError: the folder is invalid or ends early.
         """
-        rows = 0
-        for chunk in iter_sparse_table(folder, dim):
-            self.insert(table, chunk.keys, chunk.vectors)
-            rows += chunk.keys.shape[0]
-        return rows
+        return copy_sparse_folder(self, table, folder, dim)
 
     def lookup(
         self, table: str, keys: np.ndarray, dim: int, default: float = 0.0

@@ -10,27 +10,16 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from instance_kinds import cuda_unavailable_reason
 
 _HERE = Path(__file__).parent
-
-
-def _gpu_unavailable_reason() -> str | None:
-    try:
-        import cupy
-    except ImportError as exc:
-        return f"CuPy is not importable: {exc}"
-    try:
-        count = cupy.cuda.runtime.getDeviceCount()
-    except cupy.cuda.runtime.CUDARuntimeError as exc:
-        return f"no usable CUDA device: {exc}"
-    return None if count > 0 else "no CUDA device visible"
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     gpu_items = [item for item in items if _HERE in item.path.parents]
     if not gpu_items:
         return
-    reason = _gpu_unavailable_reason()
+    reason = cuda_unavailable_reason()
     for item in gpu_items:
         item.add_marker(pytest.mark.gpu)
         if reason is not None:
