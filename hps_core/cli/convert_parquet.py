@@ -13,7 +13,8 @@ from pathlib import Path
 from hps_core.formats.parquet import parquet_to_sparse_table, sparse_table_to_parquet
 
 
-def _positive_int(text: str) -> int:
+def positive_int(text: str) -> int:
+    """An argparse type: an integer of at least 1 (``hps convert`` and ``hps publish``)."""
     try:
         value = int(text)
     except ValueError:
@@ -76,7 +77,7 @@ def register(converters: argparse._SubParsersAction) -> None:
         "--vector-column", default="vector", help="vector column (default: vector)"
     )
     to_hugectr.add_argument(
-        "--dim", type=_positive_int, help="floats per vector (default: from the data)"
+        "--dim", type=positive_int, help="floats per vector (default: from the data)"
     )
     to_hugectr.add_argument(
         "--overwrite", action="store_true", help="replace a table already in OUT_DIR"
@@ -96,7 +97,7 @@ def register(converters: argparse._SubParsersAction) -> None:
     )
     to_parquet.add_argument("out", metavar="OUT.parquet", type=Path, help="file to write")
     to_parquet.add_argument(
-        "--dim", type=_positive_int, help="floats per vector (default: from the file sizes)"
+        "--dim", type=positive_int, help="floats per vector (default: from the file sizes)"
     )
     to_parquet.add_argument("--key-column", default="key", help="key column (default: key)")
     to_parquet.add_argument(

@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import time
 
+from hps_core.cli.convert_parquet import positive_int
 from hps_core.updates.messages import DEFAULT_SEND_BUFFER_SIZE, topic_for
 from hps_core.updates.producer import (
     DEFAULT_NUM_KEY_GROUPS,
@@ -23,16 +24,6 @@ from hps_core.updates.producer import (
     PublishError,
     UpdateProducer,
 )
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
 
 
 def _publish(args: argparse.Namespace) -> int:
@@ -114,7 +105,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="only the keys of NEW_DIR that are new or whose vector differs from OLD_DIR",
     )
     parser.add_argument(
-        "--dim", type=_positive_int, help="floats per vector (default: from the data)"
+        "--dim", type=positive_int, help="floats per vector (default: from the data)"
     )
     parser.add_argument("--key-column", default="key", help="Parquet key column (default: key)")
     parser.add_argument(
@@ -122,26 +113,26 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument(
         "--send-buffer-size",
-        type=_positive_int,
+        type=positive_int,
         default=DEFAULT_SEND_BUFFER_SIZE,
         help="largest message in bytes; match the servers' receive_buffer_size "
         f"(default: {DEFAULT_SEND_BUFFER_SIZE})",
     )
     parser.add_argument(
         "--max-batch-size",
-        type=_positive_int,
+        type=positive_int,
         help="at most this many rows per message (the servers' max_batch_size; default: "
         "only --send-buffer-size limits)",
     )
     parser.add_argument(
         "--key-groups",
-        type=_positive_int,
+        type=positive_int,
         default=DEFAULT_NUM_KEY_GROUPS,
         help=f"key groups spread over partitions (default: {DEFAULT_NUM_KEY_GROUPS})",
     )
     parser.add_argument(
         "--partitions",
-        type=_positive_int,
+        type=positive_int,
         default=DEFAULT_TOPIC_PARTITIONS,
         help=f"partitions of the topic if it must be created (default: {DEFAULT_TOPIC_PARTITIONS})",
     )

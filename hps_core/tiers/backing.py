@@ -27,6 +27,18 @@ def table_tag(model: str, table: str) -> str:
     return f"hps_et.{model}.{table}"
 
 
+def key_bytes(keys: np.ndarray) -> list[bytes]:
+    """Each int64 key as its 8 little-endian bytes: how HugeCTR's Redis and RocksDB backends
+    store a key (and so how ours do).
+
+    Example:
+        >>> key_bytes(np.array([1, -1], dtype=np.int64))
+        [b'\\x01\\x00\\x00\\x00\\x00\\x00\\x00\\x00', b'\\xff\\xff\\xff\\xff\\xff\\xff\\xff\\xff']
+    """
+    raw = np.ascontiguousarray(keys, dtype="<i8").tobytes()
+    return [raw[i : i + 8] for i in range(0, len(raw), 8)]
+
+
 class BackingStore(Protocol):
     """A key-value tier of embedding tables below the shared host tier."""
 

@@ -59,7 +59,7 @@ import numpy as np
 from hps_core.config import OverflowPolicy, VolatileDBConfig
 from hps_core.config.parse_tiers import redis_seeds
 from hps_core.errors import ConfigError, ModelFileError, Problem, RequestError, TierUnavailableError
-from hps_core.tiers.backing import copy_sparse_folder
+from hps_core.tiers.backing import copy_sparse_folder, key_bytes
 
 logger = logging.getLogger(__name__)
 
@@ -429,7 +429,7 @@ class RedisClusterStore:
             )
         if keys.shape[0] == 0:
             return
-        raw_keys = _split(keys)
+        raw_keys = key_bytes(keys)
         width = vectors.shape[1] * _VALUE.itemsize
         raw_values = vectors.tobytes()
         stamp = _TIME.pack(int(self._clock()))
@@ -515,7 +515,7 @@ class RedisClusterStore:
             return out, found
         # Each distinct key is asked for once; repeats are filled in from it.
         unique, inverse = np.unique(keys, return_inverse=True)
-        raw_keys = _split(unique)
+        raw_keys = key_bytes(unique)
         jobs = []
         for part, rows in self._grouped(unique):
             hv = partition_key(table, part, "v")
@@ -688,9 +688,3 @@ class RedisClusterStore:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def _split(keys: np.ndarray) -> list[bytes]:
-    """Each key (``_KEY``, contiguous) as its 8 little-endian bytes (HugeCTR's encoding)."""
-    raw = keys.tobytes()
-    return [raw[i : i + 8] for i in range(0, len(raw), 8)]

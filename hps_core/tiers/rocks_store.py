@@ -23,7 +23,7 @@ import numpy as np
 
 from hps_core.config import PersistentDBConfig
 from hps_core.errors import ModelFileError, RequestError
-from hps_core.tiers.backing import copy_sparse_folder
+from hps_core.tiers.backing import copy_sparse_folder, key_bytes
 
 _KEY = np.dtype("<i8")
 _VALUE = np.dtype("<f4")
@@ -126,7 +126,7 @@ class RocksStore:
             stop = start + self.max_batch_size
             batch = WriteBatch(raw_mode=True)
             batch.set_default_column_family(handle)
-            for key, value in zip(_split(keys[start:stop]), vectors[start:stop], strict=True):
+            for key, value in zip(key_bytes(keys[start:stop]), vectors[start:stop], strict=True):
                 batch.put(key, value.tobytes())
             self._db.write(batch)
 
@@ -170,7 +170,7 @@ class RocksStore:
         found = np.zeros(keys.shape[0], dtype=bool)
         width = dim * _VALUE.itemsize
         for start in range(0, keys.shape[0], self.max_batch_size):
-            values = family.get(_split(keys[start : start + self.max_batch_size]))
+            values = family.get(key_bytes(keys[start : start + self.max_batch_size]))
             hits = [i for i, value in enumerate(values) if value is not None]
             stored = b"".join(values[i] for i in hits)
             if len(stored) != len(hits) * width:
@@ -235,9 +235,3 @@ class RocksStore:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def _split(keys: np.ndarray) -> list[bytes]:
-    """Each key (``_KEY``, contiguous) as its 8 little-endian bytes (HugeCTR's encoding)."""
-    raw = keys.tobytes()
-    return [raw[i : i + 8] for i in range(0, len(raw), 8)]
