@@ -8,10 +8,13 @@ samples as DES, CATCOLUMN, ROWINDEX) and their ``_samples`` twins (the same samp
 runs for ``--minutes`` at once (three windows of a third each; a failed request makes
 perf_analyzer exit non-zero, which the table reports). Every ``--sample-s`` seconds the script
 records the resident memory of the server and of its stub processes, their open file
-descriptors and the entries and bytes of ``/dev/shm``; the table compares the first sample
-after ``--warmup-s`` with the last. After the server stops it checks that no process and no
-new ``/dev/shm`` entry is left. Writes ``soak_samples.csv``, ``soak_summary.csv`` and each
-perf_analyzer's output.
+descriptors, the entries and bytes of ``/dev/shm`` and, where NVML answers (``nvidia-ml-py``,
+the GPU image has it), the GPU memory in use: on the whole device and by the server and its
+stubs; the table compares the first sample after ``--warmup-s`` with the last. After the
+server stops it checks that no process and no new ``/dev/shm`` entry is left. Writes
+``soak_samples.csv``, ``soak_summary.csv``, ``soak_drift.csv`` (per load phase, each memory
+resource's slope per minute after ``--warmup-s``), ``soak_resources.png`` (with matplotlib)
+and each perf_analyzer's output.
 
 Usage:
     python benchmarks/soak.py --minutes 10 --concurrency 16,64 --out bench_results/soak
@@ -108,40 +111,96 @@ def open_fds(pid: int) -> int:
     return len(os.listdir(f"/proc/{pid}/fd"))
 
 
+class GpuMemory:
+    """GPU memory in use through NVML: the whole of every device, and by a set of processes.
+
+    ``available`` is False where NVML cannot be loaded (no ``pynvml``, no driver): the soak
+    then records no GPU columns.
+    """
+
+    def __init__(self) -> None:
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+            count = pynvml.nvmlDeviceGetCount()
+        except Exception:  # ImportError, or NVMLError where there is no driver
+            self.available = False
+            return
+        self._nvml = pynvml
+        self._devices = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(count)]
+        self.available = True
+
+    def sample(self, pids: set[int]) -> dict[str, float]:
+        """MiB in use on all devices, and by ``pids`` (NaN when NVML lists none of the
+        processes, as in containers whose pids NVML does not see)."""
+        nvml = self._nvml
+        used, ours, seen = 0, 0, False
+        for device in self._devices:
+            used += nvml.nvmlDeviceGetMemoryInfo(device).used
+            try:
+                procs = nvml.nvmlDeviceGetComputeRunningProcesses(device)
+            except nvml.NVMLError:
+                procs = []  # not supported in some sandboxes: the device total still is
+            for proc in procs:
+                if proc.pid in pids and proc.usedGpuMemory is not None:
+                    ours += proc.usedGpuMemory
+                    seen = True
+        return {
+            "gpu_used_mib": used / 2**20,
+            "gpu_procs_mib": ours / 2**20 if seen else float("nan"),
+        }
+
+
 def shm_usage() -> tuple[int, int]:
     entries = list(os.scandir("/dev/shm"))
     return len(entries), sum(e.stat().st_blocks * 512 for e in entries)
 
 
 class Sampler(threading.Thread):
-    """Records the server's and its stubs' memory and descriptors, and /dev/shm."""
+    """Records the server's and its stubs' memory and descriptors, /dev/shm and GPU memory."""
 
-    def __init__(self, server_pid: int, every_s: float) -> None:
+    def __init__(self, server_pid: int, every_s: float, csv_path: Path) -> None:
         super().__init__(daemon=True)
         self.server_pid, self.every_s = server_pid, every_s
+        self.gpu = GpuMemory()
+        self.csv_path = csv_path  # written row by row: a soak cut short keeps its samples
         self.rows: list[dict] = []
         self.phase = "start"
         self._halt = threading.Event()
         self._start = time.monotonic()
 
     def run(self) -> None:
-        while True:
-            try:
-                stubs = list(stub_processes(self.server_pid))
-                shm_entries, shm_bytes = shm_usage()
-                self.rows.append({
-                    "t_s": round(time.monotonic() - self._start, 1), "phase": self.phase,
-                    "server_rss_mib": rss_kib(self.server_pid) / 1024,
-                    "stubs": len(stubs),
-                    "stubs_rss_mib": sum(rss_kib(p) for p in stubs) / 1024,
-                    "server_fds": open_fds(self.server_pid),
-                    "stub_fds": sum(open_fds(p) for p in stubs),
-                    "shm_entries": shm_entries, "shm_mib": shm_bytes / 2**20,
-                })  # fmt: skip
-            except OSError:
-                pass  # a stub exited between listing and reading
-            if self._halt.wait(self.every_s):
-                return
+        with self.csv_path.open("w", newline="") as f:
+            writer = None
+            while True:
+                row = self._sample()
+                if row is not None:
+                    self.rows.append(row)
+                    if writer is None:
+                        writer = csv.DictWriter(f, fieldnames=list(row))
+                        writer.writeheader()
+                    writer.writerow(row)
+                    f.flush()
+                if self._halt.wait(self.every_s):
+                    return
+
+    def _sample(self) -> dict | None:
+        try:
+            stubs = list(stub_processes(self.server_pid))
+            shm_entries, shm_bytes = shm_usage()
+            gpu = self.gpu.sample({self.server_pid, *stubs}) if self.gpu.available else {}
+            return {
+                "t_s": round(time.monotonic() - self._start, 1), "phase": self.phase,
+                "server_rss_mib": rss_kib(self.server_pid) / 1024,
+                "stubs": len(stubs),
+                "stubs_rss_mib": sum(rss_kib(p) for p in stubs) / 1024,
+                "server_fds": open_fds(self.server_pid),
+                "stub_fds": sum(open_fds(p) for p in stubs),
+                "shm_entries": shm_entries, "shm_mib": shm_bytes / 2**20, **gpu,
+            }  # fmt: skip
+        except OSError:
+            return None  # a stub exited between listing and reading
 
     def stop(self) -> None:
         self._halt.set()
@@ -187,6 +246,67 @@ def soak_level(pa, server, inputs: dict[str, Path], level: int, args) -> list[di
     return results
 
 
+RESOURCES = (
+    "server_rss_mib", "stubs_rss_mib", "stubs", "server_fds", "stub_fds", "shm_entries",
+    "shm_mib", "gpu_used_mib", "gpu_procs_mib",
+)  # fmt: skip
+
+
+def phase_drift(rows: list[dict], settle_s: float) -> list[dict]:
+    """Per load phase, each memory resource at ``settle_s`` into the phase and at its end, and
+    its least-squares slope per minute over that span: flat after warm-up means a slope near
+    zero, which the first-against-last comparison alone cannot tell from a slow leak."""
+    out = []
+    for phase in dict.fromkeys(r["phase"] for r in rows):
+        if not phase.startswith("concurrency"):
+            continue
+        span = [r for r in rows if r["phase"] == phase]
+        span = [r for r in span if r["t_s"] >= span[0]["t_s"] + settle_s]
+        if len(span) < 3:
+            continue
+        t = np.array([r["t_s"] for r in span]) / 60.0
+        for key in ("server_rss_mib", "stubs_rss_mib", "gpu_used_mib", "gpu_procs_mib"):
+            values = np.array([r.get(key, np.nan) for r in span], dtype=np.float64)
+            if np.isnan(values).any():
+                continue
+            out.append({
+                "phase": phase, "resource": key, "minutes": round(t[-1] - t[0], 1),
+                "first_mib": values[0], "last_mib": values[-1],
+                "slope_mib_per_min": float(np.polyfit(t, values, 1)[0]),
+            })  # fmt: skip
+    return out
+
+
+def plot_resources(rows: list[dict], path: Path) -> None:
+    """One panel per sampled resource against time, the phases shaded (needs matplotlib)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib is not installed: no plot")
+        return
+    keys = [k for k in RESOURCES if k in rows[0] and k != "stubs"]
+    fig, axes = plt.subplots(len(keys), 1, figsize=(8, 1.8 * len(keys)), sharex=True)
+    t = [r["t_s"] for r in rows]
+    for ax, key in zip(axes, keys, strict=True):
+        ax.plot(t, [r[key] for r in rows], marker=".", linewidth=1)
+        ax.set_ylabel(key, fontsize=8)
+        start = 0
+        for i in range(1, len(rows) + 1):  # shade every other phase
+            if i == len(rows) or rows[i]["phase"] != rows[start]["phase"]:
+                if rows[start]["phase"].startswith("concurrency"):
+                    ax.axvspan(t[start], t[i - 1], alpha=0.1)
+                    ax.text(t[start], ax.get_ylim()[1], rows[start]["phase"], fontsize=7,
+                            va="top")  # fmt: skip
+                start = i
+    axes[-1].set_xlabel("seconds since the server started")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    print(f"plot: {path}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--minutes", type=float, default=10.0, help="per concurrency level")
@@ -213,7 +333,7 @@ def main() -> None:
             inputs = {m: inputs[m] for m in args.models.split(",")}
         server = TritonServer(repo, startup_timeout_s=300, log_file=Path(tmp) / "server.log")
         server.start()
-        sampler = Sampler(server.pid, args.sample_s)
+        sampler = Sampler(server.pid, args.sample_s, args.out / "soak_samples.csv")
         sampler.start()
         try:
             for level in (int(c) for c in args.concurrency.split(",")):
@@ -231,10 +351,6 @@ def main() -> None:
             server.stop()
         left = stub_processes(server.pid)
     shm_left = set(os.listdir("/dev/shm")) - shm_before
-    with (args.out / "soak_samples.csv").open("w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(sampler.rows[0]))
-        writer.writeheader()
-        writer.writerows(sampler.rows)
     with (args.out / "soak_summary.csv").open("w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=list(summary[0]))
         writer.writeheader()
@@ -249,10 +365,24 @@ def main() -> None:
     print(f"\n| resource | first after {args.warmup_s:.0f} s (t={first['t_s']} s) | last "
           f"(t={last['t_s']} s) | max |")  # fmt: skip
     print("| --- | ---: | ---: | ---: |")
-    for key in ("server_rss_mib", "stubs_rss_mib", "stubs", "server_fds", "stub_fds",
-                "shm_entries", "shm_mib"):  # fmt: skip
+    for key in RESOURCES:
+        if key not in first:
+            continue  # GPU columns where NVML answered only
         top = max(r[key] for r in warm)
         print(f"| {key} | {first[key]:.1f} | {last[key]:.1f} | {top:.1f} |")
+    drift = phase_drift(sampler.rows, args.warmup_s)
+    if drift:
+        with (args.out / "soak_drift.csv").open("w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=list(drift[0]))
+            writer.writeheader()
+            writer.writerows(drift)
+        print(f"\n| phase (from {args.warmup_s:.0f} s in) | resource | minutes | first MiB | "
+              "last MiB | slope MiB/min |")  # fmt: skip
+        print("| --- | --- | ---: | ---: | ---: | ---: |")
+        for d in drift:
+            print(f"| {d['phase']} | {d['resource']} | {d['minutes']} | {d['first_mib']:.1f} | "
+                  f"{d['last_mib']:.1f} | {d['slope_mib_per_min']:+.2f} |")  # fmt: skip
+    plot_resources(sampler.rows, args.out / "soak_resources.png")
     print(f"\nserver log: {log_lines} lines; after stop: {len(left)} stub processes, "
           f"{len(shm_left)} new /dev/shm entries {sorted(shm_left)[:5]}")  # fmt: skip
 

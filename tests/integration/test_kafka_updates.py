@@ -1,9 +1,14 @@
 """Online updates over Kafka served by two real tritonservers: one tansu broker, two servers
-(one CPU instance each, separate repositories over the same sparse files, so one shared host
+(one instance each, separate repositories over the same sparse files, so one shared host
 tier on this machine), one ``hps publish --changed`` of rows that changed (existing keys) and
 rows that are new. Both servers answer the new values within a bound; a server restarted
 while more updates are published answers those and the earlier ones (new keys included: its
-overlay is rebuilt by the replay); the update counters reach the metrics endpoint."""
+overlay is rebuilt by the replay); the update counters reach the metrics endpoint.
+
+On GPU instances (where CUDA is usable) each server's GPU cache holds the whole table once
+the first requests have run; after the update, both answer the changed rows from their GPU
+caches (the cache-hit counters rise by every key asked, the miss counters not at all):
+updates reach the GPU caches, which HugeCTR's never do."""
 
 from __future__ import annotations
 
@@ -15,6 +20,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import tritonclient.http as httpclient
+from instance_kinds import INSTANCE_KINDS
 from kafka_broker import FAST_GROUP_OPTIONS, kafka_broker
 
 from hps_core.cli.main import main as hps_main
@@ -35,8 +41,9 @@ def broker():
     yield from kafka_broker()
 
 
-def _repository(root: Path, data: Path, brokers: str) -> Path:
-    """A repository of its own (own ps.json: own consumer group) over the shared files."""
+def _repository(root: Path, data: Path, brokers: str, kind: str) -> Path:
+    """A repository of its own (own ps.json: own consumer group) over the shared files; on
+    GPU instances a GPU cache for the whole table, filled by the first lookups."""
     root.mkdir(parents=True)
     ps = {
         "supportlonglong": True,
@@ -56,12 +63,15 @@ def _repository(root: Path, data: Path, brokers: str) -> Path:
                 "maxnum_catfeature_query_per_table_per_sample": [MAX_QUERY],
                 "max_batch_size": 1,
                 "deployed_device_list": [0],
+                "gpucacheper": 1.0,
+                "hit_rate_threshold": 2.0,  # above 1: misses inserted before the answer
             }
         ],
     }
     (root / "ps.json").write_text(json.dumps(ps))
     repo = root / "repo"
-    assert hps_main(["repo", str(root / "ps.json"), str(repo), "--instances", "1"]) == 0
+    command = ["repo", str(root / "ps.json"), str(repo), "--instances", "1", "--kind", kind]
+    assert hps_main(command) == 0
     # tansu assigns a group's partitions after half the session timeout: keep it short.
     options = json.dumps(FAST_GROUP_OPTIONS).replace('"', '\\"')
     parameter = (
@@ -114,16 +124,29 @@ def _metric(server, name: str) -> float:
     )
 
 
+def _cache_counts(server, key: np.ndarray) -> np.ndarray:
+    """The server's GPU cache (hits, misses) so far, after one lookup of ``key``: counters are
+    published after an execute, at most twice a second."""
+    time.sleep(0.6)
+    _infer(server, key)
+    return np.array(
+        [_metric(server, "hps_cache_hits_total"), _metric(server, "hps_cache_misses_total")]
+    )
+
+
+@pytest.mark.parametrize("kind", INSTANCE_KINDS)
 def test_two_servers_serve_published_updates_and_resume_after_a_restart(
-    broker: str, tmp_path: Path, triton_server
+    broker: str, tmp_path: Path, triton_server, kind: str
 ) -> None:
     rng = np.random.default_rng(23)
     keys = rng.choice(np.arange(-(10**12), 10**12, 7919), ROWS, replace=False).astype(np.int64)
     vectors = rng.standard_normal((ROWS, DIM)).astype(np.float32)
     write_sparse_table(tmp_path / "data" / "t0", keys, vectors)
     reference = dict(zip(keys.tolist(), vectors, strict=True))
-    repos = [_repository(tmp_path / f"server{i}", tmp_path / "data" / "t0", broker) for i in (0, 1)]
-    servers = [triton_server(repo) for repo in repos]
+    repos = [
+        _repository(tmp_path / f"server{i}", tmp_path / "data" / "t0", broker, kind) for i in (0, 1)
+    ]
+    servers = [triton_server(repo, startup_timeout_s=180) for repo in repos]
     probe = np.concatenate([keys[:300], np.arange(1, 601, 2, dtype=np.int64)])
     for server in servers:
         assert _answers(server, reference, probe)  # the files; new keys get the default
@@ -141,6 +164,13 @@ def test_two_servers_serve_published_updates_and_resume_after_a_restart(
     _publish(broker, tmp_path / "data" / "t0", tmp_path / "v1")
     delay = _wait_for(servers, after1, probe)
     assert delay < VISIBLE_WITHIN_S
+    if kind == "KIND_GPU":  # the changed rows come from each server's GPU cache
+        existing = keys[:300]  # 200 changed, 100 not; all cached by the probes above
+        for server in servers:
+            before = _cache_counts(server, keys[:1])
+            assert _answers(server, after1, existing)
+            hits, misses = _cache_counts(server, keys[:1]) - before
+            assert (hits, misses) == (len(existing) + 1, 0)
 
     # Server 1 stops; update 2 is published while it is down; it starts again.
     servers[1].stop()
@@ -153,7 +183,7 @@ def test_two_servers_serve_published_updates_and_resume_after_a_restart(
         np.stack(list(after2.values())).astype(np.float32),
     )
     _publish(broker, tmp_path / "v1", tmp_path / "v2")
-    restarted = triton_server(repos[1])
+    restarted = triton_server(repos[1], startup_timeout_s=180)
     everything = np.concatenate([probe, more_new])
     _wait_for([servers[0], restarted], after2, everything)
     time.sleep(1.0)  # counters are published at most twice a second, after an execute
