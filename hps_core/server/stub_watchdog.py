@@ -9,10 +9,7 @@ server process, so there a crash takes the whole server down instead.)
 The watchdog looks at the server's stub processes twice a second; when one that served a model
 is gone while the server is ready, it reloads that model through Triton's model-control API:
 new stubs start, requests go to them as soon as the load returns (about 2 s for the demo
-models on the CPU machine). The old version is not released: when the stub died during a
-request, Triton 2.51 never finishes unloading that version, so its other stubs stay until the
-server stops (which then takes its exit timeout; ``TritonServer.stop`` ends what is left and
-removes the shared memory). Stubs that exit because their version was unloaded on purpose (a
+models on the CPU machine). Stubs that exit because their version was unloaded on purpose (a
 switch to a new version, :mod:`~hps_core.server.control`) are not reloaded: the watchdog
 reloads a model only while the version of the vanished stub is still ``READY`` in Triton's
 repository index (a version being unloaded is ``UNLOADING``, then ``UNAVAILABLE``). This needs
@@ -20,6 +17,21 @@ repository index (a version being unloaded is ``UNLOADING``, then ``UNAVAILABLE`
 model control) and the model-repository API restricted to requests that carry a header with a
 token drawn per server start (:func:`control_args`), so clients still cannot load or unload
 models: model control stays off for them.
+
+When the stub died during a request, Triton 2.51 never finishes unloading the old version, so
+its other stubs would stay, idle, holding their memory (on GPU instances a CUDA context too)
+until the server stops. The watchdog ends them with ``SIGKILL`` (a Python stub ignores
+``SIGTERM``) once they are idle (:func:`idle_stubs`): ``grace_s`` after the reload returned, so
+that requests the old version was still executing have finished, and with no CPU time used
+between two looks (a stub whose own threads keep working, e.g. a cache refresher, waits for a
+pause). Only stubs that served the model before a reload that succeeded
+are ended, never while the server is not ready. Nothing is lost: their Python-backend shared
+memory belongs to the server process and the host-tier segments count their users with locks
+that the kernel drops. Triton does not notice: the old version never shows in the repository
+index (which lists the new one ``READY``), yet it stays a live model, so the server's stop
+still takes its exit timeout and exits with code 1, as without the release; an ended stub
+stays a zombie process, without memory, until the server exits, and ``TritonServer.stop``
+removes the shared memory left.
 
 Example:
     >>> token = new_token()  # doctest: +SKIP
@@ -33,10 +45,12 @@ import json
 import logging
 import os
 import secrets
+import signal
 import threading
 import time
 import urllib.error
 import urllib.request
+from dataclasses import dataclass
 from pathlib import Path
 
 logger = logging.getLogger("hps_core")
@@ -121,6 +135,75 @@ def stub_versions(server_pid: int) -> dict[int, tuple[str, int]]:
     return stubs
 
 
+def cpu_ticks(pid: int) -> tuple[int, int] | None:
+    """Start time and CPU time of a process, in clock ticks.
+
+    Args:
+        pid: the process.
+
+    Returns:
+        ``(start, cpu)``: fields 22 and 14 + 15 (user + system time) of ``/proc/<pid>/stat``;
+        ``None`` once the process exited (a zombie included). A later process given the same
+        pid has another start time.
+    """
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read().decode(errors="replace")
+        # After the command name (field 2, may hold spaces), fields[n - 3] is field n.
+        fields = stat.rsplit(")", 1)[1].split()
+        if fields[0] in ("Z", "X"):
+            return None
+        return int(fields[19]), int(fields[11]) + int(fields[12])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+@dataclass
+class RetiredStub:
+    """A stub of a model version that a reload replaced (see :class:`StubWatchdog`)."""
+
+    model: str
+    replaced_at: float
+    """``time.monotonic()`` when the reload returned."""
+    start: int
+    """Its start time (:func:`cpu_ticks`): tells it from a later process with the same pid."""
+    cpu: int
+    """Its CPU time at the previous look, in clock ticks."""
+
+
+def idle_stubs(retired: dict[int, RetiredStub], now: float, grace_s: float) -> list[int]:
+    """Look once at retired stubs: the pids of those idle now.
+
+    A stub is idle once ``grace_s`` have passed since the reload that replaced it (requests
+    its version was still executing have finished) and it used no CPU time since the previous
+    look. Each look records the CPU time for the next one; stubs that exited (or whose pid
+    another process has now) leave ``retired``.
+
+    Args:
+        retired: pid -> the stub; updated in place.
+        now: ``time.monotonic()`` of this look.
+        grace_s: the least time after the reload.
+
+    Returns:
+        The idle stubs' pids, in order.
+
+    Example:
+        >>> stubs = {4122: RetiredStub("dcn", time.monotonic(), *cpu_ticks(4122))}  # doctest: +SKIP
+        >>> idle_stubs(stubs, time.monotonic() + 5, grace_s=5)  # doctest: +SKIP
+        [4122]
+    """
+    idle = []
+    for pid, stub in list(retired.items()):
+        ticks = cpu_ticks(pid)
+        if ticks is None or ticks[0] != stub.start:
+            del retired[pid]
+            continue
+        if now - stub.replaced_at >= grace_s and ticks[1] == stub.cpu:
+            idle.append(pid)
+        stub.cpu = ticks[1]
+    return sorted(idle)
+
+
 class StubWatchdog:
     """Reloads a model when one of its stub processes dies (see the module docstring).
 
@@ -129,15 +212,26 @@ class StubWatchdog:
         http_url: its HTTP endpoint, e.g. ``http://127.0.0.1:8000``.
         token: the token given to :func:`control_args`.
         interval_s: seconds between two looks at the stub processes.
+        grace_s: seconds after a reload before the old version's stubs may be released.
     """
 
-    def __init__(self, server_pid: int, http_url: str, token: str, interval_s: float = 0.5) -> None:
+    def __init__(
+        self,
+        server_pid: int,
+        http_url: str,
+        token: str,
+        interval_s: float = 0.5,
+        grace_s: float = 5.0,
+    ) -> None:
         self.server_pid = server_pid
         self.http_url = http_url.rstrip("/")
         self._token = token
         self.interval_s = interval_s
+        self.grace_s = grace_s
         self.reloads: list[str] = []
         """Models reloaded so far, in order."""
+        self.released: list[int] = []
+        """Stubs of replaced versions ended so far (pids), in order."""
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -157,6 +251,8 @@ class StubWatchdog:
     def _run(self) -> None:
         known = stub_versions(self.server_pid)
         retired: set[int] = set()  # stubs of an old version, expected to exit after a reload
+        # Those of a reload that succeeded: Triton may never end them, the watchdog does when idle.
+        releasing: dict[int, RetiredStub] = {}
         while not self._stop.wait(self.interval_s):
             current = stub_versions(self.server_pid)
             gone = {
@@ -176,12 +272,39 @@ class StubWatchdog:
                     "model '%s': stub process %s exited; reloading the model", model,
                     ", ".join(map(str, dead)),
                 )  # fmt: skip
-                retired |= {p for p, (m, _) in current.items() if m == model}
-                self._reload(model)
+                old = [p for p, (m, _) in current.items() if m == model]
+                retired.update(old)
+                if self._reload(model):
+                    replaced_at = time.monotonic()
+                    for pid in old:
+                        if (ticks := cpu_ticks(pid)) is not None:
+                            releasing[pid] = RetiredStub(model, replaced_at, *ticks)
             if lost:
                 current = stub_versions(self.server_pid)
             retired &= set(current)
             known = current
+            if releasing:
+                self._release(releasing)
+
+    def _release(self, releasing: dict[int, RetiredStub]) -> None:
+        """End the idle stubs of ``releasing`` (they leave it), unless the server is stopping."""
+        idle = idle_stubs(releasing, time.monotonic(), self.grace_s)
+        # While the server shuts down, Triton ends its stubs itself.
+        if not idle or not self._server_ready():
+            return
+        for pid in idle:
+            stub = releasing.pop(pid)
+            try:
+                # SIGKILL: the Python stub ignores SIGTERM and SIGINT.
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                continue  # exited meanwhile
+            self.released.append(pid)
+            logger.warning(
+                "model '%s': released stub process %d of the replaced version (idle, %.1f s "
+                "after the reload)",
+                stub.model, pid, time.monotonic() - stub.replaced_at,
+            )  # fmt: skip
 
     def _ready_versions(self) -> set[tuple[str, int]] | None:
         """(model, version) pairs Triton reports READY; ``None`` if the index is unreadable."""
@@ -210,7 +333,8 @@ class StubWatchdog:
         except (OSError, urllib.error.URLError):
             return False
 
-    def _reload(self, model: str) -> None:
+    def _reload(self, model: str) -> bool:
+        """Load ``model`` again; whether Triton reports success."""
         request = urllib.request.Request(
             f"{self.http_url}/v2/repository/models/{model}/load",
             data=b"{}",
@@ -223,9 +347,10 @@ class StubWatchdog:
                 pass
         except (OSError, urllib.error.URLError) as exc:
             logger.error("model '%s': reload after a stub exit failed: %s", model, exc)
-            return
+            return False
         self.reloads.append(model)
         logger.warning(
             "model '%s': reloaded in %.1f s after a stub exit", model,
             time.perf_counter() - started,
         )  # fmt: skip
+        return True

@@ -3,9 +3,10 @@
 Triton 2.51 does not restart a dead stub: without the watchdog, the requests routed to the
 dead instance fail for as long as the server runs. With it (``hps serve``'s default), the
 model is reloaded within seconds, good requests are answered correctly again, clients still
-cannot load or unload models, and no process or ``/dev/shm`` entry is left after the server
-stops. Checked on CPU instances and, where CUDA is usable, on GPU instances (the GPU pipeline,
-its CUDA IPC cache files and mapped host tier).
+cannot load or unload models, the old version's surviving stub (which Triton 2.51 never ends)
+is released once idle, and no process or ``/dev/shm`` entry is left after the server stops.
+Checked on CPU instances and, where CUDA is usable, on GPU instances (the GPU pipeline, its
+CUDA IPC cache files and mapped host tier).
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ pytestmark = pytest.mark.integration
 
 NAME = "dcn"
 RECOVERY_S = 20.0
+RELEASE_S = 30.0  # from recovery to the release of the old version's surviving stub
 
 
 def infer(client, model: Model, rng: np.random.Generator) -> None:
@@ -63,7 +65,7 @@ def test_a_killed_stub_is_replaced_and_the_model_serves_again(
     DEMO_MODELS[NAME](repo, ServingOptions(instances=(InstanceGroup(count=2, kind=kind),)))
     shm_before = set(os.listdir("/dev/shm"))
     # As hps serve runs it: the watchdog on, and host-tier segments whose users all died (the
-    # lingering stub is killed at stop) removed once the server is gone.
+    # stubs the watchdog killed) removed once the server is gone.
     server = module_triton_server(
         repo, startup_timeout_s=180, stub_watchdog=True,
         on_stopped=[lambda _: remove_stale_segments()],
@@ -127,14 +129,30 @@ def test_a_killed_stub_is_replaced_and_the_model_serves_again(
     assert recovered is not None, f"not serving {RECOVERY_S} s after the kill: {failures[-3:]}"
     assert server._watchdog.reloads == [NAME]
     assert all("not healthy" in f or "unavailable" in f.lower() for f in failures), failures[:3]
-    # Two new stubs serve the model; the old version's surviving stub stays until shutdown
-    # (Triton 2.51 never finishes unloading a version whose stub died mid-request).
-    current = [pid for pid, name in stub_processes(server.pid).items() if name == NAME]
-    assert len(set(current) - set(stubs)) == 2 and stubs[0] not in current, (stubs, current)
+    # Two new stubs serve the model. The old version's surviving stub, which Triton 2.51 never
+    # ends (it never finishes unloading a version whose stub died mid-request), is released by
+    # the watchdog once idle; every request keeps being answered meanwhile and afterwards.
+    new = {pid for pid, name in stub_processes(server.pid).items() if name == NAME} - set(stubs)
+    assert len(new) == 2, (stubs, new)
+    released = None
+    while time.monotonic() - killed < recovered + RELEASE_S:
+        infer(client, model, rng)
+        current = {pid for pid, name in stub_processes(server.pid).items() if name == NAME}
+        if current == new:
+            released = time.monotonic() - killed - recovered
+            break
+        time.sleep(0.1)
+    assert released is not None, f"old stub not released in {RELEASE_S} s: {stubs} -> {current}"
+    assert server._watchdog.released == [stubs[1]]
     for _ in range(20):  # every instance answers again
         infer(client, model, rng)
-    print(f"\nrecovered {recovered:.1f} s after kill -9; {len(failures)} requests failed meanwhile")
+    print(
+        f"\nrecovered {recovered:.1f} s after kill -9; {len(failures)} requests failed meanwhile;"
+        f" old stub released {released:.1f} s after recovery"
+    )
 
+    started = time.monotonic()
     server.stop()
+    print(f"stop took {time.monotonic() - started:.1f} s")
     assert not stub_processes(server.pid)
     assert set(os.listdir("/dev/shm")) <= shm_before

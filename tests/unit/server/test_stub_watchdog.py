@@ -1,18 +1,28 @@
 """The stub watchdog's parts that need no tritonserver: finding stubs, its options, their
-conflicts and the token kept out of the printed command (the recovery itself:
-``tests/integration/test_stub_recovery.py``)."""
+conflicts, the token kept out of the printed command and when an old version's stubs are idle
+enough to end (the recovery itself: ``tests/integration/test_stub_recovery.py``)."""
 
 from __future__ import annotations
 
 import os
 import subprocess
+import sys
 import time
 from pathlib import Path
 
 import pytest
 
 from hps_core.server.process import ServerError, TritonServer
-from hps_core.server.stub_watchdog import HEADER, control_args, new_token, stub_processes
+from hps_core.server.stub_watchdog import (
+    HEADER,
+    RetiredStub,
+    StubWatchdog,
+    control_args,
+    cpu_ticks,
+    idle_stubs,
+    new_token,
+    stub_processes,
+)
 
 
 def test_control_args_load_every_model_and_restrict_model_control_to_the_token() -> None:
@@ -55,3 +65,64 @@ def test_the_watchdog_refuses_model_control_options_of_its_own(tmp_path: Path, a
     server = TritonServer(tmp_path, stub_watchdog=True, extra_args=[arg])
     with pytest.raises(ServerError, match="stub watchdog"):
         server.start()
+
+
+def test_cpu_ticks_reads_the_cpu_time_the_kernel_reports() -> None:
+    deadline = time.process_time() + 0.3
+    while time.process_time() < deadline:  # use some CPU time
+        pass
+    start, cpu = cpu_ticks(os.getpid())
+    times = os.times()
+    assert abs(cpu - (times.user + times.system) * os.sysconf("SC_CLK_TCK")) <= 2
+    assert cpu_ticks(os.getpid())[0] == start  # the start time does not move
+    child = subprocess.Popen(["sleep", "30"])
+    child.kill()
+    os.waitid(os.P_PID, child.pid, os.WEXITED | os.WNOWAIT)  # a zombie: exited, not reaped
+    assert cpu_ticks(child.pid) is None
+    child.wait()
+    assert cpu_ticks(child.pid) is None
+
+
+def test_a_retired_stub_is_idle_after_the_grace_once_it_used_no_cpu_time() -> None:
+    sleeper = subprocess.Popen(["sleep", "30"])
+    busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    reused = subprocess.Popen(["sleep", "30"])
+    try:
+        now = time.monotonic()
+        retired = {p.pid: RetiredStub("dcn", now, *cpu_ticks(p.pid)) for p in (sleeper, busy)}
+        # A pid whose process started at another time is not the stub that was retired.
+        start, cpu = cpu_ticks(reused.pid)
+        retired[reused.pid] = RetiredStub("dcn", now, start - 1, cpu)
+        assert idle_stubs(retired, now + 4.9, grace_s=5) == []  # within the grace
+        assert set(retired) == {sleeper.pid, busy.pid}
+        time.sleep(0.3)
+        assert idle_stubs(retired, now + 5, grace_s=5) == [sleeper.pid]
+        time.sleep(0.3)
+        assert idle_stubs(retired, now + 6, grace_s=5) == [sleeper.pid]
+        sleeper.kill()
+        sleeper.wait()
+        time.sleep(0.3)
+        assert idle_stubs(retired, now + 7, grace_s=5) == []
+        assert set(retired) == {busy.pid}  # an exited stub leaves
+    finally:
+        for process in (sleeper, busy, reused):
+            process.kill()
+            process.wait()
+
+
+def test_idle_old_stubs_are_ended_only_while_the_server_is_ready(monkeypatch) -> None:
+    stub = subprocess.Popen(["sleep", "30"])
+    try:
+        watchdog = StubWatchdog(os.getpid(), "http://127.0.0.1:1", "token", grace_s=0)
+        releasing = {stub.pid: RetiredStub("dcn", time.monotonic(), *cpu_ticks(stub.pid))}
+        monkeypatch.setattr(watchdog, "_server_ready", lambda: False)  # shutting down
+        for _ in range(3):
+            watchdog._release(releasing)
+        assert stub.poll() is None and watchdog.released == [] and stub.pid in releasing
+        monkeypatch.setattr(watchdog, "_server_ready", lambda: True)
+        watchdog._release(releasing)
+        assert stub.wait(timeout=5) == -9  # SIGKILL
+        assert watchdog.released == [stub.pid] and releasing == {}
+    finally:
+        stub.kill()
+        stub.wait()
