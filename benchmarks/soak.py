@@ -301,7 +301,7 @@ def plot_resources(rows: list[dict], path: Path) -> None:
                     ax.text(t[start], ax.get_ylim()[1], rows[start]["phase"], fontsize=7,
                             va="top")  # fmt: skip
                 start = i
-    axes[-1].set_xlabel("seconds since the server started")
+    axes[-1].set_xlabel("seconds since the server was ready")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     print(f"plot: {path}")

@@ -24,14 +24,14 @@ until the server stops. The watchdog ends them with ``SIGKILL`` (a Python stub i
 ``SIGTERM``) once they are idle (:func:`idle_stubs`): ``grace_s`` after the reload returned, so
 that requests the old version was still executing have finished, and with no CPU time used
 between two looks (a stub whose own threads keep working, e.g. a cache refresher, waits for a
-pause). Only stubs that served the model before a reload that succeeded
-are ended, never while the server is not ready. Nothing is lost: their Python-backend shared
-memory belongs to the server process and the host-tier segments count their users with locks
-that the kernel drops. Triton does not notice: the old version never shows in the repository
-index (which lists the new one ``READY``), yet it stays a live model, so the server's stop
-still takes its exit timeout and exits with code 1, as without the release; an ended stub
-stays a zombie process, without memory, until the server exits, and ``TritonServer.stop``
-removes the shared memory left.
+pause). Only stubs that served the model before a reload that succeeded are ended, never while
+the server is not ready. Nothing is lost: their Python-backend shared memory belongs to the
+server process and the host-tier segments count their users with locks that the kernel drops.
+Triton does not notice: the old version never shows in the repository index (which lists the
+new one ``READY``), yet it stays a live model, so the server's stop still takes its exit
+timeout and exits with code 1, as without the release; an ended stub stays a zombie process,
+without memory, until the server exits, and ``TritonServer.stop`` removes the shared memory
+left.
 
 Example:
     >>> token = new_token()  # doctest: +SKIP
