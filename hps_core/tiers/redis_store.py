@@ -20,6 +20,10 @@ can be read by the other:
 - Reads and writes go in batches of at most ``max_batch_size`` keys of one partition
   (``HMGET``/``HSET``); the batches bound for one node go as one pipeline, the nodes in
   parallel.
+- Connections: at most ``num_node_connections`` per node carry this process's reads, writes
+  and evictions, as HugeCTR's connection pool; a sender that finds them all busy waits for
+  one (at most ``socket_timeout``, then its keys fail like a slow node's, without marking the
+  node down). redis-py may open one more per node for the cluster's topology queries.
 - Overflow: after a batch leaves a partition with more than ``overflow_margin`` entries, it is
   shrunk to ``overflow_margin * overflow_resolution_target`` (rounded) by the policy: random
   keys, the oldest, or the least used first (then the surviving counters are halved). Two
@@ -49,7 +53,7 @@ import os
 import struct
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -62,6 +66,9 @@ from hps_core.errors import ConfigError, ModelFileError, Problem, RequestError, 
 from hps_core.tiers.backing import copy_sparse_folder, key_bytes
 
 logger = logging.getLogger(__name__)
+
+CLIENT_NAME = "hps-triton"
+"""The name this tier's connections give themselves (``CLIENT SETNAME``)."""
 
 _KEY = np.dtype("<i8")
 _VALUE = np.dtype("<f4")
@@ -107,6 +114,10 @@ def partition_key(table: str, part: int, suffix: str = "v") -> str:
         'hps_et{hps_et.dlrm.t0/p3}v'
     """
     return f"hps_et{{{table}/p{part}}}{suffix}"
+
+
+class _PoolBusy(Exception):
+    """Every connection this process may hold to a node stayed busy (``num_node_connections``)."""
 
 
 @dataclass
@@ -161,11 +172,12 @@ class RedisClusterStore:
         self.user_name = config.user_name
         self.num_partitions = config.resolved_num_partitions
         self.max_batch_size = config.max_batch_size
+        self.num_node_connections = config.num_node_connections
         self.overflow_margin = config.overflow_margin
         self.overflow_policy = config.overflow_policy
         self.retry_after = retry_after
         self._secrets = tuple(s for s in (config.password,) if s)
-        for name in ("num_partitions", "max_batch_size"):
+        for name in ("num_partitions", "max_batch_size", "num_node_connections"):
             if getattr(self, name) < 1:
                 raise ConfigError(
                     Problem(f"volatile_db.{name}", f"must be at least 1, got {getattr(self, name)}")
@@ -181,6 +193,8 @@ class RedisClusterStore:
             else int(self.overflow_margin * config.overflow_resolution_target + 0.5)
         )
         self._lock = threading.Lock()
+        self._slots: dict[str, threading.BoundedSemaphore] = {}  # node -> free connections
+        self._slot_wait_s = socket_timeout
         self._down_until: dict[str, float] = {}
         self._next_refresh = 0.0
         self._pool: ThreadPoolExecutor | None = None
@@ -192,6 +206,10 @@ class RedisClusterStore:
             "socket_connect_timeout": connect_timeout,
             "socket_timeout": socket_timeout,
             "socket_keepalive": True,  # as HugeCTR's keep_alive
+            "client_name": CLIENT_NAME,  # who holds a connection, in CLIENT LIST
+            # The per-node pool's bound; senders never need more than num_node_connections
+            # (see _connection), the one more is for redis-py's own topology queries.
+            "max_connections": config.num_node_connections + 1,
         }
         if config.password:
             kwargs["username"] = config.user_name or None
@@ -314,15 +332,42 @@ class RedisClusterStore:
             self._refresh()
         return failed
 
+    @contextlib.contextmanager
+    def _connection(self, name: str) -> Iterator[None]:
+        """Hold one of node ``name``'s ``num_node_connections`` for this thread's commands.
+
+        Raises:
+            _PoolBusy: none came free within ``socket_timeout``.
+        """
+        with self._lock:
+            slot = self._slots.get(name)
+            if slot is None:
+                slot = self._slots[name] = threading.BoundedSemaphore(self.num_node_connections)
+        if not slot.acquire(timeout=self._slot_wait_s):
+            raise _PoolBusy(
+                f"node {name}: all {self.num_node_connections} connections "
+                f"(num_node_connections) busy for {self._slot_wait_s} s"
+            )
+        try:
+            yield
+        finally:
+            slot.release()
+
     def _send_node(self, name: str, node: Any, jobs: list[_Job]) -> bool:
         from redis.exceptions import ConnectionError, TimeoutError
 
         try:
-            pipe = self._rc.get_redis_connection(node).pipeline(transaction=False)
+            with self._connection(name):
+                pipe = self._rc.get_redis_connection(node).pipeline(transaction=False)
+                for job in jobs:
+                    for command in job.commands:
+                        pipe.execute_command(*command)
+                replies = pipe.execute(raise_on_error=False)
+        except _PoolBusy as exc:  # the node answers; this process is busy with it
+            logger.warning("volatile_db: %s", exc)
             for job in jobs:
-                for command in job.commands:
-                    pipe.execute_command(*command)
-            replies = pipe.execute(raise_on_error=False)
+                job.error = str(exc)
+            return False
         except (ConnectionError, TimeoutError, OSError) as exc:
             reason = self._redact(f"{type(exc).__name__}: {exc}")
             with self._lock:
@@ -388,10 +433,11 @@ class RedisClusterStore:
         failed = 0
         for node in nodes:
             try:
-                client = self._rc.get_redis_connection(node)
-                for raw in client.scan_iter(match="hps_et{*/p*}v", count=1000):
-                    name = raw.decode(errors="replace")[len("hps_et{") :]
-                    names.add(name[: name.rfind("/p")])
+                with self._connection(node.name):
+                    client = self._rc.get_redis_connection(node)
+                    for raw in client.scan_iter(match="hps_et{*/p*}v", count=1000):
+                        name = raw.decode(errors="replace")[len("hps_et{") :]
+                        names.add(name[: name.rfind("/p")])
             except Exception as exc:
                 failed += 1
                 logger.warning(
@@ -597,10 +643,18 @@ class RedisClusterStore:
             future.result()
 
     def _resolve_overflow(self, table: str, part: int, size: int) -> None:
-        """Shrink partition ``part`` to the resolution margin by the overflow policy."""
+        """Shrink partition ``part`` to the resolution margin by the overflow policy (left to
+        a later insert when no connection to its node comes free)."""
+        node = self._rc.get_node_from_key(partition_key(table, part, "v"))
+        try:
+            with self._connection(node.name):
+                self._shrink(self._rc.get_redis_connection(node), table, part, size)
+        except _PoolBusy as exc:
+            logger.warning("volatile_db: overflow of %s/%d not resolved: %s", table, part, exc)
+
+    def _shrink(self, client: Any, table: str, part: int, size: int) -> None:
         assert self._resolution_margin is not None
         hv, hm = partition_key(table, part, "v"), partition_key(table, part, "t")
-        client = self._rc.get_redis_connection(self._rc.get_node_from_key(hv))
         logger.debug(
             "volatile_db: partition %s/%d overflows (%d > %s)",
             table, part, size, self.overflow_margin,

@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import re
 import struct
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,7 +20,12 @@ from hps_core.config import DatabaseType, OverflowPolicy, VolatileDBConfig
 from hps_core.errors import ConfigError, ModelFileError, RequestError, TierUnavailableError
 from hps_core.formats.sparse_writer import write_sparse_table
 from hps_core.tiers.backing import table_tag
-from hps_core.tiers.redis_store import RedisClusterStore, partition_key, partition_of
+from hps_core.tiers.redis_store import (
+    CLIENT_NAME,
+    RedisClusterStore,
+    partition_key,
+    partition_of,
+)
 
 
 @pytest.fixture(scope="module")
@@ -308,3 +314,54 @@ def test_a_killed_node_costs_its_keys_only_and_comes_back(
         store.evict(table)
         messages = repr(store)
     assert SECRET not in messages + caplog.text + auth_cluster.logs()
+
+
+def our_connections(cluster: RedisCluster) -> dict[int, int]:
+    """Connections named by this tier, per node port (``CLIENT LIST``)."""
+    return {
+        port: sum(
+            f" name={CLIENT_NAME} " in line
+            for line in cluster.cli(port, "CLIENT", "LIST").splitlines()
+        )
+        for port in cluster.ports
+    }
+
+
+@pytest.mark.parametrize("connections", [1, 2])
+def test_num_node_connections_bounds_the_connections_per_node(
+    cluster: RedisCluster, rng: np.random.Generator, connections: int
+) -> None:
+    """Eight threads looking up at once share ``num_node_connections`` per node: they wait
+    for a free connection, every answer is right, no error is counted."""
+    table = table_tag("m", f"pool{connections}")
+    keys, vectors = rows(rng, 4000, 16)
+    cfg = config(cluster.address, num_partitions=8, num_node_connections=connections)
+    peak = dict.fromkeys(cluster.ports, 0)
+    wrong: list[int] = []
+    with RedisClusterStore(cfg) as store:
+        store.insert(table, keys, vectors)
+
+        def lookups() -> None:
+            for _ in range(15):
+                got, found = store.lookup(table, keys, 16)
+                if not found.all() or not np.array_equal(got, vectors):
+                    wrong.append(1)
+
+        threads = [threading.Thread(target=lookups) for _ in range(8)]
+        for thread in threads:
+            thread.start()
+        while any(thread.is_alive() for thread in threads):
+            for port, n in our_connections(cluster).items():
+                peak[port] = max(peak[port], n)
+            time.sleep(0.02)
+        for thread in threads:
+            thread.join()
+        assert not wrong and store.errors == 0
+        store.evict(table)
+    assert 1 <= max(peak.values()) <= connections, peak
+    assert our_connections(cluster) == dict.fromkeys(cluster.ports, 0)  # closed with the store
+
+
+def test_num_node_connections_below_one_is_refused(cluster: RedisCluster) -> None:
+    with pytest.raises(ConfigError, match="num_node_connections"):
+        RedisClusterStore(config(cluster.address, num_node_connections=0))
