@@ -41,8 +41,16 @@ without a restart. Only when no node answered does a lookup raise
 :class:`~hps_core.errors.TierUnavailableError`. The cluster's nodes need
 ``cluster-require-full-coverage no`` for the others to keep answering while one is down.
 
+TLS (``enable_tls``), as HugeCTR (redis++ over hiredis): the CA certificates
+(``tls_ca_certificate``, a bundle file or a hashed folder), the client certificate and key;
+every connection, to a seed for the topology queries as to a node for the data, asks for
+``tls_server_name_identification`` as its SNI, whatever the node's address. The server's
+chain must lead to one of those CAs; its host name is not checked (hiredis, HugeCTR's client,
+checks none). Python sends no SNI for an empty name (HugeCTR neither) or an IP address
+literal (OpenSSL would).
+
 Secrets: the password and the TLS files are handed to redis-py only; they appear in no log,
-``repr`` or error message of this module.
+``repr`` or error message of this module (the files by path only).
 """
 
 from __future__ import annotations
@@ -50,6 +58,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import ssl
 import struct
 import threading
 import time
@@ -74,6 +83,14 @@ _KEY = np.dtype("<i8")
 _VALUE = np.dtype("<f4")
 # Redis's replies to a missing or wrong password (redis-py wraps them at cluster open).
 _AUTH_REPLIES = ("WRONGPASS", "NOAUTH", "username-password", "authenticated", "Authentication")
+# How a node's refusal of our certificate shows after a TLS 1.3 handshake (or an alert).
+_TLS_REFUSALS = (
+    "EOF occurred in violation of protocol",
+    "ALERT",
+    "reset by peer",
+    "Broken pipe",
+    "closed by server",
+)
 _TIME = struct.Struct("<q")  # HugeCTR writes the raw time_t: 8 bytes, little-endian on x86/ARM
 
 
@@ -116,6 +133,35 @@ def partition_key(table: str, part: int, suffix: str = "v") -> str:
     return f"hps_et{{{table}/p{part}}}{suffix}"
 
 
+def sni_connection_class(server_name: str) -> type:
+    """A redis-py ``SSLConnection`` class whose TLS handshakes ask for ``server_name`` (SNI).
+
+    redis-py hands the connection's ``host`` (the node's address) to
+    ``SSLContext.wrap_socket`` as ``server_hostname``, which is both the SNI and, under
+    ``ssl_check_hostname`` (off here), the name checked. The class sets ``host`` to
+    ``server_name`` (``None`` when empty: no SNI) for that call only; a connection is in one
+    thread's hands while it connects, so nothing else sees the swap. Used as the
+    ``connection_class`` of every node's pool, it covers the data connections and the
+    cluster client's topology queries alike.
+
+    Example:
+        >>> sni_connection_class("redis.localhost").server_name  # doctest: +SKIP
+        'redis.localhost'
+    """
+    from redis.connection import SSLConnection
+
+    class SniSSLConnection(SSLConnection):
+        def _wrap_socket_with_ssl(self, sock: Any) -> Any:
+            address, self.host = self.host, server_name or None
+            try:
+                return super()._wrap_socket_with_ssl(sock)
+            finally:
+                self.host = address
+
+    SniSSLConnection.server_name = server_name  # type: ignore[attr-defined]
+    return SniSSLConnection
+
+
 class _PoolBusy(Exception):
     """Every connection this process may hold to a node stayed busy (``num_node_connections``)."""
 
@@ -143,8 +189,9 @@ class RedisClusterStore:
             before it is tried again; also the least time between two slot-map refreshes.
 
     Raises:
-        ConfigError: the address does not parse, a batch size is below 1, or the cluster
-            refused ``user_name``/``password`` (named by user, never the password).
+        ConfigError: the address does not parse, a batch size is below 1, the cluster
+            refused ``user_name``/``password`` (named by user, never the password), the TLS
+            files do not load, or the CA certificates do not verify the nodes' certificate.
         TierUnavailableError: no seed of ``address`` answered (the message names them).
 
     Example:
@@ -216,6 +263,11 @@ class RedisClusterStore:
             kwargs["password"] = config.password
         if config.enable_tls:
             kwargs.update(self._tls_kwargs(config))
+            # redis-py hands connection_class to each node's connection pool only on its
+            # from-URL path (elsewhere Redis() rejects it); a plain redis:// URL of the
+            # first seed selects that path and nothing else (the TLS comes from the class).
+            host, port = seeds[0]
+            kwargs["url"] = f"redis://{f'[{host}]' if ':' in host else host}:{port}"
         try:
             self._rc: Any = RedisCluster(
                 startup_nodes=[ClusterNode(host, port) for host, port in seeds],
@@ -235,6 +287,19 @@ class RedisClusterStore:
                         "the password is not shown)",
                     )
                 ) from None
+            if config.enable_tls and "CERTIFICATE_VERIFY_FAILED" in reason:
+                raise ConfigError(
+                    Problem(
+                        "volatile_db.tls_ca_certificate",
+                        f"the Redis cluster at '{self.address}' presented a certificate that "
+                        f"'{config.tls_ca_certificate}' does not verify: {reason}",
+                    )
+                ) from None
+            if config.enable_tls and any(m in reason for m in _TLS_REFUSALS):
+                reason += (
+                    " (over TLS: the node ended the connection after the handshake; does it "
+                    f"trust tls_client_certificate '{config.tls_client_certificate}'?)"
+                )
             raise TierUnavailableError(
                 f"volatile_db.address '{self.address}': cannot open the Redis cluster: {reason}"
             ) from None
@@ -247,13 +312,42 @@ class RedisClusterStore:
 
     @staticmethod
     def _tls_kwargs(config: VolatileDBConfig) -> dict[str, Any]:
-        """redis-py's TLS settings from HugeCTR's: a CA folder or bundle, client certificate
-        and key; the chain is verified, the host name not (as hiredis, which HugeCTR uses).
-        redis-py sends the node's address as SNI; ``tls_server_name_identification`` has no
-        redis-py counterpart and is not applied."""
+        """redis-py's TLS settings from HugeCTR's (``redis_backend.cpp``: redis++
+        ``ConnectionOptions::tls``, i.e. hiredis ``redisCreateSSLContext``).
+
+        - ``tls_ca_certificate``: a folder is a hashed CA folder (``capath``), else a bundle.
+        - ``tls_client_certificate``/``tls_client_key``: presented to every node.
+        - ``tls_server_name_identification``: the SNI of every handshake, through
+          :func:`sni_connection_class` (redis-py would send the node's address).
+        - The chain is verified (``SSL_VERIFY_PEER``), the host name not: hiredis checks
+          none, so a certificate need not name the nodes' addresses.
+
+        Raises:
+            ConfigError: the CA certificates, or the client certificate and key, do not load
+                (named by field and path, never by contents).
+        """
         ca = str(config.tls_ca_certificate)
+        # Load the files once here, so that a missing or broken one is named by its field
+        # (redis-py would only fail at the first connection, as "cannot connect").
+        context = ssl.create_default_context()
+        try:
+            context.load_verify_locations(**{"capath" if os.path.isdir(ca) else "cafile": ca})
+        except (OSError, ssl.SSLError) as exc:  # the messages carry no file contents
+            raise ConfigError(
+                Problem("volatile_db.tls_ca_certificate", f"cannot load '{ca}': {exc}")
+            ) from None
+        try:
+            context.load_cert_chain(str(config.tls_client_certificate), str(config.tls_client_key))
+        except (OSError, ssl.SSLError) as exc:
+            raise ConfigError(
+                Problem(
+                    "volatile_db.tls_client_certificate",
+                    f"cannot load '{config.tls_client_certificate}' with tls_client_key "
+                    f"'{config.tls_client_key}': {exc}",
+                )
+            ) from None
         tls: dict[str, Any] = {
-            "ssl": True,
+            "connection_class": sni_connection_class(config.tls_server_name_identification),
             "ssl_cert_reqs": "required",
             "ssl_check_hostname": False,
             "ssl_certfile": str(config.tls_client_certificate),
