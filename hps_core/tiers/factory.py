@@ -43,8 +43,9 @@ path and the table.
 With online updates (``update_source.type: kafka_message_queue``) every table opens as a
 cascade: its shared tier is mapped read-write (updates overwrite the rows it holds, in place,
 once per machine) and an :class:`~hps_core.tiers.overlay.OverlayStore` of this process is the
-first tier below it (rows of keys the shared tier lacks). The consumer that applies the
-updates is started by the lookup session (:mod:`hps_core.updates.apply`).
+first tier below it (rows of keys the shared tier lacks, bounded by ``volatile_db``'s
+``overflow_*`` fields as HugeCTR's hash map). The consumer that applies the updates is started
+by the lookup session (:mod:`hps_core.updates.apply`).
 """
 
 from __future__ import annotations
@@ -188,8 +189,21 @@ def open_table_tiers(
     releases: list[Any] = []
     lower: list[LowerTier] = []
     if updates:
-        # Consulted first below the shared tier: it holds the newest rows of its keys.
-        lower.append(LowerTier(OverlayStore(), tag))
+        # Consulted first below the shared tier: it holds the newest rows of its keys. Bounded
+        # by volatile_db's overflow fields, per partition as HugeCTR's hash map: with a hash
+        # map type it is the part of the hash map that holds new keys (the shared tier is
+        # sized by the files and not counted); with redis_cluster the updater writes every
+        # new key to the cluster too, which bounds it by the same margin, so the overlay is a
+        # per-process copy of at most that many rows and a row it evicts is still answered
+        # by the cluster (unless the cluster evicted it too). volatile_db disabled: the fields
+        # still bound it if given. No overflow_margin: unbounded.
+        overlay = OverlayStore(
+            margin=volatile.overflow_margin,
+            policy=volatile.overflow_policy,
+            target=volatile.overflow_resolution_target,
+            partitions=volatile.resolved_num_partitions,
+        )
+        lower.append(LowerTier(overlay, tag))
     try:
         if has_redis:
             redis = _acquire(("redis", _redis_key(volatile)), lambda: _open_redis(volatile))
