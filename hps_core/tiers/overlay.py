@@ -319,7 +319,7 @@ class OverlayStore:
         return copy_sparse_folder(self, table, folder, dim)
 
     def lookup(
-        self, table: str, keys: np.ndarray, dim: int, default: float = 0.0
+        self, table: str, keys: np.ndarray, dim: int, default: float = 0.0, *, count: bool = True
     ) -> tuple[np.ndarray, np.ndarray]:
         """float32 ``[n, dim]`` vectors (``default`` where missing) and a bool found mask.
 
@@ -331,6 +331,8 @@ class OverlayStore:
             keys: int64 keys, any order, repeats allowed.
             dim: floats per vector.
             default: value of every element of a missing key's vector.
+            count: ``False`` for a read that is not a use (the updater's own bookkeeping):
+                the policy's counters stay as they are.
 
         Returns:
             ``(values, found)``.
@@ -346,7 +348,7 @@ class OverlayStore:
             if found.any():
                 hits = rows[found]
                 values[found] = held.values[hits, :dim]
-                if self.margin is not None:
+                if count and self.margin is not None:
                     self._count_hits(held, hits)
         return values, found
 

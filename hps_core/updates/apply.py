@@ -247,7 +247,7 @@ class ModelUpdater:
         new_keys, new_vectors = keys[new], vectors[new]
         # What the writes replace, for the undo.
         old_shared = shared.read_rows(held_rows)
-        old_overlay, in_overlay = overlay.store.lookup(overlay.table, new_keys, dim)
+        old_overlay, in_overlay = overlay.store.lookup(overlay.table, new_keys, dim, count=False)
         # A step is marked before it runs: one that fails may have written part of its rows,
         # and undoing a step that wrote nothing is harmless.
         done: list[str] = []
@@ -296,7 +296,7 @@ class ModelUpdater:
         shared, overlay = target.host.shared, target.overlay
         rows = shared.find(keys) if shared.rows else np.full(len(keys), -1, np.int64)
         held = rows >= 0
-        values, found = overlay.store.lookup(overlay.table, keys, target.host.dim)
+        values, found = overlay.store.lookup(overlay.table, keys, target.host.dim, count=False)
         values[held] = shared.read_rows(rows[held])
         return values, found | held
 

@@ -322,6 +322,20 @@ def test_oldest_keeps_the_recently_read_and_least_used_the_often_read() -> None:
     assert least.keys("t").tolist() == [3, 5, 7]
 
 
+@pytest.mark.parametrize("policy", [OverflowPolicy.EVICT_OLDEST, OverflowPolicy.EVICT_LEAST_USED])
+def test_uncounted_reads_do_not_change_what_is_evicted(policy: OverflowPolicy) -> None:
+    """The updater's own reads (``count=False``) are not uses: 1 and 2 stay the oldest and
+    least used, and go first."""
+    ones = np.ones((4, 1), np.float32)
+    store = OverlayStore(margin=4, policy=policy, target=0.75)
+    store.insert("t", np.array([1, 2, 3, 4]), ones)
+    store.lookup("t", np.array([3, 4]), 1)
+    values, found = store.lookup("t", np.array([1, 2, 1, 9]), 1, count=False)
+    assert found.tolist() == [True, True, True, False] and values[:3].all()
+    store.insert("t", np.array([5]), ones[:1])
+    assert store.keys("t").tolist() == [3, 4, 5]
+
+
 def test_removed_and_evicted_rows_are_reused(rng: np.random.Generator) -> None:
     store = OverlayStore()
     store.insert("t", np.arange(3000), np.ones((3000, 8), np.float32))
