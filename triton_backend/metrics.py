@@ -8,8 +8,9 @@ The tiers of the host side (:mod:`hps_core.tiers.cascade`) add a ``tier`` label:
 ``hps_tier_hits_total{tier="host"|"redis_cluster"|"rocks_db"|"default"}`` (keys each tier
 answered; ``default``: keys no tier holds) and
 ``hps_tier_errors_total{tier="redis_cluster"|"rocks_db"}``; ``tier="overlay"`` counts keys
-answered by the rows online updates added. No label or value carries a tier's address or
-credentials.
+answered by the rows online updates added, and ``hps_tier_evictions_total{tier="overlay"}`` the
+rows it evicted to stay within ``volatile_db.overflow_margin``. No label or value carries a
+tier's address or credentials.
 
 Online updates (:mod:`hps_core.updates.apply`) are counted per instance by
 :class:`UpdateMetrics`: ``hps_update_messages_total``, ``hps_update_keys_total``,
@@ -56,12 +57,14 @@ _TIER_COUNTERS = {
     "tier_rocks_db_errors": ("hps_tier_errors_total", "rocks_db"),
     "tier_elevated_keys": ("hps_tier_elevated_keys_total", "redis_cluster"),
     "tier_dropped_elevations": ("hps_tier_dropped_elevations_total", "redis_cluster"),
+    "tier_overlay_evictions": ("hps_tier_evictions_total", "overlay"),
 }
 _TIER_HELP = {
     "hps_tier_hits_total": "Keys answered by each host-side tier (default: no tier holds them)",
     "hps_tier_errors_total": "Failed requests to a tier below the shared host tier",
     "hps_tier_elevated_keys_total": "Rows found in RocksDB written to Redis",
     "hps_tier_dropped_elevations_total": "Batches of such rows dropped (too many pending)",
+    "hps_tier_evictions_total": "Rows a tier evicted to stay within volatile_db.overflow_margin",
 }
 _LATENCY = ("hps_lookup_duration_us_total", "Time spent in lookups, microseconds")
 _HIT_RATE = ("hps_cache_hit_rate", "Cache hit rate of unique keys since start")

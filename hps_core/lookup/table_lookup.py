@@ -72,6 +72,7 @@ class TableCounters:
         tier_elevated_keys: rows found in RocksDB written to Redis
             (``cache_missed_embeddings``).
         tier_dropped_elevations: batches of such rows dropped because too many were pending.
+        tier_overlay_evictions: rows the update overlay evicted (``overflow_margin``).
 
     The ``tier_*`` counters of a table with lower tiers come from its cascade
     (:class:`~hps_core.tiers.cascade.TierCounters`, every host-side lookup of the table,
@@ -102,6 +103,7 @@ class TableCounters:
     tier_rocks_db_errors: int = 0
     tier_elevated_keys: int = 0
     tier_dropped_elevations: int = 0
+    tier_overlay_evictions: int = 0
 
     @property
     def hit_rate(self) -> float:

@@ -84,6 +84,8 @@ class TierCounters:
         rocks_db_errors: RocksDB requests that failed (keys fell through).
         elevated_keys: rows found in RocksDB written to Redis (``cache_missed_embeddings``).
         dropped_elevations: batches of such rows not written because too many were pending.
+        overlay_evictions: rows the update overlay evicted to stay within
+            ``volatile_db.overflow_margin`` (read from the overlay when a snapshot is taken).
         lower_seconds: time spent in lower tiers.
     """
 
@@ -97,6 +99,7 @@ class TierCounters:
     rocks_db_errors: int = 0
     elevated_keys: int = 0
     dropped_elevations: int = 0
+    overlay_evictions: int = 0
     lower_seconds: float = 0.0
 
     def snapshot(self) -> TierCounters:
@@ -359,7 +362,11 @@ class TieredTable:
     def tier_counters(self) -> TierCounters:
         """A snapshot of the per-tier counters."""
         with self._lock:
-            return self.counters.snapshot()
+            counters = self.counters.snapshot()
+        overlay = self.lower_store("overlay")
+        if overlay is not None:
+            counters.overlay_evictions = overlay.store.table_evictions(overlay.table)
+        return counters
 
     def close(self) -> None:
         """Finish background writes, detach from the shared tier, release the stores."""

@@ -89,6 +89,10 @@ def test_many_new_keys_keep_the_overlay_bounded(tmp_path: Path, policy: Overflow
         stats = updater.stats
         assert stats.messages == 60 and stats.overlay_rows == 3000 and stats.host_rows == 600
         assert overlay.evictions == 3000 - overlay.rows(TAG) > 2000
+        # The evictions reach the table's counters (hps_tier_evictions_total{tier="overlay"}).
+        assert session.table(0).host.tier_counters().overlay_evictions == overlay.evictions
+        (counters,) = session.counters()
+        assert counters.tier_overlay_evictions == overlay.evictions
         # The first messages' keys were evicted: no tier below holds them, so the default.
         first, _ = rows(50, DIM, seed=100, start=10_000)
         if policy is OverflowPolicy.EVICT_OLDEST:
