@@ -1,9 +1,13 @@
-"""64-bit key mixing shared by the host tier and the GPU cache.
+"""64-bit key mixing shared by the host tier and the GPU cache, and HugeCTR's partition hash.
 
 ``mix64`` is the SplitMix64 finaliser: a bijection on 64-bit integers that spreads any key
 set (dense ids 0..N-1, Criteo-style hashes, negative keys) evenly over the 64-bit range. Because
 it is a bijection, two keys collide after mixing only if they are equal, so structures that
 store mixed keys never need to store the original key as well.
+
+``partition_of`` is HugeCTR's key-to-partition hash of its volatile databases
+(``HCTR_HPS_KEY_TO_PART_INDEX_``): the Redis tier lays tables out by it, the update overlay
+bounds its partitions by it.
 """
 
 from __future__ import annotations
@@ -67,3 +71,30 @@ def unmix64(hashes: Any, xp: Any = np) -> Any:
     z *= _M1_INV
     z = _unshift_xor(z, 30)
     return z.view(xp.int64)
+
+
+def partition_of(keys: np.ndarray, num_partitions: int) -> np.ndarray:
+    """HugeCTR's partition of each key: ``rrxmrrxmsx_0(uint64(key)) % num_partitions``.
+
+    Args:
+        keys: int64 ``[n]``.
+        num_partitions: partitions of the table (at least 1).
+
+    Returns:
+        int64 ``[n]`` partition indices.
+
+    Example:
+        >>> partition_of(np.array([0, 1, -1], np.int64), 16).tolist()  # doctest: +SKIP
+    """
+    x = np.ascontiguousarray(keys, dtype="<i8").view(np.uint64).copy()
+
+    def rotr(v: np.ndarray, n: int) -> np.ndarray:
+        return (v >> np.uint64(n)) | (v << np.uint64(64 - n))
+
+    # NumPy's uint64 array arithmetic wraps modulo 2**64, as the C++ does.
+    x ^= rotr(x, 25) ^ rotr(x, 50)
+    x *= np.uint64(0xA24BAED4963EE407)
+    x ^= rotr(x, 24) ^ rotr(x, 49)
+    x *= np.uint64(0x9FB21C651E98DF25)
+    x ^= x >> np.uint64(28)
+    return (x % np.uint64(num_partitions)).astype(np.int64)

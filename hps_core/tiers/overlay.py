@@ -12,7 +12,7 @@ stream (see :mod:`hps_core.updates.apply`).
 
 Bounds: as HugeCTR's host hash map (``HugeCTR/src/hps/hash_map_backend.cpp``), a table is
 split into ``partitions`` by HugeCTR's key hash
-(:func:`~hps_core.tiers.redis_store.partition_of`), and ``margin`` bounds each partition, so
+(:func:`~hps_core.hashing.partition_of`), and ``margin`` bounds each partition, so
 a table holds at most ``margin x partitions`` rows (HugeCTR's ``VolatileBackend::capacity``).
 When an :meth:`OverlayStore.insert` (one update message) leaves a partition with more than
 ``margin`` rows, the partition is shrunk to ``round(margin x target)`` rows (HugeCTR's
@@ -59,8 +59,8 @@ import numpy as np
 
 from hps_core.config import OverflowPolicy
 from hps_core.errors import RequestError
+from hps_core.hashing import partition_of
 from hps_core.tiers.backing import copy_sparse_folder
-from hps_core.tiers.redis_store import partition_of  # HugeCTR's key hash (no Redis import)
 
 _INITIAL_ROWS = 1024
 _FREE = -1

@@ -72,6 +72,7 @@ import numpy as np
 from hps_core.config import OverflowPolicy, VolatileDBConfig
 from hps_core.config.parse_tiers import redis_seeds
 from hps_core.errors import ConfigError, ModelFileError, Problem, RequestError, TierUnavailableError
+from hps_core.hashing import partition_of
 from hps_core.tiers.backing import copy_sparse_folder, key_bytes
 
 logger = logging.getLogger(__name__)
@@ -92,33 +93,6 @@ _TLS_REFUSALS = (
     "closed by server",
 )
 _TIME = struct.Struct("<q")  # HugeCTR writes the raw time_t: 8 bytes, little-endian on x86/ARM
-
-
-def partition_of(keys: np.ndarray, num_partitions: int) -> np.ndarray:
-    """HugeCTR's partition of each key: ``rrxmrrxmsx_0(uint64(key)) % num_partitions``.
-
-    Args:
-        keys: int64 ``[n]``.
-        num_partitions: partitions of the table (at least 1).
-
-    Returns:
-        int64 ``[n]`` partition indices.
-
-    Example:
-        >>> partition_of(np.array([0, 1, -1], np.int64), 16).tolist()  # doctest: +SKIP
-    """
-    x = np.ascontiguousarray(keys, dtype=_KEY).view(np.uint64).copy()
-
-    def rotr(v: np.ndarray, n: int) -> np.ndarray:
-        return (v >> np.uint64(n)) | (v << np.uint64(64 - n))
-
-    # NumPy's uint64 array arithmetic wraps modulo 2**64, as the C++ does.
-    x ^= rotr(x, 25) ^ rotr(x, 50)
-    x *= np.uint64(0xA24BAED4963EE407)
-    x ^= rotr(x, 24) ^ rotr(x, 49)
-    x *= np.uint64(0x9FB21C651E98DF25)
-    x ^= x >> np.uint64(28)
-    return (x % np.uint64(num_partitions)).astype(np.int64)
 
 
 def partition_key(table: str, part: int, suffix: str = "v") -> str:

@@ -19,13 +19,9 @@ from tiers_testdata import EXTREME_KEYS, MASK64
 from hps_core.config import DatabaseType, OverflowPolicy, VolatileDBConfig
 from hps_core.errors import ConfigError, ModelFileError, RequestError, TierUnavailableError
 from hps_core.formats.sparse_writer import write_sparse_table
+from hps_core.hashing import partition_of
 from hps_core.tiers.backing import table_tag
-from hps_core.tiers.redis_store import (
-    CLIENT_NAME,
-    RedisClusterStore,
-    partition_key,
-    partition_of,
-)
+from hps_core.tiers.redis_store import CLIENT_NAME, RedisClusterStore, partition_key
 
 
 @pytest.fixture(scope="module")
