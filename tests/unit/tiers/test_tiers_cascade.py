@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from tiers_testdata import make_keys, mixed_queries, random_vectors
+from tiers_testdata import make_keys, mixed_queries, one_model_ps, random_vectors
 
 from hps_core.config import PSConfig, parse_ps_config
 from hps_core.errors import ModelFileError, TierUnavailableError
@@ -38,27 +38,8 @@ DEFAULT = 0.5
 TAG = table_tag("m", "t0")
 
 
-def ps_dict(dim: int, **sections: Any) -> dict[str, Any]:
-    """A one-model ps.json (table ``t0`` of ``dim``, default 0.5) plus the given sections."""
-    return {
-        "supportlonglong": True,
-        **sections,
-        "models": [
-            {
-                "model": "m",
-                "sparse_files": ["t0"],
-                "embedding_table_names": ["t0"],
-                "deployed_device_list": [0],
-                "default_value_for_each_table": [DEFAULT],
-                "maxnum_catfeature_query_per_table_per_sample": [2],
-                "embedding_vecsize_per_table": [dim],
-            }
-        ],
-    }
-
-
 def config(root: Path, dim: int, **sections: Any) -> PSConfig:
-    return parse_ps_config(ps_dict(dim, **sections), root)
+    return parse_ps_config(one_model_ps(dim, DEFAULT, **sections), root)
 
 
 def rocks(root: Path, **fields: Any) -> dict[str, Any]:
@@ -430,8 +411,9 @@ def test_two_processes_load_the_database_and_segment_once(
 ) -> None:
     dim = 16
     rows_of = write_table(tmp_path, rng, 20_000, dim)
-    ps = ps_dict(
+    ps = one_model_ps(
         dim,
+        DEFAULT,
         volatile_db={"type": "hash_map", "initial_cache_rate": 0.3},
         persistent_db=rocks(tmp_path),
     )

@@ -9,33 +9,15 @@ from typing import Any
 
 import numpy as np
 import pytest
-from tiers_testdata import make_keys, random_vectors
+from tiers_testdata import make_keys, one_model_ps, random_vectors
 
 from hps_core.config import PSConfig, parse_ps_config
 from hps_core.formats.sparse_writer import write_sparse_table
 from hps_core.tiers.factory import check_tiers_available, open_table_tiers
 
 
-def ps_dict(**sections: Any) -> dict[str, Any]:
-    """A one-model ps.json (dim 4, default 0.5) plus the given top-level sections."""
-    return {
-        "supportlonglong": True,
-        **sections,
-        "models": [
-            {
-                "model": "m",
-                "sparse_files": ["t0"],
-                "deployed_device_list": [0],
-                "default_value_for_each_table": [0.5],
-                "maxnum_catfeature_query_per_table_per_sample": [2],
-                "embedding_vecsize_per_table": [4],
-            }
-        ],
-    }
-
-
 def config(tmp_path: Path, **sections: Any) -> PSConfig:
-    return parse_ps_config(ps_dict(**sections), tmp_path)
+    return parse_ps_config(one_model_ps(**sections), tmp_path)
 
 
 def test_kafka_update_source_opens_a_cascade_with_the_overlay(

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from tiers_testdata import one_model_ps
 
 from hps_core.config import OverflowPolicy, load_ps_config
 from hps_core.errors import RequestError
@@ -372,22 +373,11 @@ def test_the_factory_bounds_the_overlay_with_the_volatile_db_fields(
         "overflow_policy": "evict_least_used",
         "overflow_resolution_target": 0.5,
     }
-    ps = {
-        "supportlonglong": True,
-        "volatile_db": volatile,
-        "persistent_db": {"type": "disabled"},
-        "update_source": {"type": "kafka_message_queue"},
-        "models": [
-            {
-                "model": "m",
-                "sparse_files": ["t0"],
-                "deployed_device_list": [0],
-                "default_value_for_each_table": [0.5],
-                "maxnum_catfeature_query_per_table_per_sample": [2],
-                "embedding_vecsize_per_table": [4],
-            }
-        ],
-    }
+    ps = one_model_ps(
+        volatile_db=volatile,
+        persistent_db={"type": "disabled"},
+        update_source={"type": "kafka_message_queue"},
+    )
     path = tmp_path / "ps.json"
     path.write_text(json.dumps(ps))
     cfg = load_ps_config(path)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 INT64_MIN = int(np.iinfo(np.int64).min)
@@ -69,3 +71,23 @@ def random_vectors(rng: np.random.Generator, rows: int, dim: int) -> np.ndarray:
     """float32 ``[rows, dim]`` of mixed magnitudes and signs."""
     scale = 10.0 ** rng.integers(-3, 4, (rows, 1))
     return (rng.standard_normal((rows, dim)) * scale).astype(np.float32)
+
+
+def one_model_ps(dim: int = 4, default: float = 0.5, **sections: Any) -> dict[str, Any]:
+    """A ps.json dict of model ``m`` with one table ``t0`` (``dim``, ``default``, sparse folder
+    ``t0`` beside the ps.json) plus the given top-level sections."""
+    return {
+        "supportlonglong": True,
+        **sections,
+        "models": [
+            {
+                "model": "m",
+                "sparse_files": ["t0"],
+                "embedding_table_names": ["t0"],
+                "deployed_device_list": [0],
+                "default_value_for_each_table": [default],
+                "maxnum_catfeature_query_per_table_per_sample": [2],
+                "embedding_vecsize_per_table": [dim],
+            }
+        ],
+    }

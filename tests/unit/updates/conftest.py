@@ -1,11 +1,13 @@
-"""Fixtures of the update tests: one in-memory Kafka broker for the session and a fresh
-model name per test, so topics and consumer groups never mix between tests."""
+"""Fixtures of the update tests: one in-memory Kafka broker for the session, a fresh model
+name per test, so topics and consumer groups never mix between tests, and every
+shared-memory segment in a private folder of the test."""
 
 from __future__ import annotations
 
 import itertools
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from kafka_broker import kafka_broker
@@ -23,3 +25,12 @@ def broker() -> Iterator[str]:
 def model() -> str:
     """A model name no other test uses, so topics and groups never mix between tests."""
     return f"m{next(_names)}_{time.monotonic_ns() % 10**9}"
+
+
+@pytest.fixture(autouse=True)
+def shm_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Segments of this test in a private folder, never /dev/shm."""
+    path = tmp_path / "shm"
+    path.mkdir()
+    monkeypatch.setenv("HPS_SHM_DIR", str(path))
+    return path

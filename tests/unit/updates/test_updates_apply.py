@@ -29,15 +29,6 @@ pytestmark = pytest.mark.timeout(120)
 ROWS, DIM, DEFAULT = 2000, 8, -0.5
 
 
-@pytest.fixture(autouse=True)
-def shm_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """Segments of this test in a private folder, never /dev/shm."""
-    path = tmp_path / "shm"
-    path.mkdir()
-    monkeypatch.setenv("HPS_SHM_DIR", str(path))
-    return path
-
-
 def updated_config(root: Path, brokers: str = "127.0.0.1:9", model: str = "m") -> PSConfig:
     """A one-table ps.json (whole shared tier) with a Kafka update source."""
     keys, vectors = rows(ROWS, DIM, seed=3)

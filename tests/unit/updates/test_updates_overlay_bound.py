@@ -24,15 +24,6 @@ DIM, DEFAULT, MARGIN, PARTS = 8, -0.5, 100, 2
 TAG = table_tag("m", "t0")
 
 
-@pytest.fixture(autouse=True)
-def shm_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """Segments of this test in a private folder, never /dev/shm."""
-    path = tmp_path / "shm"
-    path.mkdir()
-    monkeypatch.setenv("HPS_SHM_DIR", str(path))
-    return path
-
-
 @pytest.mark.parametrize("policy", list(OverflowPolicy), ids=lambda p: p.value)
 def test_many_new_keys_keep_the_overlay_bounded(tmp_path: Path, policy: OverflowPolicy) -> None:
     keys, vectors = rows(500, DIM, seed=3)
