@@ -23,15 +23,15 @@ its other stubs would stay, idle, holding their memory (on GPU instances a CUDA 
 until the server stops. The watchdog ends them with ``SIGKILL`` (a Python stub ignores
 ``SIGTERM``) once they are idle (:func:`idle_stubs`): ``grace_s`` after the reload returned, so
 that requests the old version was still executing have finished, and with no CPU time used
-between two looks (a stub whose own threads keep working, e.g. a cache refresher, waits for a
-pause). Only stubs that served the model before a reload that succeeded are ended, never while
-the server is not ready. Nothing is lost: their Python-backend shared memory belongs to the
-server process and the host-tier segments count their users with locks that the kernel drops.
-Triton does not notice: the old version never shows in the repository index (which lists the
-new one ``READY``), yet it stays a live model, so the server's stop still takes its exit
-timeout and exits with code 1, as without the release; an ended stub stays a zombie process,
-without memory, until the server exits, and ``TritonServer.stop`` removes the shared memory
-left.
+between two looks, or at the latest ``max_wait_s`` after the reload (a stub whose own threads
+keep working, e.g. an update consumer, is not waited for forever). Only stubs that served the
+model before a reload that succeeded are ended, never while the server is not ready. Nothing is
+lost: their Python-backend shared memory belongs to the server process and the host-tier
+segments count their users with locks that the kernel drops. Triton does not notice: the old
+version never shows in the repository index (which lists the new one ``READY``), yet it stays a
+live model, so the server's stop still takes its exit timeout and exits with code 1, as without
+the release; an ended stub stays a zombie process, without memory, until the server exits, and
+``TritonServer.stop`` removes the shared memory left.
 
 Example:
     >>> token = new_token()  # doctest: +SKIP
@@ -171,21 +171,27 @@ class RetiredStub:
     """Its CPU time at the previous look, in clock ticks."""
 
 
-def idle_stubs(retired: dict[int, RetiredStub], now: float, grace_s: float) -> list[int]:
-    """Look once at retired stubs: the pids of those idle now.
+def idle_stubs(
+    retired: dict[int, RetiredStub], now: float, grace_s: float, max_wait_s: float = float("inf")
+) -> list[int]:
+    """Look once at retired stubs: the pids of those to release now.
 
-    A stub is idle once ``grace_s`` have passed since the reload that replaced it (requests
-    its version was still executing have finished) and it used no CPU time since the previous
-    look. Each look records the CPU time for the next one; stubs that exited (or whose pid
+    A stub is released once ``grace_s`` have passed since the reload that replaced it
+    (requests its version was still executing have finished) and it used no CPU time since
+    the previous look, or at the latest ``max_wait_s`` after the reload: a stub whose own
+    threads never pause (an update consumer fed without a break, which would also keep its
+    share of the Kafka partitions from the new stub of its instance) is not waited for
+    forever. Each look records the CPU time for the next one; stubs that exited (or whose pid
     another process has now) leave ``retired``.
 
     Args:
         retired: pid -> the stub; updated in place.
         now: ``time.monotonic()`` of this look.
         grace_s: the least time after the reload.
+        max_wait_s: the most time after the reload.
 
     Returns:
-        The idle stubs' pids, in order.
+        The pids to release, in order.
 
     Example:
         >>> stubs = {4122: RetiredStub("dcn", time.monotonic(), *cpu_ticks(4122))}  # doctest: +SKIP
@@ -198,7 +204,8 @@ def idle_stubs(retired: dict[int, RetiredStub], now: float, grace_s: float) -> l
         if ticks is None or ticks[0] != stub.start:
             del retired[pid]
             continue
-        if now - stub.replaced_at >= grace_s and ticks[1] == stub.cpu:
+        waited = now - stub.replaced_at
+        if waited >= max_wait_s or (waited >= grace_s and ticks[1] == stub.cpu):
             idle.append(pid)
         stub.cpu = ticks[1]
     return sorted(idle)
@@ -213,6 +220,7 @@ class StubWatchdog:
         token: the token given to :func:`control_args`.
         interval_s: seconds between two looks at the stub processes.
         grace_s: seconds after a reload before the old version's stubs may be released.
+        max_wait_s: seconds after a reload after which they are released even if busy.
     """
 
     def __init__(
@@ -222,12 +230,14 @@ class StubWatchdog:
         token: str,
         interval_s: float = 0.5,
         grace_s: float = 5.0,
+        max_wait_s: float = 30.0,
     ) -> None:
         self.server_pid = server_pid
         self.http_url = http_url.rstrip("/")
         self._token = token
         self.interval_s = interval_s
         self.grace_s = grace_s
+        self.max_wait_s = max_wait_s
         self.reloads: list[str] = []
         """Models reloaded so far, in order."""
         self.released: list[int] = []
@@ -288,7 +298,7 @@ class StubWatchdog:
 
     def _release(self, releasing: dict[int, RetiredStub]) -> None:
         """End the idle stubs of ``releasing`` (they leave it), unless the server is stopping."""
-        idle = idle_stubs(releasing, time.monotonic(), self.grace_s)
+        idle = idle_stubs(releasing, time.monotonic(), self.grace_s, self.max_wait_s)
         # While the server shuts down, Triton ends its stubs itself.
         if not idle or not self._server_ready():
             return

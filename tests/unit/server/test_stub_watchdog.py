@@ -104,6 +104,10 @@ def test_a_retired_stub_is_idle_after_the_grace_once_it_used_no_cpu_time() -> No
         time.sleep(0.3)
         assert idle_stubs(retired, now + 7, grace_s=5) == []
         assert set(retired) == {busy.pid}  # an exited stub leaves
+        # A stub that never pauses is released at the latest max_wait_s after the reload.
+        time.sleep(0.3)
+        assert idle_stubs(retired, now + 29.9, grace_s=5, max_wait_s=30) == []
+        assert idle_stubs(retired, now + 30, grace_s=5, max_wait_s=30) == [busy.pid]
     finally:
         for process in (sleeper, busy, reused):
             process.kill()
