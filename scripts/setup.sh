@@ -71,7 +71,8 @@ fi
 if ! "$python" -c 'import ensurepip, venv' >/dev/null 2>&1; then
   apt_install python3-venv
 fi
-debs="redis-server"
+# redis-server: the Redis tier and its tests; openssl: the TLS tests' throwaway certificates.
+debs="redis-server openssl"
 # Triton's Python stub links libpython3.X.so; a Python built without it needs Debian's copy.
 if ! "$python" - <<'PY'
 import pathlib, sys, sysconfig
