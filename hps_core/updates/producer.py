@@ -31,7 +31,6 @@ import numpy as np
 
 from hps_core.config.schema import UpdateSourceConfig
 from hps_core.errors import HPSError
-from hps_core.formats.parquet import iter_parquet_rows
 from hps_core.updates.kafka_conf import RECEIVE_MESSAGE_MAX_BYTES, bootstrap_servers, merged
 from hps_core.updates.messages import (
     BEACON_TOPIC,
@@ -356,6 +355,10 @@ class UpdateProducer:
             ModelFileError: a file is unreadable or a column is missing or of the wrong type.
             PublishError: as :meth:`publish`.
         """
+        # Here, not at the top: serving processes import this package for the consumer and
+        # need not load pyarrow (about 40 MiB of resident memory per Triton stub).
+        from hps_core.formats.parquet import iter_parquet_rows
+
         return self.publish_chunks(
             model, table, iter_parquet_rows(path, key_column, vector_column, dim)
         )
