@@ -6,15 +6,16 @@ and ``wdl`` through the ``hugectr`` contract (one request = ``--samples-per-requ
 samples as DES, CATCOLUMN, ROWINDEX) and their ``_samples`` twins (the same samples as one
 ``[B, ...]`` request). For each concurrency of ``--concurrency``, one perf_analyzer per model
 runs for ``--minutes`` at once (three windows of a third each; a failed request makes
-perf_analyzer exit non-zero, which the table reports). Every ``--sample-s`` seconds the script
-records the resident memory of the server and of its stub processes, their open file
-descriptors, the entries and bytes of ``/dev/shm`` and, where NVML answers (``nvidia-ml-py``,
-the GPU image has it), the GPU memory in use: on the whole device and by the server and its
-stubs; the table compares the first sample after ``--warmup-s`` with the last. After the
-server stops it checks that no process and no new ``/dev/shm`` entry is left. Writes
+perf_analyzer exit non-zero, and so does a measurement it could not call stable); the server's
+own statistics give each model's answered and failed requests per level. Every ``--sample-s``
+seconds the script records the resident memory of the server and of its stub processes, their
+open file descriptors, the entries and bytes of ``/dev/shm`` and, where NVML answers
+(``nvidia-ml-py``, the GPU image has it), the GPU memory in use: on the whole device and by the
+server and its stubs; the table compares the first sample after ``--warmup-s`` with the last.
+After the server stops it checks that no process and no new ``/dev/shm`` entry is left. Writes
 ``soak_samples.csv``, ``soak_summary.csv``, ``soak_drift.csv`` (per load phase, each memory
-resource's slope per minute after ``--warmup-s``), ``soak_resources.png`` (with matplotlib)
-and each perf_analyzer's output.
+resource's slope per minute after ``--warmup-s``), ``soak_resources.png`` (with matplotlib) and
+each perf_analyzer's output.
 
 Usage:
     python benchmarks/soak.py --minutes 10 --concurrency 16,64 --out bench_results/soak
@@ -31,6 +32,7 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.request
 from pathlib import Path
 
 import numpy as np
@@ -230,6 +232,23 @@ def soak(
     }  # fmt: skip
 
 
+def server_counts(server) -> dict[str, tuple[int, int]]:
+    """Requests each model has answered and failed so far, by the server's own statistics
+    (``/v2/models/stats``): the count of failures does not depend on whether perf_analyzer
+    reached a stable measurement."""
+    with urllib.request.urlopen(f"{server.http_url}/v2/models/stats", timeout=30) as reply:
+        stats = json.loads(reply.read())["model_stats"]
+    counts: dict[str, tuple[int, int]] = {}
+    for entry in stats:
+        inference = entry["inference_stats"]
+        ok, failed = counts.get(entry["name"], (0, 0))
+        counts[entry["name"]] = (
+            ok + int(inference["success"]["count"]),
+            failed + int(inference["fail"]["count"]),
+        )
+    return counts
+
+
 def soak_level(pa, server, inputs: dict[str, Path], level: int, args) -> list[dict]:
     """Every model at ``level`` at once, one perf_analyzer each, for ``args.minutes``."""
     results: list[dict] = []
@@ -341,7 +360,12 @@ def main() -> None:
                 print(
                     f"concurrency {level}: {len(inputs)} models for {args.minutes} min", flush=True
                 )
+                before = server_counts(server)
                 results = soak_level(pa, server, inputs, level, args)
+                after = server_counts(server)
+                for r in results:
+                    r["server_ok"] = after[r["model"]][0] - before[r["model"]][0]
+                    r["server_failed"] = after[r["model"]][1] - before[r["model"]][1]
                 summary += sorted(results, key=lambda r: r["model"])
             sampler.phase = "idle"
             time.sleep(args.sample_s)
@@ -355,11 +379,12 @@ def main() -> None:
         writer = csv.DictWriter(f, fieldnames=list(summary[0]))
         writer.writeheader()
         writer.writerows(summary)
-    print("\n| model | concurrency | perf_analyzer exit | lines with 'error' | throughput | p99 |")
-    print("| --- | ---: | ---: | ---: | --- | --- |")
+    print("\n| model | concurrency | server: answered | server: failed | perf_analyzer exit | "
+          "lines with 'error' | throughput | p99 |")  # fmt: skip
+    print("| --- | ---: | ---: | ---: | ---: | ---: | --- | --- |")
     for r in summary:
-        print(f"| {r['model']} | {r['concurrency']} | {r['exit']} | {r['errors']} | "
-              f"{r['throughput']} | {r['p99']} |")  # fmt: skip
+        print(f"| {r['model']} | {r['concurrency']} | {r['server_ok']:,} | {r['server_failed']} | "
+              f"{r['exit']} | {r['errors']} | {r['throughput']} | {r['p99']} |")  # fmt: skip
     warm = [r for r in sampler.rows if r["t_s"] >= args.warmup_s] or sampler.rows
     first, last = warm[0], sampler.rows[-1]
     print(f"\n| resource | first after {args.warmup_s:.0f} s (t={first['t_s']} s) | last "
