@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from private_shm import private_shm_dir
 from s3_server import s3_server
 
 from hps_core.hps import HPS
@@ -18,9 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "nn"))
 @pytest.fixture(autouse=True)
 def shm_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     """Point ``HPS_SHM_DIR`` at an empty folder of this test; close every HPS afterwards."""
-    path = tmp_path / "shm"
-    path.mkdir()
-    monkeypatch.setenv("HPS_SHM_DIR", str(path))
+    path = private_shm_dir(tmp_path, monkeypatch)
     yield path
     HPS.close_all()
 

@@ -6,6 +6,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from private_shm import private_shm_dir
 
 from hps_core.hps import HPS
 
@@ -13,8 +14,6 @@ from hps_core.hps import HPS
 @pytest.fixture(autouse=True)
 def shm_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     """Point ``HPS_SHM_DIR`` at an empty folder of this test; close every HPS afterwards."""
-    path = tmp_path / "shm"
-    path.mkdir()
-    monkeypatch.setenv("HPS_SHM_DIR", str(path))
+    path = private_shm_dir(tmp_path, monkeypatch)
     yield path
     HPS.close_all()

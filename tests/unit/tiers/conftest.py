@@ -6,15 +6,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from private_shm import private_shm_dir
 
 
 @pytest.fixture(autouse=True)
 def shm_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """Point ``HPS_SHM_DIR`` at an empty folder of this test, never at /dev/shm."""
-    path = tmp_path / "shm"
-    path.mkdir()
-    monkeypatch.setenv("HPS_SHM_DIR", str(path))
-    return path
+    return private_shm_dir(tmp_path, monkeypatch)
 
 
 @pytest.fixture

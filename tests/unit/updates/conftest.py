@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 from kafka_broker import kafka_broker
+from private_shm import private_shm_dir
 
 _names = itertools.count()
 
@@ -30,7 +31,4 @@ def model() -> str:
 @pytest.fixture(autouse=True)
 def shm_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """Segments of this test in a private folder, never /dev/shm."""
-    path = tmp_path / "shm"
-    path.mkdir()
-    monkeypatch.setenv("HPS_SHM_DIR", str(path))
-    return path
+    return private_shm_dir(tmp_path, monkeypatch)
