@@ -8,12 +8,23 @@ each capped at ``--max-rows-per-table``; then, if the whole model would exceed
 are random (seeded) with dlrm's initialisation: tables uniform in +-1/sqrt(rows), Linear
 weights normal with std sqrt(2 / (fan_in + fan_out)), biases normal with std sqrt(1/fan_out).
 
+With ``--dcnv2``, MLPerf's current DLRM (DLRM-v2, DCN v2, multi-hot Criteo 1TB) instead, as
+HugeCTR's ``samples/dlrm/train.py`` builds it (:func:`hps_core.demo.zoo_networks.dlrm_v2_network`):
+MLPerf's table sizes for it and its fixed hotness per table
+(``3,2,1,2,6,1,1,1,1,7,3,8,1,6,9,5,1,1,1,12,100,27,10,3,1,1`` keys per sample), the bottom
+MLP, the 26 pooled vectors and its output concatenated (3,456 wide), a ``MultiCross`` of
+``--cross-layers`` 3 and ``--projection-dim`` 512, the top MLP 1024-1024-512-256-1 and a
+sigmoid; ``maxnum_catfeature_query_per_table_per_sample`` is each table's hotness. Weights of
+every layer as above (the cross layers' ``U``, ``V`` like Linear weights, their biases like
+Linear biases).
+
 Tables are generated and written chunk by chunk (about 64 MiB at a time), never whole, with
 the same writer as ``hps convert dlrm`` (:func:`hps_core.export.write_dlrm_model`); NumPy
 only, no torch. Row ``i`` of table ``t`` has key ``i``.
 
 Usage:
     python benchmarks/make_large_dlrm.py --out /data/dlrm                  # <= 16 GB
+    python benchmarks/make_large_dlrm.py --out /data/dlrm2 --dcnv2 --max-rows-per-table 1000000
     python benchmarks/make_large_dlrm.py --out /data/dlrm --max-total-gb 40
     python benchmarks/make_large_dlrm.py --out /tmp/small --rows-per-table 100000
     hps repo /data/dlrm/ps.json /data/repo && hps serve --model-repository /data/repo
@@ -30,14 +41,22 @@ from functools import partial
 
 import numpy as np
 
+from hps_core.demo.zoo_networks import MLPERF_V2_HOTNESS, dlrm_v2_network
 from hps_core.errors import HPSError
-from hps_core.export import DlrmArch, parse_dash_list, write_dlrm_model
+from hps_core.export import DlrmArch, parse_dash_list, write_dlrm_model, write_ranking_files
+from hps_core.export.dlrm_files import DlrmFiles
+from hps_core.nn import DenseLayout, DenseParams
 
 # Criteo Terabyte table sizes of the MLPerf DLRM reference (dlrm_s_pytorch.py with
 # --max-ind-range=40000000).
 MLPERF_TABLE_ROWS = (
     39884406, 39043, 17289, 7420, 20263, 3, 7120, 1543, 63, 38532951, 2953546, 403346, 10,
     2208, 11938, 155, 4, 976, 14, 39979771, 25641295, 39664984, 585935, 12972, 108, 36,
+)  # fmt: skip
+# MLPerf DLRM-v2's table sizes (multi-hot Criteo 1TB, torchrec_dlrm's --num_embeddings_per_feature).
+MLPERF_V2_TABLE_ROWS = (
+    40000000, 39060, 17295, 7424, 20265, 3, 7122, 1543, 63, 40000000, 3067956, 405282, 10,
+    2209, 11938, 155, 4, 976, 14, 40000000, 40000000, 40000000, 590152, 12973, 108, 36,
 )  # fmt: skip
 KEY_BYTES = 8
 ROW_BLOCK = 4096
@@ -91,6 +110,44 @@ def random_dense(arch: DlrmArch, seed: int) -> dict[str, np.ndarray]:
     return dense
 
 
+def random_layer_params(layout: DenseLayout, seed: int) -> DenseParams:
+    """dlrm-initialised tensors for any HugeCTR dense layout: ``[in, out]`` weights normal with
+    std sqrt(2 / (in + out)), ``[1, out]`` biases normal with std sqrt(1 / out)."""
+    rng = np.random.default_rng([seed, 2_000_000])
+    params: DenseParams = {}
+    for layer in layout.layers:
+        tensors = []
+        for param in layer.params:
+            fan_in, fan_out = param.shape[0], param.shape[-1]
+            std = np.sqrt(1 / fan_out) if fan_in == 1 else np.sqrt(2 / (fan_in + fan_out))
+            tensors.append((std * rng.standard_normal(param.shape)).astype(np.float32))
+        params[layer.layer] = tuple(tensors)
+    return params
+
+
+def write_dlrm_v2(args: argparse.Namespace, rows: Sequence[int], dim: int) -> DlrmFiles:
+    """The DLRM-v2 model of ``--dcnv2`` (see the module docstring)."""
+    hotness = parse_dash_list(args.multi_hot_sizes, "--multi-hot-sizes")
+    if len(hotness) != len(rows):
+        raise ValueError(f"--multi-hot-sizes has {len(hotness)} values for {len(rows)} tables")
+    bottom = parse_dash_list(args.arch_mlp_bot, "--arch-mlp-bot")
+    network = dlrm_v2_network(
+        dim, hotness, bottom[1:], parse_dash_list(args.arch_mlp_top, "--arch-mlp-top"),
+        args.cross_layers, args.projection_dim,
+    )  # fmt: skip
+    return write_ranking_files(
+        args.out,
+        args.model_name,
+        network,
+        lambda layout: random_layer_params(layout, args.seed),
+        [partial(random_rows, args.seed, t, n, dim) for t, n in enumerate(rows)],
+        rows,
+        max_keys_per_table=hotness,
+        max_batch_size=args.max_batch_size,
+        overwrite=args.overwrite,
+    )
+
+
 def random_rows(seed: int, table: int, rows: int, dim: int, start: int, stop: int) -> np.ndarray:
     """Rows ``[start, stop)`` of a table, uniform in +-1/sqrt(rows).
 
@@ -128,6 +185,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--arch-mlp-top", default="1024-1024-512-256-1")
     parser.add_argument("--num-tables", type=int, default=26, help="with --rows-per-table N")
     parser.add_argument("--max-keys-per-table", type=int, default=1, help="keys/sample/table")
+    parser.add_argument("--dcnv2", action="store_true", help="MLPerf DLRM-v2 (DCN v2, multi-hot)")
+    parser.add_argument(
+        "--multi-hot-sizes",
+        default="-".join(str(h) for h in MLPERF_V2_HOTNESS),
+        help="with --dcnv2: keys per sample of each table (default MLPerf's)",
+    )
+    parser.add_argument("--cross-layers", type=int, default=3, help="with --dcnv2")
+    parser.add_argument("--projection-dim", type=int, default=512, help="with --dcnv2")
     parser.add_argument("--max-batch-size", type=int, default=1024, help="ps.json max_batch_size")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--overwrite", action="store_true")
@@ -136,29 +201,37 @@ def main(argv: Sequence[str] | None = None) -> int:
     dim = args.arch_sparse_feature_size
     try:
         if args.rows_per_table is None:
-            wanted: Sequence[int] = MLPERF_TABLE_ROWS
+            wanted: Sequence[int] = MLPERF_V2_TABLE_ROWS if args.dcnv2 else MLPERF_TABLE_ROWS
         else:
             wanted = parse_dash_list(args.rows_per_table, "--rows-per-table")
             if len(wanted) == 1:
                 wanted = wanted * args.num_tables
         rows, cap = table_rows(wanted, dim, args.max_rows_per_table, args.max_total_gb)
-        arch = DlrmArch(
-            dim,
-            rows,
-            parse_dash_list(args.arch_mlp_bot, "--arch-mlp-bot"),
-            parse_dash_list(args.arch_mlp_top, "--arch-mlp-top"),
-        )
         started = time.perf_counter()
-        files = write_dlrm_model(
-            args.out,
-            args.model_name,
-            arch,
-            random_dense(arch, args.seed),
-            [partial(random_rows, args.seed, t, n, dim) for t, n in enumerate(rows)],
-            max_keys_per_table=args.max_keys_per_table,
-            max_batch_size=args.max_batch_size,
-            overwrite=args.overwrite,
-        )
+        if args.dcnv2:
+            files = write_dlrm_v2(args, rows, dim)
+            shape = (
+                f"DLRM-v2: bottom {args.arch_mlp_bot}, {args.cross_layers} cross layers of "
+                f"projection {args.projection_dim}, top {args.arch_mlp_top}"
+            )
+        else:
+            arch = DlrmArch(
+                dim,
+                rows,
+                parse_dash_list(args.arch_mlp_bot, "--arch-mlp-bot"),
+                parse_dash_list(args.arch_mlp_top, "--arch-mlp-top"),
+            )
+            files = write_dlrm_model(
+                args.out,
+                args.model_name,
+                arch,
+                random_dense(arch, args.seed),
+                [partial(random_rows, args.seed, t, n, dim) for t, n in enumerate(rows)],
+                max_keys_per_table=args.max_keys_per_table,
+                max_batch_size=args.max_batch_size,
+                overwrite=args.overwrite,
+            )
+            shape = f"bottom {args.arch_mlp_bot}, top {arch.interaction_width}-{args.arch_mlp_top}"
     except (HPSError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -170,9 +243,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     total = files.total_bytes
     capped = sum(n < w for n, w in zip(rows, wanted, strict=True))
     print(
-        f"{sum(rows):,} rows in {arch.num_tables} tables of dim {dim} "
-        f"({capped} capped at {cap:,} rows); dense {files.dense_floats:,} floats "
-        f"(bottom {args.arch_mlp_bot}, top {arch.interaction_width}-{args.arch_mlp_top})"
+        f"{sum(rows):,} rows in {len(rows)} tables of dim {dim} "
+        f"({capped} capped at {cap:,} rows); dense {files.dense_floats:,} floats ({shape})"
     )
     print(f"wrote {total / GB:.2f} GB in {seconds:.1f} s ({total / GB / seconds:.2f} GB/s)")
     print(f"ps.json: {files.ps_json}")

@@ -33,7 +33,7 @@ from hps_core.config import load_ps_config
 from hps_core.gpu import pipeline as gpu_pipeline
 from hps_core.gpu.staging import bucket_for
 from hps_core.hps import HPS
-from hps_core.infer import RankingSession
+from hps_core.infer import RankingSession, load_ranking_graph
 
 WARMUP_BATCH = 16384
 
@@ -80,7 +80,7 @@ def main() -> None:
     config = load_ps_config(args.ps_json).models[0]
     name = config.name
     rows = [(t.sparse_file / "key").stat().st_size // 8 for t in config.tables]
-    dense_dim = config.maxnum_des_feature_per_sample
+    _, layout = load_ranking_graph(config)
     HPS(args.ps_json).model(name).open_all()
     net = torch_peer(args.ps_json, name)
     rng = np.random.default_rng(0)
@@ -95,11 +95,11 @@ def main() -> None:
         ps = variant(args.ps_json, args.cache)
         session = RankingSession.open(ps, name, device_id=0, precision=precision)
         for _ in range(args.warmup):
-            session.predict(make_batch(rng, rows, WARMUP_BATCH, args.alpha, dense_dim)[2])
+            session.predict(make_batch(rng, rows, WARMUP_BATCH, args.alpha, layout)[2])
         pipe = session.pipeline
         peer = PeerRunner(net, graphs=False)
         for batch in (int(b) for b in args.batches.split(",")):
-            inputs = [make_batch(rng, rows, batch, args.alpha, dense_dim) for _ in range(4)]
+            inputs = [make_batch(rng, rows, batch, args.alpha, layout) for _ in range(4)]
             for dense, keys, sparse in inputs[:2]:
                 peer(dense, keys)
                 session.predict(sparse)
@@ -142,9 +142,9 @@ def main() -> None:
                     for key, value in settings.items():
                         setattr(gpu_pipeline, key, value)
                     rebuild(pipe)
-                    session.predict(make_batch(rng, rows, batch, args.alpha, dense_dim)[2])
+                    session.predict(make_batch(rng, rows, batch, args.alpha, layout)[2])
                     for _ in range(3):
-                        sparse = make_batch(rng, rows, batch, args.alpha, dense_dim)[2]
+                        sparse = make_batch(rng, rows, batch, args.alpha, layout)[2]
                         started = time.perf_counter()
                         session.predict(sparse)
                         times[label].append(time.perf_counter() - started)

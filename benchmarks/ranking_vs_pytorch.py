@@ -1,18 +1,21 @@
 """A ranking batch on the GPU: hps-triton's pipeline against the PyTorch DLRM a user would write.
 
-Model: a ps.json ranking model with HugeCTR's DLRM layout as ``make_large_dlrm.py`` writes it
-(``--ps-json``; 26 tables, dim 128, one key per slot, key ``i`` is row ``i``). Keys are drawn
-Zipf(``--alpha``) over each table's rows, dense features uniform, one-hot samples, on the
-host (what Triton hands over) as :class:`~hps_core.infer.SparseBatch`.
+Model: a ps.json ranking model as ``make_large_dlrm.py`` writes it (``--ps-json``; key ``i``
+is row ``i``): MLPerf's DLRM (26 one-hot tables of dim 128, dot interaction) or, written with
+``--dcnv2``, MLPerf's DLRM-v2 (26 tables of a fixed hotness each, 214 keys per sample, DCN v2
+cross layers). Keys are drawn Zipf(``--alpha``) over each table's rows, dense features
+uniform, on the host (what Triton hands over) as the samples contract gives them: a
+:class:`~hps_core.infer.SparseBatch` keeping the ``[B, K]`` key matrix.
 
 hps-triton: :class:`~hps_core.infer.RankingSession` on GPU 0 (the CUDA-graph pipeline of
 :mod:`hps_core.gpu.pipeline`), for each cache setting (``--caches``: ``gpucacheper`` values
 and ``static``), after ``--warmup`` warm-up batches of 16,384 samples; predict() returns host
 scores, so each timed call is keys in -> scores out, synchronised.
 
-The peer: the same network in PyTorch with every table whole on the GPU (``nn.EmbeddingBag``
-per table), the bottom MLP, HugeCTR's dot interaction (Gram matrix, lower triangle, a zero),
-the top MLP and a sigmoid, with the same weights; inputs copied from pinned host buffers with
+The peer: the same network in PyTorch (``torch_dlrm.py``) with every table whole on the GPU
+(``nn.EmbeddingBag`` per table, fed with offsets for multi-hot tables), the bottom MLP, the
+interaction (HugeCTR's dot interaction, or the low-rank cross layers as matmuls), the top MLP
+and a sigmoid, with the same weights; inputs copied from pinned host buffers with
 ``non_blocking=True``; eager, and replayed from a CUDA graph per batch size. Both compute the
 same function: the script checks their scores agree before timing.
 
@@ -25,8 +28,10 @@ Precisions (``--precisions``): ``fp32`` (large products as 3xTF32, see
 runs strict FP32 for both FP32 rows.
 
 Per (batch, precision): median over ``--runs`` calls on fresh batches; ms, samples/s, ratio
-to the eager peer (and to the peer given the same kind of inputs), key-occurrence and
-unique-key hit rate of the timed batches, GPU memory.
+to the eager and to the graphed peer (and to the peer given the same kind of inputs),
+key-occurrence and unique-key hit rate of the timed batches, the rows read from host memory
+per batch (``hps_host_rows_read_total``) and their bytes, the PCIe floor those bytes imply
+at the pinned host-to-device copy rate measured in the same run, GPU memory.
 Also the GPU time of the pipeline's three graphs (lookup, insert, dense) from CUDA events, and
 of each step run without graphs (``GpuRankingPipeline.profile``: upload, lookup, insert,
 forward, download).
@@ -58,7 +63,7 @@ from torch_dlrm import TorchDlrm, torch_peer
 
 from hps_core.config import load_ps_config
 from hps_core.hps import HPS
-from hps_core.infer import RankingSession, SparseBatch
+from hps_core.infer import RankingLayout, RankingSession, SparseBatch, load_ranking_graph
 from hps_core.workload import zipf_keys
 
 WARMUP_BATCH = 16384
@@ -118,23 +123,43 @@ def peer_on_gpu(net: TorchDlrm, dense: Any, keys: Any) -> np.ndarray:
 def device_batch(sparse: SparseBatch) -> SparseBatch:
     """``sparse`` with every array copied to GPU 0 (CuPy), as a caller holding its keys on the
     GPU hands them over."""
-    return SparseBatch(
-        cupy.asarray(sparse.dense),
-        tuple(cupy.asarray(k) for k in sparse.keys),
-        tuple(None if o is None else cupy.asarray(o) for o in sparse.row_offsets),
+    widths = [k.shape[1] for k in sparse.keys]
+    return SparseBatch.from_sample_keys(
+        cupy.asarray(sparse.dense), cupy.asarray(sparse.sample_keys), widths, sparse.hotness
     )
 
 
-def make_batch(rng: np.random.Generator, rows: list[int], batch: int, alpha: float, dense_dim: int):
-    keys = np.stack(
-        [zipf_keys(rng, batch, r, alpha, permutation_seed=t) for t, r in enumerate(rows)], axis=1
+def make_batch(
+    rng: np.random.Generator, rows: list[int], batch: int, alpha: float, layout: RankingLayout
+):
+    """Dense features, the ``[batch, K]`` key matrix (each table's keys Zipf over its rows)
+    and the batch the samples contract makes of them (no offsets, one key matrix)."""
+    widths = [t.sample_width for t in layout.tables]
+    keys = np.concatenate(
+        [
+            zipf_keys(rng, batch * w, r, alpha, permutation_seed=t).reshape(batch, w)
+            for t, (r, w) in enumerate(zip(rows, widths, strict=True))
+        ],
+        axis=1,
     )
-    dense = rng.random((batch, dense_dim), dtype=np.float32)
-    # One-hot tables, as the samples contract hands them over: no row offsets.
-    sparse = SparseBatch(
-        dense, tuple(keys[:, t].copy() for t in range(len(rows))), (None,) * len(rows)
-    )
+    dense = rng.random((batch, layout.dense_dim), dtype=np.float32)
+    sparse = SparseBatch.from_sample_keys(dense, keys, widths, layout.hotness)
     return dense, keys, sparse
+
+
+def pcie_rate(nbytes: int = 1 << 28, runs: int = 5) -> float:
+    """Bytes per second of a pinned host-to-device copy of ``nbytes`` (median of ``runs``)."""
+    host = cupy.cuda.alloc_pinned_memory(nbytes)
+    device = cupy.empty(nbytes, dtype=cupy.uint8)
+    times = []
+    for _ in range(runs + 1):
+        start, stop = cupy.cuda.Event(), cupy.cuda.Event()
+        start.record()
+        cupy.cuda.runtime.memcpyAsync(device.data.ptr, host.ptr, nbytes, 1, 0)
+        stop.record()
+        stop.synchronize()
+        times.append(cupy.cuda.get_elapsed_time(start, stop) / 1e3)
+    return nbytes / statistics.median(times[1:])
 
 
 def variant(ps_json: Path, cache: str) -> Path:
@@ -162,12 +187,12 @@ def timed(fn, calls: list[tuple], runs: int) -> float:
     return statistics.median(times)
 
 
-def unique_hit_rate(session: RankingSession, keys: np.ndarray) -> float:
-    """Share of the distinct (table, key) pairs of ``keys`` the GPU holds now."""
+def unique_hit_rate(session: RankingSession, sparse: SparseBatch) -> float:
+    """Share of the distinct (table, key) pairs of ``sparse`` the GPU holds now."""
     hits = total = 0
-    for t in range(keys.shape[1]):
+    for t in range(len(sparse.keys)):
         table = session.lookup.table(t)
-        unique = np.unique(keys[:, t])
+        unique = np.unique(sparse.keys[t])
         total += len(unique)
         cache = getattr(table, "cache", None)
         if cache is None or not hasattr(cache, "dump"):
@@ -208,12 +233,12 @@ def graph_times(session: RankingSession, sparse: SparseBatch) -> tuple[float, fl
     return lookup_ms, insert_ms, dense_ms
 
 
-def profile(session, rng, rows, batch, args, dense_dim, precision) -> None:
+def profile(session, rng, rows, batch, args, layout, precision) -> None:
     """cProfile of predict() on fresh batches: where the host's time goes."""
     import cProfile
     import pstats
 
-    batches = [make_batch(rng, rows, batch, args.alpha, dense_dim)[2] for _ in range(50)]
+    batches = [make_batch(rng, rows, batch, args.alpha, layout)[2] for _ in range(50)]
     profiler = cProfile.Profile()
     profiler.enable()
     for sparse in batches:
@@ -250,7 +275,10 @@ def main() -> None:
     config = load_ps_config(args.ps_json).model(load_ps_config(args.ps_json).models[0].name)
     name = config.name
     rows = [(t.sparse_file / "key").stat().st_size // 8 for t in config.tables]
-    dense_dim = config.maxnum_des_feature_per_sample
+    _, layout = load_ranking_graph(config)
+    row_bytes = [4 * t.dim for t in config.tables]
+    pcie = pcie_rate()
+    print(f"pinned host-to-device copy: {pcie / 1e9:.1f} GB/s")
     print(f"model {name}: {len(rows)} tables, {sum(rows):,} rows, GPU "
           f"{cupy.cuda.runtime.getDeviceProperties(0)['name'].decode()}")  # fmt: skip
     # Keep the host tier mapped between cache settings (it is built once, not per setting).
@@ -268,7 +296,7 @@ def main() -> None:
         peers = {"eager": PeerRunner(net, graphs=False), "graph": PeerRunner(net, graphs=True)}
         peer_ms: dict[tuple[str, int], float] = {}
         for batch in batches:
-            inputs = [make_batch(rng, rows, batch, args.alpha, dense_dim) for _ in range(4)]
+            inputs = [make_batch(rng, rows, batch, args.alpha, layout) for _ in range(4)]
             for kind, runner in peers.items():
                 for dense, keys, _ in inputs[:2]:
                     runner(dense, keys)  # warm-up (and graph capture)
@@ -294,32 +322,41 @@ def main() -> None:
             )
             started = time.perf_counter()
             for _ in range(args.warmup):
-                session.predict(make_batch(rng, rows, WARMUP_BATCH, args.alpha, dense_dim)[2])
+                session.predict(make_batch(rng, rows, WARMUP_BATCH, args.alpha, layout)[2])
             print(f"{precision} cache {cache}: warmed in {time.perf_counter() - started:.1f} s")
             for batch in batches:
-                inputs = [make_batch(rng, rows, batch, args.alpha, dense_dim) for _ in range(4)]
+                inputs = [make_batch(rng, rows, batch, args.alpha, layout) for _ in range(4)]
                 want = PeerRunner(net, graphs=False)(inputs[0][0], inputs[0][1])
                 got = session.predict(inputs[0][2])
                 error = float(np.max(np.abs(got - want)))
                 for _, _, sparse in inputs[1:3]:
                     session.predict(sparse)
-                unique = unique_hit_rate(session, inputs[3][1])
+                unique = unique_hit_rate(session, inputs[3][2])
                 before = session.lookup.counters()
                 ms = timed(session.predict, [(s,) for _, _, s in inputs], runs=args.runs)
                 after = session.lookup.counters()
-                hits = sum(a.cache_hits - b.cache_hits for a, b in zip(after, before, strict=True))
-                keys = sum(a.keys - b.keys for a, b in zip(after, before, strict=True))
-                fresh = [make_batch(rng, rows, batch, args.alpha, dense_dim)[2] for _ in range(3)]
+                pairs = list(zip(after, before, strict=True))
+                hits = sum(a.cache_hits - b.cache_hits for a, b in pairs)
+                keys = sum(a.keys - b.keys for a, b in pairs)
+                host_rows = sum(a.host_rows - b.host_rows for a, b in pairs) / args.runs
+                miss_bytes = (
+                    sum(
+                        (a.host_rows - b.host_rows) * n
+                        for (a, b), n in zip(pairs, row_bytes, strict=True)
+                    )
+                    / args.runs
+                )
+                fresh = [make_batch(rng, rows, batch, args.alpha, layout)[2] for _ in range(3)]
                 gpu_ms = [graph_times(session, f) for f in fresh]
                 lookup_ms = statistics.median(t[0] for t in gpu_ms)
                 insert_ms = statistics.median(t[1] for t in gpu_ms)
                 dense_ms = statistics.median(t[2] for t in gpu_ms)
-                fresh = [make_batch(rng, rows, batch, args.alpha, dense_dim)[2] for _ in range(3)]
+                fresh = [make_batch(rng, rows, batch, args.alpha, layout)[2] for _ in range(3)]
                 steps = [session.pipeline.profile(f) for f in fresh]
                 split = {k: statistics.median(s[k] for s in steps) for k in steps[0]}
                 profiled = [int(b) for b in args.profile_batches.split(",")]
                 if batch in profiled and cache == args.caches.split(",")[0]:
-                    profile(session, rng, rows, batch, args, dense_dim, precision)
+                    profile(session, rng, rows, batch, args, layout, precision)
                 if cache == args.caches.split(",")[0]:
                     # Keys and dense features already on the GPU (lookup_fromdlpack's case).
                     on_gpu = [(device_batch(s),) for _, _, s in inputs]
@@ -339,6 +376,8 @@ def main() -> None:
                     ms=1e3 * ms, key_hit_rate=hits / keys if keys else 0.0,
                     unique_hit_rate=unique, max_abs_diff_vs_peer=error,
                     gpu_lookup_ms=lookup_ms, gpu_insert_ms=insert_ms, gpu_dense_ms=dense_ms,
+                    host_rows_per_batch=host_rows, miss_mb_per_batch=miss_bytes / 1e6,
+                    pcie_floor_ms=1e3 * miss_bytes / pcie,
                     **{f"eager_{k}_ms": v for k, v in split.items()},
                     gpu_mib=gpu_memory_mib(),
                 ))  # fmt: skip
@@ -352,12 +391,13 @@ def main() -> None:
             if r["precision"] == precision:
                 r["samples_per_s"] = r["batch"] / (r["ms"] / 1e3)
                 r["x_peer_eager"] = peer_ms[("eager", r["batch"])] / r["ms"]
+                r["x_peer_graph"] = peer_ms[("graph", r["batch"])] / r["ms"]
                 same = "eager-gpu-inputs" if r["inputs"] == "gpu" else "eager"
                 r["x_peer_same_inputs"] = peer_ms[(same, r["batch"])] / r["ms"]
     columns = ["system", "cache", "inputs", "precision", "batch", "ms", "samples_per_s",
-               "x_peer_eager", "x_peer_same_inputs",
+               "x_peer_eager", "x_peer_graph", "x_peer_same_inputs",
                "key_hit_rate", "unique_hit_rate", "gpu_lookup_ms", "gpu_insert_ms", "gpu_dense_ms",
-               "gpu_mib",
+               "host_rows_per_batch", "miss_mb_per_batch", "pcie_floor_ms", "gpu_mib",
                "max_abs_diff_vs_peer", "eager_upload_ms", "eager_lookup_ms", "eager_insert_ms",
                "eager_forward_ms", "eager_download_ms"]  # fmt: skip
     with open(args.out / "ranking_vs_pytorch.csv", "w", newline="") as f:

@@ -348,13 +348,13 @@ def samples_config_pbtxt(
         options,
         inputs=[
             _Tensor("dense", "TYPE_FP32", (layout.dense_dim,)),
-            _Tensor("sparse", "TYPE_INT64", (layout.total_slots,)),
+            _Tensor("sparse", "TYPE_INT64", (layout.sample_width,)),
         ],
         outputs=[_Tensor("score", "TYPE_FP32", (layout.label_dim,))],
         params=_ranking_parameters(triton_name, layout.model, ps_json),
         warmup=[
             _WarmupInput("dense", "TYPE_FP32", (layout.dense_dim,)),
-            _WarmupInput("sparse", "TYPE_INT64", (layout.total_slots,)),
+            _WarmupInput("sparse", "TYPE_INT64", (layout.sample_width,)),
         ],
     )
 

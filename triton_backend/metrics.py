@@ -44,6 +44,7 @@ _COUNTERS = {
     "async_inserts": ("hps_cache_async_inserts_total", "Batches inserted in the background"),
     "failed_inserts": ("hps_cache_failed_inserts_total", "Background inserts that failed"),
     "evictions": ("hps_cache_evictions_total", "Rows the GPU cache evicted to make room"),
+    "host_rows": ("hps_host_rows_read_total", "Rows the GPU read from host memory over PCIe"),
 }
 # counter field -> (metric name, tier label)
 _TIER_COUNTERS = {

@@ -1,7 +1,8 @@
 """The PyTorch peer (``benchmarks/torch_dlrm.py``) as a Triton Python-backend model.
 
-It serves HugeCTR's ``hugectr`` contract for one-hot samples (``DES`` ``[1, B*D]``,
-``CATCOLUMN`` ``[1, B*T]`` sample-major, ``ROWINDEX`` unused -> ``OUTPUT0`` ``[1, B]``), so
+It serves HugeCTR's ``hugectr`` contract for samples of the model's fixed number of keys per
+table (``DES`` ``[1, B*D]``, ``CATCOLUMN`` ``[1, B*K]`` sample-major, ``ROWINDEX`` unused ->
+``OUTPUT0`` ``[1, B]``), so
 one perf_analyzer input drives both it and hps-triton's model. Requests of one ``execute`` are
 joined into one forward pass, as a careful user would write it. config.pbtxt parameters:
 ``ps_json``, ``hps_model_name`` and ``benchmarks_dir`` (where ``torch_dlrm.py`` is).
@@ -27,16 +28,16 @@ class TritonPythonModel:
         self.device = torch.device("cuda", int(args["model_instance_device_id"]))
         torch.cuda.set_device(self.device)
         self.net = torch_peer(Path(params["ps_json"]), params["hps_model_name"], self.device.index)
-        self.tables = len(self.net.tables)
+        self.key_width = self.net.key_width
 
     def execute(self, requests: list) -> list:
         dense, keys, sizes = [], [], []
         for request in requests:
             des = torch.from_dlpack(pb_utils.get_input_tensor_by_name(request, "DES"))
             cat = torch.from_dlpack(pb_utils.get_input_tensor_by_name(request, "CATCOLUMN"))
-            batch = cat.numel() // self.tables
+            batch = cat.numel() // self.key_width
             dense.append(des.reshape(batch, -1))
-            keys.append(cat.reshape(batch, self.tables))
+            keys.append(cat.reshape(batch, self.key_width))
             sizes.append(batch)
         with torch.no_grad():
             scores = self.net(

@@ -22,9 +22,11 @@ import numpy as np
 from hps_core.config import parse_ps_config
 from hps_core.demo.ranking_networks import dcn_network, wdl_network
 from hps_core.demo.zoo_networks import (
+    MLPERF_V2_HOTNESS,
     bst_network,
     din_network,
     dlrm_mlp_network,
+    dlrm_v2_network,
     mmoe_network,
     ncf_network,
     shared_bottom_network,
@@ -71,6 +73,7 @@ ZOO = (
     RankingDemo("mmoe", mmoe_network, (80,), 20261213),
     RankingDemo("ncf", ncf_network, (300, 500), 20261214),
     RankingDemo("shared_bottom", shared_bottom_network, (80,), 20261215),
+    RankingDemo("dlrm_v2", dlrm_v2_network, (200,) * len(MLPERF_V2_HOTNESS), 20261216),
 )
 """HugeCTR's sample model families (:mod:`hps_core.demo.zoo_networks`)."""
 

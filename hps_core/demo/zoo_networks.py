@@ -5,6 +5,11 @@ Each follows the structure of the sample of the same name in HugeCTR's ``samples
 
 - ``dlrm_mlp``: DLRM as HugeCTR's ``samples/dlrm`` builds it, bottom and top MLPs as fused
   ``MLP`` layers around the dot ``Interaction``;
+- ``dlrm_v2``: MLPerf's DLRM-v2 (DLRM-DCNv2) as HugeCTR's ``samples/dlrm/train.py`` builds it:
+  26 multi-hot tables of a fixed hotness each (MLPerf's), the bottom ``MLP``, the embeddings
+  and its output concatenated, a low-rank ``MultiCross`` (DCN v2), the top ``MLP``
+  (:func:`dlrm_v2_network` builds it at any size; ``benchmarks/make_large_dlrm.py --dcnv2``
+  at MLPerf's);
 - ``din``: Deep Interest Network: goods and categories of 4 past behaviours plus the target
   (``FusedReshapeConcat``), an attention unit with ``PReLU_Dice`` activations whose scores go
   through ``Softmax`` and weight the history (``Scale``, ``ElementwiseMultiply``,
@@ -22,17 +27,50 @@ Each follows the structure of the sample of the same name in HugeCTR's ``samples
   so two predictions. As in that sample, tower A's ``Dropout`` reads its fully connected layer
   and not the ReLU beside it, whose output nothing reads.
 
-All read 13 dense features (BST's first one is the sequence length) and one-hot slots.
+All read 13 dense features (BST's first one is the sequence length) and one-hot slots, but
+``dlrm_v2``, whose slots hold MLPerf's fixed numbers of keys.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
+from hps_core.config import default_table_name
 from hps_core.demo.ranking_networks import _data, _embedding, _layer, _loss, _mlp
 
 Layer = dict[str, Any]
 _EMBEDDING = "DistributedSlotSparseEmbeddingHash"
+
+MLPERF_V2_HOTNESS = (
+    3,
+    2,
+    1,
+    2,
+    6,
+    1,
+    1,
+    1,
+    1,
+    7,
+    3,
+    8,
+    1,
+    6,
+    9,
+    5,
+    1,
+    1,
+    1,
+    12,
+    100,
+    27,
+    10,
+    3,
+    1,
+    1,
+)
+"""Keys per sample of each of MLPerf DLRM-v2's 26 tables (its multi-hot Criteo 1TB)."""
 
 
 def dlrm_mlp_network() -> dict[str, Any]:
@@ -48,6 +86,53 @@ def dlrm_mlp_network() -> dict[str, Any]:
             _layer("mlp2", "MLP", "interaction1", mlp_param={
                 "num_output": 1, "num_outputs": [64, 32, 1], "use_bias": True,
                 "activations": ["Relu", "Relu", "None"]}),
+            _loss("mlp2"),
+        ]
+    }  # fmt: skip
+
+
+def dlrm_v2_network(
+    dim: int = 16,
+    hotness: Sequence[int] = MLPERF_V2_HOTNESS,
+    bottom: Sequence[int] = (64, 32, 16),
+    top: Sequence[int] = (64, 32, 1),
+    cross_layers: int = 3,
+    projection_dim: int = 32,
+) -> dict[str, Any]:
+    """MLPerf DLRM-v2: 13 dense features, one table per sparse input of ``hotness[t]`` keys
+    in every sample (``is_fixed_length``, summed) -> ``(B, top[-1])``.
+
+    The layers of HugeCTR's ``samples/dlrm/train.py`` (MLPerf's defaults: ``dim`` 128, bottom
+    ``512, 256, 128``, top ``1024, 1024, 512, 256, 1``, 3 cross layers of projection 512),
+    written as a network file can hold them: one ``LocalizedSlotSparseEmbeddingHash`` per
+    table where the sample has an ``EmbeddingCollection``, their outputs stacked (``Concat`` on
+    axis 1) and flattened (``Reshape``), then ``Concat`` with the bottom MLP's output (the
+    embeddings first, as in the sample), ``MultiCross`` with ``projection_dim`` (DCN v2), the
+    top ``MLP`` (no activation on its last layer) and the loss, which inference turns into a
+    sigmoid.
+    """
+    tables = range(len(hotness))
+    data = _data([(f"data{t}", 1, h) for t, h in zip(tables, hotness, strict=True)])
+    for sparse in data["sparse"]:
+        sparse["is_fixed_length"] = True
+    names = [default_table_name(t) for t in tables]
+    activations = ["Relu"] * (len(top) - 1) + ["None"]
+    return {
+        "layers": [
+            data,
+            *(_embedding(names[t], "LocalizedSlotSparseEmbeddingHash", f"data{t}", dim, "sum")
+              for t in tables),
+            _layer("embeddings", "Concat", names, axis=1),
+            _layer("embeddings_flat", "Reshape", "embeddings", leading_dim=len(hotness) * dim),
+            _layer("mlp1", "MLP", "dense", mlp_param={
+                "num_output": bottom[-1], "num_outputs": list(bottom), "use_bias": True,
+                "activation": "Relu"}),
+            _layer("concat1", "Concat", ["embeddings_flat", "mlp1"]),
+            _layer("interaction1", "MultiCross", "concat1", mc_param={
+                "num_layers": cross_layers, "projection_dim": projection_dim}),
+            _layer("mlp2", "MLP", "interaction1", mlp_param={
+                "num_output": top[-1], "num_outputs": list(top), "use_bias": True,
+                "activations": activations}),
             _loss("mlp2"),
         ]
     }  # fmt: skip

@@ -13,6 +13,7 @@ from hps_core.export.dlrm_files import (
     checked_key_map,
     write_dlrm_model,
     write_embedding_table,
+    write_ranking_files,
 )
 from hps_core.export.dlrm_network import (
     dlrm_network_json,
@@ -47,4 +48,5 @@ __all__ = [
     "unwrap_checkpoint",
     "write_dlrm_model",
     "write_embedding_table",
+    "write_ranking_files",
 ]

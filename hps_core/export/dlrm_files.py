@@ -27,15 +27,11 @@ import numpy as np
 
 from hps_core.errors import OVERWRITE_HINT, ConfigError, ModelFileError, Problem
 from hps_core.export.dlrm_arch import DlrmArch
-from hps_core.export.dlrm_network import (
-    dlrm_network_json,
-    embedding_layer_name,
-    hugectr_dense_params,
-)
+from hps_core.export.dlrm_network import dlrm_network_json, hugectr_dense_params
 from hps_core.formats.keys import check_unique_keys
 from hps_core.formats.sparse import DEFAULT_CHUNK_BYTES, KEY_DTYPE, KEY_FILE, VECTOR_FILE
 from hps_core.formats.sparse_writer import SparseTableWriter
-from hps_core.nn import build_graph, parse_network_json, write_dense_blob
+from hps_core.nn import DenseLayout, DenseParams, build_graph, parse_network_json, write_dense_blob
 
 logger = logging.getLogger(__name__)
 
@@ -178,40 +174,117 @@ def write_dlrm_model(
         ModelFileError: files already exist without ``overwrite`` (all listed), duplicate
             keys in a key map, or the disk refused the data.
     """
-    out_dir = Path(out_dir)
     max_keys = _per_table(max_keys_per_table, arch.num_tables)
-    _check_arguments(model_name, arch, tables, key_maps or {}, max_keys, max_batch_size)
+    _check_arguments(
+        model_name, arch.num_tables, tables, arch.embedding_sizes, key_maps or {}, max_keys,
+        max_batch_size,
+    )  # fmt: skip
+    return write_ranking_files(
+        out_dir,
+        model_name,
+        dlrm_network_json(arch, max_keys),
+        lambda layout: hugectr_dense_params(arch, dense, layout),
+        tables,
+        arch.embedding_sizes,
+        key_maps,
+        max_keys,
+        max_batch_size,
+        overwrite,
+    )
+
+
+def write_ranking_files(
+    out_dir: str | Path,
+    model_name: str,
+    network: Mapping[str, Any],
+    dense_params: Callable[[DenseLayout], DenseParams],
+    tables: Sequence[TableSource],
+    table_rows: Sequence[int],
+    key_maps: Mapping[int, Any] | None = None,
+    max_keys_per_table: int | Sequence[int] = 1,
+    max_batch_size: int = 64,
+    overwrite: bool = False,
+) -> DlrmFiles:
+    """Write a ranking model given as a HugeCTR network document: its network file, dense
+    file, one sparse folder per embedding layer (rows pulled chunk by chunk) and the ps.json.
+
+    Args:
+        out_dir: the folder (created if missing).
+        model_name: the ps.json ``model`` name (Triton's model name) and the file prefix.
+        network: the network JSON document (graph form); its embedding layers, in file order,
+            are the tables.
+        dense_params: returns the dense parameters for the network's dense layout.
+        tables: one row source per table.
+        table_rows: rows of each table.
+        key_maps: table index -> the key of each of its rows; other tables use row ``i`` ->
+            key ``i``.
+        max_keys_per_table: ``maxnum_catfeature_query_per_table_per_sample``: one value for
+            all tables, or one per table.
+        max_batch_size: the ps.json ``max_batch_size``.
+        overwrite: replace files already there.
+
+    Returns:
+        The paths and sizes written.
+
+    Raises:
+        ConfigError: a bad argument (all listed).
+        ModelFileError: files already exist without ``overwrite`` (all listed), duplicate
+            keys in a key map, or the disk refused the data.
+    """
+    out_dir = Path(out_dir)
+    network_file = out_dir / f"{model_name}.json"
+    network_text = json.dumps(network, indent=2) + "\n"
+    graph = build_graph(parse_network_json(network_text, source=str(network_file)))
+    layers = [node.layer for node in graph.embeddings]
+    names = [node.spec.name for node in graph.embeddings]
+    max_keys = _per_table(max_keys_per_table, len(layers))
+    _check_arguments(
+        model_name, len(layers), tables, table_rows, key_maps or {}, max_keys, max_batch_size
+    )
     keys = {
-        t: checked_key_map(k, arch.embedding_sizes[t], f"key map of table {t}")
+        t: checked_key_map(k, table_rows[t], f"key map of table {t}")
         for t, k in sorted((key_maps or {}).items())
     }
     ps_json = out_dir / PS_JSON
-    network_file = out_dir / f"{model_name}.json"
     dense_file = out_dir / f"{model_name}_dense_0.model"
-    sparse = tuple(out_dir / f"{model_name}{t}_sparse_0.model" for t in range(arch.num_tables))
+    sparse = tuple(out_dir / f"{model_name}{t}_sparse_0.model" for t in range(len(layers)))
     if not overwrite:
         _refuse_existing([ps_json, network_file, dense_file], sparse)
-
-    network_text = json.dumps(dlrm_network_json(arch, max_keys), indent=2) + "\n"
-    graph = build_graph(parse_network_json(network_text, source=str(network_file)))
-    params = hugectr_dense_params(arch, dense, graph.dense_layout())
+    params = dense_params(graph.dense_layout())
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise ModelFileError(f"{out_dir}: cannot create the output folder: {exc}") from None
-    for t, (path, source) in enumerate(zip(sparse, tables, strict=True)):
-        rows = arch.embedding_sizes[t]
-        logger.info("writing table %d: %d rows x %d to %s", t, rows, arch.sparse_feature_size, path)
-        write_embedding_table(
-            path, rows, arch.sparse_feature_size, source, keys.get(t), overwrite=overwrite
-        )
+    for t, (path, source, layer) in enumerate(zip(sparse, tables, layers, strict=True)):
+        rows, dim = table_rows[t], layer.vec_size
+        logger.info("writing table %d: %d rows x %d to %s", t, rows, dim, path)
+        write_embedding_table(path, rows, dim, source, keys.get(t), overwrite=overwrite)
     floats = write_dense_blob(params, dense_file)
-    document = _ps_document(
-        model_name, arch, sparse, network_file, dense_file, max_keys, max_batch_size
-    )
+    output = graph.output_shape
+    assert output is not None  # every layer of a built graph has a shape
+    document = {
+        "supportlonglong": True,
+        "models": [
+            {
+                "model": model_name,
+                "sparse_files": [p.name for p in sparse],
+                "dense_file": dense_file.name,
+                "network_file": network_file.name,
+                "embedding_table_names": names,
+                "embedding_vecsize_per_table": [layer.vec_size for layer in layers],
+                "maxnum_catfeature_query_per_table_per_sample": list(max_keys),
+                "default_value_for_each_table": [0.0] * len(layers),
+                "deployed_device_list": [0],
+                "max_batch_size": max_batch_size,
+                "slot_num": sum(layer.slot_num for layer in layers),
+                "label_dim": output.sample_size,
+                "maxnum_des_feature_per_sample": graph.spec.data.dense_dim,
+            }
+        ],
+    }
     _write_text(network_file, network_text)
     _write_text(ps_json, json.dumps(document, indent=2) + "\n")
-    return DlrmFiles(ps_json, network_file, dense_file, sparse, arch.embedding_sizes, floats)
+    return DlrmFiles(ps_json, network_file, dense_file, sparse, tuple(table_rows), floats)
 
 
 def _per_table(value: int | Sequence[int], num_tables: int) -> tuple[int, ...]:
@@ -222,8 +295,9 @@ def _per_table(value: int | Sequence[int], num_tables: int) -> tuple[int, ...]:
 
 def _check_arguments(
     model_name: str,
-    arch: DlrmArch,
+    num_tables: int,
     tables: Sequence[TableSource],
+    table_rows: Sequence[int],
     key_maps: Mapping[int, Any],
     max_keys: tuple[int, ...],
     max_batch_size: int,
@@ -233,23 +307,27 @@ def _check_arguments(
         problems.append(
             Problem("model_name", f"must be a plain file-name prefix, got {model_name!r}")
         )
-    if len(tables) != arch.num_tables:
+    if len(tables) != num_tables or len(table_rows) != num_tables:
         problems.append(
-            Problem("tables", f"got {len(tables)} tables, the model has {arch.num_tables}")
+            Problem(
+                "tables",
+                f"got {len(tables)} tables and {len(table_rows)} row counts, the model has "
+                f"{num_tables}",
+            )
         )
     for t in key_maps:
-        if not isinstance(t, int | np.integer) or not 0 <= t < arch.num_tables:
+        if not isinstance(t, int | np.integer) or not 0 <= t < num_tables:
             problems.append(
                 Problem(
                     f"key map of table {t}",
-                    f"no such table; the model has tables 0..{arch.num_tables - 1}",
+                    f"no such table; the model has tables 0..{num_tables - 1}",
                 )
             )
-    if len(max_keys) != arch.num_tables or min(max_keys) < 1:
+    if len(max_keys) != num_tables or (max_keys and min(max_keys) < 1):
         problems.append(
             Problem(
                 "max_keys_per_table",
-                f"needs one value >= 1 or {arch.num_tables} of them, got {list(max_keys)}",
+                f"needs one value >= 1 or {num_tables} of them, got {list(max_keys)}",
             )
         )
     if max_batch_size < 1:
@@ -271,38 +349,6 @@ def _refuse_existing(files: Sequence[Path], folders: Sequence[Path]) -> None:
         raise ModelFileError(
             f"refusing to overwrite existing model files; {OVERWRITE_HINT} them:\n  {listed}"
         )
-
-
-def _ps_document(
-    model_name: str,
-    arch: DlrmArch,
-    sparse: Sequence[Path],
-    network_file: Path,
-    dense_file: Path,
-    max_keys: Sequence[int],
-    max_batch_size: int,
-) -> dict[str, Any]:
-    tables = range(arch.num_tables)
-    return {
-        "supportlonglong": True,
-        "models": [
-            {
-                "model": model_name,
-                "sparse_files": [p.name for p in sparse],
-                "dense_file": dense_file.name,
-                "network_file": network_file.name,
-                "embedding_table_names": [embedding_layer_name(t) for t in tables],
-                "embedding_vecsize_per_table": [arch.sparse_feature_size] * arch.num_tables,
-                "maxnum_catfeature_query_per_table_per_sample": list(max_keys),
-                "default_value_for_each_table": [0.0] * arch.num_tables,
-                "deployed_device_list": [0],
-                "max_batch_size": max_batch_size,
-                "slot_num": arch.num_tables,
-                "label_dim": arch.label_dim,
-                "maxnum_des_feature_per_sample": arch.dense_dim,
-            }
-        ],
-    }
 
 
 def _write_text(path: Path, text: str) -> None:

@@ -5,11 +5,14 @@ caches :class:`~hps_core.lookup.ModelLookup` made, shared with other processes o
 static table, the row index of its host tier copied to the GPU (8 bytes per row of sorted
 hashes plus the bucket directory, so misses are found without a host round trip), the address
 of its host-tier rows mapped for zero-copy reads (:mod:`hps_core.gpu.host_mapping`), insert
-locks, and device counters. :meth:`CacheBank.descriptors` turns that, plus where each table's
-keys and outputs sit in a batch, into the ``Table`` array ``kernels/bank.cu`` reads.
+locks, and device counters. For each table with a dynamic cache it also holds the room a
+batch's misses take on the GPU (:meth:`CacheBank.reserve_misses`): staging rows, where each
+missed row is copied once per batch, and the miss set that deduplicates the batch's missed
+keys. :meth:`CacheBank.descriptor_rows` turns all that, plus where each table's keys and
+outputs sit in a batch, into the ``Table`` array ``kernels/bank.cu`` reads.
 
-Per-table Python runs here, once, at load time; a batch is then two kernel launches for all
-tables (``bank_lookup``, ``bank_insert``).
+Per-table Python runs here, once, at load time; a batch is then three kernel launches for all
+tables (``bank_find``, ``bank_pool``, ``bank_insert``).
 """
 
 from __future__ import annotations
@@ -23,11 +26,13 @@ import cupy
 import numpy as np
 
 from hps_core.cache.cupy_cache import CupyDynamicCache
+from hps_core.cache.layout import EMPTY_KEY, WAYS
 from hps_core.cache.order import StreamOrder
 from hps_core.cache.static_table import StaticTable
 from hps_core.gpu.counters import (
     C_EVICTIONS,
     C_HITS,
+    C_HOST_ROWS,
     C_INSERTS,
     C_KEYS,
     C_MISSES,
@@ -80,6 +85,13 @@ class _TableState:
     default_value: float
     dim: int
     lower: bool  # the table has tiers below its host tier
+    staging: Any = None  # [staging_rows, dim] float32: GPU copies of a batch's missed rows
+    miss_keys: Any = None  # the miss set's keys (a power of two of them), EMPTY_KEY when free
+    miss_rows: Any = None  # per entry of the miss set: the row its key's lookups read
+
+
+def _power_of_two(n: int) -> int:
+    return 1 << max(0, int(n) - 1).bit_length()
 
 
 class CacheBank:
@@ -174,6 +186,35 @@ class CacheBank:
         group = self.lookup.cache_group
         return group.section() if group is not None else self.order.section()
 
+    def reserve_misses(self, placements: Sequence[TablePlacement], samples: int) -> int:
+        """Make the GPU room for the misses of batches of up to ``samples`` samples: per table
+        with a dynamic cache, staging rows for as many distinct missed keys as a batch can
+        have, but no more than the cache holds (misses beyond those are read in place and not
+        cached: inserting more rows than the cache has would only evict each other), and a miss
+        set of at least twice as many entries. Call before :meth:`descriptor_rows`.
+
+        Args:
+            placements: where each table's keys sit in a batch (``keys_cap``: keys per sample).
+            samples: the most samples of a batch.
+
+        Returns:
+            The entries of the batch's miss list that ``bank_find`` may fill (every claimed
+            entry of every miss set), for sizing it.
+        """
+        entries = 0
+        with cupy.cuda.Device(self.device_id):
+            for place, state in zip(placements, self._states, strict=True):
+                if state.cache is None:
+                    continue
+                want = min(state.cache.num_sets * WAYS, samples * place.keys_cap)
+                if state.staging is None or state.staging.shape[0] < want:
+                    state.staging = cupy.empty((max(want, 1), state.dim), dtype=cupy.float32)
+                    slots = _power_of_two(2 * max(want, 1))
+                    state.miss_keys = cupy.full(slots, EMPTY_KEY, dtype=cupy.int64)
+                    state.miss_rows = cupy.zeros(slots, dtype=cupy.uint64)
+                entries += state.miss_keys.shape[0]
+        return entries
+
     def descriptor_rows(self, placements: Sequence[TablePlacement]) -> np.ndarray:
         """The ``Table`` array of ``kernels/bank.cu`` for ``placements`` (one per table, in
         the bank's order), on the host: copy it to the GPU as bytes.
@@ -191,6 +232,12 @@ class CacheBank:
                 row["cache_stamps"] = state.cache._stamps.data.ptr
                 row["cache_values"] = state.cache._values.data.ptr
                 row["cache_sets"] = state.cache.num_sets
+            if state.staging is not None:
+                row["staging"] = state.staging.data.ptr
+                row["staging_rows"] = state.staging.shape[0]
+                row["miss_keys"] = state.miss_keys.data.ptr
+                row["miss_rows"] = state.miss_rows.data.ptr
+                row["miss_slots"] = state.miss_keys.shape[0]
             if state.static is not None:
                 hashes, starts = state.static.index_arrays()
             else:
@@ -229,6 +276,7 @@ class CacheBank:
                 unknown_keys=int(row[C_UNKNOWN]),
                 inserted_keys=int(row[C_INSERTS]),
                 evictions=int(row[C_EVICTIONS]),
+                host_rows=int(row[C_HOST_ROWS]),
             )
         return out
 

@@ -2,7 +2,8 @@
 
 The lookup kernel adds to an int ``[tables, NUM_COUNTERS]`` device array (block-aggregated
 atomics, no host synchronisation); the host reads it only when metrics are published. Keys
-are counted per occurrence: the pipeline does not deduplicate a batch.
+are counted per occurrence (the hit rate is per key occurrence), rows read over PCIe per
+distinct missed key.
 """
 
 from __future__ import annotations
@@ -19,4 +20,7 @@ C_INSERTS = 4
 """Rows inserted into the dynamic cache."""
 C_EVICTIONS = 5
 """Inserts that evicted the least recently used row of a full set."""
-NUM_COUNTERS = 6
+C_HOST_ROWS = 6
+"""Rows read from host memory (over PCIe): a missed key's row once per batch, or each row read
+in place."""
+NUM_COUNTERS = 7

@@ -4,6 +4,9 @@ Each replaces several array operations (and passes over memory) of the layer's p
 with the same result up to float32 rounding order:
 
 - :func:`bias_activation`: ``y += bias`` then ReLU, in one pass over ``y``;
+- :func:`cross_combine`: a DCN cross layer's ``x0 * (y + b) + xl`` after its products, in one
+  pass (CuPy's operators took four, each reading and writing the whole ``[B, D]`` tensor:
+  2.4 ms of a 7.5 ms DLRM-v2 batch of 16,384 samples on the H200);
 - :func:`interaction`: DLRM's dot interaction (stack, Gram matrix, lower triangle, padding) in
   one kernel (``kernels/dense.cu``) instead of a batched GEMM and four copies; each thread sums
   a tile of 4 x 4 entries of the Gram matrix in registers.
@@ -45,6 +48,35 @@ def bias_activation(y: Any, bias: Any, relu: bool) -> Any:
     """
     _bias_act_kernel(relu)(bias.reshape(-1), y)
     return y
+
+
+@functools.cache
+def _cross_kernel(low_rank: bool) -> Any:
+    # DCN v2: y = xl U V is [B, D], b [D]; DCN v1: y = xl . w is [B, 1], b [D] after it.
+    body = (
+        "out = (float)x0 * ((float)y + (float)b) + (float)xl;"
+        if low_rank
+        else "out = (float)x0 * (float)y + (float)xl + (float)b;"
+    )
+    name = "hps_cross_v2" if low_rank else "hps_cross_v1"
+    return cupy.ElementwiseKernel("X x0, Y y, B b, X xl", "X out", body, name)
+
+
+def cross_combine(x0: Any, y: Any, bias: Any, xl: Any, low_rank: bool) -> Any:
+    """One DCN cross layer after its products, in float32, in one pass.
+
+    Args:
+        x0: CuPy float32 ``[B, D]``, the cross network's input.
+        y: the layer's product: ``xl @ U @ V`` ``[B, D]`` (``low_rank``, DCN v2) or
+            ``xl @ w^T`` ``[B, 1]`` (DCN v1), float32 or float16.
+        bias: ``[D]`` or ``[1, D]``, float32 or float16.
+        xl: CuPy float32 ``[B, D]``, the layer's input.
+        low_rank: DCN v2 (``x0 * (y + b) + xl``) rather than v1 (``x0 * y + xl + b``).
+
+    Returns:
+        A new float32 ``[B, D]`` array: the layer's output.
+    """
+    return _cross_kernel(low_rank)(x0, y, bias.reshape(-1), xl)
 
 
 def _stage_stride(dim: int) -> int:

@@ -27,6 +27,7 @@ from hps_core.errors import HPSError
 from hps_core.gpu.counters import (
     C_EVICTIONS,
     C_HITS,
+    C_HOST_ROWS,
     C_INSERTS,
     C_KEYS,
     C_MISSES,
@@ -42,6 +43,11 @@ THREADS = 256
 
 COMBINER_SUM = 0
 COMBINER_MEAN = 1
+
+STATE_MISSES = 0
+"""Position, in a batch's device state (uint64), of the number of listed misses."""
+STATE_STAGED = 1
+"""Position of table 0's count of staged rows (table ``t``'s at ``STATE_STAGED + t``)."""
 
 _INCLUDE = re.compile(r'^[ \t]*#[ \t]*include[ \t]+"([\w.-]+\.cuh)"[ \t]*(?://[^\n]*)?$', re.M)
 """An ``#include "<header>.cuh"`` line of a kernel file (a header of ``kernels/``)."""
@@ -63,9 +69,12 @@ def _defines() -> str:
         "C_UNKNOWN": C_UNKNOWN,
         "C_INSERTS": C_INSERTS,
         "C_EVICTIONS": C_EVICTIONS,
+        "C_HOST_ROWS": C_HOST_ROWS,
         "NUM_COUNTERS": NUM_COUNTERS,
         "COMBINER_SUM": COMBINER_SUM,
         "COMBINER_MEAN": COMBINER_MEAN,
+        "STATE_MISSES": STATE_MISSES,
+        "STATE_STAGED": STATE_STAGED,
     }
     return "".join(f"#define {name} {value}\n" for name, value in values.items())
 

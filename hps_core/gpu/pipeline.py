@@ -4,16 +4,21 @@ Per batch the host validates nothing on the device and waits for the GPU once:
 
 1. the batch is copied into a pinned staging buffer laid out as its device twin
    (:mod:`~hps_core.gpu.staging`: the keys of every table, their CSR row offsets as int32
-   unless a table is one-hot, the dense features), padded to a size bucket;
+   unless a table has a fixed hotness, the dense features), padded to a size bucket; a batch
+   that keeps its request's ``[B, K]`` key matrix (every table of a fixed hotness) is staged
+   as it is, in one copy, sample-major;
 2. host-to-device copies of it: one for a small batch; for a large one, one per group of
-   tables, each launched as soon as threads have filled that group's part of the staging
-   buffer;
-3. ``bank_lookup`` (one launch, every table; for a large batch one per group of tables, each
-   right after its group's copy, so the lookup of a group overlaps the filling and copying of
-   the next): cache probe, host-tier rows read in place for misses, default vectors for
-   unknown keys, pooled straight into the dense network's input (the output of the Concat of
-   all embeddings when the network has one);
-4. ``bank_insert``: the misses go into the dynamic caches, on the GPU (see below for when);
+   tables (or of samples, sample-major), each launched as soon as threads have filled that
+   part of the staging buffer;
+3. the lookup of every table (for a large table-major batch, of each group of tables right
+   after its group's copy, so the lookup of a group overlaps the filling and copying of the
+   next): ``bank_find`` finds each key's row, key by key (cache probe, host-tier row index,
+   default vector for unknown keys; each missed row copied once per batch into GPU staging
+   rows, however often the batch repeats its key), then ``bank_pool`` pools each bag's rows
+   in registers straight into the dense network's input (the output of the Concat of all
+   embeddings when the network has one);
+4. ``bank_insert``: the staged misses go into the dynamic caches, on the GPU (see below for
+   when);
 5. the dense network (:meth:`~hps_core.nn.DenseExecutor.forward_given`: cuBLASLt products
    with the bias and ReLU in their epilogues, the dot interaction in one kernel); its steps
    that read the dense features alone (DLRM's bottom MLP,
@@ -23,7 +28,7 @@ Per batch the host validates nothing on the device and waits for the GPU once:
 
 Steps 3, 4, the dense-only steps and 5-6 are each recorded once per bucket as CUDA graphs
 (batch sizes are padded to the next power of two; padded samples have no keys and their
-scores are dropped), so a batch costs four to seven graph launches however many tables and
+scores are dropped), so a batch costs four to eleven graph launches however many tables and
 layers the model has. The graphs' intermediate tensors live in a memory pool of their own,
 which nothing else uses.
 
@@ -100,8 +105,7 @@ class _Bucket:
     inputs: Any
     embeddings: Any
     given: dict[str, Any]
-    misses: Any
-    miss_count: Any
+    rows: Any  # per key position, where bank_find found its row (uint64)
     scores_host: np.ndarray  # pinned
     pool: Any
     pending: Any = None  # keys for the lower tiers (PENDING_DTYPE), models with such tiers
@@ -156,9 +160,18 @@ class GpuRankingPipeline:
             [np.arange(f.slot_num, dtype=np.int32) for f in self.feeds] or [[]]
         ).astype(np.int32)
         self._keys_per_sample = sum(f.max_keys_per_sample for f in self.feeds)
+        self._key_table = np.concatenate(
+            [np.full(f.max_keys_per_sample, u, np.int32) for u, f in enumerate(self.feeds)] or [[]]
+        ).astype(np.int32)
+        # A batch keeping its request's [B, K] keys is staged as it is when its K columns are
+        # exactly the key room of every table, in table order.
+        self._sample_widths = tuple(f.max_keys_per_sample for f in self.feeds)
+        self._sample_major_fits = len(self.feeds) == layout.num_tables
         self._table_group, self._group_keys = self._groups()
         self._group_slots = self._slots_of_groups()
         self._bank: CacheBank | None = None
+        self._misses: Any = None  # the batch's miss list (MISS_DTYPE), made with the bank
+        self._state: Any = None  # its count, and each table's staged rows (uint64)
         self._lower = False  # a table has tiers below its host tier (set with the bank)
         self._extras: tuple[Any, Any] | None = None  # their rows for the batch in flight
         self._buckets: dict[int, _Bucket] = {}
@@ -257,23 +270,30 @@ class GpuRankingPipeline:
             at += f.slot_num
         return tuple((a, b) for a, b in bounds.values()) or ((0, 0),)
 
-    def _slot_ranges(self, bucket: _Bucket) -> tuple[tuple[int, int], ...]:
-        """The slot ranges looked up one launch each: every group's for a grouped bucket."""
+    def _parts(self, bucket: _Bucket) -> tuple[tuple[tuple[int, int], tuple[int, int]], ...]:
+        """The parts looked up one ``bank_find`` + ``bank_pool`` each, as ``(key columns,
+        slots)`` ranges: every group's for a grouped bucket, else one for all tables."""
         if _grouped(bucket):
-            return self._group_slots
-        return ((0, len(self._slot_table)),)
+            return tuple(zip(self._group_keys, self._group_slots, strict=True))
+        return (((0, self._keys_per_sample), (0, len(self._slot_table))),)
 
     @property
     def bank(self) -> CacheBank:
         """The device state of the tables (opened on first use)."""
         if self._bank is None:
-            self._bank = CacheBank(self.lookup, [p.table for p in self._placements])
-            self._lower = any(self._bank.lower)
+            bank = CacheBank(self.lookup, [p.table for p in self._placements])
+            self._lower = any(bank.lower)
             with cupy.cuda.Device(self.device_id):
-                self._descriptor_rows = self._bank.descriptor_rows(self._placements)
+                samples = bucket_for(self.layout.max_batch_size)
+                capacity = bank.reserve_misses(self._placements, samples)
+                self._misses = cupy.zeros(max(capacity, 1) * MISS_DTYPE.itemsize, cupy.uint8)
+                self._state = cupy.zeros(kernels.STATE_STAGED + len(self.feeds), cupy.uint64)
+                self._descriptor_rows = bank.descriptor_rows(self._placements)
                 self._descriptors = cupy.asarray(self._descriptor_rows.view(np.uint8))
                 self._slot_table_d = cupy.asarray(self._slot_table)
                 self._slot_local_d = cupy.asarray(self._slot_local)
+                self._key_table_d = cupy.asarray(self._key_table)
+            self._bank = bank
         return self._bank
 
     # -- serving ------------------------------------------------------------------------------
@@ -306,7 +326,8 @@ class GpuRankingPipeline:
             # new keys) cost a host round trip per batch; the others never do (one more fetch
             # clears the extra rows a last fetch left).
             fetch = self._lower and (self._extras is not None or bank.lower_may_answer())
-            if _grouped(bucket) and not isinstance(batch.dense, cupy.ndarray) and not fetch:
+            on_host = not isinstance(batch.dense, cupy.ndarray)
+            if _grouped(bucket) and on_host and not fetch and not self._sample_major(batch):
                 self._run(bucket, self._upload_groups(bucket, batch))
             else:
                 self._stage_and_upload(bucket, batch)
@@ -336,9 +357,22 @@ class GpuRankingPipeline:
         more keys per sample than ``maxnum_catfeature_query_per_table_per_sample``)."""
         need = 0
         for f in self.feeds:
-            n = int(batch.keys[f.table].shape[0])
+            n = int(batch.keys[f.table].size)
             need = max(need, -(-n // max(f.max_keys_per_sample, 1)))
         return need
+
+    def _sample_major(self, batch: SparseBatch) -> bool:
+        """Whether the batch's keys are staged as its ``[B, K]`` request matrix (one copy):
+        it keeps one, and its columns are exactly every table's key room."""
+        keys = batch.sample_keys
+        return (
+            self._sample_major_fits
+            and keys is not None
+            and keys.ndim == 2
+            and keys.shape[1] == self._keys_per_sample
+            and tuple(batch.keys[f.table].shape[1] for f in self.feeds) == self._sample_widths
+            and keys.strides[1] == keys.itemsize
+        )
 
     def _stage_and_upload(self, bucket: _Bucket, batch: SparseBatch) -> None:
         """Fill the staging buffer and copy it to the device on the main stream; a batch
@@ -357,14 +391,26 @@ class GpuRankingPipeline:
             with self._stream:
                 self._gather_on_device([c for copies in (head, *groups) for c in copies])
             return
-        if _grouped(bucket):
+        if _grouped(bucket) and not self._sample_major(batch):
             for _ in self._upload_groups(bucket, batch):
                 pass
             return
         head, groups = self._stage(bucket, batch, bucket.staging)
-        for copies in (head, *groups):
-            _copy_all(copies)
-        self._upload(bucket, 0, lay.nbytes)
+        _copy_all(head)
+        keys = [c for copies in groups for c in copies]
+        nbytes = sum(t.nbytes for t, _ in keys)
+        if nbytes < _THREADED_STAGING_BYTES:
+            _copy_all(keys)
+            self._upload(bucket, 0, lay.nbytes)
+            return
+        # Many keys: threads fill the staging buffer part by part, each part's copy to the
+        # device queued as soon as it is filled (a sample-major batch is one run of bytes).
+        self._upload(bucket, lay.header_at, lay.nbytes)
+        for part in split_copies(keys, _STAGING_GROUPS):
+            list(self._copier().map(_copy_all, split_copies(part, _STAGING_THREADS)))
+            for target, _ in part:
+                start = target.ctypes.data - bucket.staging.ctypes.data
+                self._upload(bucket, start, start + target.nbytes)
 
     def _gather_on_device(self, copies: Sequence[tuple[Any, Any]]) -> None:
         """``_copy_all`` for CuPy arrays, on the current (main) stream: the copies whose
@@ -392,10 +438,10 @@ class GpuRankingPipeline:
         self._copy_spans((blocks, count), (_COPY_THREADS,), (self._spans_device,))
 
     def _upload_groups(self, bucket: _Bucket, batch: SparseBatch) -> Iterator[int]:
-        """Stage and copy a host batch in the order the GPU needs it: the header and row
-        offsets (one copy), each group's keys (filled by threads), then the dense features,
-        which the lookups do not read. Yield each group's index once its copy is queued on
-        the main stream, then ``_DENSE_FEATURES``."""
+        """Stage and copy a table-major host batch in the order the GPU needs it: the header
+        and row offsets (one copy), each group's keys (filled by threads), then the dense
+        features, which the lookups do not read. Yield each group's index once its copy is
+        queued on the main stream, then ``_DENSE_FEATURES``."""
         lay = bucket.layout
         head, groups = self._stage(bucket, batch, bucket.staging)
         dense, offsets = head[:1], head[1:]
@@ -419,8 +465,9 @@ class GpuRankingPipeline:
         """Write the header and the padded samples' offsets into the staging buffer; return
         the copies that fill the rest of ``buffer`` (the staging buffer, or the device input
         buffer for a batch on the device): ``(target, source)`` pairs for the header region
-        (the dense features first, then the row offsets) and for the keys of each group of
-        tables."""
+        (the dense features first, then the row offsets) and for the keys: of each group of
+        tables (table-major), or one list holding the batch's whole key matrix (sample-major,
+        see :meth:`_sample_major`)."""
         lay = bucket.layout
         keys, _, offsets, dense = lay.views(buffer)
         _, header, host_offsets, _ = lay.views(bucket.staging)
@@ -429,25 +476,31 @@ class GpuRankingPipeline:
             raise RequestError(
                 f"dense features must be [batch, {lay.dense_dim}], got {batch.dense.shape}"
             )
+        sample_major = self._sample_major(batch)
         header[0] = samples
+        header[1] = sample_major
         bucket.samples = samples
         head = [(dense[:samples], batch.dense)]
         groups: list[list[tuple[Any, Any]]] = [[] for _ in self._group_keys]
+        if sample_major:
+            matrix = keys.reshape(lay.size, lay.keys_per_sample)
+            groups = [[(matrix[:samples], batch.sample_keys)]]
         for u, (f, p) in enumerate(zip(self.feeds, self._placements, strict=True)):
             table_keys = batch.keys[f.table]
-            start = lay.size * p.keys_at
-            groups[self._table_group[u]].append(
-                (keys[start : start + table_keys.shape[0]], table_keys)
-            )
+            hot = batch.table_hotness(f.table)
+            header[2 + u] = hot or 0
+            if not sample_major:
+                start = lay.size * p.keys_at
+                target = keys[start : start + table_keys.size]
+                groups[self._table_group[u]].append((target.reshape(table_keys.shape), table_keys))
+            if hot is not None:
+                continue  # a fixed hotness (RankingSession checked the key count)
             row_offsets = batch.row_offsets[f.table]
-            header[1 + u] = row_offsets is None
-            if row_offsets is None:
-                continue  # one-hot (RankingSession checked the key count)
             bags = samples * f.slot_num
             at = lay.size * p.offsets_at + u
             head.append((offsets[at : at + bags + 1], row_offsets))
             # Padded samples: empty bags after the last key.
-            host_offsets[at + bags + 1 : at + lay.size * f.slot_num + 1] = table_keys.shape[0]
+            host_offsets[at + bags + 1 : at + lay.size * f.slot_num + 1] = table_keys.size
         return head, groups
 
     def _fetch_lower(self, bucket: _Bucket) -> None:
@@ -455,8 +508,8 @@ class GpuRankingPipeline:
         host tier holds from the tiers below (Redis, RocksDB): ``bank_probe`` lists them on
         the GPU, the host reads the list (the one round trip such a model pays per batch),
         asks each table's lower tiers for its unique keys, and hands the rows found to
-        ``bank_lookup`` as each table's sorted extra rows (descriptor fields ``extra_*``),
-        which it pools and inserts like the host tier's rows. A model without lower tiers
+        ``bank_find`` as each table's sorted extra rows (descriptor fields ``extra_*``),
+        which it stages, pools and inserts like the host tier's rows. A model without lower tiers
         never comes here."""
         main, cache = self._stream, self._cache_stream
         lay = bucket.layout
@@ -470,8 +523,8 @@ class GpuRankingPipeline:
                 self._bank_kernels.get_function("bank_probe")(
                     (-(-bags * kernels.LANES // kernels.THREADS),), (kernels.THREADS,),
                     (self._descriptors, self._slot_table_d, self._slot_local_d, np.int32(0),
-                     np.int32(lay.slots), np.int64(lay.size), keys, header, offsets,
-                     bucket.pending, bucket.pending_count,
+                     np.int32(lay.slots), np.int32(lay.keys_per_sample), np.int64(lay.size),
+                     keys, header, offsets, bucket.pending, bucket.pending_count,
                      np.uint64(bucket.pending.nbytes // PENDING_DTYPE.itemsize)),
                 )  # fmt: skip
             pending_count = bucket.pending_count.get(stream=cache)
@@ -549,7 +602,7 @@ class GpuRankingPipeline:
             dense: ``False``: the lookups and insert only.
         """
         main, cache = self._stream, self._cache_stream
-        ranges = self._slot_ranges(bucket)
+        parts = self._parts(bucket)
         with cache, self.bank.section():
             for group in uploaded or ():
                 if group == _DENSE_FEATURES:
@@ -558,13 +611,13 @@ class GpuRankingPipeline:
                     continue
                 self._uploaded[group].record(main)
                 cache.wait_event(self._uploaded[group])
-                self._launch_lookup(bucket, group, ranges[group])
+                self._launch_lookup(bucket, group, parts[group])
             if uploaded is None:
                 self._uploaded[0].record(main)
                 self._launch_prefix(bucket, self._uploaded[0])
                 cache.wait_event(self._uploaded[0])
-                for part, slots in enumerate(ranges):
-                    self._launch_lookup(bucket, part, slots)
+                for index, part in enumerate(parts):
+                    self._launch_lookup(bucket, index, part)
             self._looked_up.record(cache)
             # With caches of its own, the insert waits for the scores: it then runs while the
             # host stages the next batch rather than beside the dense network. Caches shared
@@ -577,17 +630,21 @@ class GpuRankingPipeline:
             main.wait_event(self._prefixed)
         if not dense:
             return
-        with main:
-            if bucket.graphs is not None and bucket.graphs.dense is not None:
-                bucket.graphs.dense.launch(main)
-            else:
-                with cupy.cuda.using_allocator(bucket.pool.malloc):
-                    self._dense_step(bucket)
-        if deferred:
-            self._scored.record(main)
-            with cache, self.bank.section():
-                cache.wait_event(self._scored)
-                self._launch_insert(bucket)
+        try:
+            with main:
+                if bucket.graphs is not None and bucket.graphs.dense is not None:
+                    bucket.graphs.dense.launch(main)
+                else:
+                    with cupy.cuda.using_allocator(bucket.pool.malloc):
+                        self._dense_step(bucket)
+        finally:
+            # Even after a failed dense step: the insert also empties the batch's miss sets,
+            # which the next batch's lookup must find empty.
+            if deferred:
+                self._scored.record(main)
+                with cache, self.bank.section():
+                    cache.wait_event(self._scored)
+                    self._launch_insert(bucket)
 
     def _launch_insert(self, bucket: _Bucket) -> None:
         if bucket.graphs is not None:
@@ -595,11 +652,13 @@ class GpuRankingPipeline:
         else:
             self._insert(bucket)
 
-    def _launch_lookup(self, bucket: _Bucket, part: int, slots: tuple[int, int]) -> None:
+    def _launch_lookup(
+        self, bucket: _Bucket, index: int, part: tuple[tuple[int, int], tuple[int, int]]
+    ) -> None:
         if bucket.graphs is not None:
-            bucket.graphs.lookups[part].launch(self._cache_stream)
+            bucket.graphs.lookups[index].launch(self._cache_stream)
         else:
-            self._lookup(bucket, slots)
+            self._lookup(bucket, part)
 
     def _launch_prefix(self, bucket: _Bucket, uploaded: Any) -> None:
         """The dense-only steps on the prefix stream, after the event ``uploaded`` (the main
@@ -631,34 +690,46 @@ class GpuRankingPipeline:
             _H2D, self._stream.ptr,
         )  # fmt: skip
 
-    def _lookup(self, bucket: _Bucket, slots: tuple[int, int] | None = None) -> None:
-        """``bank_lookup`` of the slots ``[first, stop)`` of the batch (default: all); the
-        launch that starts at slot 0 empties the miss list first."""
+    def _lookup(
+        self, bucket: _Bucket, part: tuple[tuple[int, int], tuple[int, int]] | None = None
+    ) -> None:
+        """``bank_find`` of the key columns and ``bank_pool`` of the slots of ``part`` (default:
+        every table); the part that starts at column 0 empties the miss list first."""
         lay = bucket.layout
-        first, stop = (0, lay.slots) if slots is None else slots
+        (first_col, stop_col), (first, stop) = part or ((0, lay.keys_per_sample), (0, lay.slots))
         keys, header, offsets, _ = lay.views(bucket.inputs)
-        if first == 0:
-            bucket.miss_count.fill(0)
+        if first_col == 0:
+            self._state.fill(0)
+        threads, room = kernels.THREADS, np.int32(lay.keys_per_sample)
+        positions = lay.size * (stop_col - first_col)
+        if positions:
+            self._bank_kernels.get_function("bank_find")(
+                (-(-positions * kernels.LANES // threads),), (threads,),
+                (self._descriptors, self._key_table_d, np.int32(first_col), np.int32(stop_col),
+                 room, np.int64(lay.size), keys, header, offsets, bucket.rows, self._misses,
+                 self._state, np.uint64(self._miss_capacity), self._bank.counters),
+            )  # fmt: skip
         bags = lay.size * (stop - first)
-        if bags == 0:
-            return
-        threads = kernels.THREADS
-        self._bank_kernels.get_function("bank_lookup")(
-            (-(-bags * kernels.LANES // threads),), (threads,),
-            (self._descriptors, self._slot_table_d, self._slot_local_d, np.int32(first),
-             np.int32(stop), np.int64(lay.size), keys, header, offsets, bucket.embeddings,
-             bucket.misses,
-             bucket.miss_count, np.uint64(_miss_capacity(bucket)), self._bank.counters),
-        )  # fmt: skip
+        if bags:
+            self._bank_kernels.get_function("bank_pool")(
+                (-(-bags * kernels.LANES // threads),), (threads,),
+                (self._descriptors, self._slot_table_d, self._slot_local_d, np.int32(first),
+                 np.int32(stop), room, np.int64(lay.size), header, offsets, bucket.rows,
+                 bucket.embeddings),
+            )  # fmt: skip
 
     def _insert(self, bucket: _Bucket) -> None:
         if bucket.layout.size * bucket.layout.slots == 0:
             return
         self._bank_kernels.get_function("bank_insert")(
             (self._insert_blocks,), (kernels.THREADS,),
-            (self._descriptors, bucket.misses, bucket.miss_count,
-             np.uint64(_miss_capacity(bucket)), self._bank.counters),
+            (self._descriptors, self._misses, self._state, np.uint64(self._miss_capacity),
+             self._bank.counters),
         )  # fmt: skip
+
+    @property
+    def _miss_capacity(self) -> int:
+        return self._misses.nbytes // MISS_DTYPE.itemsize
 
     def _forward(self, bucket: _Bucket, prefix_done: bool = False) -> None:
         """The dense network; ``prefix_done``: its dense-only steps ran already (their
@@ -761,12 +832,10 @@ class GpuRankingPipeline:
         embeddings = cupy.zeros(size * self._out_per_sample, dtype=cupy.float32)
         given = self._given(embeddings, size)
         capacity = size * self._keys_per_sample
-        misses = cupy.zeros(max(capacity, 1) * MISS_DTYPE.itemsize, dtype=cupy.uint8)
-        miss_count = cupy.zeros(1, dtype=cupy.uint64)
+        rows = cupy.zeros(max(capacity, 1), dtype=cupy.uint64)
         bucket = _Bucket(
-            lay, staging, inputs, embeddings, given, misses, miss_count, scores_host,
-            cupy.cuda.MemoryPool(),
-        )  # fmt: skip
+            lay, staging, inputs, embeddings, given, rows, scores_host, cupy.cuda.MemoryPool()
+        )
         if self._lower:
             bucket.pending = cupy.zeros(max(capacity, 1) * PENDING_DTYPE.itemsize, cupy.uint8)
             bucket.pending_count = cupy.zeros(1, dtype=cupy.uint64)
@@ -803,8 +872,8 @@ class GpuRankingPipeline:
         # cannot grow the pool.
         bucket.scores = bucket.prefix = None
         lookups = tuple(
-            _captured(self._cache_stream, bucket.pool, lambda r=r: self._lookup(bucket, r))
-            for r in self._slot_ranges(bucket)
+            _captured(self._cache_stream, bucket.pool, lambda p=p: self._lookup(bucket, p))
+            for p in self._parts(bucket)
         )
         insert = _captured(self._cache_stream, bucket.pool, lambda: self._insert(bucket))
         prefix = dense = None
@@ -837,10 +906,6 @@ class GpuRankingPipeline:
 
 def _grouped(bucket: _Bucket) -> bool:
     return bucket.layout.size >= _GROUPED_STAGING_SAMPLES
-
-
-def _miss_capacity(bucket: _Bucket) -> int:
-    return bucket.misses.nbytes // MISS_DTYPE.itemsize
 
 
 def _copy_all(copies: Sequence[tuple[np.ndarray, np.ndarray]]) -> None:

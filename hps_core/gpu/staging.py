@@ -2,10 +2,14 @@
 
 A batch of ``size`` samples (the size bucket: the next power of two) is one buffer:
 
-- the keys of every table (int64), table ``t``'s at ``size * keys_at[t]``, room for
-  ``maxnum_catfeature_query_per_table_per_sample`` keys per sample and table;
-- a header (int32): the number of real samples, then per table 1 if it is one-hot (its
-  batch has no offsets: key ``i`` fills bag ``i``), else 0;
+- the keys of every table (int64), room for ``maxnum_catfeature_query_per_table_per_sample``
+  keys per sample and table: table-major (table ``t``'s keys at ``size * keys_at[t]``, in bag
+  order) or, for a batch whose tables all have a fixed hotness that fills their key room,
+  sample-major as requests carry them (``[size, keys_per_sample]``: sample ``b``'s keys of
+  table ``t`` from ``b * keys_per_sample + keys_at[t]`` on), so that staging them is one copy;
+- a header (int32): the number of real samples, 1 if the keys are sample-major (else 0),
+  then per table its hotness ``h`` when every slot of the batch holds ``h`` keys (its batch
+  has no offsets: key ``i`` fills bag ``i // h``), else 0;
 - the CSR row offsets of every table that has them (int32), table ``t``'s ``size * S_t + 1``
   entries at ``size * offsets_at[t] + t``; the bags of padded samples are empty;
 - the dense features (float32) ``[size, dense_dim]``.
@@ -63,13 +67,18 @@ class BatchLayout:
 
     @property
     def header_at(self) -> int:
-        """Byte offset of the header (samples, one-hot flag per table)."""
+        """Byte offset of the header (samples, sample-major flag, hotness per table)."""
         return _aligned(self.keys_bytes)
 
     @property
     def offsets_at(self) -> int:
         """Byte offset of the row offsets."""
-        return self.header_at + _aligned(4 * (1 + self.tables))
+        return self.header_at + _aligned(4 * self.header_len)
+
+    @property
+    def header_len(self) -> int:
+        """Entries of the header (int32)."""
+        return 2 + self.tables
 
     @property
     def offsets_len(self) -> int:
@@ -90,7 +99,7 @@ class BatchLayout:
         """``(keys, header, offsets, dense)`` views of a uint8 buffer (NumPy or CuPy) of
         ``nbytes``."""
         keys = buffer[: self.keys_bytes].view(np.int64)
-        header = buffer[self.header_at : self.header_at + 4 * (1 + self.tables)].view(np.int32)
+        header = buffer[self.header_at : self.header_at + 4 * self.header_len].view(np.int32)
         offsets = buffer[self.offsets_at : self.offsets_at + self.offsets_len * 4].view(np.int32)
         dense = buffer[self.dense_at : self.dense_at + self.size * self.dense_dim * 4]
         return keys, header, offsets, dense.view(np.float32).reshape(self.size, self.dense_dim)
@@ -99,8 +108,9 @@ class BatchLayout:
 def split_copies(
     copies: Sequence[tuple[np.ndarray, np.ndarray]], parts: int
 ) -> list[list[tuple[np.ndarray, np.ndarray]]]:
-    """``copies`` (1-D ``(target, source)`` pairs of equal length) cut into at most ``parts``
-    lists of about equal bytes, splitting pairs where needed, one list per filling thread.
+    """``copies`` (``(target, source)`` pairs of equal shape) cut into at most ``parts`` lists
+    of about equal bytes, splitting pairs between rows (along the first axis) where needed,
+    one list per filling thread.
 
     Example:
         >>> t, s = np.zeros(12), np.arange(12.0)
@@ -113,11 +123,12 @@ def split_copies(
     filled = 0
     for target, source in copies:
         at, n = 0, target.shape[0]
+        row = max(1, target.nbytes // max(n, 1))
         while at < n:
-            take = min(n - at, max(1, (step - filled) // target.itemsize))
+            take = min(n - at, max(1, (step - filled) // row))
             shares[-1].append((target[at : at + take], source[at : at + take]))
             at += take
-            filled += take * target.itemsize
+            filled += take * row
             if filled >= step:
                 shares.append([])
                 filled = 0

@@ -20,6 +20,9 @@ TABLE_DTYPE = np.dtype(
         ("values", "<u8"),
         ("extra_keys", "<u8"),
         ("extra_values", "<u8"),
+        ("miss_keys", "<u8"),
+        ("miss_rows", "<u8"),
+        ("staging", "<u8"),
         ("cache_sets", "<u8"),
         ("extra_count", "<i8"),
         ("keys_at", "<i8"),
@@ -27,6 +30,8 @@ TABLE_DTYPE = np.dtype(
         ("out_at", "<i8"),
         ("out_shift", "<i8"),
         ("out_stride", "<i8"),
+        ("miss_slots", "<i8"),
+        ("staging_rows", "<i8"),
         ("slot_num", "<i4"),
         ("dim", "<i4"),
         ("bucket_bits", "<i4"),
@@ -41,8 +46,10 @@ TABLE_DTYPE = np.dtype(
 )
 """``struct Table`` of ``kernels/bank.cu``."""
 
-MISS_DTYPE = np.dtype([("key", "<i8"), ("src", "<u8"), ("table", "<i4"), ("pad", "<i4")])
-"""``struct Miss`` of ``kernels/bank.cu``."""
+MISS_DTYPE = np.dtype(
+    [("key", "<i8"), ("src", "<u8"), ("slot", "<i8"), ("table", "<i4"), ("insert", "<i4")]
+)
+"""``struct Miss`` of ``kernels/bank.cu``: a key of the batch's miss set of its table."""
 
 PENDING_DTYPE = np.dtype([("key", "<i8"), ("table", "<i4"), ("pad", "<i4")])
 """``struct Pending`` of ``kernels/bank.cu``: a key for the tiers below the host tier."""

@@ -1,4 +1,4 @@
-"""Request contracts of ranking models (HugeCTR's ``hugectr`` backend and one-hot samples),
+"""Request contracts of ranking models (HugeCTR's ``hugectr`` backend and fixed-hotness samples),
 validated and turned into a :class:`SparseBatch`; the Triton models and the offline API
 (:mod:`hps_core.offline`) share them.
 
@@ -31,11 +31,14 @@ naming the input (HugeCTR answers ``UNSUPPORTED`` or reads out of bounds); ``OUT
 batch dimension (HugeCTR returns ``[B * label_dim]``) because the model batches requests;
 keys are INT64 whatever ``supportlonglong`` says (HugeCTR wants UINT32 when it is false).
 
-**Samples** (:class:`SamplesContract`), for one-hot models and Triton's batching: Triton's
-batch dimension is the sample.
+**Samples** (:class:`SamplesContract`), for models with a fixed number of keys per slot and
+Triton's batching: Triton's batch dimension is the sample.
 
-- ``dense`` FP32 ``[B, D]``, ``sparse`` INT64 ``[B, S]``: one key per slot, tables in order
-  and slots in order within a table (the same order as ``CATCOLUMN`` for one-hot samples).
+- ``dense`` FP32 ``[B, D]``, ``sparse`` INT64 ``[B, K]``: ``h_t`` keys per slot, tables in
+  order, slots in order within a table, a slot's keys in order (the same order as
+  ``CATCOLUMN``), with ``h_t`` the ``nnz_per_slot`` of a table whose sparse input is
+  ``is_fixed_length`` in the network file (MLPerf DLRM-v2's multi-hot tables) and 1 otherwise
+  (one key per slot), so ``K = sum_t S_t * h_t``.
 - ``score`` FP32 ``[B, label_dim]``.
 
 So ``perf_analyzer -b 8`` sends 8 samples in one request and the dynamic batcher may join
@@ -134,11 +137,9 @@ class HugeCTRContract:
                 f"{layout.dense_dim} dense features, so {batch * layout.dense_dim} values are "
                 f"expected, got {len(dense)}"
             )
-        one_hot = self._one_hot_keys(keys, rows, batch)
-        if one_hot is not None:
-            return SparseBatch(
-                dense.reshape(batch, layout.dense_dim), one_hot, (None,) * len(one_hot)
-            )
+        fixed = self._fixed_hotness_batch(dense, keys, rows, batch)
+        if fixed is not None:
+            return fixed
         offsets = self._table_offsets(rows, batch)
         ends = [int(o[-1]) for o in offsets]
         if sum(ends) != len(keys):
@@ -171,29 +172,29 @@ class HugeCTRContract:
         _check_batch_size(ROWINDEX, batch, layout)
         return batch
 
-    def _one_hot_keys(
-        self, keys: np.ndarray, rows: np.ndarray, batch: int
-    ) -> tuple[np.ndarray, ...] | None:
-        """Each table's keys when every slot of the request holds exactly one key, else None.
+    def _fixed_hotness_batch(
+        self, dense: np.ndarray, keys: np.ndarray, rows: np.ndarray, batch: int
+    ) -> SparseBatch | None:
+        """The request's samples when every slot holds the model's hotness of keys (one key,
+        or a fixed-length input's ``nnz_per_slot``), else None.
 
-        Then every table's offsets are ``0, 1, ..., B * S_t`` (which also makes them valid),
-        the keys are ``[B, S]`` sample-major, and a table's keys are its columns: no offsets
-        to keep and, for one-slot tables, no copy. One vectorised check instead of a pass per
-        table, which is what most recommender traffic (one key per categorical feature)
-        takes.
+        Then every table's offsets are ``0, h, 2h, ..., B * S_t * h`` (which also makes them
+        valid) and ``CATCOLUMN`` is ``[B, K]`` sample-major: the batch keeps it as it is, each
+        table's keys a block of its columns, with no offsets to keep and nothing copied. One
+        vectorised check instead of a pass per table, which is what most recommender traffic
+        (a fixed number of keys per categorical feature) takes.
         """
         layout = self.layout
-        if len(keys) != batch * layout.total_slots:
+        if len(keys) != batch * layout.sample_width:
             return None
-        if not np.array_equal(rows, _one_hot_rowindex(layout.slot_nums, batch)):
+        if not np.array_equal(rows, _fixed_rowindex(layout.slot_nums, layout.hotness, batch)):
             return None
-        columns = keys.reshape(batch, layout.total_slots)
-        table_keys, start = [], 0
-        for slots in layout.slot_nums:
-            block = columns[:, start : start + slots]
-            table_keys.append(block[:, 0] if slots == 1 else block.reshape(-1))
-            start += slots
-        return tuple(table_keys)
+        return SparseBatch.from_sample_keys(
+            dense.reshape(batch, layout.dense_dim),
+            keys.reshape(batch, layout.sample_width),
+            [t.sample_width for t in layout.tables],
+            layout.hotness,
+        )
 
     def _table_offsets(self, rows: np.ndarray, batch: int) -> list[np.ndarray]:
         offsets = []
@@ -223,9 +224,15 @@ class HugeCTRContract:
 
 
 @functools.lru_cache(maxsize=64)
-def _one_hot_rowindex(slot_nums: tuple[int, ...], batch: int) -> np.ndarray:
-    """``ROWINDEX`` of a request of ``batch`` one-hot samples (cached per batch size)."""
-    rows = np.concatenate([np.arange(batch * s + 1, dtype=np.int32) for s in slot_nums])
+def _fixed_rowindex(slot_nums: tuple[int, ...], hotness: tuple[int, ...], batch: int) -> np.ndarray:
+    """``ROWINDEX`` of a request of ``batch`` samples with ``hotness[t]`` keys in every slot of
+    table ``t`` (cached per batch size)."""
+    rows = np.concatenate(
+        [
+            np.arange(0, batch * s * h + 1, h, dtype=np.int32)
+            for s, h in zip(slot_nums, hotness, strict=True)
+        ]
+    )
     rows.flags.writeable = False
     return rows
 
@@ -259,14 +266,15 @@ class SamplesContract:
     layout: RankingLayout
 
     def parse(self, dense: np.ndarray, sparse: np.ndarray) -> SparseBatch:
-        """Validate one request of one-hot samples.
+        """Validate one request of samples.
 
         Args:
             dense: the ``dense`` input, ``[B, D]``.
-            sparse: the ``sparse`` input, ``[B, S]``.
+            sparse: the ``sparse`` input, ``[B, K]``.
 
         Returns:
-            The request's samples.
+            The request's samples: the batch keeps ``sparse`` as it is (each table's keys a
+            block of its columns), with no offsets.
 
         Raises:
             RequestError: naming the input and what is wrong with it.
@@ -276,7 +284,7 @@ class SamplesContract:
         layout = self.layout
         for name, array, width in (
             (DENSE, dense, layout.dense_dim),
-            (SPARSE, sparse, layout.total_slots),
+            (SPARSE, sparse, layout.sample_width),
         ):
             if array.ndim != 2 or array.shape[1] != width:
                 raise RequestError(
@@ -288,14 +296,9 @@ class SamplesContract:
                 f"input '{SPARSE}': {sparse.shape[0]} samples, but '{DENSE}' has {batch}"
             )
         _check_batch_size(DENSE, batch, layout)
-        keys, start = [], 0
-        for slots in layout.slot_nums:
-            block = sparse[:, start : start + slots]
-            # A one-slot table's keys are a column of the request: a view, no copy.
-            keys.append(block[:, 0] if slots == 1 else block.reshape(-1))
-            start += slots
-        # One key per slot: no row offsets (see SparseBatch).
-        return SparseBatch(dense, tuple(keys), (None,) * len(keys))
+        return SparseBatch.from_sample_keys(
+            dense, sparse, [t.sample_width for t in layout.tables], layout.hotness
+        )
 
     def response(self, scores: Any) -> Any:
         """``score`` of one request: its ``[B, label_dim]`` predictions as they are."""

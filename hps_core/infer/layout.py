@@ -50,6 +50,8 @@ class TableFeed:
         vec_size: embedding vector size.
         combiner: how the keys of one slot are pooled.
         max_keys_per_sample: ``maxnum_catfeature_query_per_table_per_sample[table]``.
+        hotness: keys per slot in a request of the samples contract: the ``nnz_per_slot`` of a
+            fixed-length sparse input (every sample has that many keys in every slot), else 1.
     """
 
     table: int
@@ -59,6 +61,12 @@ class TableFeed:
     vec_size: int
     combiner: Combiner
     max_keys_per_sample: int
+    hotness: int = 1
+
+    @property
+    def sample_width(self) -> int:
+        """Keys one sample carries for this table in the samples contract."""
+        return self.slot_num * self.hotness
 
 
 @dataclass(frozen=True)
@@ -93,6 +101,16 @@ class RankingLayout:
     def total_slots(self) -> int:
         """Slots per sample over all tables."""
         return sum(self.slot_nums)
+
+    @property
+    def hotness(self) -> tuple[int, ...]:
+        """Keys per slot of each table in the samples contract (1 unless fixed-length)."""
+        return tuple(t.hotness for t in self.tables)
+
+    @property
+    def sample_width(self) -> int:
+        """Keys one sample carries in the samples contract (``sparse`` is ``[B, width]``)."""
+        return sum(t.sample_width for t in self.tables)
 
     def max_keys(self, table: int) -> int:
         """Most keys one request may send to ``table`` (HugeCTR sizes its buffers so).
@@ -141,8 +159,19 @@ class RankingLayout:
             )
         problems = []
         feeds = []
+        inputs = {sparse.name: sparse for sparse in graph.spec.data.sparse}
         for table, (spec, layer) in zip(model.tables, layers, strict=True):
             at = f"{spec.where()} (bottom '{layer.sparse_input}')"
+            hotness = inputs[layer.sparse_input].fixed_hotness or 1
+            if table.max_query_per_sample < layer.slot_num * hotness and hotness > 1:
+                problems.append(
+                    Problem(
+                        f"{where}.maxnum_catfeature_query_per_table_per_sample[{table.index}]",
+                        f"is {table.max_query_per_sample} but table {table.index} feeds "
+                        f"embedding layer {at} with {layer.slot_num} slots of a fixed "
+                        f"{hotness} keys each (is_fixed_length); a sample would not fit",
+                    )
+                )
             if table.dim != layer.vec_size:
                 problems.append(
                     Problem(
@@ -169,6 +198,7 @@ class RankingLayout:
                     vec_size=layer.vec_size,
                     combiner=layer.combiner,
                     max_keys_per_sample=table.max_query_per_sample,
+                    hotness=hotness,
                 )
             )
         if problems:

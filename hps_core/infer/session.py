@@ -142,7 +142,7 @@ class RankingSession:
         out = {}
         with _device(xp, self.device_id):
             tables = [feed.table for feed in self._feeds]
-            found = self.lookup.lookup_many(tables, [batch.keys[t] for t in tables])
+            found = self.lookup.lookup_many(tables, [batch.flat_keys(t) for t in tables])
             for feed, values in zip(self._feeds, found, strict=True):
                 offsets = xp.asarray(batch.table_offsets(feed.table))
                 out[feed.layer] = UnpooledEmbedding(xp.asarray(values), offsets)
@@ -182,12 +182,16 @@ class RankingSession:
             )
         for feed in layout.tables:
             offsets = batch.row_offsets[feed.table]
+            keys = batch.keys[feed.table]
             if offsets is None:
-                if batch.keys[feed.table].shape != (n * feed.slot_num,):
+                hot = batch.table_hotness(feed.table) or 0
+                width = feed.slot_num * hot
+                rows_ok = keys.ndim == 1 or (keys.ndim == 2 and keys.shape[0] == n)
+                if hot < 1 or not rows_ok or keys.size != n * width:
                     raise RequestError(
                         f"table {feed.table} ('{feed.layer}', {feed.slot_num} slots): {n} "
-                        f"one-hot samples need {n * feed.slot_num} keys, got "
-                        f"{batch.keys[feed.table].shape}"
+                        f"samples of {hot} keys per slot need {n * width} keys, got "
+                        f"{keys.shape}"
                     )
                 continue
             if offsets.shape != (n * feed.slot_num + 1,):

@@ -60,6 +60,9 @@ class TableCounters:
         inserted_keys: keys handed to the cache for insertion.
         failed_inserts: background insertions that raised (logged).
         evictions: rows the cache evicted to make room (read from the cache by ``snapshot``).
+        host_rows: rows the GPU pipeline read from host memory over PCIe: each distinct missed
+            key once per batch (staged on the GPU), and each read in place (a table without
+            a dynamic cache, or misses beyond what the cache can take in one batch).
         seconds: time spent in lookups.
         tier_host_hits: keys the host side read from the shared host tier.
         tier_overlay_hits: keys answered by rows online updates added (new keys).
@@ -92,6 +95,7 @@ class TableCounters:
     inserted_keys: int = 0
     failed_inserts: int = 0
     evictions: int = 0
+    host_rows: int = 0
     seconds: float = 0.0
     tier_host_hits: int = 0
     tier_overlay_hits: int = 0

@@ -52,6 +52,18 @@ class SparseInputSpec:
     nnz_per_slot: int | tuple[int, ...] | None
     is_fixed_length: bool
 
+    @property
+    def fixed_hotness(self) -> int | None:
+        """Keys in every slot of every sample when the input has a fixed length with one
+        ``nnz_per_slot`` for all its slots (HugeCTR's ``DataReaderSparseParam(name, hotness,
+        True, slot_num)``, as MLPerf DLRM-v2's multi-hot inputs); else ``None``."""
+        nnz = self.nnz_per_slot
+        if not self.is_fixed_length or nnz is None:
+            return None
+        if isinstance(nnz, tuple):
+            return nnz[0] if len(set(nnz)) == 1 else None
+        return nnz
+
 
 @dataclass(frozen=True)
 class DataSpec:

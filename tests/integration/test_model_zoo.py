@@ -37,18 +37,28 @@ class ZooModel:
         self.config, self.tables = model_tables(repo / name / "ps.json", name)
         data = json.loads(self.config.network_file.read_text())["layers"][0]
         self.slot_nums = [sparse["slot_num"] for sparse in data["sparse"]]
+        # Keys per slot: a fixed-length input's nnz_per_slot (DLRM-v2's multi-hot tables).
+        self.hotness = [
+            sparse["nnz_per_slot"] if sparse.get("is_fixed_length") else 1
+            for sparse in data["sparse"]
+        ]
 
     def samples(self, rng: np.random.Generator, batch: int):
-        """One-hot keys (a tenth of them unknown to their table) and dense features; BST's
-        first dense feature is the sequence length, 0 to 6."""
+        """Each table's number of keys per slot (a tenth of them unknown to their table,
+        repeats likely in multi-hot slots) and dense features; BST's first dense feature is
+        the sequence length, 0 to 6."""
         keys = []
         for _ in range(batch):
             sample = []
-            for t, slots in enumerate(self.slot_nums):
+            for t, (slots, hot) in enumerate(zip(self.slot_nums, self.hotness, strict=True)):
                 known = list(self.tables[t])
-                pick = [int(rng.choice(known)) if rng.random() > 0.1 else -7 - s
-                        for s in range(slots)]  # fmt: skip
-                sample.append([[key] for key in pick])
+                sample.append(
+                    [
+                        [int(rng.choice(known)) if rng.random() > 0.1 else -7 - s
+                         for _ in range(hot)]
+                        for s in range(slots)
+                    ]
+                )  # fmt: skip
             keys.append(sample)
         dense = rng.random((batch, 13), dtype=np.float32)
         if self.name == "bst":

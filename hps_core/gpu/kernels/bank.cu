@@ -1,24 +1,39 @@
-// Embedding lookup of every table of a model in one launch, and the insertion of its misses.
+// Embedding lookup of every table of a model, in three launches for all tables, and the
+// insertion of its misses into the dynamic caches.
 //
 // Loaded by hps_core/gpu/kernels.py, which prepends the #defines shared with Python (WAYS, LANES,
-// EMPTY_KEY, counter positions) and puts cache_set.cuh in place of its #include. The Table
-// struct is mirrored by TABLE_DTYPE in hps_core/gpu/bank.py, Miss by MISS_DTYPE and Pending by
-// PENDING_DTYPE there; change them together.
+// EMPTY_KEY, counter positions, state positions) and puts cache_set.cuh in place of its
+// #include. The Table struct is mirrored by TABLE_DTYPE in hps_core/gpu/structs.py, Miss by
+// MISS_DTYPE and Pending by PENDING_DTYPE there; change them together.
 //
-// A batch is a jagged batch of bags: bag (b, g) holds the keys of sample b in slot g (slots of
-// all tables numbered together), given by CSR row offsets per table, or, for a one-hot table
-// (flagged in the header after the number of samples), one key per bag. Work is slot-major (bag = g * batch + b), so the lanes of a
-// block mostly serve one table. Per key, in this order:
-//   1. the table's dynamic GPU cache (set-associative, 64 ways; 8 lanes probe a set at once),
-//   2. the table's row index (sorted mixed keys + bucket directory, on the GPU) and its rows,
-//      which live in GPU memory (static table) or in the host tier, read in place through a
-//      registered mapping of its shared-memory segment (zero copy),
-//   3. for a table with tiers below its host tier (Redis, RocksDB), the rows the host fetched
-//      from them for this batch (sorted keys + rows in GPU memory; see bank_probe),
-//   4. the table's default value.
-// The bag's vectors are pooled (sum or mean, in key order) straight into the dense network's
-// input buffer. Keys found in the host tier but not in the cache are recorded as misses;
-// bank_insert then puts them into the cache. Nothing waits for the host.
+// A batch is a jagged batch of bags: bag (b, s) holds the keys of sample b in slot s of a
+// table. The header (int32) holds the number of real samples, whether the keys are laid out
+// sample-major, then per table its fixed hotness h (every slot holds h keys: key j of the table
+// fills bag j / h) or 0 (CSR row offsets say where each bag starts). Keys are laid out either
+// table-major (table t's keys from batch * keys_at on, in bag order) or, when every table has
+// a fixed hotness filling its key room (keys_cap = slot_num * h), sample-major as requests carry
+// them: sample b's keys of table t at b * key_room + keys_at, key_room the keys per sample of
+// all tables. Either way `key_pos` gives the position of key j of table t.
+//
+// 1. bank_find, one group of LANES lanes per key position (so a bag of 100 keys is 100
+//    groups, not one serial loop): where the key's row is, written to rows[position]:
+//      the table's dynamic GPU cache (set-associative, 64 ways; the group probes a set at once),
+//      else its row index (sorted mixed keys + bucket directory, on the GPU) into its rows,
+//        which live in GPU memory (static table) or in the host tier, read in place through a
+//        registered mapping of its shared-memory segment (zero copy),
+//      else, for a table with tiers below its host tier, the rows the host fetched from them for
+//        this batch (see bank_probe),
+//      else nothing: the table's default value.
+//    A key answered from outside GPU memory for a table with a dynamic cache is a miss: the
+//    first group to meet it claims it in the table's miss set (a hash set of the batch's
+//    misses), copies its row once into the table's staging rows in GPU memory, and lists it for
+//    bank_insert; every other occurrence of the key in the batch refers to the claim and reads
+//    the staged row. So a row crosses PCIe once per batch however often the batch repeats it.
+// 2. bank_pool, one group per bag: the bag's rows pooled (sum or mean, in key order) in
+//    registers and written once, straight into the dense network's input.
+// 3. bank_insert, one warp per listed miss: the staged row goes into the cache (set lock, a
+//    free way or the least recently used one), and the miss set is emptied for the next batch.
+// Nothing waits for the host.
 
 #include "cache_set.cuh"  // i64, u64, WARP, find_way, lru_way, mix64
 
@@ -26,19 +41,24 @@ struct Table {
   const i64* cache_keys;      // [cache_sets * WAYS], EMPTY_KEY in free slots
   u64* cache_stamps;          // last touch, GPU global timer (ns)
   const float* cache_values;  // [cache_sets * WAYS, dim]
-  int* locks;                 // [2 * cache_sets]: insert locks (0 = free), misses per set
+  int* locks;                 // [2 * cache_sets]: insert locks (0 = free), new misses per set
   const u64* index_hashes;    // mix64 of every row's key, sorted (+1 padding entry)
   const void* index_starts;   // bucket directory, int32 or int64 (starts64)
   const float* values;        // [rows, dim] in index order: GPU memory or mapped host memory
   const i64* extra_keys;      // keys the host fetched from the lower tiers for this batch, sorted
   const float* extra_values;  // [extra_count, dim], GPU memory
+  i64* miss_keys;             // [miss_slots]: the miss set's keys, EMPTY_KEY in free slots
+  const float** miss_rows;    // [miss_slots]: the row every occurrence of a claimed key reads
+  float* staging;             // [staging_rows, dim]: GPU copies of the batch's missed rows
   u64 cache_sets;             // 0: no dynamic cache
   i64 extra_count;
-  i64 keys_at;                // this table's keys start at batch * keys_at in the key buffer
+  i64 keys_at;                // see key_pos
   i64 offsets_at;             // its row offsets start at batch * offsets_at + table index
   i64 out_at;                 // its output starts at batch * out_at + out_shift ...
   i64 out_shift;
   i64 out_stride;             // ... with out_stride elements per sample
+  i64 miss_slots;             // a power of two; 0: no miss set (no dynamic cache)
+  i64 staging_rows;
   int slot_num;
   int dim;
   int bucket_bits;
@@ -51,11 +71,13 @@ struct Table {
   int pad;                    // the struct's size stays a multiple of 8, explicitly
 };
 
+// A key claimed in its table's miss set: its row in GPU memory and whether to cache it.
 struct Miss {
   i64 key;
-  const float* src;  // the row to insert (the bag's output row, or the host tier's row)
+  const float* src;  // the staged row (or, with the staging rows full, the host tier's row)
+  i64 slot;          // its entry in the table's miss set
   int table;
-  int pad;
+  int insert;        // 1: put it into the cache (a staged row among the first WAYS of its set)
 };
 
 // A key neither the cache nor the host tier holds, in a table with lower tiers.
@@ -65,10 +87,61 @@ struct Pending {
   int pad;
 };
 
+// The most entries of a miss set one key looks at before it gives up deduplicating (its row is
+// then read in place and not cached): the sets are sized at least twice their staging rows.
+#define MISS_PROBES 64
+// bank_find's result for an occurrence of a key claimed by another group: the claim's entry,
+// tagged in the low bit (rows are 4-byte aligned), resolved by bank_pool through miss_rows.
+#define CLAIM_TAG 1ull
+
 __device__ __forceinline__ u64 now_ns() {
   u64 t;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
   return t;
+}
+
+// The batch's header: samples, whether keys are sample-major, then each table's hotness.
+__device__ __forceinline__ int hotness_of(const int* header, const int t) { return header[2 + t]; }
+
+// Position in the key buffer of key j of table t (j in the table's bag order).
+__device__ __forceinline__ i64 key_pos(const Table& tab, const int t, const i64 j,
+                                       const i64 batch, const int* __restrict__ header,
+                                       const int key_room) {
+  if (header[1]) {  // sample-major: the table's keys of a sample are contiguous, keys_cap of them
+    const i64 b = j / tab.keys_cap;
+    return b * key_room + tab.keys_at + (j - b * tab.keys_cap);
+  }
+  return batch * tab.keys_at + j;
+}
+
+// Keys of table t in this batch (positions beyond hold padding or an older batch's keys).
+__device__ __forceinline__ i64 table_keys(const Table& tab, const int t, const i64 batch,
+                                          const int* __restrict__ header,
+                                          const int* __restrict__ offsets) {
+  const int h = hotness_of(header, t);
+  const i64 cap = batch * tab.keys_cap;
+  if (h > 0) return min((i64)header[0] * tab.slot_num * h, cap);
+  // The host checks the offsets of host batches; those of a batch handed over on the device
+  // are not read back, so keep every key read inside the table's key region.
+  const i64 last = offsets[batch * tab.offsets_at + t + batch * tab.slot_num];
+  return min(max(last, (i64)0), cap);
+}
+
+// Keys [begin, end) of table t's bag of sample b, slot s (indices in the table's bag order).
+__device__ __forceinline__ void bag_range(const Table& tab, const int t, const int s, const i64 b,
+                                          const i64 batch, const int* __restrict__ header,
+                                          const int* __restrict__ offsets, i64& begin, i64& end) {
+  const i64 row = b * tab.slot_num + s;
+  const int h = hotness_of(header, t);
+  if (h > 0) {  // fixed hotness: padded samples have none
+    begin = row * h;
+    end = b < header[0] ? begin + h : begin;
+  } else {
+    const int* off = offsets + batch * tab.offsets_at + t;
+    const i64 cap = batch * tab.keys_cap;
+    begin = min(max((i64)off[row], (i64)0), cap);
+    end = min(max((i64)off[row + 1], begin), cap);
+  }
 }
 
 // Row of `key` in the table's index, or -1 (hps_core.tiers.hash_layout.find_rows).
@@ -122,176 +195,180 @@ __device__ __forceinline__ const float* probe_cache(const Table& t, const i64 ke
   return t.cache_values + (first + way) * t.dim;
 }
 
-// Loads per lane issued before any store: `dst` and `src` may alias as far as the compiler
-// knows, so a load/store loop would wait for each load in turn, and a row in host memory
-// costs one PCIe round trip per load.
-#define ROW_UNROLL 4
-
-// dst = src (or the default value), or dst += it; the group's lanes split the row.
-__device__ __forceinline__ void pool_row(float* dst, const float* src, const float fill,
-                                         const int dim, const int lane, const bool first,
-                                         const bool vec) {
+// dst = src, the group's lanes splitting the row (16-byte loads where `vec`); every load is
+// issued before any store, so a row in host memory costs one PCIe round trip.
+#define COPY_UNROLL 4
+__device__ __forceinline__ void copy_row(float* dst, const float* src, const int dim,
+                                         const int lane, const bool vec) {
   if (vec) {
     float4* d4 = reinterpret_cast<float4*>(dst);
     const float4* s4 = reinterpret_cast<const float4*>(src);
     const int n = dim / 4;
-    for (int base = lane; base < n; base += LANES * ROW_UNROLL) {
-      float4 v[ROW_UNROLL];
+    for (int base = lane; base < n; base += LANES * COPY_UNROLL) {
+      float4 v[COPY_UNROLL];
 #pragma unroll
-      for (int u = 0; u < ROW_UNROLL; ++u) {
-        const int d = base + u * LANES;
-        if (d < n) v[u] = src ? s4[d] : make_float4(fill, fill, fill, fill);
+      for (int u = 0; u < COPY_UNROLL; ++u) {
+        if (base + u * LANES < n) v[u] = s4[base + u * LANES];
       }
 #pragma unroll
-      for (int u = 0; u < ROW_UNROLL; ++u) {
-        const int d = base + u * LANES;
-        if (d >= n) break;
-        if (first) {
-          d4[d] = v[u];
-        } else {
-          float4 a = d4[d];
-          a.x += v[u].x; a.y += v[u].y; a.z += v[u].z; a.w += v[u].w;
-          d4[d] = a;
-        }
+      for (int u = 0; u < COPY_UNROLL; ++u) {
+        if (base + u * LANES < n) d4[base + u * LANES] = v[u];
       }
     }
   } else {
-    for (int base = lane; base < dim; base += LANES * ROW_UNROLL) {
-      float v[ROW_UNROLL];
-#pragma unroll
-      for (int u = 0; u < ROW_UNROLL; ++u) {
-        const int d = base + u * LANES;
-        if (d < dim) v[u] = src ? src[d] : fill;
-      }
-#pragma unroll
-      for (int u = 0; u < ROW_UNROLL; ++u) {
-        const int d = base + u * LANES;
-        if (d >= dim) break;
-        dst[d] = first ? v[u] : dst[d] + v[u];
+    for (int d = lane; d < dim; d += LANES) dst[d] = src[d];
+  }
+}
+
+// The claim of `key` in its table's miss set, made by the group's lane 0 and handed to every
+// lane: the entry, and whether this group made it (true) or found it made (false). -1: the
+// set has no room within MISS_PROBES entries.
+__device__ __forceinline__ i64 claim_miss(const Table& t, const i64 key, const int lane,
+                                          const unsigned mask, const int leader, bool& fresh) {
+  i64 slot = -1;
+  int made = 0;
+  if (lane == 0) {
+    const u64 wrap = (u64)t.miss_slots - 1;
+    u64 at = mix64(key) & wrap;
+    for (int probe = 0; probe < MISS_PROBES; ++probe, at = (at + 1) & wrap) {
+      const i64 seen = (i64)atomicCAS((unsigned long long*)(t.miss_keys + at),
+                                      (unsigned long long)EMPTY_KEY, (unsigned long long)key);
+      if (seen == EMPTY_KEY || seen == key) {
+        slot = (i64)at;
+        made = seen == EMPTY_KEY;
+        break;
       }
     }
   }
+  slot = __shfl_sync(mask, slot, leader);
+  fresh = __shfl_sync(mask, made, leader) != 0;
+  return slot;
 }
 
-__device__ __forceinline__ void scale_row(float* dst, const float f, const int dim,
-                                          const int lane) {
-  for (int d = lane; d < dim; d += LANES) dst[d] *= f;
-}
-
-// Keys [begin, end) of table t's bag of sample b, slot s (indices into the table's keys).
-__device__ __forceinline__ void bag_range(const Table& tab, const int t, const int s, const i64 b,
-                                          const i64 batch, const int* __restrict__ header,
-                                          const int* __restrict__ offsets, int& begin, int& end) {
-  const i64 row = b * tab.slot_num + s;
-  if (header[1 + t]) {  // one-hot: key `row` fills bag `row`; padded samples have none
-    begin = (int)row;
-    end = b < header[0] ? begin + 1 : begin;
-  } else {
-    const int* off = offsets + batch * tab.offsets_at + t;
-    // The host checks the offsets of host batches; those of a batch handed over on the
-    // device are not read back, so keep every key read inside the table's key region.
-    const int cap = (int)(batch * tab.keys_cap);
-    begin = min(max(off[row], 0), cap);
-    end = min(max(off[row + 1], begin), cap);
-  }
-}
-
-extern "C" __global__ void bank_lookup(
-    const Table* __restrict__ tables, const int* __restrict__ slot_table,
-    const int* __restrict__ slot_local, const int slot_begin, const int slot_end,
-    const i64 batch,
-    const i64* __restrict__ keys, const int* __restrict__ header,
-    const int* __restrict__ offsets, float* __restrict__ out,
-    Miss* __restrict__ misses, u64* __restrict__ miss_count, const u64 miss_capacity,
+extern "C" __global__ void bank_find(
+    const Table* __restrict__ tables, const int* __restrict__ key_table, const int col_begin,
+    const int col_end, const int key_room, const i64 batch, const i64* __restrict__ keys,
+    const int* __restrict__ header, const int* __restrict__ offsets, u64* __restrict__ rows,
+    Miss* __restrict__ misses, u64* __restrict__ state, const u64 miss_capacity,
     u64* __restrict__ counters) {
-  __shared__ u64 block_counts[4];  // C_KEYS .. C_UNKNOWN of the table of the block's first bag
-  // Bag `g * batch + b` is sample b's slot g; a launch serves the slots [slot_begin, slot_end).
-  const i64 first_bag = (i64)slot_begin * batch + ((i64)blockIdx.x * blockDim.x) / LANES;
-  const i64 bag = first_bag + threadIdx.x / LANES;
+  __shared__ u64 block_counts[4];  // C_KEYS .. C_UNKNOWN of the table of the block's first key
+  // Key q of the launch: positions [batch * col_begin, batch * col_end) table-major, or the
+  // columns [col_begin, col_end) of every sample's key room sample-major.
+  const int span = col_end - col_begin;
+  const i64 total = batch * span;
+  const i64 first_q = ((i64)blockIdx.x * blockDim.x) / LANES;
+  const i64 q = first_q + threadIdx.x / LANES;
   const int lane = threadIdx.x % LANES;
   const int shift = (threadIdx.x % WARP) / LANES * LANES;
   const unsigned mask = GROUP_MASK << shift;
-  const i64 bags = batch * slot_end;
-  const int block_table = first_bag < bags ? slot_table[first_bag / batch] : -1;
+  const bool sample_major = header[1] != 0;
+  const int block_column =
+      sample_major ? col_begin + (int)(first_q % span) : col_begin + (int)(first_q / batch);
+  const int block_table = first_q < total ? key_table[block_column] : -1;
   if (threadIdx.x < 4) block_counts[threadIdx.x] = 0;
   __syncthreads();
-  u64 n_keys = 0, n_hits = 0, n_misses = 0, n_unknown = 0;
   int t = -1;
-  if (bag < bags) {  // no early return: the block meets at __syncthreads below
-    const int g = (int)(bag / batch);
-    const i64 b = bag - (i64)g * batch;
-    t = slot_table[g];
+  bool counted = false, hit = false, found = false, over_pcie = false;
+  if (q < total) {  // no early return: the block meets at __syncthreads below
+    i64 pos, j;
+    int column;
+    if (sample_major) {
+      const i64 b = q / span;
+      column = col_begin + (int)(q - b * span);
+      pos = b * key_room + column;
+    } else {
+      column = col_begin + (int)(q / batch);
+      pos = batch * col_begin + q;
+    }
+    t = key_table[column];
     const Table& tab = tables[t];
-    const int s = slot_local[g];
-    int begin, end;
-    bag_range(tab, t, s, b, batch, header, offsets, begin, end);
-    const i64* bag_keys = keys + batch * tab.keys_at;
-    float* dst = out + batch * tab.out_at + tab.out_shift + b * tab.out_stride + (i64)s * tab.dim;
-    const bool vec = tab.dim % 4 == 0;  // the host aligns every region to 16 bytes
-    for (int i = begin; i < end; ++i) {
-      const i64 key = bag_keys[i];
+    if (sample_major) {
+      const i64 b = q / span;
+      j = b * tab.keys_cap + (column - tab.keys_at);
+    } else {
+      j = pos - batch * tab.keys_at;
+    }
+    if (j < table_keys(tab, t, batch, header, offsets)) {
+      counted = true;
+      const i64 key = keys[pos];
       const float* src = nullptr;
-      bool hit = false;
       if (tab.cache_sets != 0 && key != EMPTY_KEY) {
         src = probe_cache(tab, key, lane, mask, shift);
         hit = src != nullptr;
       }
+      bool in_host = false;
       if (!hit) {
         const i64 r = index_row(tab, key);
         if (r >= 0) {
           src = tab.values + r * tab.dim;
           hit = !tab.host_values;  // a static table answers from GPU memory
+          in_host = tab.host_values != 0;
         } else if (tab.extra_count != 0) {
-          src = extra_row(tab, key);  // a miss, inserted like the host tier's rows
+          src = extra_row(tab, key);  // a miss, staged and inserted like the host tier's rows
         }
       }
-      pool_row(dst, src, tab.default_value, tab.dim, lane, i == begin, vec);
-      if (lane == 0) {
-        ++n_keys;
-        if (hit) {
-          ++n_hits;
-        } else {
-          ++n_misses;
-          if (src == nullptr) ++n_unknown;
-        }
-        // A set takes at most WAYS new keys per batch (more would only evict each other):
-        // the rank of a miss in its set caps the inserts, and with them the warps that queue
-        // for one set's lock in bank_insert.
-        if (!hit && src != nullptr && tab.cache_sets != 0 &&
-            atomicAdd(tab.locks + tab.cache_sets + (i64)(mix64(key) % tab.cache_sets), 1) < WAYS) {
-          Miss m;
-          m.key = key;
-          // A bag of one key holds the row itself, in GPU memory: insert from there.
-          m.src = end - begin == 1 ? dst : src;
-          m.table = t;
-          m.pad = 0;
-          // Valid batches never fill the list; clamped device offsets could (a bag may then
-          // read a whole key region), so a miss past the end is not inserted.
-          const u64 at = atomicAdd(miss_count, 1ull);
-          if (at < miss_capacity) misses[at] = m;
+      found = src != nullptr;
+      u64 where = (u64)src;
+      over_pcie = in_host;  // read in place, unless another occurrence of the key reads it
+      if (!hit && found && tab.miss_slots != 0 && key != EMPTY_KEY) {
+        const int leader = shift;  // lane 0 of the group, as a lane of the warp
+        bool fresh;
+        const i64 slot = claim_miss(tab, key, lane, mask, leader, fresh);
+        if (slot >= 0 && fresh) {
+          u64 staged = 0;
+          if (lane == 0) staged = atomicAdd(state + STATE_STAGED + t, 1ull);
+          staged = __shfl_sync(mask, staged, leader);
+          const float* row = src;
+          bool insert = false;
+          if (staged < (u64)tab.staging_rows) {
+            float* copy = tab.staging + (i64)staged * tab.dim;
+            copy_row(copy, src, tab.dim, lane, tab.dim % 4 == 0);
+            row = copy;
+            // A set takes at most WAYS new keys per batch (more would only evict each
+            // other): the rank of a miss in its set caps the inserts, and with them the
+            // warps that queue for one set's lock in bank_insert.
+            if (lane == 0) {
+              const i64 set = (i64)(mix64(key) % tab.cache_sets);
+              insert = atomicAdd(tab.locks + tab.cache_sets + set, 1) < WAYS;
+            }
+          }
+          if (lane == 0) {
+            tab.miss_rows[slot] = row;
+            const u64 at = atomicAdd(state + STATE_MISSES, 1ull);
+            if (at < miss_capacity) {
+              Miss m;
+              m.key = key;
+              m.src = row;
+              m.slot = slot;
+              m.table = t;
+              m.insert = insert ? 1 : 0;
+              misses[at] = m;
+            }
+          }
+          where = (u64)row;
+        } else if (slot >= 0) {
+          where = ((u64)slot << 2) | CLAIM_TAG;
+          over_pcie = false;  // read by the claim's group (or, staging rows full, in place)
         }
       }
-    }
-    if (begin == end) {
-      pool_row(dst, nullptr, 0.0f, tab.dim, lane, true, vec);
-    } else if (tab.combiner == COMBINER_MEAN && end - begin > 1) {
-      __syncwarp(mask);
-      scale_row(dst, 1.0f / (float)(end - begin), tab.dim, lane);
+      if (lane == 0) rows[pos] = where;
     }
   }
-  if (lane == 0 && n_keys != 0) {
+  if (lane == 0 && counted) {
+    const u64 n_hits = hit ? 1 : 0, n_misses = hit ? 0 : 1, n_unknown = found ? 0 : 1;
     if (t == block_table) {
-      atomicAdd(&block_counts[C_KEYS], n_keys);
-      atomicAdd(&block_counts[C_HITS], n_hits);
-      atomicAdd(&block_counts[C_MISSES], n_misses);
-      atomicAdd(&block_counts[C_UNKNOWN], n_unknown);
+      atomicAdd(&block_counts[C_KEYS], 1ull);
+      if (n_hits) atomicAdd(&block_counts[C_HITS], 1ull);
+      if (n_misses) atomicAdd(&block_counts[C_MISSES], 1ull);
+      if (n_unknown) atomicAdd(&block_counts[C_UNKNOWN], 1ull);
     } else {
       u64* c = counters + (i64)t * NUM_COUNTERS;
-      atomicAdd(c + C_KEYS, n_keys);
+      atomicAdd(c + C_KEYS, 1ull);
       atomicAdd(c + C_HITS, n_hits);
       atomicAdd(c + C_MISSES, n_misses);
       atomicAdd(c + C_UNKNOWN, n_unknown);
     }
+    if (over_pcie) atomicAdd(counters + (i64)t * NUM_COUNTERS + C_HOST_ROWS, 1ull);
   }
   __syncthreads();
   if (threadIdx.x < 4 && block_table >= 0 && block_counts[threadIdx.x] != 0) {
@@ -299,16 +376,99 @@ extern "C" __global__ void bank_lookup(
   }
 }
 
-// Run before bank_lookup only when a table has tiers below its host tier: records each key of
+// Floats of a row one lane accumulates per pass: POOL_VECS float4s (LANES lanes cover
+// LANES * 4 * POOL_VECS floats, 128 with 8 lanes; wider rows take several passes).
+#define POOL_VECS 4
+
+// The row bank_find recorded for a key: a row pointer (nullptr: the default value), or a claim
+// in the table's miss set.
+__device__ __forceinline__ const float* row_of(const Table& tab, const u64 where) {
+  if (where & CLAIM_TAG) return tab.miss_rows[where >> 2];
+  return reinterpret_cast<const float*>(where);
+}
+
+extern "C" __global__ void bank_pool(
+    const Table* __restrict__ tables, const int* __restrict__ slot_table,
+    const int* __restrict__ slot_local, const int slot_begin, const int slot_end,
+    const int key_room, const i64 batch, const int* __restrict__ header,
+    const int* __restrict__ offsets, const u64* __restrict__ rows, float* __restrict__ out) {
+  // Bag `g * batch + b` is sample b's slot g; a launch serves the slots [slot_begin, slot_end).
+  const i64 bag = (i64)slot_begin * batch + ((i64)blockIdx.x * blockDim.x + threadIdx.x) / LANES;
+  if (bag >= batch * slot_end) return;  // no lane of a bag returns without the others
+  const int lane = threadIdx.x % LANES;
+  const int g = (int)(bag / batch);
+  const i64 b = bag - (i64)g * batch;
+  const int t = slot_table[g];
+  const Table& tab = tables[t];
+  const int s = slot_local[g];
+  i64 begin, end;
+  bag_range(tab, t, s, b, batch, header, offsets, begin, end);
+  float* dst = out + batch * tab.out_at + tab.out_shift + b * tab.out_stride + (i64)s * tab.dim;
+  const float scale =
+      tab.combiner == COMBINER_MEAN && end - begin > 1 ? 1.0f / (float)(end - begin) : 1.0f;
+  const float fill = tab.default_value;
+  if (tab.dim % 4 == 0) {  // the host aligns every region and row to 16 bytes
+    const int n = tab.dim / 4;
+    for (int pass = 0; pass < n; pass += LANES * POOL_VECS) {
+      float4 acc[POOL_VECS];
+#pragma unroll
+      for (int u = 0; u < POOL_VECS; ++u) acc[u] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      // Unrolled so that several keys' loads are in flight (the sums wait, the loads do not).
+#pragma unroll 4
+      for (i64 i = begin; i < end; ++i) {
+        const float4* src = reinterpret_cast<const float4*>(
+            row_of(tab, rows[key_pos(tab, t, i, batch, header, key_room)]));
+#pragma unroll
+        for (int u = 0; u < POOL_VECS; ++u) {
+          const int d = pass + lane + u * LANES;
+          if (d < n) {
+            const float4 v = src ? src[d] : make_float4(fill, fill, fill, fill);
+            acc[u].x += v.x; acc[u].y += v.y; acc[u].z += v.z; acc[u].w += v.w;
+          }
+        }
+      }
+      float4* d4 = reinterpret_cast<float4*>(dst);
+#pragma unroll
+      for (int u = 0; u < POOL_VECS; ++u) {
+        const int d = pass + lane + u * LANES;
+        if (d < n) {
+          d4[d] = make_float4(acc[u].x * scale, acc[u].y * scale, acc[u].z * scale,
+                              acc[u].w * scale);
+        }
+      }
+    }
+  } else {
+    for (int pass = 0; pass < tab.dim; pass += LANES * POOL_VECS) {
+      float acc[POOL_VECS];
+#pragma unroll
+      for (int u = 0; u < POOL_VECS; ++u) acc[u] = 0.0f;
+      for (i64 i = begin; i < end; ++i) {
+        const float* src = row_of(tab, rows[key_pos(tab, t, i, batch, header, key_room)]);
+#pragma unroll
+        for (int u = 0; u < POOL_VECS; ++u) {
+          const int d = pass + lane + u * LANES;
+          if (d < tab.dim) acc[u] += src ? src[d] : fill;
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < POOL_VECS; ++u) {
+        const int d = pass + lane + u * LANES;
+        if (d < tab.dim) dst[d] = acc[u] * scale;
+      }
+    }
+  }
+}
+
+// Run before bank_find only when a table has tiers below its host tier: records each key of
 // such a table that neither its cache nor its host tier holds (repeats included; the host
 // deduplicates), so that the host fetches them from the lower tiers in one round trip per
-// batch and bank_lookup finds them among the table's extra rows. Bags map to lanes as in
-// bank_lookup.
+// batch and bank_find finds them among the table's extra rows. Bags map to lanes as in
+// bank_pool.
 extern "C" __global__ void bank_probe(
     const Table* __restrict__ tables, const int* __restrict__ slot_table,
     const int* __restrict__ slot_local, const int slot_begin, const int slot_end,
-    const i64 batch, const i64* __restrict__ keys, const int* __restrict__ header,
-    const int* __restrict__ offsets, Pending* __restrict__ pending,
+    const int key_room, const i64 batch, const i64* __restrict__ keys,
+    const int* __restrict__ header, const int* __restrict__ offsets, Pending* __restrict__ pending,
     u64* __restrict__ pending_count, const u64 pending_capacity) {
   // All LANES lanes of a bag return together: probe_cache's ballots need the whole group.
   const i64 bag = (i64)slot_begin * batch + ((i64)blockIdx.x * blockDim.x + threadIdx.x) / LANES;
@@ -321,11 +481,10 @@ extern "C" __global__ void bank_probe(
   const int t = slot_table[g];
   const Table& tab = tables[t];
   if (!tab.lower) return;
-  int begin, end;
+  i64 begin, end;
   bag_range(tab, t, slot_local[g], b, batch, header, offsets, begin, end);
-  const i64* bag_keys = keys + batch * tab.keys_at;
-  for (int i = begin; i < end; ++i) {
-    const i64 key = bag_keys[i];
+  for (i64 i = begin; i < end; ++i) {
+    const i64 key = keys[key_pos(tab, t, i, batch, header, key_room)];
     if (tab.cache_sets != 0 && key != EMPTY_KEY &&
         probe_cache(tab, key, lane, mask, shift) != nullptr) {
       continue;
@@ -344,71 +503,76 @@ extern "C" __global__ void bank_probe(
   }
 }
 
-// One warp per recorded miss (grid-stride: the count is known on the GPU only; at most WAYS
-// per set). The warp takes its set's lock, so misses of one set are applied one at a time in
-// any order: a key already
-// stored (a repeat in the batch) is only re-stamped; a new key takes a free way, else evicts
-// the least recently used one. Slots are read through L2 (another SM may have just written
-// them under the same lock).
+// One warp per listed miss (grid-stride: the count is known on the GPU only). A miss to insert
+// takes its set's lock, so misses of one set are applied one at a time in any order: a key
+// already stored (another process's insert, with shared caches) is only re-stamped; a new key
+// takes a free way, else evicts the least recently used one. Slots are read through L2 (another
+// SM may have just written them under the same lock). Every listed miss's entry of the miss set
+// is emptied, and its set's count of new misses reset, ready for the next batch.
 extern "C" __global__ void bank_insert(const Table* __restrict__ tables,
                                        const Miss* __restrict__ misses,
-                                       const u64* __restrict__ miss_count,
-                                       const u64 miss_capacity, u64* __restrict__ counters) {
+                                       const u64* __restrict__ state, const u64 miss_capacity,
+                                       u64* __restrict__ counters) {
   const int lane = threadIdx.x % WARP;
   const i64 warps = ((i64)gridDim.x * blockDim.x) / WARP;
-  const i64 n = (i64)min(*miss_count, miss_capacity);
+  const i64 n = (i64)min(state[STATE_MISSES], miss_capacity);
   for (i64 item = ((i64)blockIdx.x * blockDim.x + threadIdx.x) / WARP; item < n; item += warps) {
     const Miss m = misses[item];
     const Table& tab = tables[m.table];
     const i64 set = (i64)(mix64(m.key) % tab.cache_sets);
-    const i64 first = set * WAYS;
     int* lock = tab.locks + set;
-    if (lane == 0) {
-      while (atomicCAS(lock, 0, 1) != 0) __nanosleep(32);
-    }
-    __syncwarp();
-    __threadfence();
-    long long* slot_keys = const_cast<long long*>(tab.cache_keys);
-    const i64 key_lo = __ldcg(slot_keys + first + lane);
-    const i64 key_hi = __ldcg(slot_keys + first + WARP + lane);
-    const u64 stamp_lo = __ldcg(tab.cache_stamps + first + lane);
-    const u64 stamp_hi = __ldcg(tab.cache_stamps + first + WARP + lane);
-    int way = find_way(key_lo, key_hi, m.key);
-    bool inserted = false, evicted = false;
-    if (way < 0) {
-      inserted = true;
-      way = find_way(key_lo, key_hi, EMPTY_KEY);
+    if (m.insert) {
+      const i64 first = set * WAYS;
+      if (lane == 0) {
+        while (atomicCAS(lock, 0, 1) != 0) __nanosleep(32);
+      }
+      __syncwarp();
+      __threadfence();
+      long long* slot_keys = const_cast<long long*>(tab.cache_keys);
+      const i64 key_lo = __ldcg(slot_keys + first + lane);
+      const i64 key_hi = __ldcg(slot_keys + first + WARP + lane);
+      const u64 stamp_lo = __ldcg(tab.cache_stamps + first + lane);
+      const u64 stamp_hi = __ldcg(tab.cache_stamps + first + WARP + lane);
+      int way = find_way(key_lo, key_hi, m.key);
+      bool inserted = false, evicted = false;
       if (way < 0) {
-        way = lru_way(stamp_lo, stamp_hi, lane);
-        evicted = true;
+        inserted = true;
+        way = find_way(key_lo, key_hi, EMPTY_KEY);
+        if (way < 0) {
+          way = lru_way(stamp_lo, stamp_hi, lane);
+          evicted = true;
+        }
+        float* row = const_cast<float*>(tab.cache_values) + (first + way) * tab.dim;
+        for (int base = lane; base < tab.dim; base += WARP * COPY_UNROLL) {
+          float v[COPY_UNROLL];
+#pragma unroll
+          for (int u = 0; u < COPY_UNROLL; ++u) {
+            const int d = base + u * WARP;
+            if (d < tab.dim) v[u] = m.src[d];
+          }
+#pragma unroll
+          for (int u = 0; u < COPY_UNROLL; ++u) {
+            const int d = base + u * WARP;
+            if (d < tab.dim) __stcg(row + d, v[u]);
+          }
+        }
       }
-      float* row = const_cast<float*>(tab.cache_values) + (first + way) * tab.dim;
-      for (int base = lane; base < tab.dim; base += WARP * ROW_UNROLL) {
-        float v[ROW_UNROLL];
-#pragma unroll
-        for (int u = 0; u < ROW_UNROLL; ++u) {
-          const int d = base + u * WARP;
-          if (d < tab.dim) v[u] = m.src[d];
-        }
-#pragma unroll
-        for (int u = 0; u < ROW_UNROLL; ++u) {
-          const int d = base + u * WARP;
-          if (d < tab.dim) __stcg(row + d, v[u]);
-        }
+      if (lane == way % WARP) {
+        if (inserted) __stcg(slot_keys + first + way, m.key);
+        __stcg(tab.cache_stamps + first + way, now_ns());
+      }
+      __threadfence();
+      __syncwarp();
+      if (lane == 0) {
+        atomicExch(lock, 0);
+        u64* c = counters + (i64)m.table * NUM_COUNTERS;
+        if (inserted) atomicAdd(c + C_INSERTS, 1ull);
+        if (evicted) atomicAdd(c + C_EVICTIONS, 1ull);
       }
     }
-    if (lane == way % WARP) {
-      if (inserted) __stcg(slot_keys + first + way, m.key);
-      __stcg(tab.cache_stamps + first + way, now_ns());
-    }
-    __threadfence();
-    __syncwarp();
     if (lane == 0) {
-      lock[tab.cache_sets] = 0;  // the set's miss count, for the next batch
-      atomicExch(lock, 0);
-      u64* c = counters + (i64)m.table * NUM_COUNTERS;
-      if (inserted) atomicAdd(c + C_INSERTS, 1ull);
-      if (evicted) atomicAdd(c + C_EVICTIONS, 1ull);
+      lock[tab.cache_sets] = 0;  // the set's count of new misses, for the next batch
+      tab.miss_keys[m.slot] = EMPTY_KEY;
     }
   }
 }

@@ -257,12 +257,30 @@ class MultiCross(Layer):
         per_layer = 3 if self.projection_dim else 2
         for i in range(self.num_layers):
             p = params[i * per_layer : (i + 1) * per_layer]
-            bias = ctx.widen(p[-1])
             if self.projection_dim:
-                xl = x0 * (ctx.matmul(ctx.matmul(xl, p[0]), p[1]) + bias) + xl
+                y = _product(ctx, _product(ctx, xl, p[0]), p[1])
             else:
-                xl = x0 * ctx.matmul(xl, p[0].T) + xl + bias
+                y = ctx.matmul(xl, p[0].T)
+            if ctx.on_gpu:
+                from hps_core.gpu.dense_ops import cross_combine
+
+                # Products on cuBLAS, the rest of the layer in one pass over [B, D].
+                xl = cross_combine(x0, y, p[-1], xl, bool(self.projection_dim))
+            elif self.projection_dim:
+                xl = x0 * (y + ctx.widen(p[-1])) + xl
+            else:
+                xl = x0 * y + xl + ctx.widen(p[-1])
         return (ctx.cast(xl),)
+
+
+def _product(ctx: ComputeContext, x: Array, weight: Array) -> Array:
+    """``x @ weight`` in the storage dtype: on a GPU one cuBLASLt call, whose large FP32
+    products run as 3xTF32 (:mod:`hps_core.gpu.linear`); else ``ctx.matmul``."""
+    if ctx.on_gpu:
+        from hps_core.gpu.linear import linear
+
+        return linear(ctx.cast(x), ctx.cast(weight), None, False, ctx.precision.value)
+    return ctx.matmul(x, weight)
 
 
 @dataclass(frozen=True)

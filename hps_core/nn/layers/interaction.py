@@ -23,6 +23,12 @@ class Interaction(Layer):
     vectors stacked (MLP first), the output row is the MLP vector, then the strictly lower
     triangle of their Gram matrix row by row (``G[1,0], G[2,0], G[2,1], G[3,0], ...``), then
     one zero of padding: width ``D + N(N+1)/2 + 1``.
+
+    HugeCTR's FP16 training form gives the layer a second top (``interaction_grad``: the
+    buffer its backward pass writes the MLP's gradient into), which the next MLP names as its
+    second bottom and does not read forward (``HugeCTR/src/layers/interaction_layer.cu``;
+    ``test/scripts/dlrm_fp16_1gpu.json`` and the MLPerf DLRM files). Inference gives that top
+    the output's shape and never computes it: no layer reads it.
     """
 
     type_names = ("Interaction",)
@@ -35,7 +41,12 @@ class Interaction(Layer):
 
     @classmethod
     def build(cls, spec: LayerSpec, inputs: Sequence[TensorShape]) -> Interaction:
-        expect_counts(spec, inputs, 2)
+        expect_counts(spec, inputs, 2, n_out=None)
+        if len(spec.tops) not in (1, 2):
+            raise spec.error(
+                f"needs 1 top (or 2 in HugeCTR's FP16 training form), got {len(spec.tops)}",
+                "top",
+            )
         mlp, emb = inputs
         expect_rank(spec, mlp, (2,), 0)
         expect_rank(spec, emb, (3,), 1)
@@ -47,7 +58,7 @@ class Interaction(Layer):
             )
         n = emb.dims[0] + 1
         width = mlp.dims[0] + n * (n - 1) // 2 + 1
-        return cls((TensorShape(mlp.rows_per_sample, (width,)),), n)
+        return cls((TensorShape(mlp.rows_per_sample, (width,)),) * len(spec.tops), n)
 
     def forward(
         self, ctx: ComputeContext, inputs: Sequence[Array], params: Sequence[Array]
@@ -60,12 +71,14 @@ class Interaction(Layer):
 
             if dense_ops.interaction_fits(n, mlp.shape[1]):
                 tf32 = ctx.precision is Precision.TF32
-                return (dense_ops.interaction(ctx.cast(mlp), ctx.cast(emb), tf32),)
+                out = dense_ops.interaction(ctx.cast(mlp), ctx.cast(emb), tf32)
+                return (out,) * len(self.output_shapes)
         stacked = xp.concatenate([mlp[:, None, :], emb], axis=1)
         gram = ctx.matmul(stacked, stacked.transpose(0, 2, 1)).reshape(rows, n * n)
         pairs = xp.take(gram, self._lower_triangle(xp), axis=1)
         padding = xp.zeros((rows, 1), dtype=pairs.dtype)
-        return (xp.concatenate([ctx.cast(mlp), pairs, padding], axis=1),)
+        out = xp.concatenate([ctx.cast(mlp), pairs, padding], axis=1)
+        return (out,) * len(self.output_shapes)
 
     def _lower_triangle(self, xp: Any) -> Array:
         index = self._device_index.get(xp.__name__)

@@ -2,11 +2,11 @@
 
 The host tier holds 30% of each table (``initial_cache_rate``) and RocksDB all of it, so most
 keys of a batch are found by neither the GPU cache nor the host tier: ``bank_probe`` lists
-them, the host fetches them from RocksDB, ``bank_lookup`` pools them and ``bank_insert`` puts
-them in the cache. Scores must equal the NumPy path (which reads the same cascade) and the
-independent references, for dynamic and static caches, host and device batches, repeated
-batches (the second finds the rows in the cache), and large batches (staged whole: the
-grouped staging is for models without lower tiers). A model without lower tiers never probes.
+them, the host fetches them from RocksDB, ``bank_find`` stages them, ``bank_pool`` pools them
+and ``bank_insert`` puts them in the cache. Scores must equal the NumPy path (which reads the
+same cascade) and the independent references, for dynamic and static caches, host and device
+batches, repeated batches (the second finds the rows in the cache), and large batches (staged
+whole: the grouped staging is for models without lower tiers). A model without lower tiers never probes.
 """
 
 from __future__ import annotations

@@ -243,10 +243,16 @@ def on_gpu(batch: SparseBatch, strided: bool = False) -> SparseBatch:
         doubled = cupy.asarray(np.repeat(array, 2, axis=0))
         return doubled[::2]
 
+    if batch.sample_keys is not None and not strided:
+        widths = [k.shape[1] for k in batch.keys]
+        return SparseBatch.from_sample_keys(
+            put(batch.dense), put(batch.sample_keys), widths, batch.hotness
+        )
     return SparseBatch(
         put(batch.dense),
         tuple(put(k) for k in batch.keys),
         tuple(None if o is None else put(o) for o in batch.row_offsets),
+        batch.hotness,
     )
 
 

@@ -146,7 +146,7 @@ def test_warmup_requests_are_valid_samples(wdl, tmp_path: Path) -> None:
         config = parse_pbtxt(repo / folder / "config.pbtxt")
         batch = contract(session.layout).parse(*warmup_inputs(repo / folder, config))
         assert batch.batch_size == 1
-        assert [len(k) for k in batch.keys] == [2, 26]  # one key per slot
+        assert [k.size for k in batch.keys] == [2, 26]  # one key per slot
         assert session.predict(batch).shape == (1, 1)
 
 

@@ -21,7 +21,7 @@ def test_regions_are_aligned_disjoint_and_cover_the_buffer(size: int) -> None:
     buffer = np.zeros(lay.nbytes, np.uint8)
     keys, header, offsets, dense = lay.views(buffer)
     assert keys.dtype == np.int64 and keys.shape == (size * 29,)
-    assert header.dtype == np.int32 and header.shape == (4,)
+    assert header.dtype == np.int32 and header.shape == (5,)
     assert offsets.dtype == np.int32 and offsets.shape == (size * 27 + 3,)
     assert dense.dtype == np.float32 and dense.shape == (size, 13)
     for region in (keys, header, offsets, dense):

@@ -13,7 +13,7 @@ from hps_core.gpu import kernels
 @pytest.mark.parametrize(
     ("name", "defines", "entries"),
     [
-        ("bank", None, ("bank_lookup", "bank_probe", "bank_insert")),
+        ("bank", None, ("bank_find", "bank_pool", "bank_probe", "bank_insert")),
         (KERNEL_FILE, cuda_defines(), KERNEL_NAMES),
     ],
 )

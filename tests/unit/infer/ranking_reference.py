@@ -120,10 +120,12 @@ def encode_hugectr(dense: np.ndarray, keys: Keys) -> tuple[np.ndarray, np.ndarra
 
 
 def encode_samples(dense: np.ndarray, keys: Keys) -> tuple[np.ndarray, np.ndarray]:
-    """``dense`` ``[B, D]`` and ``sparse`` ``[B, S]`` of one-hot samples."""
-    sparse = [[slot[0] for table in sample for slot in table] for sample in keys]
-    for sample in keys:
-        assert all(len(slot) == 1 for table in sample for slot in table), "not one-hot"
+    """``dense`` ``[B, D]`` and ``sparse`` ``[B, K]`` of samples with a fixed number of keys
+    per slot of each table (the same in every sample): every key, table by table, slot by
+    slot."""
+    sparse = [[key for table in sample for slot in table for key in slot] for sample in keys]
+    counts = {tuple(len(slot) for table in sample for slot in table) for sample in keys}
+    assert len(counts) <= 1, "samples differ in their number of keys per slot"
     return np.asarray(dense, np.float32), np.array(sparse, dtype=np.int64)
 
 

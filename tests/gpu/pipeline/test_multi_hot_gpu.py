@@ -1,0 +1,154 @@
+"""Multi-hot tables of a fixed hotness on the GPU pipeline (the zoo's DLRM-v2: 26 tables of
+MLPerf's 1 to 100 keys per sample, a DCN v2 cross network) against the NumPy path and the
+float64 reference of the tests.
+
+The same samples reach the pipeline in every form a batch can take: the request's ``[B, K]``
+key matrix (staged sample-major, in one copy), per-table keys without offsets (table-major),
+HugeCTR's CSR offsets, and CuPy arrays already on the GPU; with a dynamic cache, a cache too
+small for a batch's misses (rows read in place beyond its staging rows), static tables and
+no cache. A batch's repeated missed keys cross PCIe once and are inserted once.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+cupy = pytest.importorskip("cupy")
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "unit" / "infer"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "integration"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from ranking_reference import encode_hugectr, encode_samples  # noqa: E402
+from test_model_zoo import ZooModel  # noqa: E402
+from test_pipeline_gpu import on_gpu  # noqa: E402
+
+from hps_core.demo import ZOO_MODELS  # noqa: E402
+from hps_core.hps import HPS  # noqa: E402
+from hps_core.infer import RankingSession, SparseBatch  # noqa: E402
+from hps_core.infer.contracts import HugeCTRContract, SamplesContract  # noqa: E402
+from hps_core.triton_repo import InstanceGroup, ServingOptions  # noqa: E402
+
+NAME = "dlrm_v2"
+VARIANTS = {
+    "dynamic": {"gpucacheper": 0.5},
+    "tiny": {"gpucacheper": 0.01},  # one 64-way set: most of a batch's misses overflow
+    "static": {"embedding_cache_type": "static"},
+    "host": {"gpucache": False},
+}
+
+
+@pytest.fixture(scope="module")
+def repo(tmp_path_factory: pytest.TempPathFactory):
+    root = tmp_path_factory.mktemp("gpu_multi_hot")
+    ZOO_MODELS[NAME](root, ServingOptions(instances=(InstanceGroup(count=1, kind="KIND_GPU"),)))
+    yield root
+    HPS.close_all()
+
+
+def variant(repo: Path, kind: str, tag: str = "") -> Path:
+    ps = json.loads((repo / NAME / "ps.json").read_text())
+    ps["models"][0].update(VARIANTS[kind])
+    path = repo / NAME / f"ps_{kind}{tag}.json"
+    path.write_text(json.dumps(ps))
+    return path
+
+
+def table_major(batch: SparseBatch) -> SparseBatch:
+    """The same samples with each table's keys on their own (no key matrix)."""
+    keys = tuple(np.ascontiguousarray(batch.flat_keys(t)) for t in range(len(batch.keys)))
+    return SparseBatch(batch.dense, keys, batch.row_offsets, batch.hotness)
+
+
+def uneven(keys: list, rng: np.random.Generator) -> list:
+    """``keys`` with one key dropped from some multi-hot slots: no fixed hotness any more."""
+    for sample in keys:
+        for table in sample:
+            for slot in table:
+                if len(slot) > 1 and rng.random() < 0.3:
+                    slot.pop()
+    return keys
+
+
+@pytest.mark.parametrize("kind", VARIANTS)
+def test_every_batch_form_equals_numpy_and_the_reference(repo: Path, kind: str) -> None:
+    model = ZooModel(repo, NAME)
+    ps = variant(repo, kind)
+    gpu = RankingSession.open(ps, NAME, device_id=0)
+    cpu = RankingSession.open(ps, NAME)
+    samples, hugectr = SamplesContract(gpu.layout), HugeCTRContract(gpu.layout)
+    rng = np.random.default_rng(51)
+    for batch in (1, 3, 64, 200, 64):
+        dense, keys = model.samples(rng, batch)
+        parsed = samples.parse(*encode_samples(dense, keys))
+        assert parsed.sample_keys is not None and gpu.pipeline._sample_major(parsed)
+        want = cpu.predict(parsed)
+        model.check(want, dense, keys)
+        from_hugectr = hugectr.parse(*encode_hugectr(dense, keys))
+        assert all(o is None for o in from_hugectr.row_offsets)  # fixed hotness: no offsets
+        for form in (parsed, table_major(parsed), from_hugectr, on_gpu(parsed)):
+            np.testing.assert_allclose(gpu.predict(form), want, rtol=1e-5, atol=1e-6)
+        # Slots of uneven length come with offsets (CSR) and take the table-major path.
+        dense, keys = model.samples(rng, batch)
+        keys = uneven(keys, rng)
+        ragged = hugectr.parse(*encode_hugectr(dense, keys))
+        got = gpu.predict(ragged)
+        np.testing.assert_allclose(got, cpu.predict(ragged), rtol=1e-5, atol=1e-6)
+        model.check(got, dense, keys)
+
+
+def test_a_repeated_miss_crosses_pcie_once_and_is_inserted_once(repo: Path) -> None:
+    """A fresh cache misses every key: each distinct key of a table is read from host memory
+    once and inserted once, however often the batch repeats it; the second pass hits all."""
+    model = ZooModel(repo, NAME)
+    gpu = RankingSession.open(variant(repo, "dynamic", "_dedupe"), NAME, device_id=0)
+    contract = SamplesContract(gpu.layout)
+    rng = np.random.default_rng(53)
+    few = [rng.choice(sorted(table), 6, replace=False) for table in model.tables]
+    dense, keys = model.samples(rng, 100)
+    for sample in keys:
+        for t, table in enumerate(sample):
+            for slot in table:
+                slot[:] = [int(k) for k in rng.choice(few[t], len(slot))]
+    parsed = contract.parse(*encode_samples(dense, keys))
+    model.check(gpu.predict(parsed), dense, keys)
+    first = gpu.lookup.counters()
+    for t, counters in enumerate(first):
+        distinct = len(np.unique(parsed.flat_keys(t)))
+        assert counters.keys == parsed.keys[t].size
+        assert counters.cache_misses == counters.keys  # every occurrence missed ...
+        assert counters.host_rows == distinct  # ... but each row crossed PCIe once
+        assert counters.inserted_keys == distinct
+    model.check(gpu.predict(parsed), dense, keys)
+    second = gpu.lookup.counters()
+    for a, b in zip(second, first, strict=True):
+        assert a.cache_hits - b.cache_hits == b.keys and a.host_rows == b.host_rows
+
+
+@pytest.mark.parametrize("threaded", [False, True])
+def test_large_sample_major_batches_staged_in_parts(
+    repo: Path, threaded: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A grouped bucket takes a sample-major batch whole (threads fill the staging buffer in
+    parts, each copied once filled) and looks it up with every group's graph."""
+    from hps_core.gpu import pipeline as gpu_pipeline
+
+    monkeypatch.setattr(gpu_pipeline, "_GROUPED_STAGING_SAMPLES", 8)
+    monkeypatch.setattr(gpu_pipeline, "_THREADED_STAGING_BYTES", 0 if threaded else 1 << 62)
+    model = ZooModel(repo, NAME)
+    ps = variant(repo, "dynamic", f"_large{threaded}")
+    gpu = RankingSession.open(ps, NAME, device_id=0)
+    cpu = RankingSession.open(ps, NAME)
+    contract = SamplesContract(gpu.layout)
+    rng = np.random.default_rng(57 + threaded)
+    for batch in (8, 200, 256):
+        dense, keys = model.samples(rng, batch)
+        parsed = contract.parse(*encode_samples(dense, keys))
+        got = gpu.predict(parsed)
+        np.testing.assert_allclose(got, cpu.predict(parsed), rtol=1e-5, atol=1e-6)
+        np.testing.assert_array_equal(gpu.predict(table_major(parsed)), got)
+        model.check(got, dense, keys)
