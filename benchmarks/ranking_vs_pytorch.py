@@ -354,7 +354,7 @@ def main() -> None:
                 fresh = [make_batch(rng, rows, batch, args.alpha, layout)[2] for _ in range(3)]
                 steps = [session.pipeline.profile(f) for f in fresh]
                 split = {k: statistics.median(s[k] for s in steps) for k in steps[0]}
-                profiled = [int(b) for b in args.profile_batches.split(",")]
+                profiled = [int(b) for b in args.profile_batches.split(",") if b]
                 if batch in profiled and cache == args.caches.split(",")[0]:
                     profile(session, rng, rows, batch, args, layout, precision)
                 if cache == args.caches.split(",")[0]:

@@ -90,6 +90,9 @@ struct Pending {
 // The most entries of a miss set one key looks at before it gives up deduplicating (its row is
 // then read in place and not cached): the sets are sized at least twice their staging rows.
 #define MISS_PROBES 64
+// Tables whose counts bank_find sums per block in shared memory (the others' go straight to
+// the global counters).
+#define BLOCK_TABLES 64
 // bank_find's result for an occurrence of a key claimed by another group: the claim's entry,
 // tagged in the low bit (rows are 4-byte aligned), resolved by bank_pool through miss_rows.
 #define CLAIM_TAG 1ull
@@ -251,7 +254,9 @@ extern "C" __global__ void bank_find(
     const int* __restrict__ header, const int* __restrict__ offsets, u64* __restrict__ rows,
     Miss* __restrict__ misses, u64* __restrict__ state, const u64 miss_capacity,
     u64* __restrict__ counters) {
-  __shared__ u64 block_counts[4];  // C_KEYS .. C_UNKNOWN of the table of the block's first key
+  // Counts per table of the block's keys, added to `counters` once per block: a block's keys
+  // (one sample's, sample-major) may come from several tables.
+  __shared__ unsigned block_counts[BLOCK_TABLES * NUM_COUNTERS];
   // Key q of the launch: positions [batch * col_begin, batch * col_end) table-major, or the
   // columns [col_begin, col_end) of every sample's key room sample-major.
   const int span = col_end - col_begin;
@@ -262,10 +267,9 @@ extern "C" __global__ void bank_find(
   const int shift = (threadIdx.x % WARP) / LANES * LANES;
   const unsigned mask = GROUP_MASK << shift;
   const bool sample_major = header[1] != 0;
-  const int block_column =
-      sample_major ? col_begin + (int)(first_q % span) : col_begin + (int)(first_q / batch);
-  const int block_table = first_q < total ? key_table[block_column] : -1;
-  if (threadIdx.x < 4) block_counts[threadIdx.x] = 0;
+  for (int i = threadIdx.x; i < BLOCK_TABLES * NUM_COUNTERS; i += blockDim.x) {
+    block_counts[i] = 0;
+  }
   __syncthreads();
   int t = -1;
   bool counted = false, hit = false, found = false, over_pcie = false;
@@ -355,30 +359,31 @@ extern "C" __global__ void bank_find(
     }
   }
   if (lane == 0 && counted) {
-    const u64 n_hits = hit ? 1 : 0, n_misses = hit ? 0 : 1, n_unknown = found ? 0 : 1;
-    if (t == block_table) {
-      atomicAdd(&block_counts[C_KEYS], 1ull);
-      if (n_hits) atomicAdd(&block_counts[C_HITS], 1ull);
-      if (n_misses) atomicAdd(&block_counts[C_MISSES], 1ull);
-      if (n_unknown) atomicAdd(&block_counts[C_UNKNOWN], 1ull);
-    } else {
-      u64* c = counters + (i64)t * NUM_COUNTERS;
-      atomicAdd(c + C_KEYS, 1ull);
-      atomicAdd(c + C_HITS, n_hits);
-      atomicAdd(c + C_MISSES, n_misses);
-      atomicAdd(c + C_UNKNOWN, n_unknown);
+    const bool shared = t < BLOCK_TABLES;
+    unsigned* mine = block_counts + (shared ? t : 0) * NUM_COUNTERS;
+    u64* global = counters + (i64)t * NUM_COUNTERS;
+    const int kinds[5] = {C_KEYS, hit ? C_HITS : C_MISSES, found ? -1 : C_UNKNOWN,
+                          over_pcie ? C_HOST_ROWS : -1, -1};
+    for (int k = 0; k < 4; ++k) {
+      if (kinds[k] < 0) continue;
+      if (shared) {
+        atomicAdd(mine + kinds[k], 1u);
+      } else {
+        atomicAdd(global + kinds[k], 1ull);
+      }
     }
-    if (over_pcie) atomicAdd(counters + (i64)t * NUM_COUNTERS + C_HOST_ROWS, 1ull);
   }
   __syncthreads();
-  if (threadIdx.x < 4 && block_table >= 0 && block_counts[threadIdx.x] != 0) {
-    atomicAdd(counters + (i64)block_table * NUM_COUNTERS + threadIdx.x, block_counts[threadIdx.x]);
+  for (int i = threadIdx.x; i < BLOCK_TABLES * NUM_COUNTERS; i += blockDim.x) {
+    if (block_counts[i] != 0) atomicAdd(counters + i, (u64)block_counts[i]);
   }
 }
 
 // Floats of a row one lane accumulates per pass: POOL_VECS float4s (LANES lanes cover
 // LANES * 4 * POOL_VECS floats, 128 with 8 lanes; wider rows take several passes).
 #define POOL_VECS 4
+// Keys of a bag whose rows one lane loads before it adds any of them.
+#define KEYS_IN_FLIGHT 4
 
 // The row bank_find recorded for a key: a row pointer (nullptr: the default value), or a claim
 // in the table's miss set.
@@ -387,6 +392,14 @@ __device__ __forceinline__ const float* row_of(const Table& tab, const u64 where
   return reinterpret_cast<const float*>(where);
 }
 
+__device__ __forceinline__ void add4(float4& a, const float4 v) {
+  a.x += v.x; a.y += v.y; a.z += v.z; a.w += v.w;
+}
+
+// A bag's keys are consecutive in the key buffer (and in `rows`) in either layout. The group's
+// lanes resolve LANES of the bag's row pointers at once (one lane each), then load the rows of
+// KEYS_IN_FLIGHT keys before adding them in key order: a bag of 100 keys costs about 40 memory
+// round trips instead of 200 one after the other.
 extern "C" __global__ void bank_pool(
     const Table* __restrict__ tables, const int* __restrict__ slot_table,
     const int* __restrict__ slot_local, const int slot_begin, const int slot_end,
@@ -396,6 +409,8 @@ extern "C" __global__ void bank_pool(
   const i64 bag = (i64)slot_begin * batch + ((i64)blockIdx.x * blockDim.x + threadIdx.x) / LANES;
   if (bag >= batch * slot_end) return;  // no lane of a bag returns without the others
   const int lane = threadIdx.x % LANES;
+  const int shift = (threadIdx.x % WARP) / LANES * LANES;
+  const unsigned mask = GROUP_MASK << shift;
   const int g = (int)(bag / batch);
   const i64 b = bag - (i64)g * batch;
   const int t = slot_table[g];
@@ -403,57 +418,61 @@ extern "C" __global__ void bank_pool(
   const int s = slot_local[g];
   i64 begin, end;
   bag_range(tab, t, s, b, batch, header, offsets, begin, end);
+  const int n_keys = (int)(end - begin);
+  const u64* bag_rows = rows + (n_keys > 0 ? key_pos(tab, t, begin, batch, header, key_room) : 0);
   float* dst = out + batch * tab.out_at + tab.out_shift + b * tab.out_stride + (i64)s * tab.dim;
-  const float scale =
-      tab.combiner == COMBINER_MEAN && end - begin > 1 ? 1.0f / (float)(end - begin) : 1.0f;
+  const float scale = tab.combiner == COMBINER_MEAN && n_keys > 1 ? 1.0f / (float)n_keys : 1.0f;
   const float fill = tab.default_value;
-  if (tab.dim % 4 == 0) {  // the host aligns every region and row to 16 bytes
-    const int n = tab.dim / 4;
-    for (int pass = 0; pass < n; pass += LANES * POOL_VECS) {
-      float4 acc[POOL_VECS];
+  const bool vec = tab.dim % 4 == 0;  // the host aligns every region and row to 16 bytes
+  const int n = vec ? tab.dim / 4 : tab.dim;  // float4s (or floats) of a row
+  for (int pass = 0; pass < n; pass += LANES * POOL_VECS) {
+    float4 acc[POOL_VECS];
 #pragma unroll
-      for (int u = 0; u < POOL_VECS; ++u) acc[u] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-      // Unrolled so that several keys' loads are in flight (the sums wait, the loads do not).
-#pragma unroll 4
-      for (i64 i = begin; i < end; ++i) {
-        const float4* src = reinterpret_cast<const float4*>(
-            row_of(tab, rows[key_pos(tab, t, i, batch, header, key_room)]));
+    for (int u = 0; u < POOL_VECS; ++u) acc[u] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    for (int first = 0; first < n_keys; first += LANES) {
+      const int count = min(LANES, n_keys - first);
+      const u64 mine = lane < count ? (u64)row_of(tab, bag_rows[first + lane]) : 0ull;
+      for (int k0 = 0; k0 < count; k0 += KEYS_IN_FLIGHT) {
+        float4 v[KEYS_IN_FLIGHT][POOL_VECS];
 #pragma unroll
-        for (int u = 0; u < POOL_VECS; ++u) {
-          const int d = pass + lane + u * LANES;
-          if (d < n) {
-            const float4 v = src ? src[d] : make_float4(fill, fill, fill, fill);
-            acc[u].x += v.x; acc[u].y += v.y; acc[u].z += v.z; acc[u].w += v.w;
+        for (int kk = 0; kk < KEYS_IN_FLIGHT; ++kk) {
+          const int k = k0 + kk;
+          const float* src = reinterpret_cast<const float*>(
+              __shfl_sync(mask, mine, shift + (k < count ? k : 0)));
+#pragma unroll
+          for (int u = 0; u < POOL_VECS; ++u) {
+            const int d = pass + lane + u * LANES;
+            float4 x = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            if (k < count && d < n) {
+              if (!src) {
+                x = vec ? make_float4(fill, fill, fill, fill) : make_float4(fill, 0.0f, 0.0f, 0.0f);
+              } else if (vec) {
+                x = reinterpret_cast<const float4*>(src)[d];
+              } else {
+                x.x = src[d];
+              }
+            }
+            v[kk][u] = x;
+          }
+        }
+#pragma unroll
+        for (int kk = 0; kk < KEYS_IN_FLIGHT; ++kk) {
+          if (k0 + kk < count) {
+#pragma unroll
+            for (int u = 0; u < POOL_VECS; ++u) add4(acc[u], v[kk][u]);
           }
         }
       }
-      float4* d4 = reinterpret_cast<float4*>(dst);
-#pragma unroll
-      for (int u = 0; u < POOL_VECS; ++u) {
-        const int d = pass + lane + u * LANES;
-        if (d < n) {
-          d4[d] = make_float4(acc[u].x * scale, acc[u].y * scale, acc[u].z * scale,
-                              acc[u].w * scale);
-        }
-      }
     }
-  } else {
-    for (int pass = 0; pass < tab.dim; pass += LANES * POOL_VECS) {
-      float acc[POOL_VECS];
 #pragma unroll
-      for (int u = 0; u < POOL_VECS; ++u) acc[u] = 0.0f;
-      for (i64 i = begin; i < end; ++i) {
-        const float* src = row_of(tab, rows[key_pos(tab, t, i, batch, header, key_room)]);
-#pragma unroll
-        for (int u = 0; u < POOL_VECS; ++u) {
-          const int d = pass + lane + u * LANES;
-          if (d < tab.dim) acc[u] += src ? src[d] : fill;
-        }
-      }
-#pragma unroll
-      for (int u = 0; u < POOL_VECS; ++u) {
-        const int d = pass + lane + u * LANES;
-        if (d < tab.dim) dst[d] = acc[u] * scale;
+    for (int u = 0; u < POOL_VECS; ++u) {
+      const int d = pass + lane + u * LANES;
+      if (d >= n) continue;
+      if (vec) {
+        reinterpret_cast<float4*>(dst)[d] = make_float4(acc[u].x * scale, acc[u].y * scale,
+                                                        acc[u].z * scale, acc[u].w * scale);
+      } else {
+        dst[d] = acc[u].x * scale;
       }
     }
   }
