@@ -45,6 +45,7 @@ the cache stream.
 from __future__ import annotations
 
 import concurrent.futures
+import itertools
 import logging
 import threading
 import time
@@ -88,11 +89,16 @@ _STAGING_THREADS = 4
 _HIGHEST_PRIORITY = -1000  # lower is more urgent; 0 is the default and least urgent
 
 
+_Part = tuple[tuple[int, int], tuple[int, int], tuple[int, int]]
+"""Key columns, slots and samples ``[first, stop)`` of one ``bank_find`` + ``bank_pool``."""
+
+
 @dataclass(frozen=True)
 class _Graphs:
     """The CUDA graphs of a bucket."""
 
-    lookups: tuple[Any, ...]  # one per slot range (per group of tables in a grouped bucket)
+    lookups: tuple[Any, ...]  # one per part (per group of tables in a grouped bucket)
+    row_lookups: tuple[Any, ...]  # a grouped bucket's, per part of a sample-major batch's rows
     insert: Any
     prefix: Any | None  # the dense network's steps on the dense features alone, if any
     dense: Any | None  # the rest and the download; None: a batch-dependent network (eager)
@@ -164,9 +170,13 @@ class GpuRankingPipeline:
             [np.full(f.max_keys_per_sample, u, np.int32) for u, f in enumerate(self.feeds)] or [[]]
         ).astype(np.int32)
         # A batch keeping its request's [B, K] keys is staged as it is when its K columns are
-        # exactly the key room of every table, in table order.
-        self._sample_widths = tuple(f.max_keys_per_sample for f in self.feeds)
-        self._sample_major_fits = len(self.feeds) == layout.num_tables
+        # exactly the key room of every table, in table order: when the samples contract's
+        # hotness fills every table's room (then its header is always the same).
+        self._sample_hotness: tuple[int, ...] | None = None
+        if len(self.feeds) == layout.num_tables and all(
+            f.sample_width == f.max_keys_per_sample for f in self.feeds
+        ):
+            self._sample_hotness = layout.hotness
         self._table_group, self._group_keys = self._groups()
         self._group_slots = self._slots_of_groups()
         self._bank: CacheBank | None = None
@@ -188,7 +198,8 @@ class GpuRankingPipeline:
             self._prefixed = cupy.cuda.Event(disable_timing=True)
             self._dense_uploaded = cupy.cuda.Event(disable_timing=True)
             self._uploaded = [
-                cupy.cuda.Event(disable_timing=True) for _ in range(len(self._group_slots))
+                cupy.cuda.Event(disable_timing=True)
+                for _ in range(max(len(self._group_slots), _STAGING_GROUPS))
             ]
             self._looked_up = cupy.cuda.Event(disable_timing=True)
             self._scored = cupy.cuda.Event(disable_timing=True)
@@ -270,12 +281,26 @@ class GpuRankingPipeline:
             at += f.slot_num
         return tuple((a, b) for a, b in bounds.values()) or ((0, 0),)
 
-    def _parts(self, bucket: _Bucket) -> tuple[tuple[tuple[int, int], tuple[int, int]], ...]:
-        """The parts looked up one ``bank_find`` + ``bank_pool`` each, as ``(key columns,
-        slots)`` ranges: every group's for a grouped bucket, else one for all tables."""
+    def _parts(self, bucket: _Bucket) -> tuple[_Part, ...]:
+        """The parts of a batch looked up one ``bank_find`` + ``bank_pool`` each: every group
+        of tables' for a grouped bucket, else one for all tables."""
+        rows = (0, bucket.layout.size)
         if _grouped(bucket):
-            return tuple(zip(self._group_keys, self._group_slots, strict=True))
-        return (((0, self._keys_per_sample), (0, len(self._slot_table))),)
+            return tuple(
+                (cols, slots, rows)
+                for cols, slots in zip(self._group_keys, self._group_slots, strict=True)
+            )
+        return (((0, self._keys_per_sample), (0, len(self._slot_table)), rows),)
+
+    def _row_parts(self, bucket: _Bucket) -> tuple[_Part, ...]:
+        """The parts of a sample-major batch in a grouped bucket: every table of a range of
+        samples (``_STAGING_GROUPS`` ranges), each looked up as soon as it is copied."""
+        if not _grouped(bucket) or self._sample_hotness is None:
+            return ()
+        size = bucket.layout.size
+        cuts = [size * i // _STAGING_GROUPS for i in range(_STAGING_GROUPS + 1)]
+        every = ((0, self._keys_per_sample), (0, len(self._slot_table)))
+        return tuple((*every, (a, b)) for a, b in itertools.pairwise(cuts) if b > a)
 
     @property
     def bank(self) -> CacheBank:
@@ -327,8 +352,11 @@ class GpuRankingPipeline:
             # clears the extra rows a last fetch left).
             fetch = self._lower and (self._extras is not None or bank.lower_may_answer())
             on_host = not isinstance(batch.dense, cupy.ndarray)
-            if _grouped(bucket) and on_host and not fetch and not self._sample_major(batch):
-                self._run(bucket, self._upload_groups(bucket, batch))
+            if _grouped(bucket) and on_host and not fetch:
+                if self._sample_major(batch):
+                    self._run(bucket, self._upload_rows(bucket, batch), by_rows=True)
+                else:
+                    self._run(bucket, self._upload_groups(bucket, batch))
             else:
                 self._stage_and_upload(bucket, batch)
                 if fetch:
@@ -363,14 +391,15 @@ class GpuRankingPipeline:
 
     def _sample_major(self, batch: SparseBatch) -> bool:
         """Whether the batch's keys are staged as its ``[B, K]`` request matrix (one copy):
-        it keeps one, and its columns are exactly every table's key room."""
+        it keeps one, and its columns are exactly every table's key room (its hotness is the
+        samples contract's, which fills every table's room)."""
         keys = batch.sample_keys
         return (
-            self._sample_major_fits
-            and keys is not None
+            keys is not None
+            and self._sample_hotness is not None
+            and batch.hotness == self._sample_hotness
             and keys.ndim == 2
             and keys.shape[1] == self._keys_per_sample
-            and tuple(batch.keys[f.table].shape[1] for f in self.feeds) == self._sample_widths
             and keys.strides[1] == keys.itemsize
         )
 
@@ -437,6 +466,30 @@ class GpuRankingPipeline:
         blocks = min(_COPY_BLOCKS, -(-widest // (16 * _COPY_THREADS)))
         self._copy_spans((blocks, count), (_COPY_THREADS,), (self._spans_device,))
 
+    def _upload_rows(self, bucket: _Bucket, batch: SparseBatch) -> Iterator[int]:
+        """Stage and copy a sample-major host batch part by part of its samples (see
+        :meth:`_row_parts`): the header (one copy), each part's rows of the key matrix (filled
+        by threads), then the dense features. Yield each part's index once its copy is queued
+        on the main stream, then ``_DENSE_FEATURES``."""
+        lay = bucket.layout
+        head, groups = self._stage(bucket, batch, bucket.staging)
+        (target, source), samples = groups[0][0], batch.batch_size
+        self._upload(bucket, lay.header_at, lay.dense_at)
+        row_bytes = lay.keys_per_sample * 8
+        for index, (_, _, (first, stop)) in enumerate(self._row_parts(bucket)):
+            a, b = min(first, samples), min(stop, samples)
+            if b > a:
+                copies = [(target[a:b], source[a:b])]
+                if copies[0][0].nbytes >= _THREADED_STAGING_BYTES // _STAGING_GROUPS:
+                    list(self._copier().map(_copy_all, split_copies(copies, _STAGING_THREADS)))
+                else:
+                    _copy_all(copies)
+                self._upload(bucket, a * row_bytes, b * row_bytes)
+            yield index
+        _copy_all(head)
+        self._upload(bucket, lay.dense_at, lay.nbytes)
+        yield _DENSE_FEATURES
+
     def _upload_groups(self, bucket: _Bucket, batch: SparseBatch) -> Iterator[int]:
         """Stage and copy a table-major host batch in the order the GPU needs it: the header
         and row offsets (one copy), each group's keys (filled by threads), then the dense
@@ -476,23 +529,23 @@ class GpuRankingPipeline:
             raise RequestError(
                 f"dense features must be [batch, {lay.dense_dim}], got {batch.dense.shape}"
             )
-        sample_major = self._sample_major(batch)
         header[0] = samples
-        header[1] = sample_major
         bucket.samples = samples
         head = [(dense[:samples], batch.dense)]
-        groups: list[list[tuple[Any, Any]]] = [[] for _ in self._group_keys]
-        if sample_major:
+        if self._sample_major(batch):
+            header[1] = 1
+            header[2:] = self._sample_hotness
             matrix = keys.reshape(lay.size, lay.keys_per_sample)
-            groups = [[(matrix[:samples], batch.sample_keys)]]
+            return head, [[(matrix[:samples], batch.sample_keys)]]
+        header[1] = 0
+        groups: list[list[tuple[Any, Any]]] = [[] for _ in self._group_keys]
         for u, (f, p) in enumerate(zip(self.feeds, self._placements, strict=True)):
             table_keys = batch.keys[f.table]
             hot = batch.table_hotness(f.table)
             header[2 + u] = hot or 0
-            if not sample_major:
-                start = lay.size * p.keys_at
-                target = keys[start : start + table_keys.size]
-                groups[self._table_group[u]].append((target.reshape(table_keys.shape), table_keys))
+            start = lay.size * p.keys_at
+            target = keys[start : start + table_keys.size]
+            groups[self._table_group[u]].append((target.reshape(table_keys.shape), table_keys))
             if hot is not None:
                 continue  # a fixed hotness (RankingSession checked the key count)
             row_offsets = batch.row_offsets[f.table]
@@ -584,7 +637,11 @@ class GpuRankingPipeline:
         return self._copy_pool
 
     def _run(
-        self, bucket: _Bucket, uploaded: Iterable[int] | None = None, dense: bool = True
+        self,
+        bucket: _Bucket,
+        uploaded: Iterable[int] | None = None,
+        dense: bool = True,
+        by_rows: bool = False,
     ) -> None:
         """Lookups and insert on the cache stream, the dense network and the download on the
         main stream after the lookups (see the module docstring).
@@ -600,9 +657,11 @@ class GpuRankingPipeline:
                 fall between those of this batch's groups (which would make every group's
                 lookup wait for the other process's latest work).
             dense: ``False``: the lookups and insert only.
+            by_rows: ``uploaded`` yields parts of :meth:`_row_parts` (a sample-major batch in
+                a grouped bucket), not groups of tables.
         """
         main, cache = self._stream, self._cache_stream
-        parts = self._parts(bucket)
+        parts = self._row_parts(bucket) if by_rows else self._parts(bucket)
         with cache, self.bank.section():
             for group in uploaded or ():
                 if group == _DENSE_FEATURES:
@@ -611,7 +670,7 @@ class GpuRankingPipeline:
                     continue
                 self._uploaded[group].record(main)
                 cache.wait_event(self._uploaded[group])
-                self._launch_lookup(bucket, group, parts[group])
+                self._launch_lookup(bucket, group, parts[group], by_rows)
             if uploaded is None:
                 self._uploaded[0].record(main)
                 self._launch_prefix(bucket, self._uploaded[0])
@@ -653,10 +712,11 @@ class GpuRankingPipeline:
             self._insert(bucket)
 
     def _launch_lookup(
-        self, bucket: _Bucket, index: int, part: tuple[tuple[int, int], tuple[int, int]]
+        self, bucket: _Bucket, index: int, part: _Part, by_rows: bool = False
     ) -> None:
         if bucket.graphs is not None:
-            bucket.graphs.lookups[index].launch(self._cache_stream)
+            graphs = bucket.graphs.row_lookups if by_rows else bucket.graphs.lookups
+            graphs[index].launch(self._cache_stream)
         else:
             self._lookup(bucket, part)
 
@@ -690,31 +750,32 @@ class GpuRankingPipeline:
             _H2D, self._stream.ptr,
         )  # fmt: skip
 
-    def _lookup(
-        self, bucket: _Bucket, part: tuple[tuple[int, int], tuple[int, int]] | None = None
-    ) -> None:
-        """``bank_find`` of the key columns and ``bank_pool`` of the slots of ``part`` (default:
-        every table); the part that starts at column 0 empties the miss list first."""
+    def _lookup(self, bucket: _Bucket, part: _Part | None = None) -> None:
+        """``bank_find`` of the key columns and ``bank_pool`` of the slots of ``part``'s
+        samples (default: every table, every sample); the first part of a batch (column 0,
+        sample 0) empties the miss list first."""
         lay = bucket.layout
-        (first_col, stop_col), (first, stop) = part or ((0, lay.keys_per_sample), (0, lay.slots))
+        every = ((0, lay.keys_per_sample), (0, lay.slots), (0, lay.size))
+        (first_col, stop_col), (first, stop), (first_row, stop_row) = part or every
         keys, header, offsets, _ = lay.views(bucket.inputs)
-        if first_col == 0:
+        if first_col == 0 and first_row == 0:
             self._state.fill(0)
-        threads, room = kernels.THREADS, np.int32(lay.keys_per_sample)
-        positions = lay.size * (stop_col - first_col)
+        threads, room, size = kernels.THREADS, np.int32(lay.keys_per_sample), np.int64(lay.size)
+        rows = (np.int64(first_row), np.int64(stop_row))
+        positions = (stop_row - first_row) * (stop_col - first_col)
         if positions:
             self._bank_kernels.get_function("bank_find")(
                 (-(-positions * kernels.LANES // threads),), (threads,),
                 (self._descriptors, self._key_table_d, np.int32(first_col), np.int32(stop_col),
-                 room, np.int64(lay.size), keys, header, offsets, bucket.rows, self._misses,
+                 *rows, room, size, keys, header, offsets, bucket.rows, self._misses,
                  self._state, np.uint64(self._miss_capacity), self._bank.counters),
             )  # fmt: skip
-        bags = lay.size * (stop - first)
+        bags = (stop_row - first_row) * (stop - first)
         if bags:
             self._bank_kernels.get_function("bank_pool")(
                 (-(-bags * kernels.LANES // threads),), (threads,),
                 (self._descriptors, self._slot_table_d, self._slot_local_d, np.int32(first),
-                 np.int32(stop), room, np.int64(lay.size), header, offsets, bucket.rows,
+                 np.int32(stop), *rows, room, size, header, offsets, bucket.rows,
                  bucket.embeddings),
             )  # fmt: skip
 
@@ -871,9 +932,12 @@ class GpuRankingPipeline:
         # Free the eager run's outputs, so the captures reuse their pool blocks: a capture
         # cannot grow the pool.
         bucket.scores = bucket.prefix = None
-        lookups = tuple(
-            _captured(self._cache_stream, bucket.pool, lambda p=p: self._lookup(bucket, p))
-            for p in self._parts(bucket)
+        lookups, row_lookups = (
+            tuple(
+                _captured(self._cache_stream, bucket.pool, lambda p=p: self._lookup(bucket, p))
+                for p in parts
+            )
+            for parts in (self._parts(bucket), self._row_parts(bucket))
         )
         insert = _captured(self._cache_stream, bucket.pool, lambda: self._insert(bucket))
         prefix = dense = None
@@ -881,7 +945,7 @@ class GpuRankingPipeline:
             prefix = _captured(self._prefix_stream, bucket.pool, lambda: self._prefix_step(bucket))
         if not self.executor.batch_dependent:  # else its shapes follow each batch
             dense = _captured(self._stream, bucket.pool, lambda: self._dense_step(bucket))
-        bucket.graphs = _Graphs(lookups, insert, prefix, dense)
+        bucket.graphs = _Graphs(lookups, row_lookups, insert, prefix, dense)
 
     def table_counters(self) -> Sequence[Any]:
         """Device counters per model table (one copy from the GPU), for metrics."""

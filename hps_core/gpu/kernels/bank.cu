@@ -250,23 +250,24 @@ __device__ __forceinline__ i64 claim_miss(const Table& t, const i64 key, const i
 
 extern "C" __global__ void bank_find(
     const Table* __restrict__ tables, const int* __restrict__ key_table, const int col_begin,
-    const int col_end, const int key_room, const i64 batch, const i64* __restrict__ keys,
-    const int* __restrict__ header, const int* __restrict__ offsets, u64* __restrict__ rows,
-    Miss* __restrict__ misses, u64* __restrict__ state, const u64 miss_capacity,
-    u64* __restrict__ counters) {
+    const int col_end, const i64 sample_begin, const i64 sample_end, const int key_room,
+    const i64 batch, const i64* __restrict__ keys, const int* __restrict__ header,
+    const int* __restrict__ offsets, u64* __restrict__ rows, Miss* __restrict__ misses,
+    u64* __restrict__ state, const u64 miss_capacity, u64* __restrict__ counters) {
   // Counts per table of the block's keys, added to `counters` once per block: a block's keys
   // (one sample's, sample-major) may come from several tables.
   __shared__ unsigned block_counts[BLOCK_TABLES * NUM_COUNTERS];
   // Key q of the launch: positions [batch * col_begin, batch * col_end) table-major, or the
-  // columns [col_begin, col_end) of every sample's key room sample-major.
+  // columns [col_begin, col_end) of the key room of samples [sample_begin, sample_end)
+  // sample-major.
   const int span = col_end - col_begin;
-  const i64 total = batch * span;
+  const bool sample_major = header[1] != 0;
+  const i64 total = (sample_major ? sample_end - sample_begin : batch) * span;
   const i64 first_q = ((i64)blockIdx.x * blockDim.x) / LANES;
   const i64 q = first_q + threadIdx.x / LANES;
   const int lane = threadIdx.x % LANES;
   const int shift = (threadIdx.x % WARP) / LANES * LANES;
   const unsigned mask = GROUP_MASK << shift;
-  const bool sample_major = header[1] != 0;
   for (int i = threadIdx.x; i < BLOCK_TABLES * NUM_COUNTERS; i += blockDim.x) {
     block_counts[i] = 0;
   }
@@ -277,9 +278,9 @@ extern "C" __global__ void bank_find(
     i64 pos, j;
     int column;
     if (sample_major) {
-      const i64 b = q / span;
-      column = col_begin + (int)(q - b * span);
-      pos = b * key_room + column;
+      const i64 row = q / span;
+      column = col_begin + (int)(q - row * span);
+      pos = (sample_begin + row) * key_room + column;
     } else {
       column = col_begin + (int)(q / batch);
       pos = batch * col_begin + q;
@@ -287,8 +288,7 @@ extern "C" __global__ void bank_find(
     t = key_table[column];
     const Table& tab = tables[t];
     if (sample_major) {
-      const i64 b = q / span;
-      j = b * tab.keys_cap + (column - tab.keys_at);
+      j = (sample_begin + q / span) * tab.keys_cap + (column - tab.keys_at);
     } else {
       j = pos - batch * tab.keys_at;
     }
@@ -396,23 +396,28 @@ __device__ __forceinline__ void add4(float4& a, const float4 v) {
   a.x += v.x; a.y += v.y; a.z += v.z; a.w += v.w;
 }
 
-// A bag's keys are consecutive in the key buffer (and in `rows`) in either layout. The group's
+// A launch serves the bags of a range of slots (a group of tables) and of samples (a part of a
+// sample-major batch, looked up once copied). A bag's keys are consecutive in the key buffer
+// (and in `rows`) in either layout. The group's
 // lanes resolve LANES of the bag's row pointers at once (one lane each), then load the rows of
 // KEYS_IN_FLIGHT keys before adding them in key order: a bag of 100 keys costs about 40 memory
 // round trips instead of 200 one after the other.
 extern "C" __global__ void bank_pool(
     const Table* __restrict__ tables, const int* __restrict__ slot_table,
     const int* __restrict__ slot_local, const int slot_begin, const int slot_end,
-    const int key_room, const i64 batch, const int* __restrict__ header,
-    const int* __restrict__ offsets, const u64* __restrict__ rows, float* __restrict__ out) {
-  // Bag `g * batch + b` is sample b's slot g; a launch serves the slots [slot_begin, slot_end).
-  const i64 bag = (i64)slot_begin * batch + ((i64)blockIdx.x * blockDim.x + threadIdx.x) / LANES;
-  if (bag >= batch * slot_end) return;  // no lane of a bag returns without the others
+    const i64 sample_begin, const i64 sample_end, const int key_room, const i64 batch,
+    const int* __restrict__ header, const int* __restrict__ offsets,
+    const u64* __restrict__ rows, float* __restrict__ out) {
+  // A launch serves the bags of slots [slot_begin, slot_end) of samples [sample_begin,
+  // sample_end), slot-major: bag i is sample sample_begin + i % n's slot slot_begin + i / n.
+  const i64 samples = sample_end - sample_begin;
+  const i64 bag = ((i64)blockIdx.x * blockDim.x + threadIdx.x) / LANES;
+  if (bag >= samples * (slot_end - slot_begin)) return;  // no lane of a bag returns alone
   const int lane = threadIdx.x % LANES;
   const int shift = (threadIdx.x % WARP) / LANES * LANES;
   const unsigned mask = GROUP_MASK << shift;
-  const int g = (int)(bag / batch);
-  const i64 b = bag - (i64)g * batch;
+  const int g = slot_begin + (int)(bag / samples);
+  const i64 b = sample_begin + (bag - (i64)(g - slot_begin) * samples);
   const int t = slot_table[g];
   const Table& tab = tables[t];
   const int s = slot_local[g];

@@ -53,6 +53,10 @@ class Sigmoid(Layer):
     def forward(
         self, ctx: ComputeContext, inputs: Sequence[Array], params: Sequence[Array]
     ) -> tuple[Array, ...]:
+        if ctx.on_gpu:
+            from hps_core.gpu.dense_ops import sigmoid
+
+            return (sigmoid(inputs[0], ctx.dtype),)
         xp = ctx.xp
         x = ctx.widen(inputs[0])
         # exp(-|x|) never overflows; the two branches are the same function rearranged.

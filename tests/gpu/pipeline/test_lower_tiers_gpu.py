@@ -6,7 +6,8 @@ them, the host fetches them from RocksDB, ``bank_find`` stages them, ``bank_pool
 and ``bank_insert`` puts them in the cache. Scores must equal the NumPy path (which reads the
 same cascade) and the independent references, for dynamic and static caches, host and device
 batches, repeated batches (the second finds the rows in the cache), and large batches (staged
-whole: the grouped staging is for models without lower tiers). A model without lower tiers never probes.
+whole: the grouped staging is for models without lower tiers). A model without lower tiers
+never probes.
 """
 
 from __future__ import annotations

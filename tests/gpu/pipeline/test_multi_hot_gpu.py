@@ -133,8 +133,9 @@ def test_a_repeated_miss_crosses_pcie_once_and_is_inserted_once(repo: Path) -> N
 def test_large_sample_major_batches_staged_in_parts(
     repo: Path, threaded: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A grouped bucket takes a sample-major batch whole (threads fill the staging buffer in
-    parts, each copied once filled) and looks it up with every group's graph."""
+    """A grouped bucket stages a sample-major batch part by part of its samples (threads fill
+    each part from _THREADED_STAGING_BYTES on), and looks each part up as soon as it is
+    copied, with a graph per part; the same batch table-major takes the groups of tables."""
     from hps_core.gpu import pipeline as gpu_pipeline
 
     monkeypatch.setattr(gpu_pipeline, "_GROUPED_STAGING_SAMPLES", 8)
@@ -151,4 +152,11 @@ def test_large_sample_major_batches_staged_in_parts(
         got = gpu.predict(parsed)
         np.testing.assert_allclose(got, cpu.predict(parsed), rtol=1e-5, atol=1e-6)
         np.testing.assert_array_equal(gpu.predict(table_major(parsed)), got)
+        np.testing.assert_array_equal(gpu.predict(on_gpu(parsed)), got)
         model.check(got, dense, keys)
+    pipe = gpu.pipeline
+    for bucket in pipe._buckets.values():
+        parts = pipe._row_parts(bucket)
+        assert len(bucket.graphs.row_lookups) == len(parts) > 1
+        samples = [r for *_, (first, stop) in parts for r in range(first, stop)]
+        assert samples == list(range(bucket.layout.size))  # every sample in exactly one part
