@@ -33,6 +33,45 @@ def _copy_all(copies) -> None:
         target[...] = source
 
 
+def measure(
+    rng: np.random.Generator, batch: int, keys: int, threads: list[int], runs: int
+) -> dict[str, float]:
+    """Median ms of each way of moving one ``[batch, keys]`` key matrix to the GPU."""
+    sources = [rng.integers(0, 1 << 40, (batch, keys)) for _ in range(4)]
+    nbytes = sources[0].nbytes
+    pinned = cupy.cuda.alloc_pinned_memory(nbytes)
+    staging = np.frombuffer(pinned, np.int64, batch * keys).reshape(batch, keys)
+    staging[...] = 0
+    device = cupy.empty(nbytes, dtype=cupy.uint8)
+    stream = cupy.cuda.Stream(non_blocking=True)
+
+    def timed(step) -> float:
+        times = []
+        for i in range(runs + 1):
+            source = sources[i % len(sources)]
+            started = time.perf_counter()
+            step(source)
+            times.append(time.perf_counter() - started)
+        return 1e3 * statistics.median(times[1:])
+
+    def copy_to_device(address: int) -> None:
+        cupy.cuda.runtime.memcpyAsync(device.data.ptr, address, nbytes, _H2D, stream.ptr)
+        stream.synchronize()
+
+    rows = {
+        "pinned DMA": timed(lambda _: copy_to_device(staging.ctypes.data)),
+        "pageable cudaMemcpy": timed(lambda source: copy_to_device(source.ctypes.data)),
+    }
+    for n in threads:
+        with concurrent.futures.ThreadPoolExecutor(n) as pool:
+            rows[f"staging, {n} threads"] = timed(
+                lambda source, pool=pool, n=n: list(
+                    pool.map(_copy_all, split_copies([(staging, source)], n))
+                )
+            )
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batches", default="1024,16384,65536")
@@ -43,47 +82,11 @@ def main() -> None:
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(0)
+    threads = [int(t) for t in args.threads.split(",")]
     results = []
     for batch in (int(b) for b in args.batches.split(",")):
-        sources = [rng.integers(0, 1 << 40, (batch, args.keys)) for _ in range(4)]
-        nbytes = sources[0].nbytes
-        pinned = cupy.cuda.alloc_pinned_memory(nbytes)
-        staging = np.frombuffer(pinned, np.int64, batch * args.keys).reshape(batch, args.keys)
-        staging[...] = 0
-        device = cupy.empty(nbytes, dtype=cupy.uint8)
-        stream = cupy.cuda.Stream(non_blocking=True)
-
-        def timed(step, rounds=args.runs) -> float:
-            times = []
-            for i in range(rounds + 1):
-                source = sources[i % len(sources)]
-                started = time.perf_counter()
-                step(source)
-                times.append(time.perf_counter() - started)
-            return 1e3 * statistics.median(times[1:])
-
-        def dma(_source) -> None:
-            cupy.cuda.runtime.memcpyAsync(
-                device.data.ptr, staging.ctypes.data, nbytes, _H2D, stream.ptr
-            )
-            stream.synchronize()
-
-        def pageable(source) -> None:
-            cupy.cuda.runtime.memcpyAsync(
-                device.data.ptr, source.ctypes.data, nbytes, _H2D, stream.ptr
-            )
-            stream.synchronize()
-
-        rows = {"pinned DMA": timed(dma), "pageable cudaMemcpy": timed(pageable)}
-        for threads in (int(t) for t in args.threads.split(",")):
-            with concurrent.futures.ThreadPoolExecutor(threads) as pool:
-
-                def stage(source, pool=pool, threads=threads) -> None:
-                    shares = split_copies([(staging, source)], threads)
-                    list(pool.map(_copy_all, shares))
-
-                rows[f"staging, {threads} threads"] = timed(stage)
-        for name, ms in rows.items():
+        nbytes = batch * args.keys * 8
+        for name, ms in measure(rng, batch, args.keys, threads, args.runs).items():
             results.append(
                 dict(batch=batch, keys=batch * args.keys, mb=nbytes / 1e6, step=name, ms=ms,
                      gb_per_s=nbytes / ms / 1e6)
