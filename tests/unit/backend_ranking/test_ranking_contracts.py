@@ -192,3 +192,65 @@ def test_one_hot_hugectr_requests_need_no_offsets() -> None:
     parsed = HugeCTRContract(layout).parse(*encode_hugectr(dense, keys))
     assert all(o is not None for o in parsed.row_offsets)
     assert_same_batch(parsed, to_sparse_batch(dense, keys))
+
+
+def fixed_layout(slot_nums, hotness, dense_dim=2, max_batch_size=16) -> RankingLayout:
+    """Tables whose samples carry ``hotness[t]`` keys in every slot (fixed-length inputs)."""
+    tables = tuple(
+        TableFeed(t, f"t{t}", f"emb{t}", s, 4, Combiner.SUM, s * h, h)
+        for t, (s, h) in enumerate(zip(slot_nums, hotness, strict=True))
+    )
+    return RankingLayout("m", dense_dim, 1, max_batch_size, tables)
+
+
+def fixed_request(rng, layout, batch):
+    """Samples with each table's hotness of keys in every slot (repeats likely)."""
+    keys = [
+        [
+            [[int(k) for k in rng.integers(0, 9, feed.hotness)] for _ in range(feed.slot_num)]
+            for feed in layout.tables
+        ]
+        for _ in range(batch)
+    ]
+    return rng.standard_normal((batch, layout.dense_dim)).astype(np.float32), keys
+
+
+@pytest.mark.parametrize(("slot_nums", "hotness"), [([1, 1, 1], [3, 1, 100]), ([2, 1], [4, 2])])
+def test_fixed_hotness_requests_keep_their_key_matrix(slot_nums, hotness) -> None:
+    """MLPerf DLRM-v2's inputs: every slot of a table holds the same number of keys. Both
+    contracts hand the request's [B, K] key matrix over as it is (no offsets, no copy), and
+    the batch means the same samples as the key-by-key reference."""
+    layout = fixed_layout(slot_nums, hotness)
+    assert layout.sample_width == sum(s * h for s, h in zip(slot_nums, hotness, strict=True))
+    rng = np.random.default_rng(61)
+    for batch in (1, 5, 16):
+        dense, keys = fixed_request(rng, layout, batch)
+        want = to_sparse_batch(dense, keys)
+        samples_request = encode_samples(dense, keys)
+        assert samples_request[1].shape == (batch, layout.sample_width)
+        hugectr_request = encode_hugectr(dense, keys)
+        for parsed, request in (
+            (SamplesContract(layout).parse(*samples_request), samples_request[1]),
+            (HugeCTRContract(layout).parse(*hugectr_request), hugectr_request[1]),
+        ):
+            assert parsed.row_offsets == (None,) * len(slot_nums)
+            assert parsed.hotness == tuple(hotness)
+            assert parsed.sample_keys.shape == (batch, layout.sample_width)
+            assert np.shares_memory(parsed.sample_keys, request)
+            assert_same_batch(parsed, want)
+
+
+def test_fixed_hotness_model_takes_uneven_hugectr_requests_with_offsets() -> None:
+    layout = fixed_layout([1, 2], [3, 2])
+    rng = np.random.default_rng(62)
+    dense, keys = fixed_request(rng, layout, 4)
+    keys[1][0][0].pop()  # one slot one key short: the offsets say where each slot starts
+    parsed = HugeCTRContract(layout).parse(*encode_hugectr(dense, keys))
+    assert parsed.sample_keys is None and all(o is not None for o in parsed.row_offsets)
+    assert_same_batch(parsed, to_sparse_batch(dense, keys))
+
+
+def test_samples_request_of_a_fixed_hotness_model_must_carry_every_key() -> None:
+    layout = fixed_layout([1, 1], [3, 2])
+    with pytest.raises(RequestError, match=r"input 'sparse': expected shape \[batch, 5\]"):
+        SamplesContract(layout).parse(np.zeros((2, 2), np.float32), np.zeros((2, 2), np.int64))

@@ -66,3 +66,35 @@ def test_one_hot_tables_join_without_offsets_and_mix_with_others() -> None:
     for t in range(2):
         np.testing.assert_array_equal(mixed.row_offsets[t], expected.row_offsets[t])
         np.testing.assert_array_equal(mixed.keys[t], expected.keys[t])
+
+
+def test_fixed_hotness_batches_join_as_key_matrices_or_flat_keys() -> None:
+    """Batches of the samples contract (a [B, K] key matrix, no offsets) join into one such
+    batch; joined with a batch of offsets, every table gets offsets that mean the same."""
+    from hps_core.infer import SparseBatch
+
+    rng = np.random.default_rng(8)
+    widths, hotness = (3, 2), (3, 1)  # table 0: 1 slot of 3 keys; table 1: 2 slots of 1
+    parts = [
+        SparseBatch.from_sample_keys(
+            np.full((n, 1), n, np.float32), rng.integers(0, 50, (n, 5)), widths, hotness
+        )
+        for n in (2, 3)
+    ]
+    joined = concat_batches(parts)
+    assert joined.sample_keys.shape == (5, 5) and joined.row_offsets == (None, None)
+    np.testing.assert_array_equal(
+        joined.sample_keys, np.concatenate([p.sample_keys for p in parts])
+    )
+    assert joined.table_offsets(0).tolist() == [0, 3, 6, 9, 12, 15]
+    assert joined.table_offsets(1).tolist() == list(range(11))
+    assert joined.flat_keys(0).tolist() == joined.sample_keys[:, :3].ravel().tolist()
+    with_offsets = SparseBatch(
+        parts[0].dense,
+        tuple(parts[0].flat_keys(t) for t in range(2)),
+        tuple(parts[0].table_offsets(t) for t in range(2)),
+    )
+    mixed = concat_batches([with_offsets, parts[1]])
+    for t in range(2):
+        np.testing.assert_array_equal(mixed.flat_keys(t), joined.flat_keys(t))
+        np.testing.assert_array_equal(mixed.table_offsets(t), joined.table_offsets(t))
