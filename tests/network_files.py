@@ -45,6 +45,26 @@ requires_hugectr = pytest.mark.skipif(
 )
 
 
+HUGECTR_DLRM_NAMES = (
+    "dlrm_fp16_1gpu.json",
+    "dlrm_fp16_8gpu.json",
+    "dlrm_fp16_4node_2gpu.json",
+    "dlrm_mlperf_fp16_dgxa100.json",
+    "dlrm_set_source.json",
+)
+"""HugeCTR's DLRM files in the FP16 training form (their Interaction has a second top, the
+gradient buffer, which the top MLP names as a second bottom); tested where they are."""
+HUGECTR_DLRM = [HUGECTR_DIR / n for n in HUGECTR_DLRM_NAMES if (HUGECTR_DIR / n).is_file()]
+HUGECTR_DIN = HUGECTR_DIR / "din_fp32_1gpu.json"
+"""HugeCTR's DIN test file, whose layer 'reduce_item_his' is defined twice (see its test)."""
+requires_hugectr_dlrm = pytest.mark.skipif(
+    not HUGECTR_DLRM,
+    reason=f"HugeCTR's FP16 DLRM network files ({', '.join(HUGECTR_DLRM_NAMES)}, from its "
+    f"test/scripts at v24.06.00) are not in {HUGECTR_DIR}; set HPS_HUGECTR_NETWORKS to a "
+    "folder that holds them",
+)
+
+
 def hugectr(name: str) -> Path:
     """One of HugeCTR's files (a test using it carries :data:`requires_hugectr`)."""
     return HUGECTR_DIR / name

@@ -275,7 +275,7 @@ def network_forward(
         elif kind in ("ElementwiseMultiply", "DotProduct"):
             outs = [np.prod(np.stack(xs), axis=0)]
         elif kind == "Interaction":
-            outs = [interaction(*xs)]
+            outs = [interaction(*xs[:2])] * len(tops)  # FP16 training form: a 2nd top
         elif kind == "MultiCross":
             mc = layer["mc_param"]
             d, p = x.shape[1], mc.get("projection_dim", 0)
