@@ -8,6 +8,9 @@ with the same result up to float32 rounding order:
   pass (CuPy's operators took four, each reading and writing the whole ``[B, D]`` tensor:
   2.4 ms of a 7.5 ms DLRM-v2 batch of 16,384 samples on the H200);
 - :func:`sigmoid`: the overflow-safe sigmoid in one pass instead of five;
+- :func:`layer_norm`, :func:`softmax`: a warp per row, one pass each (BST's LayerNorm, the
+  attention's masked softmax, MMoE's and DIN's softmax took five to eight kernels);
+- :func:`dice`: DIN's Dice in two reductions over the batch and one pass (from ten kernels);
 - :func:`interaction`: DLRM's dot interaction (stack, Gram matrix, lower triangle, padding) in
   one kernel (``kernels/dense.cu``) instead of a batched GEMM and four copies; each thread sums
   a tile of 4 x 4 entries of the Gram matrix in registers.
@@ -188,3 +191,111 @@ def interaction(mlp: Any, emb: Any, tf32: bool) -> Any:
         shared_mem=_stage_bytes(n, dim),
     )  # fmt: skip
     return out
+
+
+def _rows_grid(rows: int) -> tuple[int, int]:
+    """Blocks and threads of a kernel with a warp per row (grid-stride over rows)."""
+    sms = cupy.cuda.Device().attributes["MultiProcessorCount"]
+    warps_per_block = _ELEMENTWISE_THREADS // 32
+    return max(1, min(-(-rows // warps_per_block), sms * 32)), _ELEMENTWISE_THREADS
+
+
+def _dense_function(name: str) -> Any:
+    return kernels.module("dense", cupy.cuda.Device().id, DENSE_TEMPLATES).get_function(name)
+
+
+def fits_rows(x: Any) -> bool:
+    """Whether a row kernel (:func:`layer_norm`, :func:`softmax`) takes ``x``: float32,
+    C-contiguous."""
+    return x.dtype == np.float32 and x.flags.c_contiguous
+
+
+def layer_norm(x: Any, gamma: Any, beta: Any, eps: float) -> Any:
+    """``(x - mean) / sqrt(var + eps) * gamma + beta`` over the last axis (biased variance), a
+    warp per row, as :class:`~hps_core.nn.layers.LayerNorm` computes it on NumPy.
+
+    Args:
+        x: CuPy float32 ``[..., N]``, C-contiguous (:func:`fits_rows`).
+        gamma, beta: float32 ``[N]`` (any shape of ``N`` values), contiguous.
+        eps: added to the variance.
+
+    Returns:
+        A new float32 array of ``x``'s shape.
+    """
+    width = x.shape[-1]
+    rows = x.size // max(width, 1)
+    out = cupy.empty_like(x)
+    if rows:
+        blocks, threads = _rows_grid(rows)
+        _dense_function("layer_norm")(
+            (blocks,), (threads,),
+            (x, gamma.reshape(-1), beta.reshape(-1), out, np.int64(rows), np.int32(width),
+             np.float32(eps)),
+        )  # fmt: skip
+    return out
+
+
+def softmax(x: Any, mask: Any | None = None, factor: float = 1.0, eps: float = 0.0) -> Any:
+    """Softmax over the last axis, a warp per row; with ``mask``, HugeCTR's masked softmax
+    (:func:`hps_core.nn.layers.attention.masked_softmax`).
+
+    Args:
+        x: CuPy float32, C-contiguous (:func:`fits_rows`): any shape, or the scores
+            ``[B, H, Sf, St]`` when masked.
+        mask: float32 ``[B, 1, Sf, St]`` of 1 and 0, C-contiguous, or None.
+        factor: scale of the scores (masked only).
+        eps: added to the denominator.
+
+    Returns:
+        A new float32 array of ``x``'s shape.
+    """
+    width = x.shape[-1]
+    rows = x.size // max(width, 1)
+    heads, steps = (x.shape[1], x.shape[2]) if mask is not None else (1, 1)
+    out = cupy.empty_like(x)
+    if rows:
+        blocks, threads = _rows_grid(rows)
+        _dense_function("softmax_rows")(
+            (blocks,), (threads,),
+            (x, mask if mask is not None else np.uint64(0), out, np.int64(rows),
+             np.int32(width), np.int32(heads), np.int32(steps), np.float32(factor),
+             np.float32(eps)),
+        )  # fmt: skip
+    return out
+
+
+@functools.cache
+def _mean_square() -> Any:
+    return cupy.ReductionKernel(
+        "T x", "float32 y", "(float)x * (float)x", "a + b",
+        "y = a / (_in_ind.size() / _out_ind.size())", "0", "hps_mean_square",
+    )  # fmt: skip
+
+
+@functools.cache
+def _dice_kernel() -> Any:
+    body = (
+        "float v = (float)x; float p = 1.0f / (1.0f + expf((m - v) / sqrtf(q - m * m + eps)));"
+        " y = (Y)(p * v + (1.0f - p) * alpha * v);"
+    )
+    return cupy.ElementwiseKernel(
+        "X x, float32 m, float32 q, float32 alpha, float32 eps", "Y y", body, "hps_dice"
+    )
+
+
+def dice(x: Any, alpha: float, eps: float, dtype: Any) -> Any:
+    """DIN's Dice over the rows of ``x`` (:class:`~hps_core.nn.layers.PReLUDice`): the column
+    means of ``x`` and of ``x * x`` (two reductions), then one pass.
+
+    Args:
+        x: CuPy ``[rows, C]``, float32 or float16.
+        alpha, eps: the layer's parameters.
+        dtype: the result's dtype.
+
+    Returns:
+        A new ``[rows, C]`` array.
+    """
+    mean = x.mean(axis=0, dtype=np.float32)
+    square = _mean_square()(x, axis=0)
+    out = cupy.empty(x.shape, dtype=dtype)
+    return _dice_kernel()(x, mean, square, np.float32(alpha), np.float32(eps), out)

@@ -206,3 +206,73 @@ extern "C" __global__ void cross_v2(const float4* __restrict__ x0, const float4*
                          a.z * (v.z + c.z) + l.z, a.w * (v.w + c.w) + l.w);
   }
 }
+
+// Sum of `v` over the warp, returned to every lane.
+__device__ __forceinline__ float warp_sum(float v) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+// LayerNorm over the last axis (hps_core.nn.layers.attention.LayerNorm), one warp per row of
+// `width` float32 values: mean, biased variance of the centred values, then
+// (x - mean) / sqrt(var + eps) * gamma + beta.
+extern "C" __global__ void layer_norm(const float* __restrict__ x, const float* __restrict__ gamma,
+                                      const float* __restrict__ beta, float* __restrict__ out,
+                                      const i64 rows, const int width, const float eps) {
+  const int lane = threadIdx.x % 32;
+  const i64 warps = ((i64)gridDim.x * blockDim.x) / 32;
+  for (i64 r = ((i64)blockIdx.x * blockDim.x + threadIdx.x) / 32; r < rows; r += warps) {
+    const float* xr = x + r * width;
+    float s = 0.0f;
+    for (int c = lane; c < width; c += 32) s += xr[c];
+    const float mean = warp_sum(s) / (float)width;
+    float q = 0.0f;
+    for (int c = lane; c < width; c += 32) {
+      const float d = xr[c] - mean;
+      q += d * d;
+    }
+    const float root = sqrtf(warp_sum(q) / (float)width + eps);
+    float* o = out + r * width;
+    for (int c = lane; c < width; c += 32) o[c] = (xr[c] - mean) / root * gamma[c] + beta[c];
+  }
+}
+
+// Softmax over the last axis, one warp per row of `width` float32 values
+// (hps_core.nn.layers.activation.Softmax); with a mask, HugeCTR's masked softmax
+// (hps_core.nn.layers.attention.masked_softmax): z = x * factor - (1 - mask) * 10000,
+// exp(z - max z) / (sum + eps); row r of the scores [B, H, Sf, St] reads row
+// (r / (H * Sf)) * Sf + r % Sf of the mask [B, 1, Sf, St].
+extern "C" __global__ void softmax_rows(const float* __restrict__ x,
+                                        const float* __restrict__ mask, float* __restrict__ out,
+                                        const i64 rows, const int width, const int heads,
+                                        const int steps, const float factor, const float eps) {
+  const int lane = threadIdx.x % 32;
+  const i64 warps = ((i64)gridDim.x * blockDim.x) / 32;
+  for (i64 r = ((i64)blockIdx.x * blockDim.x + threadIdx.x) / 32; r < rows; r += warps) {
+    const float* xr = x + r * width;
+    const float* mr =
+        mask ? mask + ((r / ((i64)heads * steps)) * steps + r % steps) * width : nullptr;
+    float m = -INFINITY;
+    for (int c = lane; c < width; c += 32) {
+      const float z = mr ? xr[c] * factor - (1.0f - mr[c]) * 10000.0f : xr[c];
+      m = fmaxf(m, z);
+    }
+    m = warp_max(m);
+    float s = 0.0f;
+    for (int c = lane; c < width; c += 32) {
+      const float z = mr ? xr[c] * factor - (1.0f - mr[c]) * 10000.0f : xr[c];
+      s += expf(z - m);
+    }
+    s = warp_sum(s) + eps;
+    float* o = out + r * width;
+    for (int c = lane; c < width; c += 32) {
+      const float z = mr ? xr[c] * factor - (1.0f - mr[c]) * 10000.0f : xr[c];
+      o[c] = expf(z - m) / s;
+    }
+  }
+}

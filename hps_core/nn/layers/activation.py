@@ -153,6 +153,10 @@ class PReLUDice(Layer):
     def forward(
         self, ctx: ComputeContext, inputs: Sequence[Array], params: Sequence[Array]
     ) -> tuple[Array, ...]:
+        if ctx.on_gpu:
+            from hps_core.gpu.dense_ops import dice
+
+            return (dice(inputs[0], self.alpha, self.eps, ctx.dtype),)
         xp, x = ctx.xp, ctx.widen(inputs[0])
         mean = x.mean(axis=0, dtype=np.float32)
         var = (x * x).mean(axis=0, dtype=np.float32) - mean * mean
@@ -185,9 +189,9 @@ class Softmax(Layer):
     def forward(
         self, ctx: ComputeContext, inputs: Sequence[Array], params: Sequence[Array]
     ) -> tuple[Array, ...]:
-        xp, x = ctx.xp, ctx.widen(inputs[0])
-        e = xp.exp(x - x.max(axis=-1, keepdims=True))
-        return (ctx.cast(e / e.sum(axis=-1, keepdims=True)),)
+        from hps_core.nn.layers.attention import softmax_last_axis
+
+        return (ctx.cast(softmax_last_axis(ctx, ctx.widen(inputs[0]))),)
 
 
 @dataclass(frozen=True)

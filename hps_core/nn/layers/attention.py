@@ -42,6 +42,16 @@ def masked_softmax(xp: object, scores: Array, mask: Array, factor: float) -> Arr
     return e / (e.sum(axis=-1, keepdims=True) + SOFTMAX_EPS)
 
 
+def _masked_softmax(ctx: ComputeContext, scores: Array, mask: Array, factor: float) -> Array:
+    """:func:`masked_softmax`, in one kernel on a GPU."""
+    if ctx.on_gpu:
+        from hps_core.gpu import dense_ops
+
+        if dense_ops.fits_rows(scores) and dense_ops.fits_rows(mask):
+            return dense_ops.softmax(scores, mask, factor, float(SOFTMAX_EPS))
+    return masked_softmax(ctx.xp, scores, mask, factor)
+
+
 @dataclass(frozen=True)
 class SequenceMask(Layer):
     """``mask[b, 0, i, j] = i < len_from[b] and j < len_to[b]`` from two ``[B, 1]`` length
@@ -75,6 +85,18 @@ class SequenceMask(Layer):
         return (ctx.cast((rows & cols)[:, None, :, :]),)
 
 
+def softmax_last_axis(ctx: ComputeContext, x: Array) -> Array:
+    """Softmax over the last axis in float32 (the maximum subtracted first), in one kernel on a
+    GPU."""
+    if ctx.on_gpu:
+        from hps_core.gpu import dense_ops
+
+        if dense_ops.fits_rows(x):
+            return dense_ops.softmax(x)
+    e = ctx.xp.exp(x - x.max(axis=-1, keepdims=True))
+    return e / e.sum(axis=-1, keepdims=True)
+
+
 @dataclass(frozen=True)
 class MaskedSoftmax(Layer):
     """HugeCTR's Softmax with two bottoms: scores ``[B, H, Sf, St]`` and a mask
@@ -101,7 +123,7 @@ class MaskedSoftmax(Layer):
         self, ctx: ComputeContext, inputs: Sequence[Array], params: Sequence[Array]
     ) -> tuple[Array, ...]:
         scores, mask = (ctx.widen(x) for x in inputs)
-        return (ctx.cast(masked_softmax(ctx.xp, scores, mask, self.factor)),)
+        return (ctx.cast(_masked_softmax(ctx, scores, mask, self.factor)),)
 
 
 @dataclass(frozen=True)
@@ -154,10 +176,9 @@ class MultiHeadAttention(Layer):
         scores = ctx.widen(ctx.matmul(qh, kh.transpose(0, 2, 1))) * np.float32(1 / np.sqrt(d))
         scores = scores.reshape(batch, heads, s_from, s_to)
         if len(inputs) == 4:
-            probs = masked_softmax(ctx.xp, scores, ctx.widen(inputs[3]), 1.0)
+            probs = _masked_softmax(ctx, scores, ctx.widen(inputs[3]), 1.0)
         else:
-            e = ctx.xp.exp(scores - scores.max(axis=-1, keepdims=True))
-            probs = e / e.sum(axis=-1, keepdims=True)
+            probs = softmax_last_axis(ctx, scores)
         out = ctx.matmul(ctx.cast(probs).reshape(-1, s_from, s_to), vh)
         merged = out.reshape(batch, heads, s_from, d).transpose(0, 2, 1, 3)
         return (ctx.xp.ascontiguousarray(merged).reshape(batch, s_from, width),)
@@ -191,6 +212,11 @@ class LayerNorm(Layer):
     ) -> tuple[Array, ...]:
         xp, x = ctx.xp, ctx.widen(inputs[0])
         gamma, beta = (ctx.widen(p).reshape(-1) for p in params)
+        if ctx.on_gpu:
+            from hps_core.gpu import dense_ops
+
+            if dense_ops.fits_rows(x):
+                return (ctx.cast(dense_ops.layer_norm(x, gamma, beta, self.eps)),)
         mean = x.mean(axis=-1, keepdims=True)
         centred = x - mean
         var = (centred * centred).mean(axis=-1, keepdims=True)

@@ -1,0 +1,148 @@
+"""Where each zoo model's batch spends its GPU time: GEMMs, lookups and everything else.
+
+Every family of ``hps prepare --zoo`` (HugeCTR's sample models: DLRM with MLP layers, DIN,
+BST, MMoE, NCF, shared bottom, DLRM-v2) on the GPU pipeline, ``--batches`` samples per batch
+(random known keys, each table's fixed number of keys per slot; BST's sequence lengths 0 to
+6), ``--precision`` dense network. ``torch.profiler`` (CUPTI) records every kernel and copy
+of ``--profiled`` predictions after warm-up; their device times are summed by kind:
+
+- ``gemm``: cuBLAS/cuBLASLt kernels (names with gemm, gemv, xmma, cutlass or splitK);
+- ``lookup``: the pipeline's ``bank_*`` kernels;
+- ``copy``: host-device copies and memsets;
+- ``other``: every other kernel (element-wise layers, reductions, concatenations, the
+  interaction, ...).
+
+Prints one row per (model, batch): GPU ms per batch, the share of each kind, and the largest
+``other`` kernels; writes ``zoo_kernel_profile.csv`` under ``--out``.
+
+Usage:
+    python benchmarks/zoo_kernel_profile.py --out $OUT
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import tempfile
+from collections import defaultdict
+from pathlib import Path
+
+import cupy
+import numpy as np
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from hps_core.demo import ZOO_MODELS
+from hps_core.hps import HPS
+from hps_core.infer import RankingSession, SparseBatch
+from hps_core.triton_repo import InstanceGroup, ServingOptions
+
+KINDS = ("gemm", "lookup", "copy", "other")
+_GEMM_WORDS = ("gemm", "gemv", "xmma", "cutlass", "splitk")
+
+
+def kind_of(name: str) -> str:
+    """The kind of a profiled kernel or copy (see the module docstring)."""
+    lower = name.lower()
+    if name.startswith("bank_"):
+        return "lookup"
+    if "memcpy" in lower or "memset" in lower:
+        return "copy"
+    if any(word in lower for word in _GEMM_WORDS):
+        return "gemm"
+    return "other"
+
+
+def random_batch(session: RankingSession, rng: np.random.Generator, batch: int) -> SparseBatch:
+    """``batch`` samples of known keys, as the samples contract hands them over."""
+    layout = session.layout
+    columns = []
+    for feed in layout.tables:
+        rows = session.lookup.table(feed.table).host.rows
+        columns.append(rng.integers(0, rows, (batch, feed.sample_width)))
+    keys = np.concatenate(columns, axis=1).astype(np.int64)
+    dense = rng.random((batch, layout.dense_dim), dtype=np.float32)
+    if layout.model == "bst":
+        dense[:, 0] = rng.integers(0, 7, batch)  # the sequence length
+    widths = [t.sample_width for t in layout.tables]
+    return SparseBatch.from_sample_keys(dense, keys, widths, layout.hotness)
+
+
+def device_times(session: RankingSession, batches: list[SparseBatch]) -> dict[str, float]:
+    """Device microseconds per profiled kernel or copy name over ``batches``."""
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for batch in batches:
+            session.predict(batch)
+        cupy.cuda.Device(0).synchronize()
+    times: dict[str, float] = defaultdict(float)
+    for event in prof.key_averages():
+        total = getattr(event, "self_device_time_total", None)
+        if total is None:
+            total = event.self_cuda_time_total
+        times[event.key] += float(total)
+    return times
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--batches", default="1024,16384")
+    parser.add_argument("--precision", default="fp32")
+    parser.add_argument("--models", default=",".join(ZOO_MODELS))
+    parser.add_argument("--profiled", type=int, default=3)
+    parser.add_argument("--out", type=Path, default=Path("bench_results"))
+    args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    batches = [int(b) for b in args.batches.split(",")]
+    repo = Path(tempfile.mkdtemp(prefix="zoo_profile_"))
+    options = ServingOptions(instances=(InstanceGroup(count=1, kind="KIND_GPU"),))
+    rng = np.random.default_rng(0)
+    results = []
+    for name in args.models.split(","):
+        ZOO_MODELS[name](repo, options)
+        ps = json.loads((repo / name / "ps.json").read_text())
+        ps["models"][0]["max_batch_size"] = max(batches)
+        path = repo / name / "ps_profile.json"
+        path.write_text(json.dumps(ps))
+        session = RankingSession.open(path, name, device_id=0, precision=args.precision)
+        for batch in batches:
+            for _ in range(3):  # warm-up: kernels, graphs, caches
+                session.predict(random_batch(session, rng, batch))
+            fresh = [random_batch(session, rng, batch) for _ in range(args.profiled)]
+            times = device_times(session, fresh)
+            by_kind = dict.fromkeys(KINDS, 0.0)
+            for kernel, us in times.items():
+                by_kind[kind_of(kernel)] += us
+            total = sum(by_kind.values())
+            others = sorted(
+                ((us, k) for k, us in times.items() if kind_of(k) == "other"), reverse=True
+            )
+            results.append(
+                dict(
+                    model=name, batch=batch, precision=args.precision,
+                    gpu_ms_per_batch=total / 1e3 / args.profiled,
+                    **{f"{k}_share": by_kind[k] / total for k in KINDS},
+                    top_other="; ".join(f"{k[:40]} {us / total:.1%}" for us, k in others[:4]),
+                )
+            )  # fmt: skip
+            row = results[-1]
+            print(
+                f"{name:14} {batch:6} {row['gpu_ms_per_batch']:8.3f} ms  "
+                + "  ".join(f"{k} {row[f'{k}_share']:5.1%}" for k in KINDS)
+                + f"  | {row['top_other']}",
+                flush=True,
+            )
+        HPS(path).close()
+    columns = [
+        "model", "batch", "precision", "gpu_ms_per_batch",
+        *(f"{k}_share" for k in KINDS), "top_other",
+    ]  # fmt: skip
+    with open(args.out / "zoo_kernel_profile.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, columns)
+        writer.writeheader()
+        writer.writerows(results)
+
+
+if __name__ == "__main__":
+    main()
