@@ -16,6 +16,7 @@ import numpy as np
 
 from hps_core.config import load_ps_config
 from hps_core.formats.sparse import KEY_FILE
+from hps_core.infer import load_ranking_graph
 from hps_core.triton_repo import ServingOptions, write_repository
 from hps_core.workload import zipf_keys
 
@@ -38,17 +39,29 @@ def add_load_arguments(parser: argparse.ArgumentParser, concurrency: str) -> Non
 
 
 def write_input(ps_json: Path, model: str, samples: int, alpha: float, path: Path) -> None:
-    """perf_analyzer input: REQUESTS requests of ``samples`` one-hot samples (DES, CATCOLUMN,
-    ROWINDEX), keys Zipf-distributed over each table (key i is row i, as
+    """perf_analyzer input: REQUESTS requests of ``samples`` samples (DES, CATCOLUMN,
+    ROWINDEX) with each table's number of keys per slot (one; MLPerf DLRM-v2's fixed hotness
+    for its multi-hot tables), keys Zipf-distributed over each table (key i is row i, as
     ``make_large_dlrm.py`` writes them)."""
     config = load_ps_config(ps_json).model(model)
+    _, layout = load_ranking_graph(config)
     rng = np.random.default_rng(0)
     rows = [(t.sparse_file / KEY_FILE).stat().st_size // 8 for t in config.tables]
     dense_dim = config.maxnum_des_feature_per_sample
-    rowindex = np.tile(np.arange(samples + 1, dtype=np.int32), len(rows))
+    widths = [t.sample_width for t in layout.tables]
+    rowindex = np.concatenate(
+        [np.arange(0, samples * t.sample_width + 1, t.hotness, dtype=np.int32)
+         for t in layout.tables]
+    )  # fmt: skip
     data = []
     for _ in range(REQUESTS):
-        keys = np.stack([zipf_keys(rng, samples, r, alpha) for r in rows], axis=1)
+        keys = np.concatenate(
+            [
+                zipf_keys(rng, samples * w, r, alpha).reshape(samples, w)
+                for r, w in zip(rows, widths, strict=True)
+            ],
+            axis=1,
+        )
         dense = rng.random(samples * dense_dim, dtype=np.float32)
         data.append(
             {
