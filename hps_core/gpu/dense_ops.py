@@ -275,7 +275,7 @@ def _mean_square() -> Any:
 @functools.cache
 def _dice_kernel() -> Any:
     body = (
-        "float v = (float)x; float p = 1.0f / (1.0f + expf((m - v) / sqrtf(q - m * m + eps)));"
+        "float v = (float)x; float p = 1.0f / (1.0f + expf((m - v) / sqrtf(fmaxf(q - m * m, 0.0f) + eps)));"
         " y = (Y)(p * v + (1.0f - p) * alpha * v);"
     )
     return cupy.ElementwiseKernel(

@@ -257,7 +257,7 @@ extern "C" __global__ void softmax_rows(const float* __restrict__ x,
     const float* xr = x + r * width;
     const float* mr =
         mask ? mask + ((r / ((i64)heads * steps)) * steps + r % steps) * width : nullptr;
-    float m = -INFINITY;
+    float m = __int_as_float(0xff800000);  // -inf (NVRTC has no math.h)
     for (int c = lane; c < width; c += 32) {
       const float z = mr ? xr[c] * factor - (1.0f - mr[c]) * 10000.0f : xr[c];
       m = fmaxf(m, z);

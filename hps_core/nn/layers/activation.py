@@ -159,7 +159,9 @@ class PReLUDice(Layer):
             return (dice(inputs[0], self.alpha, self.eps, ctx.dtype),)
         xp, x = ctx.xp, ctx.widen(inputs[0])
         mean = x.mean(axis=0, dtype=np.float32)
-        var = (x * x).mean(axis=0, dtype=np.float32) - mean * mean
+        # E[x^2] - E[x]^2 may round below zero (one sample, constant columns): a variance
+        # is never negative, and sqrt of a negative one would be NaN.
+        var = xp.maximum((x * x).mean(axis=0, dtype=np.float32) - mean * mean, 0)
         p = 1 / (1 + xp.exp((mean - x) / xp.sqrt(var + np.float32(self.eps))))
         return (ctx.cast(p * x + (1 - p) * np.float32(self.alpha) * x),)
 
