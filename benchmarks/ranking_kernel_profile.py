@@ -40,6 +40,7 @@ WARMUP_BATCH = 16384
 
 VARIANTS = {
     "insert beside the dense network": {"_INSERT_AFTER_SCORES": False},
+    "whole batches (no chunks)": {"_CHUNKED_KEY_BYTES": 1 << 62},
 }
 """Settings of :mod:`hps_core.gpu.pipeline` timed beside the default (the median predict of
 fresh batches, the settings alternating)."""
@@ -51,6 +52,7 @@ def rebuild(pipe) -> None:
     pipe._stream.synchronize()
     pipe._cache_stream.synchronize()
     pipe._buckets.clear()
+    pipe._second_buckets.clear()
     sms = cupy.cuda.Device().attributes["MultiProcessorCount"]
     pipe._insert_blocks = sms * gpu_pipeline._INSERT_BLOCKS_PER_SM
 

@@ -275,7 +275,8 @@ def _mean_square() -> Any:
 @functools.cache
 def _dice_kernel() -> Any:
     body = (
-        "float v = (float)x; float p = 1.0f / (1.0f + expf((m - v) / sqrtf(fmaxf(q - m * m, 0.0f) + eps)));"
+        "float v = (float)x; float var = fmaxf(q - m * m, 0.0f);"  # rounding may make it < 0
+        " float p = 1.0f / (1.0f + expf((m - v) / sqrtf(var + eps)));"
         " y = (Y)(p * v + (1.0f - p) * alpha * v);"
     )
     return cupy.ElementwiseKernel(

@@ -86,6 +86,15 @@ _THREADED_STAGING_BYTES = 4 << 20
 _STAGING_GROUPS = 8
 _DENSE_FEATURES = -1  # see _upload_groups
 _STAGING_THREADS = 4
+_CHUNKED_KEY_BYTES = 8 << 20
+"""From this many bytes of keys on, a host batch runs as chunks of samples, pipelined: the
+host stages the next chunk while the GPU scores the last one (see :meth:`_predict_chunks`)."""
+_CHUNK_KEY_BYTES = 4 << 20
+"""About this many bytes of keys per chunk (a power of two samples)..."""
+_MIN_CHUNK_SAMPLES = 4096
+"""...and at least this many samples, so that the dense network's products stay efficient."""
+_CHUNK_LANES = 2
+"""Buckets per chunk size: a chunk is staged into one while the GPU works on the other's."""
 _HIGHEST_PRIORITY = -1000  # lower is more urgent; 0 is the default and least urgent
 
 
@@ -185,6 +194,7 @@ class GpuRankingPipeline:
         self._lower = False  # a table has tiers below its host tier (set with the bank)
         self._extras: tuple[Any, Any] | None = None  # their rows for the batch in flight
         self._buckets: dict[int, _Bucket] = {}
+        self._second_buckets: dict[int, _Bucket] = {}  # the other lane of chunked batches
         self._lock = threading.Lock()
         self._copy_pool: concurrent.futures.ThreadPoolExecutor | None = None
         with cupy.cuda.Device(self.device_id):
@@ -202,6 +212,7 @@ class GpuRankingPipeline:
                 for _ in range(max(len(self._group_slots), _STAGING_GROUPS))
             ]
             self._looked_up = cupy.cuda.Event(disable_timing=True)
+            self._chunk_done = [cupy.cuda.Event(disable_timing=True) for _ in range(_CHUNK_LANES)]
             self._scored = cupy.cuda.Event(disable_timing=True)
             self._bank_kernels = kernels.module("bank", self.device_id)
             self._copy_spans = kernels.module("copy", self.device_id).get_function("copy_spans")
@@ -346,12 +357,17 @@ class GpuRankingPipeline:
         size = bucket_for(max(samples, self._samples_for_keys(batch)))
         with self._lock, cupy.cuda.Device(self.device_id):
             bank = self.bank
-            bucket = self._bucket(size)
             # Tables whose lower tiers may hold rows (RocksDB, Redis, an update overlay with
             # new keys) cost a host round trip per batch; the others never do (one more fetch
             # clears the extra rows a last fetch left).
             fetch = self._lower and (self._extras is not None or bank.lower_may_answer())
             on_host = not isinstance(batch.dense, cupy.ndarray)
+            chunk = self._chunk_samples(batch) if on_host and not fetch else None
+            if chunk is not None:
+                scores = self._predict_chunks(batch, chunk)
+                bank.batches += 1
+                return scores
+            bucket = self._bucket(size)
             if _grouped(bucket) and on_host and not fetch:
                 if self._sample_major(batch):
                     self._run(bucket, self._upload_rows(bucket, batch), by_rows=True)
@@ -366,6 +382,53 @@ class GpuRankingPipeline:
             bank.batches += 1
             bucket.batches += 1
             return bucket.scores_host[:samples].copy()
+
+    def _chunk_samples(self, batch: SparseBatch) -> int | None:
+        """Samples per chunk of a host batch run as chunks, or None to run it whole: a batch
+        with many keys (their staging, a host memory copy, takes as long as the GPU's work),
+        of a network whose layers see each sample alone (DIN's Dice takes statistics over
+        the batch)."""
+        key_bytes = sum(int(k.nbytes) for k in batch.keys)
+        samples = batch.batch_size
+        if (
+            self.executor.batch_dependent
+            or key_bytes < _CHUNKED_KEY_BYTES
+            or samples < 2 * _MIN_CHUNK_SAMPLES
+        ):
+            return None
+        per_chunk = max(samples * _CHUNK_KEY_BYTES // key_bytes, 1)
+        return max(_MIN_CHUNK_SAMPLES, 1 << (per_chunk.bit_length() - 1))
+
+    def _predict_chunks(self, batch: SparseBatch, chunk: int) -> np.ndarray:
+        """Scores of a host batch run as chunks of ``chunk`` samples, each a batch of its own
+        (its lookup, insert and dense network, as :meth:`predict` runs them) on buckets of
+        two lanes: while the GPU scores chunk ``i``, the host stages chunk ``i + 1`` into the
+        other lane's bucket, and it waits only before reusing a lane, for the chunk that last
+        used it. Chunks see the caches as successive batches would."""
+        samples = batch.batch_size
+        scores = np.empty((samples, self.layout.label_dim), np.float32)
+        in_flight: dict[int, tuple[_Bucket, int]] = {}  # lane: (its bucket, first sample)
+
+        def collect(lane: int) -> None:
+            if lane in in_flight:
+                bucket, first = in_flight.pop(lane)
+                self._chunk_done[lane].synchronize()
+                scores[first : first + bucket.samples] = bucket.scores_host[: bucket.samples]
+
+        for index, first in enumerate(range(0, samples, chunk)):
+            lane = index % _CHUNK_LANES
+            part = batch.sample_range(first, min(first + chunk, samples))
+            collect(lane)
+            size = bucket_for(max(part.batch_size, self._samples_for_keys(part)))
+            bucket = self._bucket(size, lane)
+            self._stage_and_upload(bucket, part)
+            self._run(bucket)
+            self._chunk_done[lane].record(self._stream)
+            bucket.batches += 1
+            in_flight[lane] = (bucket, first)
+        for lane in list(in_flight):
+            collect(lane)
+        return scores
 
     def _check_device_batch(self, batch: SparseBatch) -> None:
         arrays = [batch.dense, *batch.keys, *(o for o in batch.row_offsets if o is not None)]
@@ -866,12 +929,15 @@ class GpuRankingPipeline:
 
     # -- buckets ------------------------------------------------------------------------------
 
-    def _bucket(self, size: int) -> _Bucket:
-        bucket = self._buckets.get(size)
+    def _bucket(self, size: int, lane: int = 0) -> _Bucket:
+        """The bucket of ``size`` samples (made and recorded on first use); ``lane`` 1: the
+        second one of that size, for chunked batches (see :meth:`_predict_chunks`)."""
+        buckets = self._second_buckets if lane else self._buckets
+        bucket = buckets.get(size)
         if bucket is None:
             started = time.perf_counter()
             bucket = self._new_bucket(size)
-            self._buckets[size] = bucket
+            buckets[size] = bucket
             if self.graphs:
                 self._record(bucket)
             logger.info(
@@ -963,6 +1029,7 @@ class GpuRankingPipeline:
                 self._bank.close()
                 self._bank = None
             self._buckets.clear()
+            self._second_buckets.clear()
             if self._copy_pool is not None:
                 self._copy_pool.shutdown()
                 self._copy_pool = None

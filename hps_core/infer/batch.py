@@ -99,6 +99,38 @@ class SparseBatch:
         they are a strided 2-D view)."""
         return self.keys[table].reshape(-1)
 
+    def sample_range(self, first: int, stop: int) -> SparseBatch:
+        """Samples ``[first, stop)`` of the batch: views of its arrays, except each table's
+        row offsets, which are rebased to start at 0.
+
+        Args:
+            first, stop: ``0 <= first < stop <= batch_size``.
+
+        Returns:
+            A batch of ``stop - first`` samples with this batch's hotness.
+        """
+        samples = self.batch_size
+        keys: list[Any] = []
+        offsets: list[Any | None] = []
+        for table_keys, table_offsets in zip(self.keys, self.row_offsets, strict=True):
+            if table_offsets is None:
+                if table_keys.ndim == 2:
+                    keys.append(table_keys[first:stop])
+                else:
+                    width = table_keys.size // samples
+                    keys.append(table_keys[first * width : stop * width])
+                offsets.append(None)
+                continue
+            slots = (table_offsets.shape[0] - 1) // samples
+            part = table_offsets[first * slots : stop * slots + 1]
+            start, end = int(part[0]), int(part[-1])
+            keys.append(table_keys.reshape(-1)[start:end])
+            offsets.append(part - start)
+        sample_keys = None if self.sample_keys is None else self.sample_keys[first:stop]
+        return SparseBatch(
+            self.dense[first:stop], tuple(keys), tuple(offsets), self.hotness, sample_keys
+        )
+
     def table_offsets(self, table: int) -> np.ndarray:
         """The row offsets of ``table``, made for a table without them (``0, h, 2h, ...``)."""
         offsets = self.row_offsets[table]

@@ -160,3 +160,37 @@ def test_large_sample_major_batches_staged_in_parts(
         assert len(bucket.graphs.row_lookups) == len(parts) > 1
         samples = [r for *_, (first, stop) in parts for r in range(first, stop)]
         assert samples == list(range(bucket.layout.size))  # every sample in exactly one part
+
+
+@pytest.mark.parametrize("kind", ["dynamic", "static"])
+def test_large_host_batches_run_as_pipelined_chunks(
+    repo: Path, kind: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A host batch with many keys runs as chunks of samples on two lanes of buckets (the
+    thresholds lowered here: chunks of 16 samples): its scores equal the NumPy path's in every
+    host form, a last chunk shorter than the others included; a batch on the GPU runs whole."""
+    from hps_core.gpu import pipeline as gpu_pipeline
+
+    monkeypatch.setattr(gpu_pipeline, "_CHUNKED_KEY_BYTES", 0)
+    monkeypatch.setattr(gpu_pipeline, "_CHUNK_KEY_BYTES", 1)
+    monkeypatch.setattr(gpu_pipeline, "_MIN_CHUNK_SAMPLES", 16)
+    model = ZooModel(repo, NAME)
+    ps = variant(repo, kind, "_chunks")
+    gpu = RankingSession.open(ps, NAME, device_id=0)
+    cpu = RankingSession.open(ps, NAME)
+    samples, hugectr = SamplesContract(gpu.layout), HugeCTRContract(gpu.layout)
+    pipe = gpu.pipeline
+    rng = np.random.default_rng(59)
+    for batch in (40, 64, 100):
+        dense, keys = model.samples(rng, batch)
+        parsed = samples.parse(*encode_samples(dense, keys))
+        assert pipe._chunk_samples(parsed) == 16
+        want = cpu.predict(parsed)
+        model.check(want, dense, keys)
+        for form in (parsed, table_major(parsed), hugectr.parse(*encode_hugectr(dense, keys))):
+            np.testing.assert_allclose(gpu.predict(form), want, rtol=1e-5, atol=1e-6)
+        ragged = hugectr.parse(*encode_hugectr(dense, uneven(keys, rng)))
+        np.testing.assert_allclose(gpu.predict(ragged), cpu.predict(ragged), rtol=1e-5, atol=1e-6)
+    assert set(pipe._second_buckets) == {16} and max(pipe._buckets) == 16
+    np.testing.assert_allclose(gpu.predict(on_gpu(parsed)), want, rtol=1e-5, atol=1e-6)
+    assert max(pipe._buckets) == 128  # on the GPU: the batch of 100 whole

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 from ranking_reference import random_keys
 from ranking_testdata import to_sparse_batch
@@ -98,3 +100,33 @@ def test_fixed_hotness_batches_join_as_key_matrices_or_flat_keys() -> None:
     for t in range(2):
         np.testing.assert_array_equal(mixed.flat_keys(t), joined.flat_keys(t))
         np.testing.assert_array_equal(mixed.table_offsets(t), joined.table_offsets(t))
+
+
+def test_sample_ranges_join_back_into_the_batch() -> None:
+    """Cutting a batch into sample ranges and joining them gives the batch back, for tables
+    with offsets (empty bags included), one-hot tables and key matrices alike."""
+    from hps_core.infer import SparseBatch
+
+    rng = np.random.default_rng(9)
+    for _ in range(20):
+        samples = int(rng.integers(1, 9))
+        keys = random_keys(rng, samples, [2, 1], [np.arange(40), np.arange(9)], empty=0.3)
+        batch = to_sparse_batch(rng.standard_normal((samples, 2)).astype(np.float32), keys)
+        one_hot = SparseBatch(batch.dense, (rng.integers(0, 9, samples),), (None,))
+        matrix = SparseBatch.from_sample_keys(
+            batch.dense, rng.integers(0, 50, (samples, 5)), (3, 2), (3, 1)
+        )
+        cuts = sorted({0, samples, *rng.integers(1, samples + 1, 2).tolist()})
+        for whole in (batch, one_hot, matrix):
+            parts = [whole.sample_range(a, b) for a, b in itertools.pairwise(cuts)]
+            assert [p.batch_size for p in parts] == np.diff(cuts).tolist()
+            for part in parts:
+                for offsets in part.row_offsets:
+                    assert offsets is None or offsets[0] == 0
+            joined = concat_batches(parts)
+            for t in range(len(whole.keys)):
+                np.testing.assert_array_equal(joined.flat_keys(t), whole.flat_keys(t))
+                np.testing.assert_array_equal(joined.table_offsets(t), whole.table_offsets(t))
+            np.testing.assert_array_equal(joined.dense, whole.dense)
+            if whole.sample_keys is not None:
+                assert all(np.shares_memory(p.sample_keys, whole.sample_keys) for p in parts)
