@@ -95,6 +95,11 @@ _MIN_CHUNK_SAMPLES = 4096
 """...and at least this many samples, so that the dense network's products stay efficient."""
 _CHUNK_LANES = 2
 """Buckets per chunk size: a chunk is staged into one while the GPU works on the other's."""
+_POOL_SPLIT = 4
+"""Groups of ``kernels.LANES`` lanes that share a bag in ``bank_pool`` (a warp) ..."""
+_POOL_SPLIT_BAGS = 65536
+"""... for launches of at most this many bags, in models with bags longer than a group's
+lanes (at most 4 x 8 x 65,536 threads: two waves on an H200)."""
 _HIGHEST_PRIORITY = -1000  # lower is more urgent; 0 is the default and least urgent
 
 
@@ -175,6 +180,9 @@ class GpuRankingPipeline:
             [np.arange(f.slot_num, dtype=np.int32) for f in self.feeds] or [[]]
         ).astype(np.int32)
         self._keys_per_sample = sum(f.max_keys_per_sample for f in self.feeds)
+        self._long_bags = any(
+            f.max_keys_per_sample > kernels.LANES * f.slot_num for f in self.feeds
+        )  # a slot that may hold more keys than a group has lanes
         self._key_table = np.concatenate(
             [np.full(f.max_keys_per_sample, u, np.int32) for u, f in enumerate(self.feeds)] or [[]]
         ).astype(np.int32)
@@ -835,11 +843,14 @@ class GpuRankingPipeline:
             )  # fmt: skip
         bags = (stop_row - first_row) * (stop - first)
         if bags:
+            # Few bags, some long: a warp per bag (see bank_pool), the batch's lookup being
+            # the latency of its longest bag.
+            split = _POOL_SPLIT if self._long_bags and bags <= _POOL_SPLIT_BAGS else 1
             self._bank_kernels.get_function("bank_pool")(
-                (-(-bags * kernels.LANES // threads),), (threads,),
+                (-(-bags * kernels.LANES * split // threads),), (threads,),
                 (self._descriptors, self._slot_table_d, self._slot_local_d, np.int32(first),
                  np.int32(stop), *rows, room, size, header, offsets, bucket.rows,
-                 bucket.embeddings),
+                 bucket.embeddings, np.int32(split)),
             )  # fmt: skip
 
     def _insert(self, bucket: _Bucket) -> None:

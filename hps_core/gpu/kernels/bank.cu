@@ -401,21 +401,29 @@ __device__ __forceinline__ void add4(float4& a, const float4 v) {
 // (and in `rows`) in either layout. The group's
 // lanes resolve LANES of the bag's row pointers at once (one lane each), then load the rows of
 // KEYS_IN_FLIGHT keys before adding them in key order: a bag of 100 keys costs about 40 memory
-// round trips instead of 200 one after the other.
+// round trips instead of 200 one after the other. With `split` > 1 (small batches of long bags,
+// whose lookup is the latency of their longest bag), `split` groups of a warp share a bag: group
+// p takes the bag's runs of LANES keys p, p + split, ...; their sums are added in a fixed order
+// through shuffles (the same result every time) and group 0 writes the bag.
 extern "C" __global__ void bank_pool(
     const Table* __restrict__ tables, const int* __restrict__ slot_table,
     const int* __restrict__ slot_local, const int slot_begin, const int slot_end,
     const i64 sample_begin, const i64 sample_end, const int key_room, const i64 batch,
     const int* __restrict__ header, const int* __restrict__ offsets,
-    const u64* __restrict__ rows, float* __restrict__ out) {
+    const u64* __restrict__ rows, float* __restrict__ out, const int split) {
   // A launch serves the bags of slots [slot_begin, slot_end) of samples [sample_begin,
   // sample_end), slot-major: bag i is sample sample_begin + i % n's slot slot_begin + i / n.
+  // split: groups per bag, 1, 2 or 4 (WARP / LANES).
   const i64 samples = sample_end - sample_begin;
-  const i64 bag = ((i64)blockIdx.x * blockDim.x + threadIdx.x) / LANES;
+  const int bag_lanes = LANES * split;
+  const i64 bag = ((i64)blockIdx.x * blockDim.x + threadIdx.x) / bag_lanes;
   if (bag >= samples * (slot_end - slot_begin)) return;  // no lane of a bag returns alone
   const int lane = threadIdx.x % LANES;
+  const int part = (threadIdx.x / LANES) % split;
   const int shift = (threadIdx.x % WARP) / LANES * LANES;
   const unsigned mask = GROUP_MASK << shift;
+  const int bag_shift = (threadIdx.x % WARP) / bag_lanes * bag_lanes;
+  const unsigned bag_mask = (unsigned)((1ull << bag_lanes) - 1ull) << bag_shift;
   const int g = slot_begin + (int)(bag / samples);
   const i64 b = sample_begin + (bag - (i64)(g - slot_begin) * samples);
   const int t = slot_table[g];
@@ -434,7 +442,7 @@ extern "C" __global__ void bank_pool(
     float4 acc[POOL_VECS];
 #pragma unroll
     for (int u = 0; u < POOL_VECS; ++u) acc[u] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    for (int first = 0; first < n_keys; first += LANES) {
+    for (int first = part * LANES; first < n_keys; first += bag_lanes) {
       const int count = min(LANES, n_keys - first);
       const u64 mine = lane < count ? (u64)row_of(tab, bag_rows[first + lane]) : 0ull;
       for (int k0 = 0; k0 < count; k0 += KEYS_IN_FLIGHT) {
@@ -469,6 +477,16 @@ extern "C" __global__ void bank_pool(
         }
       }
     }
+    for (int other = LANES; other < bag_lanes; other <<= 1) {
+#pragma unroll
+      for (int u = 0; u < POOL_VECS; ++u) {
+        acc[u].x += __shfl_xor_sync(bag_mask, acc[u].x, other);
+        acc[u].y += __shfl_xor_sync(bag_mask, acc[u].y, other);
+        acc[u].z += __shfl_xor_sync(bag_mask, acc[u].z, other);
+        acc[u].w += __shfl_xor_sync(bag_mask, acc[u].w, other);
+      }
+    }
+    if (part != 0) continue;
 #pragma unroll
     for (int u = 0; u < POOL_VECS; ++u) {
       const int d = pass + lane + u * LANES;

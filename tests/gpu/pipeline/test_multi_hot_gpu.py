@@ -194,3 +194,26 @@ def test_large_host_batches_run_as_pipelined_chunks(
     assert set(pipe._second_buckets) == {16} and max(pipe._buckets) == 16
     np.testing.assert_allclose(gpu.predict(on_gpu(parsed)), want, rtol=1e-5, atol=1e-6)
     assert max(pipe._buckets) == 128  # on the GPU: the batch of 100 whole
+
+
+@pytest.mark.parametrize("split", [1, 2, 4])
+def test_long_bags_pool_alike_in_one_group_or_shared_by_several(
+    repo: Path, split: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``bank_pool`` pools a bag in one group of lanes, or (small batches of long bags) in
+    ``split`` groups that add their sums: the scores equal the NumPy path's either way."""
+    from hps_core.gpu import pipeline as gpu_pipeline
+
+    monkeypatch.setattr(gpu_pipeline, "_POOL_SPLIT", split)
+    model = ZooModel(repo, NAME)
+    gpu = RankingSession.open(variant(repo, "dynamic", f"_split{split}"), NAME, device_id=0)
+    cpu = RankingSession.open(variant(repo, "dynamic", f"_split{split}"), NAME)
+    assert gpu.pipeline._long_bags  # DLRM-v2's table of 100 keys per sample
+    contract = SamplesContract(gpu.layout)
+    rng = np.random.default_rng(61 + split)
+    for batch in (1, 37, 200):
+        dense, keys = model.samples(rng, batch)
+        parsed = contract.parse(*encode_samples(dense, keys))
+        got = gpu.predict(parsed)
+        np.testing.assert_allclose(got, cpu.predict(parsed), rtol=1e-5, atol=1e-6)
+        model.check(got, dense, keys)
