@@ -276,3 +276,51 @@ extern "C" __global__ void softmax_rows(const float* __restrict__ x,
     }
   }
 }
+
+// Column sums of x and of x * x over the rows of a row-major [rows, cols] float matrix
+// (DIN's Dice takes the mean and the mean square of each column over the batch). A block of
+// 32 x MOMENT_ROWS threads covers 32 columns (coalesced loads) of one of gridDim.y ranges of
+// rows; each range's sums go to part[0 or 1][range][cols], which column_moments_finish adds
+// in range order (the same result every time, unlike atomics).
+#define MOMENT_ROWS 8
+extern "C" __global__ void column_moments(const float* __restrict__ x, const i64 rows,
+                                          const int cols, float* __restrict__ part) {
+  __shared__ float sums[2][MOMENT_ROWS][33];
+  const int c = blockIdx.x * 32 + threadIdx.x;
+  const i64 per = (rows + gridDim.y - 1) / gridDim.y;
+  const i64 first = (i64)blockIdx.y * per;
+  const i64 stop = min(rows, first + per);
+  float a = 0.0f, b = 0.0f;
+  if (c < cols) {
+    for (i64 r = first + threadIdx.y; r < stop; r += MOMENT_ROWS) {
+      const float v = x[r * cols + c];
+      a += v;
+      b += v * v;
+    }
+  }
+  sums[0][threadIdx.y][threadIdx.x] = a;
+  sums[1][threadIdx.y][threadIdx.x] = b;
+  __syncthreads();
+  if (threadIdx.y != 0 || c >= cols) return;
+  for (int k = 1; k < MOMENT_ROWS; ++k) {
+    a += sums[0][k][threadIdx.x];
+    b += sums[1][k][threadIdx.x];
+  }
+  part[(i64)blockIdx.y * cols + c] = a;
+  part[((i64)gridDim.y + blockIdx.y) * cols + c] = b;
+}
+
+extern "C" __global__ void column_moments_finish(const float* __restrict__ part, const int ranges,
+                                                 const int cols, const i64 rows,
+                                                 float* __restrict__ mean,
+                                                 float* __restrict__ square) {
+  const int c = blockIdx.x * blockDim.x + threadIdx.x;
+  if (c >= cols) return;
+  float a = 0.0f, b = 0.0f;
+  for (int k = 0; k < ranges; ++k) {
+    a += part[(i64)k * cols + c];
+    b += part[((i64)ranges + k) * cols + c];
+  }
+  mean[c] = a / (float)rows;
+  square[c] = b / (float)rows;
+}

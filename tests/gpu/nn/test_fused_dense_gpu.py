@@ -304,3 +304,19 @@ def test_interaction_sizes_that_do_not_fit_are_reported():
     assert dense_ops.interaction_fits(27, 128)
     assert dense_ops.interaction_fits(92, 128)  # 92 rows of 132 floats
     assert not dense_ops.interaction_fits(93, 128)  # padded to 96 rows: over 48 KiB
+
+
+@pytest.mark.parametrize("rows, cols", [(1, 1), (3, 37), (255, 80), (257, 200), (70001, 33)])
+def test_column_moments_equal_float64(rows, cols):
+    """Dice's column means and mean squares (two kernels) against float64 NumPy: one row,
+    widths that are not multiples of 32, more rows than one range, more ranges than the
+    cap; the sums are float32 over the rows, so the bound grows with the row count."""
+    rng = np.random.default_rng(rows + cols)
+    x = (3.0 + rng.standard_normal((rows, cols))).astype(np.float32)
+    mean, square = dense_ops.column_moments(cupy.asarray(x))
+    want = x.astype(np.float64)
+    bound = 4 * 2.0**-24 * np.sqrt(rows) * 32
+    np.testing.assert_allclose(mean.get(), want.mean(axis=0), rtol=bound, atol=0)
+    np.testing.assert_allclose(square.get(), (want * want).mean(axis=0), rtol=bound, atol=0)
+    again = dense_ops.column_moments(cupy.asarray(x))
+    assert (again[0] == mean).all() and (again[1] == square).all()  # same order every time
