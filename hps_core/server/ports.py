@@ -1,15 +1,13 @@
-"""TCP ports: pick free ones, and see which ones a process listens on (Linux ``/proc``)."""
+"""TCP ports: pick free ones, and see which ones a process listens on."""
 
 from __future__ import annotations
 
 import errno
-import os
 import socket
 from collections.abc import Mapping
 from contextlib import ExitStack
-from pathlib import Path
 
-_TCP_LISTEN = "0A"  # state column of /proc/net/tcp
+import psutil
 
 
 def pick_free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
@@ -85,7 +83,7 @@ def listening_ports(pid: int) -> set[int]:
     """Return the TCP ports (IPv4 and IPv6) on which process ``pid`` itself has a listening socket.
 
     A server that answers on a port is not proof that *it* owns the port (a leftover server
-    might); this is. Returns an empty set when the process is gone.
+    might); this is. Returns an empty set when the process is gone or belongs to another user.
 
     Args:
         pid: process id.
@@ -93,32 +91,8 @@ def listening_ports(pid: int) -> set[int]:
     Returns:
         Local port numbers of the process's sockets in LISTEN state.
     """
-    inodes = _socket_inodes(pid)
-    ports: set[int] = set()
-    for table in ("tcp", "tcp6"):
-        try:
-            lines = Path(f"/proc/{pid}/net/{table}").read_text().splitlines()[1:]
-        except (FileNotFoundError, ProcessLookupError):
-            continue
-        for line in lines:
-            fields = line.split()
-            if fields[3] == _TCP_LISTEN and int(fields[9]) in inodes:
-                ports.add(int(fields[1].rsplit(":", 1)[1], 16))
-    return ports
-
-
-def _socket_inodes(pid: int) -> set[int]:
-    fd_dir = f"/proc/{pid}/fd"
     try:
-        names = os.listdir(fd_dir)
-    except (FileNotFoundError, ProcessLookupError):
+        connections = psutil.Process(pid).net_connections(kind="tcp")  # IPv4 and IPv6
+    except psutil.Error:  # gone, a zombie, or another user's process
         return set()
-    inodes = set()
-    for name in names:
-        try:
-            target = os.readlink(f"{fd_dir}/{name}")
-        except OSError:  # closed since listdir
-            continue
-        if target.startswith("socket:["):
-            inodes.add(int(target[len("socket:[") : -1]))
-    return inodes
+    return {c.laddr.port for c in connections if c.status == psutil.CONN_LISTEN}

@@ -27,6 +27,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO
 
+import psutil
+
 from hps_core.cache.ipc_files import remove_cuda_event_files
 from hps_core.errors import HPSError
 from hps_core.server.control import VersionState, load_model, version_states
@@ -639,7 +641,7 @@ def busy_ports_message(busy: Mapping[str, int], host: str, options: Mapping[str,
 
 
 def process_group_members(pgid: int) -> list[int]:
-    """Return the live (non-zombie) processes of process group ``pgid``, read from ``/proc``.
+    """Return the live (non-zombie) processes of process group ``pgid``.
 
     Args:
         pgid: process-group id (a started server's ``pid``).
@@ -648,30 +650,27 @@ def process_group_members(pgid: int) -> list[int]:
         Their process ids.
     """
     members = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
+    for pid in _group_members(pgid):
         try:
-            stat = (entry / "stat").read_text()
-        except OSError:  # exited while we looked
+            if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
+                continue
+        except psutil.NoSuchProcess:  # exited (and was reaped) while we looked
             continue
-        # Fields after the parenthesised command: state, ppid, pgrp, ...
-        state, _ppid, pgrp = stat.rsplit(")", 1)[1].split()[:3]
-        if int(pgrp) == pgid and state != "Z":
-            members.append(int(entry.name))
+        except psutil.AccessDenied:  # it exists: a member still alive for all we know
+            pass
+        members.append(pid)
     return members
 
 
 def _group_members(pgid: int) -> list[int]:
-    """Processes of process group ``pgid`` (the server and its stubs), from /proc."""
+    """Processes of process group ``pgid`` (the server and its stubs), zombies included."""
     members = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        with contextlib.suppress(OSError, ValueError, IndexError):
-            # The fields after the command name (which may hold spaces) start with state, ppid,
-            # pgrp.
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-            if int(fields[2]) == pgid:
-                members.append(int(stat.parent.name))
+    # psutil lists the processes but has no process-group accessor; getpgid(2) is one system
+    # call per process and answers for a zombie too, until it is reaped.
+    for pid in psutil.pids():
+        with contextlib.suppress(OSError):  # exited meanwhile (ESRCH), or refused (EPERM)
+            if os.getpgid(pid) == pgid:
+                members.append(pid)
     return members
 
 

@@ -53,6 +53,8 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
+import psutil
+
 logger = logging.getLogger("hps_core")
 
 HEADER = "hps-model-control"
@@ -68,6 +70,7 @@ CONTROL_OPTIONS = (
 """tritonserver options the watchdog sets; a server running it must not get them elsewhere."""
 
 _LOAD_TIMEOUT_S = 300.0
+_CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 
 def new_token() -> str:
@@ -114,24 +117,20 @@ def stub_versions(server_pid: int) -> dict[int, tuple[str, int]]:
         >>> stub_versions(server.pid)  # doctest: +SKIP
         {4121: ('hps_embedding', 1), 4122: ('hps_embedding', 1)}
     """
+    try:
+        children = psutil.Process(server_pid).children()
+    except psutil.Error:  # the server has exited
+        return {}
     stubs: dict[int, tuple[str, int]] = {}
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
+    for child in children:
         try:
-            with open(f"/proc/{entry.name}/stat", "rb") as f:
-                stat = f.read().decode(errors="replace")
-            # Field 4 is the parent pid; the command name in field 2 may hold spaces.
-            if int(stat.rsplit(")", 1)[1].split()[1]) != server_pid:
-                continue
-            with open(f"/proc/{entry.name}/cmdline", "rb") as f:
-                argv = f.read().decode(errors="replace").split("\0")
-        except (OSError, ValueError, IndexError):
-            continue  # exited meanwhile, or not readable
+            argv = child.cmdline()
+        except psutil.Error:  # exited meanwhile, a zombie, or not readable
+            continue
         if len(argv) > 1 and Path(argv[0]).name == STUB_EXECUTABLE:
             version_dir = Path(argv[1]).parent
             version = int(version_dir.name) if version_dir.name.isdigit() else 0
-            stubs[int(entry.name)] = (version_dir.parent.name, version)
+            stubs[child.pid] = (version_dir.parent.name, version)
     return stubs
 
 
@@ -142,20 +141,25 @@ def cpu_ticks(pid: int) -> tuple[int, int] | None:
         pid: the process.
 
     Returns:
-        ``(start, cpu)``: fields 22 and 14 + 15 (user + system time) of ``/proc/<pid>/stat``;
-        ``None`` once the process exited (a zombie included). A later process given the same
-        pid has another start time.
+        ``(start, cpu)``: when the process started, in ticks after boot, and the user + system
+        time it used; ``None`` once the process exited (a zombie included). A later process
+        given the same pid has another start time.
     """
     try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            stat = f.read().decode(errors="replace")
-        # After the command name (field 2, may hold spaces), fields[n - 3] is field n.
-        fields = stat.rsplit(")", 1)[1].split()
-        if fields[0] in ("Z", "X"):
-            return None
-        return int(fields[19]), int(fields[11]) + int(fields[12])
-    except (OSError, ValueError, IndexError):
+        process = psutil.Process(pid)
+        with process.oneshot():  # one read of the kernel's figures for all three
+            if process.status() in (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD):
+                return None
+            times = process.cpu_times()
+            started = process.create_time() - psutil.boot_time()
+    except psutil.Error:
         return None
+    # psutil gives the kernel's tick counts divided by the tick rate: rounding gives them back
+    # exactly, so an idle process compares equal from one look to the next.
+    return (
+        round(started * _CLOCK_TICKS),
+        round(times.user * _CLOCK_TICKS) + round(times.system * _CLOCK_TICKS),
+    )
 
 
 @dataclass

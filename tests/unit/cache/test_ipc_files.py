@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from hps_core.cache.ipc_files import cuda_event_files, remove_cuda_event_files
-from hps_core.server.process import _group_members
+from hps_core.server.process import _group_members, process_group_members
 
 
 def _touch(directory: Path, uid: int, pid: int) -> Path:
@@ -37,6 +37,11 @@ def test_group_members_lists_a_process_group() -> None:
     )
     try:
         assert _group_members(child.pid) == [child.pid]
+        child.kill()
+        os.waitid(os.P_PID, child.pid, os.WEXITED | os.WNOWAIT)  # a zombie: exited, not reaped
+        # Still listed, so that its CUDA event files are removed; no longer a live member.
+        assert _group_members(child.pid) == [child.pid]
+        assert process_group_members(child.pid) == []
     finally:
         child.kill()
         child.wait()

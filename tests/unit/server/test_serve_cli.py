@@ -7,8 +7,8 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
+import psutil
 import pytest
 
 from hps_core.cli import serve
@@ -96,21 +96,12 @@ def test_missing_repository_is_a_usage_error(fake_triton, tmp_path):
 def test_in_process_stop_leaves_no_stub(fake_triton, model_repository):
     proc = _hps_serve(fake_triton, "ok", "--model-repository", str(model_repository), *PORT_ARGS)
     _read_until(proc, "hps serve: ready")
-    server_pids = [
-        int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit() and _parent(p) == proc.pid
-    ]
+    server_pids = [child.pid for child in psutil.Process(proc.pid).children()]
     assert len(server_pids) == 1
     assert len(process_group_members(server_pids[0])) >= 2
     proc.send_signal(signal.SIGINT)
     proc.wait(timeout=20)
     assert process_group_members(server_pids[0]) == []
-
-
-def _parent(proc_dir: Path) -> int:
-    try:
-        return int((proc_dir / "stat").read_text().rsplit(")", 1)[1].split()[1])
-    except (OSError, IndexError):
-        return -1
 
 
 def test_default_model_repository(tmp_path, monkeypatch):

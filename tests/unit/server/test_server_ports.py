@@ -1,4 +1,4 @@
-"""Free-port picking and the /proc reader of listening sockets."""
+"""Free-port picking and the listening sockets of a process."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import subprocess
 import sys
 from contextlib import ExitStack
 
+import psutil
 import pytest
 
 from hps_core.server.ports import listening_ports, pick_free_ports
@@ -61,3 +62,12 @@ def test_listening_ports_of_another_process_are_not_ours():
         child.stdin.close()
         child.wait(timeout=10)
     assert listening_ports(child.pid) == set()  # gone: nothing, no error
+
+
+def test_listening_ports_of_a_process_we_may_not_inspect(monkeypatch):
+    # Another user's process: psutil raises AccessDenied for its sockets (we run as root here).
+    def refuse(self, kind="inet"):
+        raise psutil.AccessDenied(self.pid)
+
+    monkeypatch.setattr(psutil.Process, "net_connections", refuse)
+    assert listening_ports(os.getpid()) == set()

@@ -21,7 +21,7 @@ from hps_core.server.process import (
 
 
 def _live(pids: list[int]) -> list[int]:
-    """Pids that exist and are not zombies, per psutil (independent of the /proc reader)."""
+    """Pids that exist and are not zombies, asked pid by pid (not by process group)."""
     alive = []
     for pid in pids:
         try:
