@@ -4,13 +4,16 @@ Triton's Python backend runs each model instance in a stub process that takes it
 environment from the first ``python3`` on ``PATH``; the launcher therefore puts this
 interpreter's ``bin`` folder first. The server runs in a session (process group) of its own,
 so stopping it can reach every stub, and a terminal's Ctrl+C reaches only the caller, which
-then stops the server in order.
+then stops the server in order. A launcher that dies without stopping it (``kill -9``, the OOM
+killer) takes it along: the kernel sends the server SIGTERM (``PR_SET_PDEATHSIG``).
 """
 
 from __future__ import annotations
 
 import atexit
 import contextlib
+import ctypes
+import functools
 import json
 import os
 import secrets
@@ -115,6 +118,11 @@ class ModelState:
 @dataclass(eq=False)
 class TritonServer:
     """One ``tritonserver`` process and its options.
+
+    The server does not outlive its launcher: when the thread that called :meth:`start` exits,
+    even by ``kill -9`` of the process, the kernel sends the server SIGTERM
+    (:data:`LAUNCHER_DEATH_SIGNAL`). So start it from a thread that lives as long as the server
+    should, such as the main thread.
 
     Args:
         model_repository: the model repository folder.
@@ -556,6 +564,7 @@ class TritonServer:
             stderr=subprocess.STDOUT,
             env=env,
             start_new_session=True,
+            preexec_fn=_exit_with_launcher(),
         )
         self._pid = process.pid
         _RUNNING.add(self)
@@ -684,6 +693,57 @@ def _kill_group(pgid: int) -> None:
         time.sleep(0.02)
 
 
+# SIGTERM rather than SIGKILL: Triton then shuts down as on stop(), unloading its models (their
+# stubs finalize: host-tier segments and update consumers are released) and removing its
+# shared-memory regions, within --exit-timeout-secs, after which it exits anyway. SIGKILL would
+# leave all of that behind; the stubs would still exit (they poll their parent's pid), unless
+# the killed server lingered as a zombie under an init that does not reap. A multi-threaded
+# launcher killed outright may send it twice (the kernel hands the child to each exiting thread
+# in turn); Triton ignores a second SIGTERM while it shuts down.
+LAUNCHER_DEATH_SIGNAL = signal.SIGTERM
+"""The signal a server receives when the thread that launched it exits."""
+_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+
+
+@functools.cache
+def _prctl() -> Callable[..., int] | None:
+    """libc's ``prctl``, resolved once in the launcher (``None`` off Linux)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    return ctypes.CDLL(None, use_errno=True).prctl
+
+
+def _exit_with_launcher() -> Callable[[], None] | None:
+    """A ``preexec_fn`` that has the kernel signal the child when its launcher dies.
+
+    ``start_new_session`` keeps the server out of reach of the terminal's signals and the
+    ``atexit`` hook below does not run when the launcher is killed outright, so without this a
+    ``kill -9`` of ``hps serve`` left ``tritonserver`` running, holding its ports.
+
+    Caveat: the kernel's "parent" here is the *thread* that forked, not the process. If a
+    server is started from a thread that then exits while the process goes on (a worker of a
+    thread pool, say), the server receives the signal too. Start servers from a thread that
+    lives as long as they do: ``hps serve`` and the tests start them from the main thread.
+
+    Returns:
+        The function, or ``None`` where ``prctl`` does not exist.
+    """
+    prctl = _prctl()  # looked up here: between fork and exec the child only makes the call
+    if prctl is None:
+        return None
+    launcher = os.getpid()
+
+    def set_parent_death_signal() -> None:
+        if prctl(_PR_SET_PDEATHSIG, int(LAUNCHER_DEATH_SIGNAL)) != 0:
+            code = ctypes.get_errno()
+            raise OSError(code, f"prctl(PR_SET_PDEATHSIG): {os.strerror(code)}")
+        # The launcher may have died between fork and prctl: then no signal will ever come.
+        if os.getppid() != launcher:
+            os._exit(1)
+
+    return set_parent_death_signal
+
+
 def _remove_shared_memory(prefix: str) -> None:
     for region in _SHM_DIR.glob(f"{prefix}*"):
         region.unlink(missing_ok=True)
@@ -725,7 +785,8 @@ _BLAS_THREAD_VARIABLES = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_TH
 _NO_PROXY = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 # Servers still running when the interpreter exits (a crashed test run, say) are stopped,
-# since their own session keeps them out of reach of the terminal's signals.
+# since their own session keeps them out of reach of the terminal's signals. (A launcher killed
+# outright runs no atexit hook: the parent-death signal of _exit_with_launcher covers that.)
 _RUNNING: set[TritonServer] = set()
 
 

@@ -71,6 +71,12 @@ class ServerFactory:
 
 
 @pytest.fixture
+def triton_installation() -> TritonInstallation:
+    """The installed Triton, for tests that launch it some other way than ``triton_server``."""
+    return require_triton()
+
+
+@pytest.fixture
 def triton_server(tmp_path: Path) -> Iterator[ServerFactory]:
     """Factory of servers stopped at the end of the test."""
     factory = ServerFactory(tmp_path)

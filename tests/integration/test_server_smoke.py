@@ -1,10 +1,15 @@
-"""A real tritonserver with a trivial Python model: HTTP and gRPC answers, clean stop."""
+"""A real tritonserver with a trivial Python model: HTTP and gRPC answers, clean stop, no
+server left behind by a launcher killed with ``kill -9``."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -12,6 +17,8 @@ import psutil
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
+
+from hps_core.server.process import DEFAULT_EXIT_TIMEOUT_S, process_group_members
 
 pytestmark = pytest.mark.integration
 
@@ -133,6 +140,52 @@ def test_stop_leaves_no_process_of_the_group(triton_server, tmp_path):
     assert server.stop() == 0
     leftovers = [p.pid for p in psutil.process_iter() if _pgid(p) == pgid and _alive(p)]
     assert leftovers == []
+
+
+def test_the_server_dies_with_a_killed_launcher(triton_installation, tmp_path):
+    repo, _ = _write_repository(tmp_path)
+    log = tmp_path / "hps-serve.log"
+    # The control file of the killed hps serve stays behind: keep it out of the user's folder.
+    env = {**os.environ, "HPS_RUNTIME_DIR": str(tmp_path / "run")}
+    ports = ["--http-port", "0", "--grpc-port", "0", "--metrics-port", "0"]
+    with log.open("wb") as out:
+        launcher = subprocess.Popen(
+            [sys.executable, "-m", "hps_core.cli.main", "serve", "--model-repository", str(repo),
+             *ports],
+            stdout=out, stderr=subprocess.STDOUT, env=env,
+        )  # fmt: skip
+    server_pid = None
+    try:
+        deadline = time.monotonic() + 120
+        while b"hps serve: ready" not in log.read_bytes():
+            assert launcher.poll() is None, log.read_text()
+            assert time.monotonic() < deadline, log.read_text()
+            time.sleep(0.1)
+        (server,) = psutil.Process(launcher.pid).children()
+        server_pid = server.pid
+        option = next(a for a in server.cmdline() if "shm-region-prefix-name=" in a)
+        shm_prefix = option.split("shm-region-prefix-name=")[1]
+        assert list(Path("/dev/shm").glob(f"{shm_prefix}*"))  # the stub's region
+        assert len(process_group_members(server_pid)) >= 2  # tritonserver and the model's stub
+        launcher.kill()  # SIGKILL: hps serve stops nothing, runs no atexit hook
+        launcher.wait()
+        killed = time.monotonic()
+        # SIGTERM from the kernel: Triton unloads the model (its stub exits) and exits within
+        # its exit timeout.
+        while process_group_members(server_pid) and time.monotonic() - killed < (
+            DEFAULT_EXIT_TIMEOUT_S + 10
+        ):
+            time.sleep(0.1)
+        assert process_group_members(server_pid) == [], log.read_text()[-3000:]
+        # SIGTERM, so Triton shut down in order: it removed its shared-memory regions itself.
+        assert "Signal (15) received" in log.read_text()
+        assert list(Path("/dev/shm").glob(f"{shm_prefix}*")) == []
+    finally:
+        launcher.kill()
+        launcher.wait()
+        if server_pid is not None:  # whatever is left of the server's group
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(server_pid, signal.SIGKILL)
 
 
 def _pgid(proc: psutil.Process) -> int | None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
 import selectors
 import signal
 import subprocess
@@ -102,6 +104,31 @@ def test_in_process_stop_leaves_no_stub(fake_triton, model_repository):
     proc.send_signal(signal.SIGINT)
     proc.wait(timeout=20)
     assert process_group_members(server_pids[0]) == []
+
+
+def test_the_server_dies_with_a_killed_launcher(fake_triton, model_repository):
+    proc = _hps_serve(fake_triton, "ok", "--model-repository", str(model_repository), *PORT_ARGS)
+    _read_until(proc, "hps serve: ready")
+    (server,) = psutil.Process(proc.pid).children()
+    try:
+        proc.kill()  # SIGKILL: no signal handler, no stop(), no atexit hook runs
+        proc.wait(timeout=20)
+        # The kernel sends the server SIGTERM (PR_SET_PDEATHSIG); the fake exits 0 on it.
+        deadline = time.monotonic() + 10
+        while _alive(server) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not _alive(server)
+    finally:
+        # The fake's "stub" ignores SIGTERM and does not watch its parent, as Triton's do.
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(server.pid, signal.SIGKILL)
+
+
+def _alive(process: psutil.Process) -> bool:
+    try:
+        return process.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
 
 
 def test_default_model_repository(tmp_path, monkeypatch):
