@@ -22,6 +22,7 @@ _SUBCOMMAND_MODULES = (
     "hps_core.cli.repo",
     "hps_core.cli.serve",
     "hps_core.cli.reload",
+    "hps_core.cli.models",
     "hps_core.cli.convert",
     "hps_core.cli.graph",
     "hps_core.cli.prepare",

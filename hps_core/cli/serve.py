@@ -3,8 +3,10 @@
 Model control stays with the operator: Triton runs in explicit mode with the model-repository
 API restricted to a token, which ``hps serve`` writes to a control file only this user can
 read (:mod:`hps_core.server.control`), so ``hps reload MODEL`` can switch a model to a new
-version while clients cannot load or unload anything. Passing model-control options to
-tritonserver after ``--`` hands model control to the user instead (no watchdog, no reload).
+version and ``hps models`` can list the repository's models, while clients cannot load or
+unload anything (they list the models that serve through Triton's statistics API). Passing
+model-control options to tritonserver after ``--`` hands model control to the user instead
+(no watchdog, no reload).
 
 Example:
     hps serve --http-port 8000 -- --model-control-mode=explicit --load-model=dlrm

@@ -229,6 +229,29 @@ def load_model(http_url: str, token: str, model: str, timeout: float = LOAD_TIME
     return time.perf_counter() - started
 
 
+def repository_index(http_url: str, token: str, timeout: float = 10.0) -> list[dict[str, str]]:
+    """Triton's repository index: every model of the repository, with each version it knows.
+
+    Clients cannot read it (it belongs to the restricted model-repository API, with load and
+    unload); the models that serve are open to them through the statistics API instead.
+
+    Args:
+        http_url: the server's HTTP endpoint.
+        token: the model-control token.
+        timeout: seconds to wait for the answer.
+
+    Returns:
+        Triton's entries: ``name``, and where Triton has them ``version``, ``state``
+        (``READY``, ``UNAVAILABLE``, ...) and ``reason`` (a load error). A model whose
+        config Triton could not read has its name only.
+
+    Raises:
+        ControlError: the index cannot be read.
+    """
+    entries = _request(http_url, token, "/v2/repository/index", timeout) or []
+    return [{str(k): str(v) for k, v in entry.items()} for entry in entries]
+
+
 def version_states(http_url: str, token: str, timeout: float = 10.0) -> list[VersionState]:
     """Every version Triton knows of every model, from its repository index.
 
@@ -243,11 +266,8 @@ def version_states(http_url: str, token: str, timeout: float = 10.0) -> list[Ver
     Raises:
         ControlError: the index cannot be read.
     """
-    entries = _request(http_url, token, "/v2/repository/index", timeout) or []
     return [
-        VersionState(
-            str(e["name"]), int(e["version"]), str(e.get("state", "")), str(e.get("reason", ""))
-        )
-        for e in entries
-        if str(e.get("version", "")).isdigit()
+        VersionState(e["name"], int(e["version"]), e.get("state", ""), e.get("reason", ""))
+        for e in repository_index(http_url, token, timeout)
+        if e.get("version", "").isdigit()
     ]

@@ -1,5 +1,6 @@
-"""A real tritonserver with a trivial Python model: HTTP and gRPC answers, clean stop, no
-server left behind by a launcher killed with ``kill -9``."""
+"""A real tritonserver with a trivial Python model: HTTP and gRPC answers, the served models
+listed to clients and operators, clean stop, no server left behind by a launcher killed with
+``kill -9``."""
 
 from __future__ import annotations
 
@@ -17,8 +18,12 @@ import psutil
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
 
+from hps_core.cli.main import main as hps_main
+from hps_core.server.control import ControlInfo, write_control_file
 from hps_core.server.process import DEFAULT_EXIT_TIMEOUT_S, process_group_members
+from hps_core.server.stub_watchdog import HEADER
 
 pytestmark = pytest.mark.integration
 
@@ -128,6 +133,54 @@ def test_models_run_in_this_environment(served):
     seen = json.loads(probe.read_text())
     assert Path(seen["prefix"]).resolve() == Path(sys.prefix).resolve()
     assert seen["numpy"] == np.__version__
+
+
+def test_clients_list_the_served_models_through_statistics(
+    triton_server, tmp_path, monkeypatch, capsys
+):
+    repo, _ = _write_repository(tmp_path)
+    broken = repo / "broken"
+    (broken / "1").mkdir(parents=True)
+    (broken / "1" / "model.py").write_text("import nothere\n")
+    (broken / "config.pbtxt").write_text(
+        'backend: "python"\nmax_batch_size: 4\n'
+        'input [ { name: "X", data_type: TYPE_FP32, dims: [ 1 ] } ]\n'
+        'output [ { name: "Y", data_type: TYPE_FP32, dims: [ 1 ] } ]\n'
+    )
+    # As hps serve runs it: the model-repository API kept to the operator, a broken model
+    # unavailable while the others serve.
+    server = triton_server(repo, model_control=True, strict_models=False)
+    http = httpclient.InferenceServerClient(server.http_url.removeprefix("http://"))
+    grpc = grpcclient.InferenceServerClient(server.grpc_url)
+    try:
+        for client in (http, grpc):
+            # Index, load and unload are one category for Triton: all refused to clients.
+            refused = f"expecting header '(triton-grpc-protocol-)?{HEADER}'"
+            with pytest.raises(InferenceServerException, match=refused):
+                client.get_model_repository_index()
+            with pytest.raises(InferenceServerException, match=refused):
+                client.unload_model(MODEL)
+        # The statistics API is open to them and lists the models that serve.
+        listed = [
+            http.get_inference_statistics()["model_stats"],
+            grpc.get_inference_statistics(as_json=True)["model_stats"],
+        ]
+        for stats in listed:
+            assert [(m["name"], m["version"]) for m in stats] == [(MODEL, "1")]
+        assert http.is_model_ready(MODEL) and not http.is_model_ready("broken")
+    finally:
+        http.close()
+        grpc.close()
+    # The operator (hps models, through hps serve's control file) sees every model and why one
+    # does not serve.
+    monkeypatch.setenv("HPS_RUNTIME_DIR", str(tmp_path / "run"))
+    info = ControlInfo(os.getpid(), server.http_url, server.control_token)
+    write_control_file(server.ports.http, info)
+    assert hps_main(["models", "--http-port", str(server.ports.http)]) == 0
+    assert capsys.readouterr().out.splitlines() == [
+        f"{MODEL}  1  READY",
+        "broken  1  UNAVAILABLE: Internal: ModuleNotFoundError: No module named 'nothere'",
+    ]
 
 
 def test_stop_leaves_no_process_of_the_group(triton_server, tmp_path):

@@ -1,4 +1,4 @@
-"""Model control for the operator: control files, the load request, ``hps reload``.
+"""Model control for the operator: control files, the load request, ``hps reload``, ``hps models``.
 
 A stand-in for Triton's repository API (HTTP, token header required) answers the load and
 the index; the real switch under load is tests/integration/test_version_switch.py.
@@ -20,6 +20,7 @@ from typing import ClassVar
 import pytest
 
 from hps_core.cli.main import main
+from hps_core.cli.models import format_index
 from hps_core.server.control import (
     ControlError,
     ControlInfo,
@@ -155,6 +156,35 @@ def test_hps_reload_reports_a_failed_load(fake_api: str, capsys) -> None:
 def test_hps_reload_without_a_server(capsys) -> None:
     assert main(["reload", "m", "--http-port", "8124"]) == 1
     assert "no hps serve with model control on HTTP port 8124" in capsys.readouterr().err
+
+
+def test_hps_models_lists_the_index_with_its_states(fake_api: str, capsys) -> None:
+    write_control_file(8000, ControlInfo(os.getpid(), fake_api, TOKEN))
+    assert main(["models", "--http-port", "8000"]) == 0
+    out = capsys.readouterr().out
+    assert out.splitlines() == ["m  2  READY"]
+    assert TOKEN not in out
+
+
+def test_hps_models_without_a_server(capsys) -> None:
+    assert main(["models", "--http-port", "8124"]) == 1
+    assert "no hps serve with model control on HTTP port 8124" in capsys.readouterr().err
+
+
+def test_index_lines_keep_the_first_paragraph_of_a_reason() -> None:
+    entries = [
+        {"name": "wdl", "version": "1", "state": "UNAVAILABLE",
+         "reason": "Internal: ModuleNotFoundError: No module named 'x'\n\nAt:\n  model.py(1)"},
+        {"name": "badcfg"},  # Triton could not read its config
+        {"name": "dcn", "version": "10", "state": "READY"},
+        {"name": "dcn", "version": "9", "state": "UNAVAILABLE", "reason": "unloaded"},
+    ]  # fmt: skip
+    assert format_index(entries) == [
+        "badcfg   -  not loaded",
+        "dcn      9  UNAVAILABLE: unloaded",
+        "dcn     10  READY",
+        "wdl      1  UNAVAILABLE: Internal: ModuleNotFoundError: No module named 'x'",
+    ]
 
 
 def test_hps_serve_publishes_the_control_file_until_it_stops(
