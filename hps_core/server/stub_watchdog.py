@@ -57,7 +57,13 @@ import psutil
 
 logger = logging.getLogger("hps_core")
 
-HEADER = "hps-model-control"
+# Triton's refusal of a request without the header names the header and nothing else ("This
+# API is restricted, expecting header '<name>'"; gRPC prefixes triton-grpc-protocol-), and it
+# refuses a client's repository index as well as load and unload (one restricted category). So
+# the name tells a client who meets it that the API is not theirs and where the list of served
+# models is: the statistics API (GET /v2/models/stats, get_inference_statistics()). Lowercase
+# letters and hyphens only: valid as an HTTP header and as gRPC metadata, kept by proxies.
+HEADER = "hps-operator-only-to-list-models-use-model-statistics"
 """Header that must carry the token for Triton's model-repository API."""
 
 STUB_EXECUTABLE = "triton_python_backend_stub"

@@ -154,8 +154,10 @@ def test_clients_list_the_served_models_through_statistics(
     grpc = grpcclient.InferenceServerClient(server.grpc_url)
     try:
         for client in (http, grpc):
-            # Index, load and unload are one category for Triton: all refused to clients.
+            # Index, load and unload are one category for Triton: all refused to clients, with
+            # a message that names the way to list models.
             refused = f"expecting header '(triton-grpc-protocol-)?{HEADER}'"
+            assert "to-list-models-use-model-statistics" in HEADER
             with pytest.raises(InferenceServerException, match=refused):
                 client.get_model_repository_index()
             with pytest.raises(InferenceServerException, match=refused):

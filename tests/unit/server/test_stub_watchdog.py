@@ -34,6 +34,12 @@ def test_control_args_load_every_model_and_restrict_model_control_to_the_token()
     assert new_token() != token and len(token) == 32
 
 
+def test_the_header_name_tells_a_refused_client_how_to_list_models() -> None:
+    # Triton's refusal quotes the header's name only: it is the message a client reads.
+    assert HEADER.endswith("to-list-models-use-model-statistics")
+    assert set(HEADER) <= set("abcdefghijklmnopqrstuvwxyz-")  # HTTP header and gRPC metadata
+
+
 def test_stub_processes_maps_each_child_stub_to_its_model(tmp_path: Path) -> None:
     stubs = []
     for model in ("dcn", "dcn_samples"):
