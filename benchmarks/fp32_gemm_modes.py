@@ -1,7 +1,7 @@
 """FP32 fully connected layers on the GPU: SGEMM against 3xTF32, with TF32 beside them.
 
 For each layer shape of the MLPerf DLRM (bottom 13-512-256-128, top 479-1024-1024-512-256-1)
-and each batch size, :func:`hps_core.gpu.linear.linear` with its bias and ReLU epilogue runs in
+and each batch size, :func:`hps_core.cuda.linear.linear` with its bias and ReLU epilogue runs in
 three modes: ``sgemm`` (``HPS_FP32_GEMM=sgemm``: float32 CUDA cores), ``3xtf32`` (three TF32
 tensor-core products of split operands, forced whatever the size) and ``tf32`` (one TF32
 product, the TF32 precision mode). Per case: the median GPU time of ``--runs`` calls (CUDA
@@ -9,7 +9,7 @@ events around each call, after two warm-up calls) and the relative L2 error agai
 product computed on the GPU. The split passes are part of the 3xTF32 time.
 
 Prints a table and writes ``fp32_gemm_modes.csv`` under ``--out``; the crossover it shows is
-where :data:`hps_core.gpu.linear.THREE_TF32_MIN_MACS` should sit.
+where :data:`hps_core.cuda.linear.THREE_TF32_MIN_MACS` should sit.
 
 Usage:
     python benchmarks/fp32_gemm_modes.py --out $OUT
@@ -26,7 +26,7 @@ from pathlib import Path
 import cupy
 import numpy as np
 
-from hps_core.gpu import linear
+from hps_core.cuda import linear
 
 LAYERS = [(13, 512), (512, 256), (256, 128), (479, 1024), (1024, 1024), (1024, 512), (512, 256)]
 

@@ -1,7 +1,7 @@
 """DLRM's dot interaction on the GPU: hps-triton's kernel against PyTorch's batched GEMM.
 
 For each shape (samples, vectors n, width dim) and precision: the median time of
-:func:`hps_core.gpu.dense_ops.interaction` (one kernel: stage, Gram matrix in 4 x 4 register
+:func:`hps_core.cuda.dense_ops.interaction` (one kernel: stage, Gram matrix in 4 x 4 register
 tiles, lower triangle, padding), of the PyTorch peer as ``benchmarks/torch_dlrm.py`` writes it
 (``cat`` of the MLP output and the embeddings, ``bmm``, gather of the triangle, ``cat``), and of
 a device-to-device copy of the kernel's input and output bytes (the memory floor); the kernel's
@@ -23,7 +23,7 @@ import cupy
 import numpy as np
 import torch
 
-from hps_core.gpu import dense_ops
+from hps_core.cuda import dense_ops
 
 SHAPES = ((1, 27, 128), (1024, 27, 128), (16384, 27, 128), (65536, 27, 128), (65536, 27, 16),
           (16384, 40, 64))  # fmt: skip

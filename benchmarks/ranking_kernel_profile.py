@@ -30,10 +30,10 @@ from torch.profiler import ProfilerActivity, profile
 from torch_dlrm import torch_peer
 
 from hps_core.config import load_ps_config
-from hps_core.gpu import pipeline as gpu_pipeline
-from hps_core.gpu.staging import bucket_for
 from hps_core.hps import HPS
 from hps_core.infer import RankingSession, load_ranking_graph
+from hps_core.infer.gpu import pipeline as gpu_pipeline
+from hps_core.infer.gpu.staging import bucket_for
 
 WARMUP_BATCH = 16384
 
@@ -42,7 +42,7 @@ VARIANTS = {
     "insert beside the dense network": {"_INSERT_AFTER_SCORES": False},
     "whole batches (no chunks)": {"_CHUNKED_KEY_BYTES": 1 << 62},
 }
-"""Settings of :mod:`hps_core.gpu.pipeline` timed beside the default (the median predict of
+"""Settings of :mod:`hps_core.infer.gpu.pipeline` timed beside the default (the median predict of
 fresh batches, the settings alternating)."""
 
 

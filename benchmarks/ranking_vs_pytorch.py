@@ -8,7 +8,7 @@ uniform, on the host (what Triton hands over) as the samples contract gives them
 :class:`~hps_core.infer.SparseBatch` keeping the ``[B, K]`` key matrix.
 
 hps-triton: :class:`~hps_core.infer.RankingSession` on GPU 0 (the CUDA-graph pipeline of
-:mod:`hps_core.gpu.pipeline`), for each cache setting (``--caches``: ``gpucacheper`` values
+:mod:`hps_core.infer.gpu.pipeline`), for each cache setting (``--caches``: ``gpucacheper`` values
 and ``static``), after ``--warmup`` warm-up batches of 16,384 samples; predict() returns host
 scores, so each timed call is keys in -> scores out, synchronised.
 
@@ -24,7 +24,7 @@ Also, for the first cache setting and for the eager peer, the same batches alrea
 keys; torch tensors on the GPU for the peer), so no host copy is timed.
 
 Precisions (``--precisions``): ``fp32`` (large products as 3xTF32, see
-:mod:`hps_core.gpu.linear`), ``fp32-sgemm`` (every FP32 product on SGEMM), ``tf32``; the peer
+:mod:`hps_core.cuda.linear`), ``fp32-sgemm`` (every FP32 product on SGEMM), ``tf32``; the peer
 runs strict FP32 for both FP32 rows.
 
 Per (batch, precision): median over ``--runs`` calls on fresh batches; ms, samples/s, ratio
@@ -207,7 +207,7 @@ def graph_times(session: RankingSession, sparse: SparseBatch) -> tuple[float, fl
     batch, run one after the other on one stream (CUDA events; the batch's misses are
     inserted, as in predict())."""
     pipe = session.pipeline
-    from hps_core.gpu.staging import bucket_for
+    from hps_core.infer.gpu.staging import bucket_for
 
     bucket = pipe._bucket(bucket_for(sparse.batch_size))
     events = [cupy.cuda.Event() for _ in range(4)]
@@ -289,7 +289,7 @@ def main() -> None:
     rng = np.random.default_rng(0)
     results = []
     for precision in args.precisions.split(","):
-        # "fp32-sgemm": FP32 with every product on SGEMM (no 3xTF32; hps_core.gpu.linear).
+        # "fp32-sgemm": FP32 with every product on SGEMM (no 3xTF32; hps_core.cuda.linear).
         os.environ["HPS_FP32_GEMM"] = "sgemm" if precision == "fp32-sgemm" else "3xtf32"
         torch.backends.cuda.matmul.allow_tf32 = precision == "tf32"
         torch.backends.cudnn.allow_tf32 = precision == "tf32"

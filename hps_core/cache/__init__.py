@@ -4,7 +4,7 @@
 - :mod:`~hps_core.cache.dynamic`: the LRU cache's contract and shared code.
 - :mod:`~hps_core.cache.twin`: NumPy implementation, the executable specification.
 - :mod:`~hps_core.cache.cupy_cache`: CUDA implementation (imported only when CuPy is used);
-  its kernels are ``hps_core/gpu/kernels/cache.cu`` (set helpers shared with the GPU pipeline
+  its kernels are ``hps_core/cuda/kernels/cache.cu`` (set helpers shared with the GPU pipeline
   in ``cache_set.cuh``), their constants :mod:`~hps_core.cache.kernel_consts`.
 - :mod:`~hps_core.cache.static_table`: whole-table cache without eviction.
 - :func:`make_cache`: picks one by kind and array module.

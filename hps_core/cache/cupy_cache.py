@@ -1,6 +1,6 @@
-"""The dynamic cache on a GPU: CuPy arrays and the kernels of ``hps_core/gpu/kernels/cache.cu``.
+"""The dynamic cache on a GPU: CuPy arrays and the kernels of ``hps_core/cuda/kernels/cache.cu``.
 
-The kernel file is compiled through :mod:`hps_core.gpu.kernels` with the constants of
+The kernel file is compiled through :mod:`hps_core.cuda.kernels` with the constants of
 :mod:`hps_core.cache.kernel_consts`.
 
 Importing this module needs CuPy; :func:`hps_core.cache.make_cache` imports it only for
@@ -29,8 +29,8 @@ from hps_core.cache.kernel_consts import (
 )
 from hps_core.cache.layout import RunPlan, plan_runs
 from hps_core.cache.order import StreamOrder
+from hps_core.cuda import kernels
 from hps_core.errors import HPSError
-from hps_core.gpu import kernels
 
 _WARP = 32
 _CUDA_ERRORS = (cupy.cuda.driver.CUDADriverError, cupy.cuda.runtime.CUDARuntimeError)

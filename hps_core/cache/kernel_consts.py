@@ -1,11 +1,11 @@
 """Constants of the dynamic cache's CUDA kernels, shared by Python and the kernel source.
 
 The kernels (``cache_query``, ``cache_replace``, ``cache_update``, ``static_query``,
-``static_find``) are CUDA C++ in ``hps_core/gpu/kernels/cache.cu``, which takes its set-probing
-helpers from ``hps_core/gpu/kernels/cache_set.cuh`` (shared with the GPU pipeline's
+``static_find``) are CUDA C++ in ``hps_core/cuda/kernels/cache.cu``, which takes its set-probing
+helpers from ``hps_core/cuda/kernels/cache_set.cuh`` (shared with the GPU pipeline's
 ``bank.cu``); :func:`hps_core.cache.cupy_cache.load_kernels` compiles them at run time (NVRTC,
-through CuPy and :mod:`hps_core.gpu.kernels`). The constants the source shares with Python
-(ways, empty key, counter positions, lanes per key) are generated here by :func:`cuda_defines`
+through CuPy and :mod:`hps_core.cuda.kernels`). The constants the source shares with Python
+(ways, empty key, counter positions, lanes per key) are gathered here by :func:`cuda_defines`
 from the Python modules that own them, so the two cannot drift apart. This module needs no
 CuPy.
 
@@ -24,9 +24,10 @@ from hps_core.cache.stats import (
     RESERVED_KEY_MISSES,
     UPDATED,
 )
+from hps_core.cuda.kernels import define_lines
 
 KERNEL_FILE = "cache"
-"""Stem of the kernel file: ``hps_core/gpu/kernels/cache.cu``."""
+"""Stem of the kernel file: ``hps_core/cuda/kernels/cache.cu``."""
 
 KERNEL_NAMES = ("cache_query", "cache_replace", "cache_update", "static_query", "static_find")
 
@@ -43,15 +44,17 @@ def cuda_defines() -> str:
     Returns:
         CUDA C++ text to put before the kernel file's text.
     """
-    return (
-        f"#define WAYS {WAYS}\n"
-        f"#define QUERY_LANES {QUERY_LANES}\n"
-        f"#define QUERY_GROUP_MASK {(1 << QUERY_LANES) - 1}u\n"
-        f"#define EMPTY_KEY {EMPTY_KEY}LL\n"
-        f"#define INSERTS {INSERTS}\n"
-        f"#define EVICTIONS {EVICTIONS}\n"
-        f"#define UPDATED {UPDATED}\n"
-        f"#define HITS {HITS}\n"
-        f"#define MISSES {MISSES}\n"
-        f"#define RESERVED_KEY_MISSES {RESERVED_KEY_MISSES}\n"
+    return define_lines(
+        {
+            "WAYS": WAYS,
+            "QUERY_LANES": QUERY_LANES,
+            "QUERY_GROUP_MASK": f"{(1 << QUERY_LANES) - 1}u",
+            "EMPTY_KEY": f"{EMPTY_KEY}LL",
+            "INSERTS": INSERTS,
+            "EVICTIONS": EVICTIONS,
+            "UPDATED": UPDATED,
+            "HITS": HITS,
+            "MISSES": MISSES,
+            "RESERVED_KEY_MISSES": RESERVED_KEY_MISSES,
+        }
     )

@@ -47,7 +47,7 @@ class RankingSession:
         executor: the model's dense network (NumPy, or CuPy on ``device_id``).
         device_id: GPU the lookups and the network run on; ``None`` for the host.
         graphs: on a GPU, record each batch size bucket as CUDA graphs (see
-            :mod:`hps_core.gpu.pipeline`).
+            :mod:`hps_core.infer.gpu.pipeline`).
 
     Example:
         >>> session = RankingSession.open("model_repository/dlrm/ps.json", "dlrm")  # doctest: +SKIP
@@ -72,9 +72,9 @@ class RankingSession:
         self._feeds = tuple(feed for feed in layout.tables if feed.layer in used)
         self.pipeline: Any = None
         if device_id is not None and isinstance(lookup, ModelLookup):
-            # On a GPU a batch is one pass over the device (hps_core.gpu.pipeline); the
+            # On a GPU a batch is one pass over the device (hps_core.infer.gpu.pipeline); the
             # per-table path below stays for the host and for lookups of other kinds.
-            from hps_core.gpu.pipeline import GpuRankingPipeline
+            from hps_core.infer.gpu.pipeline import GpuRankingPipeline
 
             with _device(executor.ctx.xp, device_id):
                 self.pipeline = GpuRankingPipeline(layout, executor, lookup, graphs=graphs)

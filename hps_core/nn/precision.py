@@ -18,7 +18,7 @@ mode       CuPy                                   NumPy
 FP32       cuBLAS GEMM, ``CUBLAS_COMPUTE_32F``;   sgemm
            large fully connected layers on TF32
            tensor cores as 3xTF32 (float32-class
-           accuracy, :mod:`hps_core.gpu.linear`;
+           accuracy, :mod:`hps_core.cuda.linear`;
            ``HPS_FP32_GEMM=sgemm`` turns it off)
 TF32       cuBLAS GEMM on TF32 tensor cores       :func:`round_to_tf32` on both operands,
            (``CUBLAS_COMPUTE_32F_FAST_TF32``)     then sgemm (an emulation for checking)
@@ -26,7 +26,7 @@ FP16       cuBLAS on float16 operands, float32    both operands widened to float
            compute type (tensor cores)            result rounded to float16
 =========  =====================================  ==========================================
 
-On CuPy the products go through :mod:`hps_core.gpu.blas`, which calls cuBLAS directly with the
+On CuPy the products go through :mod:`hps_core.cuda.blas`, which calls cuBLAS directly with the
 compute type of the mode (no process-wide switch) and can be recorded in a CUDA graph, which
 CuPy's own ``matmul`` cannot. A product whose result is one element is computed in float32
 from the rounded operands on both array modules (``ComputeContext._dot_in_float32``): cuBLAS
@@ -190,7 +190,7 @@ class ComputeContext:
             return self._dot_in_float32(a, b)
         xp = self.xp
         if self._on_gpu:
-            from hps_core.gpu.blas import matmul
+            from hps_core.cuda.blas import matmul
 
             return matmul(a, b, self.precision.value)
         if self.precision is Precision.FP32:
@@ -205,7 +205,7 @@ class ComputeContext:
             a, b = round_to_tf32(self.xp, a), round_to_tf32(self.xp, b)
         a, b = self.widen(a), self.widen(b)
         if self._on_gpu:
-            from hps_core.gpu.blas import matmul
+            from hps_core.cuda.blas import matmul
 
             return self.cast(matmul(a, b, Precision.FP32.value))
         return self.cast(self.xp.matmul(a, b))

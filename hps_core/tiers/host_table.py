@@ -270,7 +270,7 @@ class SharedHostTable:
         """Overwrite rows in place in the shared segment (online updates).
 
         Every process of the machine (and every GPU that maps the segment, see
-        :mod:`hps_core.gpu.host_mapping`) reads the same pages, so the new values are what the
+        :mod:`hps_core.infer.gpu.host_mapping`) reads the same pages, so the new values are what the
         next lookup anywhere on the machine reads. A reader running at the same moment may see
         a row half written; rows of one message are written in one NumPy assignment.
 

@@ -7,7 +7,7 @@ process could answer it from:
 1. **keys the shared host tier holds**: their rows are overwritten in place in the
    shared-memory segment (:meth:`~hps_core.tiers.host_table.SharedHostTable.write_rows`). The
    segment is one copy per machine, so every instance writes the same values: harmless; GPUs
-   read the same pages through their zero-copy mapping (:mod:`hps_core.gpu.host_mapping`).
+   read the same pages through their zero-copy mapping (:mod:`hps_core.infer.gpu.host_mapping`).
 2. **other keys**: into this process's update overlay
    (:class:`~hps_core.tiers.overlay.OverlayStore`), the first tier below the shared one, which
    the host path and the GPU pipeline (``lookup_lower``) consult; and into the Redis cluster

@@ -54,7 +54,7 @@ class Sigmoid(Layer):
         self, ctx: ComputeContext, inputs: Sequence[Array], params: Sequence[Array]
     ) -> tuple[Array, ...]:
         if ctx.on_gpu:
-            from hps_core.gpu.dense_ops import sigmoid
+            from hps_core.cuda.dense_ops import sigmoid
 
             return (sigmoid(inputs[0], ctx.dtype),)
         xp = ctx.xp
@@ -154,7 +154,7 @@ class PReLUDice(Layer):
         self, ctx: ComputeContext, inputs: Sequence[Array], params: Sequence[Array]
     ) -> tuple[Array, ...]:
         if ctx.on_gpu:
-            from hps_core.gpu.dense_ops import dice
+            from hps_core.cuda.dense_ops import dice
 
             return (dice(inputs[0], self.alpha, self.eps, ctx.dtype),)
         xp, x = ctx.xp, ctx.widen(inputs[0])

@@ -45,7 +45,7 @@ def masked_softmax(xp: object, scores: Array, mask: Array, factor: float) -> Arr
 def _masked_softmax(ctx: ComputeContext, scores: Array, mask: Array, factor: float) -> Array:
     """:func:`masked_softmax`, in one kernel on a GPU."""
     if ctx.on_gpu:
-        from hps_core.gpu import dense_ops
+        from hps_core.cuda import dense_ops
 
         if dense_ops.fits_rows(scores) and dense_ops.fits_rows(mask):
             return dense_ops.softmax(scores, mask, factor, float(SOFTMAX_EPS))
@@ -89,7 +89,7 @@ def softmax_last_axis(ctx: ComputeContext, x: Array) -> Array:
     """Softmax over the last axis in float32 (the maximum subtracted first), in one kernel on a
     GPU."""
     if ctx.on_gpu:
-        from hps_core.gpu import dense_ops
+        from hps_core.cuda import dense_ops
 
         if dense_ops.fits_rows(x):
             return dense_ops.softmax(x)
@@ -213,7 +213,7 @@ class LayerNorm(Layer):
         xp, x = ctx.xp, ctx.widen(inputs[0])
         gamma, beta = (ctx.widen(p).reshape(-1) for p in params)
         if ctx.on_gpu:
-            from hps_core.gpu import dense_ops
+            from hps_core.cuda import dense_ops
 
             if dense_ops.fits_rows(x):
                 return (ctx.cast(dense_ops.layer_norm(x, gamma, beta, self.eps)),)

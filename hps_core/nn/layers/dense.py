@@ -68,7 +68,7 @@ def _affine(ctx: ComputeContext, x: Array, weight: Array, bias: Array | None, re
     ReLU in its epilogue)."""
     # A single dot product keeps ComputeContext.matmul's float32 path (its TF32 rounding).
     if ctx.on_gpu and not (math.prod(x.shape[:-1]) == 1 and weight.shape[-1] == 1):
-        from hps_core.gpu.linear import linear
+        from hps_core.cuda.linear import linear
 
         rows = x.reshape(-1, x.shape[-1])
         cast_bias = None if bias is None else ctx.cast(bias)
@@ -77,7 +77,7 @@ def _affine(ctx: ComputeContext, x: Array, weight: Array, bias: Array | None, re
     y = ctx.matmul(x, weight)
     if bias is not None:
         if ctx.on_gpu:
-            from hps_core.gpu.dense_ops import bias_activation
+            from hps_core.cuda.dense_ops import bias_activation
 
             return bias_activation(y, ctx.cast(bias), relu)
         y += ctx.cast(bias)
@@ -262,7 +262,7 @@ class MultiCross(Layer):
             else:
                 y = ctx.matmul(xl, p[0].T)
             if ctx.on_gpu:
-                from hps_core.gpu.dense_ops import cross_combine
+                from hps_core.cuda.dense_ops import cross_combine
 
                 # Products on cuBLAS, the rest of the layer in one pass over [B, D].
                 xl = cross_combine(x0, y, p[-1], xl, bool(self.projection_dim))
@@ -275,9 +275,9 @@ class MultiCross(Layer):
 
 def _product(ctx: ComputeContext, x: Array, weight: Array) -> Array:
     """``x @ weight`` in the storage dtype: on a GPU one cuBLASLt call, whose large FP32
-    products run as 3xTF32 (:mod:`hps_core.gpu.linear`); else ``ctx.matmul``."""
+    products run as 3xTF32 (:mod:`hps_core.cuda.linear`); else ``ctx.matmul``."""
     if ctx.on_gpu:
-        from hps_core.gpu.linear import linear
+        from hps_core.cuda.linear import linear
 
         return linear(ctx.cast(x), ctx.cast(weight), None, False, ctx.precision.value)
     return ctx.matmul(x, weight)

@@ -67,7 +67,7 @@ class Interaction(Layer):
         mlp, emb = inputs
         rows, n = mlp.shape[0], self.num_vectors
         if ctx.on_gpu:
-            from hps_core.gpu import dense_ops
+            from hps_core.cuda import dense_ops
 
             if dense_ops.interaction_fits(n, mlp.shape[1]):
                 tf32 = ctx.precision is Precision.TF32

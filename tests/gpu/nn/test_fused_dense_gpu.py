@@ -1,6 +1,6 @@
 """The GPU's fused dense kernels against float64 NumPy: ``act(x @ W + b)`` in one cuBLASLt
-call (``hps_core.gpu.linear``) and DLRM's dot interaction in one kernel
-(``hps_core.gpu.dense_ops.interaction``).
+call (``hps_core.cuda.linear``) and DLRM's dot interaction in one kernel
+(``hps_core.cuda.dense_ops.interaction``).
 
 Each case runs on random inputs of several sizes (odd widths, one row, strided and
 transposed operands) in FP32, TF32 and FP16; the bound is the rounding of each precision
@@ -16,7 +16,7 @@ import pytest
 # tests/gpu/conftest.py marks these tests and skips them without a CUDA device.
 cupy = pytest.importorskip("cupy")
 
-from hps_core.gpu import dense_ops, linear  # noqa: E402
+from hps_core.cuda import dense_ops, linear  # noqa: E402
 from hps_core.nn.precision import round_to_tf32  # noqa: E402
 
 UNIT = {"fp32": 2.0**-24, "tf32": 2.0**-11, "fp16": 2.0**-11}

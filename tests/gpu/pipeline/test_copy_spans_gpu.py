@@ -1,4 +1,4 @@
-"""``copy_spans`` (``hps_core/gpu/kernels/copy.cu``): many byte spans copied in one launch,
+"""``copy_spans`` (``hps_core/cuda/kernels/copy.cu``): many byte spans copied in one launch,
 against NumPy copies of the same spans, at every alignment the kernel distinguishes."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ import pytest
 
 cupy = pytest.importorskip("cupy")
 
-from hps_core.gpu import kernels  # noqa: E402
-from hps_core.gpu.pipeline import _COPY_THREADS  # noqa: E402
-from hps_core.gpu.structs import SPAN_DTYPE  # noqa: E402
+from hps_core.cuda import kernels  # noqa: E402
+from hps_core.infer.gpu.pipeline import _COPY_THREADS  # noqa: E402
+from hps_core.infer.gpu.structs import SPAN_DTYPE  # noqa: E402
 
 
 @pytest.mark.parametrize("blocks", [1, 3, 64])

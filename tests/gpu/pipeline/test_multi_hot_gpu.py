@@ -136,7 +136,7 @@ def test_large_sample_major_batches_staged_in_parts(
     """A grouped bucket stages a sample-major batch part by part of its samples (threads fill
     each part from _THREADED_STAGING_BYTES on), and looks each part up as soon as it is
     copied, with a graph per part; the same batch table-major takes the groups of tables."""
-    from hps_core.gpu import pipeline as gpu_pipeline
+    from hps_core.infer.gpu import pipeline as gpu_pipeline
 
     monkeypatch.setattr(gpu_pipeline, "_GROUPED_STAGING_SAMPLES", 8)
     monkeypatch.setattr(gpu_pipeline, "_THREADED_STAGING_BYTES", 0 if threaded else 1 << 62)
@@ -169,7 +169,7 @@ def test_large_host_batches_run_as_pipelined_chunks(
     """A host batch with many keys runs as chunks of samples on two lanes of buckets (the
     thresholds lowered here: chunks of 16 samples): its scores equal the NumPy path's in every
     host form, a last chunk shorter than the others included; a batch on the GPU runs whole."""
-    from hps_core.gpu import pipeline as gpu_pipeline
+    from hps_core.infer.gpu import pipeline as gpu_pipeline
 
     monkeypatch.setattr(gpu_pipeline, "_CHUNKED_KEY_BYTES", 0)
     monkeypatch.setattr(gpu_pipeline, "_CHUNK_KEY_BYTES", 1)
@@ -202,7 +202,7 @@ def test_long_bags_pool_alike_in_one_group_or_shared_by_several(
 ) -> None:
     """``bank_pool`` pools a bag in one group of lanes, or (small batches of long bags) in
     ``split`` groups that add their sums: the scores equal the NumPy path's either way."""
-    from hps_core.gpu import pipeline as gpu_pipeline
+    from hps_core.infer.gpu import pipeline as gpu_pipeline
 
     monkeypatch.setattr(gpu_pipeline, "_POOL_SPLIT", split)
     model = ZooModel(repo, NAME)

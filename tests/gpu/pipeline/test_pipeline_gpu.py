@@ -1,4 +1,4 @@
-"""The GPU ranking pipeline (``hps_core.gpu``) against the NumPy path and the references.
+"""The GPU ranking pipeline (``hps_core.infer.gpu``) against the NumPy path and the references.
 
 The NumPy path (host tier lookups, ``pool_embeddings``, the dense network on NumPy) is the
 pipeline's twin: on the same batches both must give the same scores, and both must equal the
@@ -206,7 +206,7 @@ def test_large_batches_staged_and_copied_in_groups(
     group (one lookup graph per group, each after its group's copy), filled by threads from
     _THREADED_STAGING_BYTES on (both lowered here so small batches take them); the same
     batch handed over on the GPU takes the grouped graphs too."""
-    from hps_core.gpu import pipeline as gpu_pipeline
+    from hps_core.infer.gpu import pipeline as gpu_pipeline
 
     monkeypatch.setattr(gpu_pipeline, "_GROUPED_STAGING_SAMPLES", 8)
     monkeypatch.setattr(gpu_pipeline, "_THREADED_STAGING_BYTES", 0 if threaded else 1 << 62)

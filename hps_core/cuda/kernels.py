@@ -5,10 +5,12 @@ The ``.cu`` files are plain CUDA C++ (readable and compilable as such): ``bank.c
 static table of :mod:`hps_core.cache` (loaded by
 :func:`hps_core.cache.cupy_cache.load_kernels`). ``bank.cu`` and ``cache.cu`` share the
 set-probing helpers of ``kernels/cache_set.cuh``. The constants a file shares with Python are
-prepended here as ``#define`` lines generated from the Python modules that own them, so the
-two cannot drift apart: the pipeline's by this module, the cache's by
-:func:`hps_core.cache.kernel_consts.cuda_defines`. Templated kernels are instantiated through
-CuPy's ``name_expressions`` (``interaction<float>``,
+prepended as ``#define`` lines written by :func:`define_lines` from the Python modules that
+own them, so the two cannot drift apart: the pipeline's by
+:func:`hps_core.infer.gpu.constants.bank_defines`, the cache's by
+:func:`hps_core.cache.kernel_consts.cuda_defines`. This package imports nothing of hps_core
+but its errors: the cache and the ranking pipeline build on it. Templated kernels are
+instantiated through CuPy's ``name_expressions`` (``interaction<float>``,
 ``interaction<unsigned short>`` for half).
 
 Building the source text needs no CuPy (:func:`source`); compiling it does (:func:`module`
@@ -19,35 +21,11 @@ from __future__ import annotations
 
 import functools
 import re
+from collections.abc import Mapping
 from importlib import resources
 from typing import Any
 
-from hps_core.cache.layout import EMPTY_KEY, WAYS
 from hps_core.errors import HPSError
-from hps_core.gpu.counters import (
-    C_EVICTIONS,
-    C_HITS,
-    C_HOST_ROWS,
-    C_INSERTS,
-    C_KEYS,
-    C_MISSES,
-    C_UNKNOWN,
-    NUM_COUNTERS,
-)
-
-LANES = 8
-"""Lanes that serve one bag of ``bank_lookup`` (four bags per warp)."""
-
-THREADS = 256
-"""Threads per block of ``bank_lookup`` and ``bank_insert``."""
-
-COMBINER_SUM = 0
-COMBINER_MEAN = 1
-
-STATE_MISSES = 0
-"""Position, in a batch's device state (uint64), of the number of listed misses."""
-STATE_STAGED = 1
-"""Position of table 0's count of staged rows (table ``t``'s at ``STATE_STAGED + t``)."""
 
 _INCLUDE = re.compile(r'^[ \t]*#[ \t]*include[ \t]+"([\w.-]+\.cuh)"[ \t]*(?://[^\n]*)?$', re.M)
 """An ``#include "<header>.cuh"`` line of a kernel file (a header of ``kernels/``)."""
@@ -57,30 +35,21 @@ class KernelBuildError(HPSError):
     """A kernel file failed to compile or load."""
 
 
-def _defines() -> str:
-    values = {
-        "WAYS": WAYS,
-        "LANES": LANES,
-        "GROUP_MASK": f"{(1 << LANES) - 1:#x}u",
-        "EMPTY_KEY": f"{EMPTY_KEY}LL",
-        "C_KEYS": C_KEYS,
-        "C_HITS": C_HITS,
-        "C_MISSES": C_MISSES,
-        "C_UNKNOWN": C_UNKNOWN,
-        "C_INSERTS": C_INSERTS,
-        "C_EVICTIONS": C_EVICTIONS,
-        "C_HOST_ROWS": C_HOST_ROWS,
-        "NUM_COUNTERS": NUM_COUNTERS,
-        "COMBINER_SUM": COMBINER_SUM,
-        "COMBINER_MEAN": COMBINER_MEAN,
-        "STATE_MISSES": STATE_MISSES,
-        "STATE_STAGED": STATE_STAGED,
-    }
+def define_lines(values: Mapping[str, int | str]) -> str:
+    """The ``#define`` lines a kernel file is compiled with: the one writer of CUDA constants,
+    whose values come from the Python modules that own them (so the two cannot drift apart).
+
+    Args:
+        values: name -> value (an int, or CUDA text such as ``"0xffu"``).
+
+    Returns:
+        One ``#define NAME VALUE`` line per entry.
+    """
     return "".join(f"#define {name} {value}\n" for name, value in values.items())
 
 
 def _read(file: str) -> str:
-    return resources.files("hps_core.gpu").joinpath("kernels", file).read_text()
+    return resources.files("hps_core.cuda").joinpath("kernels", file).read_text()
 
 
 def _inline_headers(text: str, file: str, seen: set[str]) -> str:
@@ -115,15 +84,15 @@ def source(name: str, defines: str | None = None) -> str:
 
     Args:
         name: file stem, e.g. ``"bank"``.
-        defines: ``#define`` lines to prepend; ``None``: the GPU pipeline's constants (ways,
-            lanes, empty key, counter positions, combiners).
+        defines: ``#define`` lines to prepend (:func:`define_lines`), the constants the file
+            shares with Python; none for files that share none.
 
     Returns:
         CUDA C++ text for ``cupy.RawModule(code=...)``.
     """
     file = f"{name}.cu"
     text = _inline_headers(_read(file), file, set())
-    prefix = _defines() if defines is None else defines
+    prefix = defines or ""
     return f'{prefix}#line 1 "kernels/{file}"\n{text}'
 
 
@@ -137,7 +106,7 @@ def module(
         name: file stem, e.g. ``"bank"``.
         device_id: CUDA device ordinal.
         templates: template instantiations to make available, e.g. ``("f<float>",)``.
-        defines: ``#define`` lines to prepend instead of the pipeline's (see :func:`source`).
+        defines: ``#define`` lines to prepend (see :func:`source`).
 
     Returns:
         The loaded ``cupy.RawModule``.

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from hps_core.gpu.staging import BatchLayout, bucket_for, split_copies
+from hps_core.infer.gpu.staging import BatchLayout, bucket_for, split_copies
 
 
 @pytest.mark.parametrize(

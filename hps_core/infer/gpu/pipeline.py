@@ -3,7 +3,7 @@
 Per batch the host validates nothing on the device and waits for the GPU once:
 
 1. the batch is copied into a pinned staging buffer laid out as its device twin
-   (:mod:`~hps_core.gpu.staging`: the keys of every table, their CSR row offsets as int32
+   (:mod:`~hps_core.infer.gpu.staging`: the keys of every table, their CSR row offsets as int32
    unless a table has a fixed hotness, the dense features), padded to a size bucket; a batch
    that keeps its request's ``[B, K]`` key matrix (every table of a fixed hotness) is staged
    as it is, in one copy, sample-major;
@@ -56,12 +56,13 @@ from typing import Any
 import cupy
 import numpy as np
 
+from hps_core.cuda import kernels
 from hps_core.errors import RequestError
-from hps_core.gpu import kernels
-from hps_core.gpu.bank import CacheBank, TablePlacement
-from hps_core.gpu.staging import BatchLayout, bucket_for, split_copies
-from hps_core.gpu.structs import MISS_DTYPE, PENDING_DTYPE, SPAN_DTYPE
 from hps_core.infer.batch import SparseBatch
+from hps_core.infer.gpu.bank import CacheBank, TablePlacement
+from hps_core.infer.gpu.constants import COMBINER_MEAN, LANES, STATE_STAGED, THREADS, bank_defines
+from hps_core.infer.gpu.staging import BatchLayout, bucket_for, split_copies
+from hps_core.infer.gpu.structs import MISS_DTYPE, PENDING_DTYPE, SPAN_DTYPE
 from hps_core.infer.layout import RankingLayout, TableFeed
 from hps_core.lookup.model_lookup import ModelLookup
 from hps_core.nn import Combiner, DenseExecutor
@@ -96,7 +97,7 @@ _MIN_CHUNK_SAMPLES = 4096
 _CHUNK_LANES = 2
 """Buckets per chunk size: a chunk is staged into one while the GPU works on the other's."""
 _POOL_SPLIT = 4
-"""Groups of ``kernels.LANES`` lanes that share a bag in ``bank_pool`` (a warp) ..."""
+"""Groups of ``constants.LANES`` lanes that share a bag in ``bank_pool`` (a warp) ..."""
 _POOL_SPLIT_BAGS = 65536
 """... for launches of at most this many bags, in models with bags longer than a group's
 lanes (at most 4 x 8 x 65,536 threads: two waves on an H200)."""
@@ -181,7 +182,7 @@ class GpuRankingPipeline:
         ).astype(np.int32)
         self._keys_per_sample = sum(f.max_keys_per_sample for f in self.feeds)
         self._long_bags = any(
-            f.max_keys_per_sample > kernels.LANES * f.slot_num for f in self.feeds
+            f.max_keys_per_sample > LANES * f.slot_num for f in self.feeds
         )  # a slot that may hold more keys than a group has lanes
         self._key_table = np.concatenate(
             [np.full(f.max_keys_per_sample, u, np.int32) for u, f in enumerate(self.feeds)] or [[]]
@@ -222,7 +223,7 @@ class GpuRankingPipeline:
             self._looked_up = cupy.cuda.Event(disable_timing=True)
             self._chunk_done = [cupy.cuda.Event(disable_timing=True) for _ in range(_CHUNK_LANES)]
             self._scored = cupy.cuda.Event(disable_timing=True)
-            self._bank_kernels = kernels.module("bank", self.device_id)
+            self._bank_kernels = kernels.module("bank", self.device_id, defines=bank_defines())
             self._copy_spans = kernels.module("copy", self.device_id).get_function("copy_spans")
             # A batch on the device has one key array per table, offsets for each multi-hot
             # one, and its dense features.
@@ -250,7 +251,7 @@ class GpuRankingPipeline:
                 shift, stride, at = slot_at * f.vec_size, total_slots * f.vec_size, 0
             else:
                 shift, stride, at = 0, f.slot_num * f.vec_size, out_at
-            combiner = kernels.COMBINER_MEAN if f.combiner is Combiner.MEAN else 0
+            combiner = COMBINER_MEAN if f.combiner is Combiner.MEAN else 0
             placements.append(
                 TablePlacement(
                     f.table,
@@ -331,7 +332,7 @@ class GpuRankingPipeline:
                 samples = bucket_for(self.layout.max_batch_size)
                 capacity = bank.reserve_misses(self._placements, samples)
                 self._misses = cupy.zeros(max(capacity, 1) * MISS_DTYPE.itemsize, cupy.uint8)
-                self._state = cupy.zeros(kernels.STATE_STAGED + len(self.feeds), cupy.uint64)
+                self._state = cupy.zeros(STATE_STAGED + len(self.feeds), cupy.uint64)
                 self._descriptor_rows = bank.descriptor_rows(self._placements)
                 self._descriptors = cupy.asarray(self._descriptor_rows.view(np.uint8))
                 self._slot_table_d = cupy.asarray(self._slot_table)
@@ -645,7 +646,7 @@ class GpuRankingPipeline:
             bags = lay.size * lay.slots
             if bags:
                 self._bank_kernels.get_function("bank_probe")(
-                    (-(-bags * kernels.LANES // kernels.THREADS),), (kernels.THREADS,),
+                    (-(-bags * LANES // THREADS),), (THREADS,),
                     (self._descriptors, self._slot_table_d, self._slot_local_d, np.int32(0),
                      np.int32(lay.slots), np.int32(lay.keys_per_sample), np.int64(lay.size),
                      keys, header, offsets, bucket.pending, bucket.pending_count,
@@ -831,12 +832,12 @@ class GpuRankingPipeline:
         keys, header, offsets, _ = lay.views(bucket.inputs)
         if first_col == 0 and first_row == 0:
             self._state.fill(0)
-        threads, room, size = kernels.THREADS, np.int32(lay.keys_per_sample), np.int64(lay.size)
+        threads, room, size = THREADS, np.int32(lay.keys_per_sample), np.int64(lay.size)
         rows = (np.int64(first_row), np.int64(stop_row))
         positions = (stop_row - first_row) * (stop_col - first_col)
         if positions:
             self._bank_kernels.get_function("bank_find")(
-                (-(-positions * kernels.LANES // threads),), (threads,),
+                (-(-positions * LANES // threads),), (threads,),
                 (self._descriptors, self._key_table_d, np.int32(first_col), np.int32(stop_col),
                  *rows, room, size, keys, header, offsets, bucket.rows, self._misses,
                  self._state, np.uint64(self._miss_capacity), self._bank.counters),
@@ -847,7 +848,7 @@ class GpuRankingPipeline:
             # the latency of its longest bag.
             split = _POOL_SPLIT if self._long_bags and bags <= _POOL_SPLIT_BAGS else 1
             self._bank_kernels.get_function("bank_pool")(
-                (-(-bags * kernels.LANES * split // threads),), (threads,),
+                (-(-bags * LANES * split // threads),), (threads,),
                 (self._descriptors, self._slot_table_d, self._slot_local_d, np.int32(first),
                  np.int32(stop), *rows, room, size, header, offsets, bucket.rows,
                  bucket.embeddings, np.int32(split)),
@@ -857,7 +858,7 @@ class GpuRankingPipeline:
         if bucket.layout.size * bucket.layout.slots == 0:
             return
         self._bank_kernels.get_function("bank_insert")(
-            (self._insert_blocks,), (kernels.THREADS,),
+            (self._insert_blocks,), (THREADS,),
             (self._descriptors, self._misses, self._state, np.uint64(self._miss_capacity),
              self._bank.counters),
         )  # fmt: skip

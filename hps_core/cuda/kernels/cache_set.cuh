@@ -1,7 +1,7 @@
 // Device helpers shared by the kernels that work on a 64-way set of a dynamic cache: those of
 // the cache itself (cache.cu) and those of the GPU pipeline (bank.cu).
 //
-// hps_core/gpu/kernels.py puts this file's text in place of the `#include "cache_set.cuh"` line
+// hps_core/cuda/kernels.py puts this file's text in place of the `#include "cache_set.cuh"` line
 // (once per compile unit), so NVRTC needs no include path. It needs no #define from Python.
 // A set is held by one warp with lane `l` holding ways `l` (lo) and `l + 32` (hi).
 

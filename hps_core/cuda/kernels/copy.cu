@@ -3,7 +3,7 @@
 // this kernel instead of one cudaMemcpyAsync per array (a few microseconds of host time
 // each, for 26 tables and more).
 //
-// Loaded by hps_core/gpu/pipeline.py; Span is mirrored by SPAN_DTYPE there.
+// Loaded by hps_core/infer/gpu/pipeline.py; Span is mirrored by SPAN_DTYPE there.
 
 struct Span {
   const unsigned char* src;

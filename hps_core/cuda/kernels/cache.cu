@@ -2,7 +2,7 @@
 // table's (static_query, static_find); semantics in hps_core/cache/dynamic.py and
 // hps_core/cache/static_table.py, the NumPy twin in hps_core/cache/twin.py.
 //
-// Loaded by hps_core/cache/cupy_cache.py through hps_core/gpu/kernels.py, which prepends the
+// Loaded by hps_core/cache/cupy_cache.py through hps_core/cuda/kernels.py, which prepends the
 // #defines shared with Python (WAYS, QUERY_LANES, QUERY_GROUP_MASK, EMPTY_KEY, counter positions;
 // generated in hps_core/cache/kernel_consts.py) and puts cache_set.cuh in place of its #include.
 //

@@ -4,7 +4,7 @@ A :class:`CacheBank` gathers, per table the dense network uses: its dynamic cach
 caches :class:`~hps_core.lookup.ModelLookup` made, shared with other processes or not), or its
 static table, the row index of its host tier copied to the GPU (8 bytes per row of sorted
 hashes plus the bucket directory, so misses are found without a host round trip), the address
-of its host-tier rows mapped for zero-copy reads (:mod:`hps_core.gpu.host_mapping`), insert
+of its host-tier rows mapped for zero-copy reads (:mod:`hps_core.infer.gpu.host_mapping`), insert
 locks, and device counters. For each table with a dynamic cache it also holds the room a
 batch's misses take on the GPU (:meth:`CacheBank.reserve_misses`): staging rows, where each
 missed row is copied once per batch, and the miss set that deduplicates the batch's missed
@@ -29,7 +29,7 @@ from hps_core.cache.cupy_cache import CupyDynamicCache
 from hps_core.cache.layout import EMPTY_KEY, WAYS
 from hps_core.cache.order import StreamOrder
 from hps_core.cache.static_table import StaticTable
-from hps_core.gpu.counters import (
+from hps_core.infer.gpu.counters import (
     C_EVICTIONS,
     C_HITS,
     C_HOST_ROWS,
@@ -39,8 +39,8 @@ from hps_core.gpu.counters import (
     C_UNKNOWN,
     NUM_COUNTERS,
 )
-from hps_core.gpu.host_mapping import map_host_table, unmap_host_table
-from hps_core.gpu.structs import TABLE_DTYPE
+from hps_core.infer.gpu.host_mapping import map_host_table, unmap_host_table
+from hps_core.infer.gpu.structs import TABLE_DTYPE
 from hps_core.lookup.model_lookup import ModelLookup
 from hps_core.lookup.table_lookup import CachedTableLookup, TableCounters
 
@@ -52,7 +52,7 @@ class TablePlacement:
     Args:
         table: the table's index in the model.
         slot_num: slots per sample.
-        combiner: ``0`` sum, ``1`` mean (``kernels.COMBINER_*``).
+        combiner: ``0`` sum, ``1`` mean (``constants.COMBINER_*``).
         keys_at: its keys start at ``B * keys_at`` of the key buffer.
         offsets_at: its row offsets start at ``B * offsets_at + position`` of the offset buffer
             (``position``: its index among the placed tables).

@@ -1,4 +1,4 @@
-// Dense-network kernels that replace several array operations each (hps_core/gpu/kernels.py
+// Dense-network kernels that replace several array operations each (hps_core/cuda/kernels.py
 // loads this file; templates are instantiated for float and for half, held as unsigned short).
 
 typedef long long i64;
@@ -166,7 +166,7 @@ template __global__ void interaction<unsigned short>(const unsigned short*, cons
                                                      const int, const int, unsigned short*,
                                                      const i64, const bool);
 
-// FP32 products on TF32 tensor cores (hps_core.gpu.linear, "3xTF32"): each float32 value x
+// FP32 products on TF32 tensor cores (hps_core.cuda.linear, "3xTF32"): each float32 value x
 // of a [rows, cols] matrix (row stride ld) becomes hi = round_tf32(x) and lo =
 // round_tf32(x - hi), so that x = hi + lo to about 2^-22 relative and each part passes a
 // TF32 product unchanged. Up to three planes of [rows, out_cols] are written at
@@ -193,7 +193,7 @@ extern "C" __global__ void split_tf32(const float* __restrict__ x, const i64 ld,
   }
 }
 
-// A DCN v2 cross layer after its products, float4 at a time (hps_core.gpu.dense_ops.
+// A DCN v2 cross layer after its products, float4 at a time (hps_core.cuda.dense_ops.
 // cross_combine): out = x0 * (y + b) + xl over [rows, d4 * 4] contiguous float32 arrays, b of
 // one row; one pass over the four arrays.
 extern "C" __global__ void cross_v2(const float4* __restrict__ x0, const float4* __restrict__ y,

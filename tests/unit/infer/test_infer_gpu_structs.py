@@ -1,4 +1,4 @@
-"""The NumPy mirrors in ``hps_core/gpu/structs.py`` match the CUDA structs byte for byte.
+"""The NumPy mirrors in ``hps_core/infer/gpu/structs.py`` match the CUDA structs byte for byte.
 
 The kernel files are compiled by nvcc (host and device code, as one unit) with a ``main`` that
 prints ``sizeof`` and ``offsetof`` of every field; each must equal the dtype's. Skipped where
@@ -15,8 +15,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from hps_core.gpu import kernels
-from hps_core.gpu.structs import MISS_DTYPE, PENDING_DTYPE, SPAN_DTYPE, TABLE_DTYPE
+from hps_core.cuda import kernels
+from hps_core.infer.gpu.constants import bank_defines
+from hps_core.infer.gpu.structs import MISS_DTYPE, PENDING_DTYPE, SPAN_DTYPE, TABLE_DTYPE
 
 NVCC = shutil.which("nvcc")
 
@@ -42,7 +43,7 @@ def test_dtype_mirrors_the_cuda_struct(
         f'int main() {{ printf("sizeof %zu\\n", sizeof({struct})); {prints} return 0; }}\n'
     )
     source = tmp_path / "layout.cu"
-    source.write_text(kernels.source(file) + main)
+    source.write_text(kernels.source(file, bank_defines() if file == "bank" else None) + main)
     binary = tmp_path / "layout"
     subprocess.run(
         [NVCC, "--std=c++17", "-o", str(binary), str(source)],

@@ -1,9 +1,9 @@
 // Embedding lookup of every table of a model, in three launches for all tables, and the
 // insertion of its misses into the dynamic caches.
 //
-// Loaded by hps_core/gpu/kernels.py, which prepends the #defines shared with Python (WAYS, LANES,
+// Loaded by hps_core/cuda/kernels.py, which prepends the #defines shared with Python (WAYS, LANES,
 // EMPTY_KEY, counter positions, state positions) and puts cache_set.cuh in place of its
-// #include. The Table struct is mirrored by TABLE_DTYPE in hps_core/gpu/structs.py, Miss by
+// #include. The Table struct is mirrored by TABLE_DTYPE in hps_core/infer/gpu/structs.py, Miss by
 // MISS_DTYPE and Pending by PENDING_DTYPE there; change them together.
 //
 // A batch is a jagged batch of bags: bag (b, s) holds the keys of sample b in slot s of a

@@ -19,7 +19,7 @@ fp16       float16             ``CUBLAS_COMPUTE_32F`` (float32 accumulation, res
 Row-major ``C = A @ B`` is computed as column-major ``C^T = B^T A^T``; an operand that is a
 transposed or sliced view is passed with its own leading dimension instead of being copied.
 
-Fully connected layers with their bias and ReLU use cuBLASLt instead (:mod:`hps_core.gpu.linear`).
+Fully connected layers with their bias and ReLU use cuBLASLt instead (:mod:`hps_core.cuda.linear`).
 """
 
 from __future__ import annotations

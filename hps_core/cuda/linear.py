@@ -1,9 +1,9 @@
 """Fully connected layers, ``act(x @ W + b)``, each in one cuBLASLt call.
 
-In the column-major view :mod:`~hps_core.gpu.blas` uses, the output of ``x [rows, in] @
+In the column-major view :mod:`~hps_core.cuda.blas` uses, the output of ``x [rows, in] @
 W [in, out]`` is ``D [out, rows]``, so the bias runs along D's rows: exactly what cuBLASLt's
 ``BIAS`` and ``RELU_BIAS`` epilogues add, inside the GEMM kernel, where
-:func:`hps_core.gpu.dense_ops.bias_activation` did it in a separate pass that read and wrote
+:func:`hps_core.cuda.dense_ops.bias_activation` did it in a separate pass that read and wrote
 every activation once more: 1.2 ms of a 12 ms batch of 65,536 samples of the MLPerf DLRM on
 the H200 (CUPTI kernel times, commit 4d347bb). In FP32 and TF32 the bias is added to the
 float32 accumulator; FP16 kernels may round the product to half first, as that pass did.
@@ -42,7 +42,7 @@ from typing import Any
 import cupy
 import numpy as np
 
-from hps_core.gpu import blas, dense_ops, kernels
+from hps_core.cuda import blas, dense_ops, kernels
 
 # cublasLt.h
 _DESC_TRANSA, _DESC_TRANSB, _DESC_EPILOGUE, _DESC_BIAS_POINTER = 3, 4, 7, 8
@@ -222,8 +222,8 @@ def linear(x: Any, weight: Any, bias: Any | None, relu: bool, precision: str = "
     """``relu(x @ weight + bias)`` (ReLU and bias each optional) in one cuBLASLt call.
 
     Every output element is the float32 accumulation plus the bias, then the ReLU, in the
-    operands' dtype (see the module docstring for FP16): as :func:`hps_core.gpu.blas.matmul`
-    followed by :func:`hps_core.gpu.dense_ops.bias_activation`, which is what runs when
+    operands' dtype (see the module docstring for FP16): as :func:`hps_core.cuda.blas.matmul`
+    followed by :func:`hps_core.cuda.dense_ops.bias_activation`, which is what runs when
     cuBLASLt has no algorithm for the shapes. Large FP32 products run as 3xTF32 (see the
     module docstring).
 

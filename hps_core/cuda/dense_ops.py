@@ -24,7 +24,7 @@ from typing import Any
 import cupy
 import numpy as np
 
-from hps_core.gpu import kernels
+from hps_core.cuda import kernels
 
 DENSE_TEMPLATES = ("interaction<float>", "interaction<unsigned short>")
 """The template instantiations ``kernels/dense.cu`` is compiled with (one module for all)."""

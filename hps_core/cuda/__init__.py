@@ -1,0 +1,14 @@
+"""CUDA primitives: kernel sources and their compilation, cuBLAS and cuBLASLt access, and the
+dense network's fused kernels.
+
+- :mod:`~hps_core.cuda.kernels`: ``kernels/*.cu`` compiled at run time (NVRTC through CuPy),
+  their shared constants written as ``#define`` lines by one function;
+- :mod:`~hps_core.cuda.blas`, :mod:`~hps_core.cuda.linear`: matrix products (cuBLAS, and
+  cuBLASLt with bias and activation in the epilogue);
+- :mod:`~hps_core.cuda.dense_ops`: layers in one kernel each (the interaction, the cross
+  network's combine, LayerNorm, softmax, Dice, sigmoid).
+
+Used by :mod:`hps_core.nn` (layers on the GPU), :mod:`hps_core.cache` (the GPU caches'
+kernels) and :mod:`hps_core.infer.gpu` (the ranking pipeline); imports nothing above
+:mod:`hps_core.errors`. No module is imported here, so the package imports without CuPy.
+"""

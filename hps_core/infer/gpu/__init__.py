@@ -1,0 +1,19 @@
+"""The ranking pipeline on a GPU: a batch of samples in, scores out, in one pass over the device.
+
+Data flow of one batch (:mod:`~hps_core.infer.gpu.pipeline`)::
+
+    SparseBatch (host) -> pinned staging (staging) -> copies to the GPU
+      (a batch of CuPy arrays: copied in place on the GPU)
+      -> bank_find / bank_pool: every table at once (bank, kernels/bank.cu): GPU cache, host
+         tier read in place (host_mapping), default vectors; pooled into the dense network's
+         input
+      -> bank_insert: misses into the dynamic caches
+      -> dense network (hps_core.nn on hps_core.cuda's products and fused kernels)
+      -> one copy of the scores to the host
+
+The CUDA sources and their compilation are :mod:`hps_core.cuda`'s; the constants
+``kernels/bank.cu`` shares with Python are :mod:`~hps_core.infer.gpu.constants`.
+
+Every module but :mod:`~hps_core.infer.gpu.staging` and ``constants`` needs CuPy; none is
+imported here, so the package imports on machines without it.
+"""
