@@ -2,7 +2,8 @@
 
 :class:`DynamicCache` checks arguments, keeps the clock and the counters, and implements the
 operations that need no kernel (``dump``, ``size``, ``clear``). The NumPy twin
-(:mod:`hps_core.cache.twin`) and the CuPy cache (:mod:`hps_core.cache.cupy_cache`) implement
+(``tests/unit/cache/cache_twin.py``, the reference) and the CuPy cache
+(:mod:`hps_core.cache.cupy_cache`) implement
 ``_query``, ``_replace`` and ``_update``; given the same calls they hold bit-for-bit the same
 state. The layout and how it differs from HugeCTR is in :mod:`hps_core.cache.layout`.
 

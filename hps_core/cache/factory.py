@@ -1,7 +1,8 @@
 """Choose and build the embedding cache of one table on one device.
 
-``xp`` picks the implementation: ``numpy`` gives the NumPy twin (host memory), ``cupy`` the
-CUDA cache on the current device. ``kind`` is ps.json's ``embedding_cache_type``.
+``kind`` is ps.json's ``embedding_cache_type``. A dynamic cache is the CUDA cache on the current
+device (its NumPy twin, the executable specification of its semantics, is kept with the tests:
+no serving path uses a cache in host memory); a static table may be NumPy or CuPy.
 """
 
 from __future__ import annotations
@@ -13,7 +14,6 @@ import numpy as np
 from hps_core.cache.dynamic import DynamicCache
 from hps_core.cache.layout import num_sets_for
 from hps_core.cache.static_table import StaticTable
-from hps_core.cache.twin import NumpyDynamicCache
 from hps_core.errors import ConfigError, NotAvailableError, Problem
 
 _NOT_IMPLEMENTED_KINDS = ("uvm", "stochastic")
@@ -38,7 +38,7 @@ def make_cache(
         capacity_rows: dynamic: rows to hold, rounded up to whole 64-row sets (at least one);
             static: the table's row count, an upper bound on ``len(contents[0])``.
         dim: embedding width.
-        xp: ``numpy`` (twin, host memory) or ``cupy`` (current CUDA device).
+        xp: ``cupy`` (the current CUDA device); ``numpy`` too for a static table.
         name: label for error messages, e.g. ``"dcn.table0"``.
         contents: static only: ``(keys, values)`` of the whole table.
         sync_checks: CuPy dynamic cache only: synchronise after each kernel (tests, debugging).
@@ -53,12 +53,12 @@ def make_cache(
         ConfigError: unknown ``kind``.
         NotAvailableError: a kind HugeCTR has that this package does not implement.
         ValueError: sizes or ``contents`` do not fit the kind.
-        TypeError: ``xp`` is neither NumPy nor CuPy.
+        TypeError: ``xp`` is neither NumPy nor CuPy, or NumPy for a dynamic cache.
 
     Example:
-        >>> cache = make_cache("dynamic", 1000, 16, np, name="dcn.table0")
-        >>> cache.capacity
-        1024
+        >>> keys, values = np.array([3, 7]), np.ones((2, 16), np.float32)
+        >>> make_cache("static", 2, 16, np, contents=(keys, values)).size
+        2
     """
     kind_name = str(getattr(kind, "value", kind))
     where = f"cache {name!r}"
@@ -72,9 +72,7 @@ def make_cache(
         if contents is not None:
             raise ValueError(f"{where}: a dynamic cache starts empty; contents is for 'static'")
         if xp is np:
-            if group is not None:
-                raise ValueError(f"{where}: only a CuPy cache can be shared between processes")
-            return NumpyDynamicCache(num_sets_for(capacity_rows), dim, name=name)
+            raise TypeError(f"{where}: a dynamic cache lives on a GPU: xp must be cupy")
         from hps_core.cache.cupy_cache import CupyDynamicCache
 
         return CupyDynamicCache(

@@ -7,12 +7,18 @@ counters are compared after every call.
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 
 cupy = pytest.importorskip("cupy")
 
-from hps_core.cache import EMPTY_KEY, NumpyDynamicCache, StaticTable  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "unit" / "cache"))
+from cache_twin import NumpyDynamicCache  # noqa: E402
+
+from hps_core.cache import EMPTY_KEY, StaticTable  # noqa: E402
 from hps_core.cache.cupy_cache import (  # noqa: E402
     CacheKernelError,
     CupyDynamicCache,

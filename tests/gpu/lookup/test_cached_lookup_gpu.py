@@ -16,7 +16,13 @@ import pytest
 cupy = pytest.importorskip("cupy")
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "unit" / "lookup"))
-from cached_lookup_cases import expected, make_host, query_stream, run_stream  # noqa: E402
+from cached_lookup_cases import (  # noqa: E402
+    dynamic_cache,
+    expected,
+    make_host,
+    query_stream,
+    run_stream,
+)
 
 from hps_core.cache import make_cache  # noqa: E402
 from hps_core.hps import HPS  # noqa: E402
@@ -57,7 +63,7 @@ def test_sizes(tmp_path: Path, rows: int, dim: int, batch: int) -> None:
 
 def test_gpu_pipeline_equals_twin_pipeline(tmp_path: Path) -> None:
     host, reference = make_host(tmp_path / "t", 4000, 16, seed=3)
-    twin = CachedTableLookup(host, make_cache("dynamic", 700, 16, np), np, 0.8)
+    twin = CachedTableLookup(host, dynamic_cache(700, 16, np), np, 0.8)
     gpu = CachedTableLookup(host, make_cache("dynamic", 700, 16, cupy), cupy, 0.8)
     for q in query_stream(reference, 25, 900, seed=4):
         a = twin.lookup(q)

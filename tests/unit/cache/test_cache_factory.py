@@ -8,7 +8,7 @@ from enum import Enum
 import numpy as np
 import pytest
 
-from hps_core.cache import NumpyDynamicCache, StaticTable, make_cache
+from hps_core.cache import StaticTable, make_cache, num_sets_for
 from hps_core.errors import ConfigError, NotAvailableError
 
 
@@ -18,14 +18,17 @@ class Kind(str, Enum):
 
 
 @pytest.mark.parametrize(("rows", "sets"), [(0, 1), (1, 1), (64, 1), (65, 2), (6400, 100)])
-def test_dynamic_numpy_cache_is_sized_like_hps(rows: int, sets: int) -> None:
-    cache = make_cache("dynamic", rows, 8, np, name="m.t0")
-    assert isinstance(cache, NumpyDynamicCache)
-    assert (cache.num_sets, cache.dim, cache.name) == (sets, 8, "m.t0")
+def test_dynamic_caches_are_sized_like_hps(rows: int, sets: int) -> None:
+    assert num_sets_for(rows) == sets  # whole 64-row sets, at least one
+
+
+def test_a_dynamic_cache_in_host_memory_is_refused() -> None:
+    # Only the tests' NumPy twin lives in host memory; no serving path has such a cache.
+    with pytest.raises(TypeError, match=r"'m\.t0': a dynamic cache lives on a GPU"):
+        make_cache(Kind.DYNAMIC, 10, 2, np, name="m.t0")
 
 
 def test_enum_members_are_accepted_as_kind() -> None:
-    assert isinstance(make_cache(Kind.DYNAMIC, 10, 2), NumpyDynamicCache)
     contents = (np.array([1, 2]), np.ones((2, 2), np.float32))
     assert isinstance(make_cache(Kind.STATIC, 2, 2, contents=contents), StaticTable)
 
@@ -49,7 +52,6 @@ def test_static_cache_holds_its_contents() -> None:
         ({"contents": ([1], [[1.0, 2.0]])}, ValueError, "starts empty"),
         ({"capacity_rows": -1}, ValueError, "must not be negative"),
         ({"capacity_rows": 2.5}, ValueError, "must be an integer"),
-        ({"dim": 0}, ValueError, "positive integer"),
         ({"xp": types.SimpleNamespace(__name__="torch")}, TypeError, "numpy or cupy"),
         (
             {"kind": "static", "contents": ([1, 2], np.ones((2, 3), np.float32))},

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from cache_twin import NumpyDynamicCache
 
-from hps_core.cache import EMPTY_KEY, WAYS, NumpyDynamicCache
+from hps_core.cache import EMPTY_KEY, WAYS
 from hps_core.cache.layout import set_of
 
 

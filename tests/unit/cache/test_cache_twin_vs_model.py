@@ -5,10 +5,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from cache_lru_model import LruModel
+from cache_twin import NumpyDynamicCache
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hps_core.cache import EMPTY_KEY, WAYS, NumpyDynamicCache
+from hps_core.cache import EMPTY_KEY, WAYS
 
 INT64_MIN = int(np.iinfo(np.int64).min)
 SPECIAL_KEYS = [EMPTY_KEY, INT64_MIN, -1, 0, 1]

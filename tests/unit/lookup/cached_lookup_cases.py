@@ -7,18 +7,29 @@ holds: the cache may change speed, never values.
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from hps_core.cache import make_cache
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "cache"))
+from cache_twin import NumpyDynamicCache
+
+from hps_core.cache import make_cache, num_sets_for
 from hps_core.formats.sparse_writer import write_sparse_table
 from hps_core.lookup import CachedTableLookup
 from hps_core.tiers.host_table import SharedHostTable
 from hps_core.workload import zipf_keys
 
 DEFAULT = -0.5
+
+
+def dynamic_cache(rows: int, dim: int, xp: Any, name: str = "cache") -> Any:
+    """A dynamic cache of ``rows`` rows: the CUDA cache for CuPy, its NumPy twin for NumPy."""
+    if xp is np:
+        return NumpyDynamicCache(num_sets_for(rows), dim, name=name)
+    return make_cache("dynamic", rows, dim, xp, name=name)
 
 
 def make_host(folder: Path, rows: int, dim: int, seed: int) -> tuple[SharedHostTable, dict]:
@@ -77,7 +88,7 @@ def run_stream(
             "static", rows, dim, xp, contents=tuple(map(xp.asarray, host.contents()))
         )
     else:
-        cache = make_cache("dynamic", int(cache_share * rows), dim, xp)
+        cache = dynamic_cache(int(cache_share * rows), dim, xp)
     lookup = CachedTableLookup(host, cache, xp, threshold, policy, name="t")
     for q in query_stream(reference, batches, batch, seed + 1):
         out = xp.full((len(q), dim), np.nan, xp.float32)  # poisoned: every row must be written

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from cached_lookup_cases import DEFAULT, expected, make_host, run_stream
+from cached_lookup_cases import DEFAULT, dynamic_cache, expected, make_host, run_stream
 
 from hps_core.cache import make_cache
 from hps_core.lookup import CachedTableLookup
@@ -50,7 +50,7 @@ def test_static_cache_answers_from_the_whole_table(tmp_path: Path) -> None:
 
 def test_duplicates_and_empty_batches(tmp_path: Path) -> None:
     host, reference = make_host(tmp_path / "t", 300, 4, seed=5)
-    lookup = CachedTableLookup(host, make_cache("dynamic", 64, 4, np), np, 0.9)
+    lookup = CachedTableLookup(host, dynamic_cache(64, 4, np), np, 0.9)
     assert lookup.lookup(np.empty(0, np.int64)).shape == (0, 4)
     key = next(iter(reference))
     q = np.array([key, key, 7, key, 7], dtype=np.int64)
@@ -61,7 +61,7 @@ def test_duplicates_and_empty_batches(tmp_path: Path) -> None:
 
 def test_warm_inserts_hottest_first_and_refresh_restores_rows(tmp_path: Path) -> None:
     host, reference = make_host(tmp_path / "t", 2000, 4, seed=9)
-    cache = make_cache("dynamic", 128, 4, np)
+    cache = dynamic_cache(128, 4, np)
     lookup = CachedTableLookup(host, cache, np, 0.9)
     keys = np.fromiter(reference, np.int64, len(reference))
     assert lookup.warm(keys) == cache.capacity
@@ -78,7 +78,7 @@ def test_warm_inserts_hottest_first_and_refresh_restores_rows(tmp_path: Path) ->
 
 def test_unknown_keys_are_never_cached(tmp_path: Path) -> None:
     host, _ = make_host(tmp_path / "t", 100, 4, seed=2)
-    cache = make_cache("dynamic", 64, 4, np)
+    cache = dynamic_cache(64, 4, np)
     lookup = CachedTableLookup(host, cache, np, 2.0)
     got = lookup.lookup(np.array([1, 4, 7], dtype=np.int64))  # never multiples of 3
     assert (got == DEFAULT).all()
@@ -88,7 +88,7 @@ def test_unknown_keys_are_never_cached(tmp_path: Path) -> None:
 
 def test_snapshot_reports_cache_evictions(tmp_path: Path) -> None:
     host, reference = make_host(tmp_path / "t", 3000, 4, seed=4)
-    lookup = CachedTableLookup(host, make_cache("dynamic", 64, 4, np), np, 2.0)
+    lookup = CachedTableLookup(host, dynamic_cache(64, 4, np), np, 2.0)
     keys = np.fromiter(reference, np.int64, len(reference))
     for start in range(0, 3000, 500):
         lookup.lookup(keys[start : start + 500])
@@ -109,7 +109,7 @@ def test_several_tables_at_once_equal_the_truth(tmp_path: Path, threshold: float
         if kind == "static":
             cache = make_cache("static", rows, dim, np, contents=host.contents())
         else:
-            cache = make_cache("dynamic", rows // 5, dim, np)
+            cache = dynamic_cache(rows // 5, dim, np)
         tables.append(CachedTableLookup(host, cache, np, threshold, name=f"t{t}"))
         references.append(reference)
     streams = [query_stream(ref, 12, 300 + 50 * t, seed=t) for t, ref in enumerate(references)]

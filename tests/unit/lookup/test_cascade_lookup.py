@@ -8,10 +8,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from cached_lookup_cases import DEFAULT, expected, query_stream
+from cached_lookup_cases import DEFAULT, dynamic_cache, expected, query_stream
 from lookup_testdata import write_models
 
-from hps_core.cache import make_cache
 from hps_core.config import PSConfig, parse_ps_config
 from hps_core.formats.sparse_writer import write_sparse_table
 from hps_core.hps import HPS
@@ -71,7 +70,7 @@ def test_cached_lookup_misses_go_through_the_cascade(tmp_path: Path) -> None:
     cfg, reference = tiered_config(tmp_path)
     session = ModelLookup(cfg, cfg.models[0])
     host = session.table(0).host
-    cache = make_cache("dynamic", int(0.1 * ROWS), DIM, np, name="t")
+    cache = dynamic_cache(int(0.1 * ROWS), DIM, np, name="t")
     lookup = CachedTableLookup(host, cache, np, 0.9, name="t")
     for q in query_stream(reference, 20, 400, seed=3):
         out = np.full((len(q), DIM), np.nan, np.float32)

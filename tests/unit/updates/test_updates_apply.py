@@ -7,6 +7,7 @@ and the replay of a restarted instance."""
 
 from __future__ import annotations
 
+import sys
 import time
 from pathlib import Path
 
@@ -14,7 +15,10 @@ import numpy as np
 import pytest
 from updates_testlib import make_consumer, rows
 
-from hps_core.cache import make_cache
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "cache"))
+from cache_twin import NumpyDynamicCache
+
+from hps_core.cache import make_cache, num_sets_for
 from hps_core.config import PSConfig, parse_ps_config
 from hps_core.formats.sparse_writer import write_sparse_table
 from hps_core.lookup import CachedTableLookup, ModelLookup
@@ -165,7 +169,7 @@ def test_cached_rows_are_overwritten_and_uncached_keys_not_inserted(
     reference = file_rows()
     known = np.array(list(reference), np.int64)
     host = session.table(0).host
-    cache = make_cache("dynamic", 512, DIM, np, name="t0")
+    cache = NumpyDynamicCache(num_sets_for(512), DIM, name="t0")  # the CUDA cache's twin
     lookup = CachedTableLookup(host, cache, np, 0.0, name="t0")
     monkeypatch.setattr(session, "_tables", [lookup])
     lookup.warm(known[:100])

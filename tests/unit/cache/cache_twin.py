@@ -1,4 +1,6 @@
-"""NumPy twin of the CUDA cache: the executable specification of its semantics.
+"""NumPy twin of the CUDA cache: the executable specification of its semantics, which the
+CUDA cache (``hps_core.cache.cupy_cache``) is tested against call by call
+(``tests/gpu/cache/test_cache_cupy_vs_twin.py``).
 
 The kernels handle one set per warp and walk that set's keys in batch order. The twin does the
 same work in *rounds*: round ``r`` applies the ``r``-th key of every set at once, as one
