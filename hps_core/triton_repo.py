@@ -29,16 +29,18 @@ from __future__ import annotations
 
 import json
 import os
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
+from google.protobuf import text_format
+from tritonclient.grpc import model_config_pb2 as pb
 
 from hps_core.config import ModelConfig, PSConfig, load_ps_config
 from hps_core.errors import ConfigError, Problem
 from hps_core.infer import RankingLayout, is_ranking_model, load_ranking_graph
+from hps_core.infer.model_io import EMBEDDING_IO, HUGECTR_IO, ModelIO, samples_io
 
 EMBEDDING_MODEL_PY = '''\
 """Triton entry point: HugeCTR's `hps` lookup contract (KEYS, NUMKEYS -> OUTPUT0)."""
@@ -70,9 +72,6 @@ SAMPLES_SUFFIX = "_samples"
 #: config.pbtxt parameter of HugeCTR's hps backend: a new version does not re-read the sparse
 #: files (its tables stay as the online updates left them).
 FREEZE_SPARSE_PARAMETER = "freeze_sparse"
-_FREEZE_SPARSE_RE = re.compile(
-    r'key:\s*"freeze_sparse"\s*value:\s*\{\s*string_value:\s*"(true|yes|1)"', re.IGNORECASE
-)
 
 
 @dataclass(frozen=True)
@@ -88,11 +87,6 @@ class InstanceGroup:
     count: int = 2
     kind: str = "KIND_CPU"
     gpus: tuple[int, ...] = ()
-
-    def pbtxt(self) -> str:
-        """The entry in config.pbtxt syntax."""
-        gpus = f" gpus: [ {', '.join(map(str, self.gpus))} ]" if self.gpus else ""
-        return f"{{ count: {self.count} kind: {self.kind}{gpus} }}"
 
 
 @dataclass(frozen=True)
@@ -143,98 +137,65 @@ def placed_on_deployed_devices(options: ServingOptions, model: ModelConfig) -> S
     return replace(options, instances=groups)
 
 
-def _quoted(text: str) -> str:
-    """``text`` as a config.pbtxt string literal (a table name may hold quotes)."""
-    escaped = text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
-    return f'"{escaped}"'
-
-
-@dataclass(frozen=True)
-class _Tensor:
-    """An input or output of config.pbtxt (``ragged``: ``allow_ragged_batch``)."""
-
-    name: str
-    data_type: str
-    dims: tuple[int, ...]
-    ragged: bool = False
-
-    def pbtxt(self) -> str:
-        ragged = " allow_ragged_batch: true" if self.ragged else ""
-        dims = ", ".join(map(str, self.dims))
-        return f'{{ name: "{self.name}" data_type: {self.data_type} dims: [ {dims} ]{ragged} }}'
-
-
 @dataclass(frozen=True)
 class _WarmupInput:
     """One input of the warm-up request: a file in ``warmup/``, or zeros when ``file`` is
-    ``None``."""
+    ``None``; its dims (one request's) may differ from the contract's ``-1``."""
 
     name: str
-    data_type: str
     dims: tuple[int, ...]
     file: str | None = None
-
-    def pbtxt(self) -> str:
-        data = f'input_data_file: "{self.file}"' if self.file else "zero_data: true"
-        dims = ", ".join(map(str, self.dims))
-        return f"""    inputs {{
-      key: "{self.name}"
-      value: {{ data_type: {self.data_type} dims: [ {dims} ] {data} }}
-    }}"""
 
 
 def _config_pbtxt(
     name: str,
     max_batch_size: int,
     options: ServingOptions,
-    inputs: Sequence[_Tensor],
-    outputs: Sequence[_Tensor],
+    io: ModelIO,
     params: Sequence[tuple[str, str]],
     warmup: Sequence[_WarmupInput],
 ) -> str:
-    """The text of a Python-backend config.pbtxt (warm-up only if ``options.warmup``)."""
-
-    def listed(items: Sequence[str]) -> str:
-        return ",\n".join(f"  {item}" for item in items)
-
+    """The text of a Python-backend config.pbtxt, built as Triton's ``ModelConfig`` message
+    (warm-up only if ``options.warmup``)."""
+    config = pb.ModelConfig(name=name, backend="python", max_batch_size=max_batch_size)
+    config.dynamic_batching.max_queue_delay_microseconds = options.max_queue_delay_us
+    for spec in io.inputs:
+        config.input.add(
+            name=spec.name,
+            data_type=pb.DataType.Value(spec.data_type),
+            dims=spec.dims,
+            allow_ragged_batch=spec.ragged,
+        )
+    for spec in io.outputs:
+        config.output.add(
+            name=spec.name, data_type=pb.DataType.Value(spec.data_type), dims=spec.dims
+        )
+    for group in options.instances:
+        config.instance_group.add(
+            count=group.count, kind=pb.ModelInstanceGroup.Kind.Value(group.kind), gpus=group.gpus
+        )
+    params = list(params)
     if any(g.kind != "KIND_CPU" for g in options.instances):
         # GPU instances take inputs where the client put them (e.g. CUDA shared memory),
         # so keys already on the GPU are never copied to the host and back.
-        params = [*params, ("FORCE_CPU_ONLY_INPUT_TENSORS", "no")]
+        params.append(("FORCE_CPU_ONLY_INPUT_TENSORS", "no"))
         params.append(("share_gpu_cache", "true" if options.share_gpu_cache else "false"))
     if options.freeze_sparse:
-        params = [*params, (FREEZE_SPARSE_PARAMETER, "true")]
-    parameters = [
-        f"{{ key: {_quoted(k)} value: {{ string_value: {_quoted(v)} }} }}" for k, v in params
-    ]
-    warmup_text = ""
+        params.append((FREEZE_SPARSE_PARAMETER, "true"))
+    for key, value in params:
+        config.parameters[key].string_value = value
     if options.warmup and warmup:
-        entries = "\n".join(w.pbtxt() for w in warmup)
-        warmup_text = f"""
-model_warmup [
-  {{
-    name: "load_tables"
-    batch_size: 1
-{entries}
-  }}
-]"""
-    return f"""name: {_quoted(name)}
-backend: "python"
-max_batch_size: {max_batch_size}
-dynamic_batching {{ max_queue_delay_microseconds: {options.max_queue_delay_us} }}
-input [
-{listed([t.pbtxt() for t in inputs])}
-]
-output [
-{listed([t.pbtxt() for t in outputs])}
-]
-instance_group [
-{listed([g.pbtxt() for g in options.instances])}
-]
-parameters [
-{listed(parameters)}
-]{warmup_text}
-"""
+        sample = config.model_warmup.add(name="load_tables", batch_size=1)
+        types = {spec.name: spec.data_type for spec in io.inputs}
+        for item in warmup:
+            entry = sample.inputs[item.name]
+            entry.data_type = pb.DataType.Value(types[item.name])
+            entry.dims.extend(item.dims)
+            if item.file:
+                entry.input_data_file = item.file
+            else:
+                entry.zero_data = True
+    return text_format.MessageToString(config)
 
 
 def _ranking_parameters(triton_name: str, hps_model: str, ps_json: str) -> list[tuple[str, str]]:
@@ -270,16 +231,9 @@ def embedding_config_pbtxt(
         triton_name,
         options.max_batch_size,
         options,
-        inputs=[
-            _Tensor("KEYS", "TYPE_INT64", (-1,), ragged=True),
-            _Tensor("NUMKEYS", "TYPE_INT32", (-1,), ragged=True),
-        ],
-        outputs=[_Tensor("OUTPUT0", "TYPE_FP32", (-1,))],
+        EMBEDDING_IO,
         params=params,
-        warmup=[
-            _WarmupInput("KEYS", "TYPE_INT64", (t,), "keys"),
-            _WarmupInput("NUMKEYS", "TYPE_INT32", (t,), "numkeys"),
-        ],
+        warmup=[_WarmupInput("KEYS", (t,), "keys"), _WarmupInput("NUMKEYS", (t,), "numkeys")],
     )
 
 
@@ -310,18 +264,13 @@ def hugectr_config_pbtxt(triton_name: str, layout: RankingLayout, options: Servi
         triton_name,
         options.max_batch_size,
         options,
-        inputs=[
-            _Tensor("DES", "TYPE_FP32", (-1,), ragged=True),
-            _Tensor("CATCOLUMN", "TYPE_INT64", (-1,), ragged=True),
-            _Tensor("ROWINDEX", "TYPE_INT32", (-1,), ragged=True),
-        ],
-        outputs=[_Tensor("OUTPUT0", "TYPE_FP32", (-1,))],
+        HUGECTR_IO,
         params=params,
         # One sample, one key (0) per slot: loading every table is the point.
         warmup=[
-            _WarmupInput("DES", "TYPE_FP32", (layout.dense_dim,)),
-            _WarmupInput("CATCOLUMN", "TYPE_INT64", (slots,)),
-            _WarmupInput("ROWINDEX", "TYPE_INT32", (slots + tables,), "rowindex"),
+            _WarmupInput("DES", (layout.dense_dim,)),
+            _WarmupInput("CATCOLUMN", (slots,)),
+            _WarmupInput("ROWINDEX", (slots + tables,), "rowindex"),
         ],
     )
 
@@ -342,20 +291,14 @@ def samples_config_pbtxt(
     Returns:
         The file's text.
     """
+    io = samples_io(layout.dense_dim, layout.sample_width, layout.label_dim)
     return _config_pbtxt(
         triton_name,
         layout.max_batch_size,
         options,
-        inputs=[
-            _Tensor("dense", "TYPE_FP32", (layout.dense_dim,)),
-            _Tensor("sparse", "TYPE_INT64", (layout.sample_width,)),
-        ],
-        outputs=[_Tensor("score", "TYPE_FP32", (layout.label_dim,))],
+        io,
         params=_ranking_parameters(triton_name, layout.model, ps_json),
-        warmup=[
-            _WarmupInput("dense", "TYPE_FP32", (layout.dense_dim,)),
-            _WarmupInput("sparse", "TYPE_INT64", (layout.sample_width,)),
-        ],
+        warmup=[_WarmupInput(spec.name, spec.dims) for spec in io.inputs],
     )
 
 
@@ -418,10 +361,32 @@ def version_ps_json(folder: Path, version: int) -> Path:
     return own if own.is_file() else folder / "ps.json"
 
 
+def read_config(path: Path) -> pb.ModelConfig:
+    """A config.pbtxt parsed with Triton's own schema.
+
+    Args:
+        path: the file.
+
+    Returns:
+        Its ``ModelConfig`` message.
+
+    Raises:
+        ConfigError: the file is not a valid model configuration (the parser's message names
+            the line and column).
+    """
+    try:
+        return text_format.Parse(path.read_text(), pb.ModelConfig())
+    except text_format.ParseError as exc:
+        raise ConfigError([Problem(str(path), f"not a Triton model configuration: {exc}")]) from exc
+
+
 def is_frozen(folder: Path) -> bool:
     """Whether a model folder's config.pbtxt sets ``freeze_sparse`` to true."""
-    config = folder / "config.pbtxt"
-    return config.is_file() and _FREEZE_SPARSE_RE.search(config.read_text()) is not None
+    path = folder / "config.pbtxt"
+    if not path.is_file():
+        return False
+    parameter = read_config(path).parameters.get(FREEZE_SPARSE_PARAMETER)
+    return parameter is not None and parameter.string_value.strip().lower() in ("true", "yes", "1")
 
 
 def _check_new_version(folder: Path, version: int) -> list[Problem]:

@@ -20,16 +20,10 @@ from typing import Any
 
 import numpy as np
 
+from hps_core.infer.model_io import EMBEDDING_IO, KEYS, NUMKEYS, OUTPUT0
 from hps_core.model_check import check_model_files
 from triton_backend.batched_execute import execute_batched
-from triton_backend.hps_contract import (
-    KEYS,
-    NUMKEYS,
-    OUTPUT0,
-    HpsContract,
-    batch_tables,
-    split_outputs,
-)
+from triton_backend.hps_contract import HpsContract, batch_tables, split_outputs
 from triton_backend.lookup_service import LookupService, log_to_stderr
 from triton_backend.model_settings import check_instance_device, check_io, read_settings
 from triton_backend.tensors import input_array
@@ -48,11 +42,7 @@ class EmbeddingModel:
         """
         log_to_stderr()
         settings = read_settings(args)
-        check_io(
-            settings.config,
-            inputs={KEYS: "TYPE_INT64", NUMKEYS: "TYPE_INT32"},
-            outputs={OUTPUT0: "TYPE_FP32"},
-        )
+        check_io(settings.config, EMBEDDING_IO)
         model = check_model_files(settings.ps_json, settings.hps_model)
         check_instance_device(settings, model.deployed_device_list, f"model '{model.name}'")
         self.contract = HpsContract.from_model(model)

@@ -23,11 +23,8 @@ import numpy as np
 
 from hps_core.config import ModelConfig
 from hps_core.errors import RequestError
+from hps_core.infer.model_io import KEYS, NUMKEYS
 from hps_core.lookup.devices import module_of, to_host
-
-KEYS = "KEYS"
-NUMKEYS = "NUMKEYS"
-OUTPUT0 = "OUTPUT0"
 
 
 def _shape(array: np.ndarray) -> str:

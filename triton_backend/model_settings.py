@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from hps_core.errors import ConfigError, Problem
+from hps_core.infer.model_io import ModelIO
 
 PS_JSON_PARAMETER = "ps_json"
 HPS_MODEL_PARAMETER = "hps_model_name"
@@ -91,36 +92,38 @@ def _io_by_name(config: Mapping[str, Any], section: str) -> dict[str, Mapping[st
     return {item["name"]: item for item in config.get(section, [])}
 
 
-def check_io(
-    config: Mapping[str, Any],
-    inputs: Mapping[str, str],
-    outputs: Mapping[str, str],
-) -> None:
-    """Check that config.pbtxt declares the inputs and outputs the model needs.
+def check_io(config: Mapping[str, Any], io: ModelIO) -> None:
+    """Check that config.pbtxt declares the tensors of the model's contract as the contract
+    declares them (:mod:`hps_core.infer.model_io`): each input and output, its data type, and
+    its dims where the contract fixes them.
 
     Args:
-        config: decoded config.pbtxt.
-        inputs: required input name -> Triton data type (e.g. ``"TYPE_INT64"``).
-        outputs: required output name -> Triton data type.
+        config: decoded config.pbtxt (Triton's JSON).
+        io: the contract's tensors.
 
     Raises:
-        ConfigError: listing every missing tensor or wrong data type.
+        ConfigError: listing every missing tensor, wrong data type or wrong dims.
     """
     problems = []
-    for section, wanted in (("input", inputs), ("output", outputs)):
+    for section, wanted in (("input", io.inputs), ("output", io.outputs)):
         declared = _io_by_name(config, section)
-        for name, dtype in wanted.items():
-            if name not in declared:
-                problems.append(
-                    Problem(f"config.pbtxt {section}", f"'{name}' ({dtype}) is missing")
-                )
-            elif declared[name].get("data_type") != dtype:
+        for spec in wanted:
+            if spec.name not in declared:
                 problems.append(
                     Problem(
-                        f"config.pbtxt {section} '{name}'",
-                        f"data_type must be {dtype}, got {declared[name].get('data_type')}",
+                        f"config.pbtxt {section}", f"'{spec.name}' ({spec.data_type}) is missing"
                     )
                 )
+                continue
+            where = f"config.pbtxt {section} '{spec.name}'"
+            got = declared[spec.name]
+            data_type = got.get("data_type")
+            if data_type != spec.data_type:
+                message = f"data_type must be {spec.data_type}, got {data_type}"
+                problems.append(Problem(where, message))
+            dims = [int(d) for d in got.get("dims", [])]
+            if -1 not in spec.dims and dims != list(spec.dims):
+                problems.append(Problem(where, f"dims must be {list(spec.dims)}, got {dims}"))
     if problems:
         raise ConfigError(problems)
 

@@ -21,20 +21,10 @@ from __future__ import annotations
 import logging
 from typing import Any, ClassVar
 
-import numpy as np
-
 from hps_core.infer import RankingSession, SparseBatch, concat_batches, split_samples
-from hps_core.infer.contracts import (
-    CATCOLUMN,
-    DENSE,
-    DES,
-    OUTPUT0,
-    ROWINDEX,
-    SCORE,
-    SPARSE,
-    HugeCTRContract,
-    SamplesContract,
-)
+from hps_core.infer.contracts import HugeCTRContract, SamplesContract
+from hps_core.infer.layout import RankingLayout
+from hps_core.infer.model_io import HUGECTR_IO, ModelIO, samples_io
 from hps_core.lookup.devices import to_host
 from hps_core.model_check import check_model_files
 from triton_backend.batched_execute import execute_batched
@@ -44,16 +34,16 @@ from triton_backend.tensors import input_array
 
 logger = logging.getLogger("hps_core")
 
-_TRITON_TYPES = {np.float32: "TYPE_FP32", np.int32: "TYPE_INT32", np.int64: "TYPE_INT64"}
-
 
 class _RankingModel:
     """``TritonPythonModel`` of a ranking model; subclasses choose the contract."""
 
-    #: input name -> NumPy dtype, in the order ``parse`` takes them.
-    inputs: ClassVar[dict[str, type]]
-    output: ClassVar[str]
     contract_type: ClassVar[type[HugeCTRContract] | type[SamplesContract]]
+
+    @staticmethod
+    def model_io(layout: RankingLayout) -> ModelIO:
+        """The contract's tensors for a model of ``layout`` (inputs in ``parse`` order)."""
+        raise NotImplementedError
 
     def initialize(self, args: dict[str, str]) -> None:
         """Validate the model and load its dense network before Triton marks it loaded.
@@ -63,11 +53,6 @@ class _RankingModel:
         """
         log_to_stderr()
         settings = read_settings(args)
-        check_io(
-            settings.config,
-            inputs={name: _TRITON_TYPES[dtype] for name, dtype in self.inputs.items()},
-            outputs={self.output: "TYPE_FP32"},
-        )
         model = check_model_files(settings.ps_json, settings.hps_model)
         check_instance_device(settings, model.deployed_device_list, f"model '{model.name}'")
         # The service and the session share one HPS lookup session: the service starts it
@@ -76,8 +61,10 @@ class _RankingModel:
         self.session = RankingSession.open(
             settings.ps_json, settings.hps_model, settings.lookup_device
         )
-        self.contract = self.contract_type(self.session.layout)
         layout = self.session.layout
+        self.io = self.model_io(layout)
+        check_io(settings.config, self.io)
+        self.contract = self.contract_type(layout)
         logger.info(
             "model '%s': ps.json %s, model '%s', %d dense, slots %s, %d outputs, %s instance%s",
             settings.triton_model,
@@ -99,12 +86,12 @@ class _RankingModel:
         Returns:
             One response per request, in order.
         """
-        responses = execute_batched(requests, self._parse, self._predict, self.output)
+        responses = execute_batched(requests, self._parse, self._predict, self.io.outputs[0].name)
         self.service.report()
         return responses
 
     def _parse(self, request: Any) -> SparseBatch:
-        arrays = [to_host(input_array(request, n, dtype)) for n, dtype in self.inputs.items()]
+        arrays = [to_host(input_array(request, t.name, t.dtype)) for t in self.io.inputs]
         return self.contract.parse(*arrays)
 
     def _predict(self, batches: list[SparseBatch]) -> list[Any]:
@@ -122,14 +109,18 @@ class HugeCTRRankingModel(_RankingModel):
     """HugeCTR's ``hugectr`` backend contract: ``DES``, ``CATCOLUMN``, ``ROWINDEX`` ->
     ``OUTPUT0``."""
 
-    inputs: ClassVar[dict[str, type]] = {DES: np.float32, CATCOLUMN: np.int64, ROWINDEX: np.int32}
-    output: ClassVar[str] = OUTPUT0
     contract_type: ClassVar[type[HugeCTRContract]] = HugeCTRContract
+
+    @staticmethod
+    def model_io(layout: RankingLayout) -> ModelIO:
+        return HUGECTR_IO
 
 
 class SamplesRankingModel(_RankingModel):
     """One sample per row of Triton's batch: ``dense``, ``sparse`` -> ``score``."""
 
-    inputs: ClassVar[dict[str, type]] = {DENSE: np.float32, SPARSE: np.int64}
-    output: ClassVar[str] = SCORE
     contract_type: ClassVar[type[SamplesContract]] = SamplesContract
+
+    @staticmethod
+    def model_io(layout: RankingLayout) -> ModelIO:
+        return samples_io(layout.dense_dim, layout.sample_width, layout.label_dim)

@@ -57,15 +57,13 @@ import numpy as np
 from hps_core.errors import RequestError
 from hps_core.infer.batch import SparseBatch
 from hps_core.infer.layout import RankingLayout
-
-DES = "DES"
-CATCOLUMN = "CATCOLUMN"
-ROWINDEX = "ROWINDEX"
-OUTPUT0 = "OUTPUT0"
-
-DENSE = "dense"
-SPARSE = "sparse"
-SCORE = "score"
+from hps_core.infer.model_io import (  # the tensors' names, declared with them there
+    CATCOLUMN,
+    DENSE,
+    DES,
+    ROWINDEX,
+    SPARSE,
+)
 
 
 def _shape(array: np.ndarray) -> str:

@@ -16,6 +16,7 @@ from tritonclient.grpc import model_config_pb2
 
 from hps_core.config import parse_ps_config
 from hps_core.errors import ConfigError
+from hps_core.infer.model_io import EMBEDDING_IO, samples_io
 from hps_core.triton_repo import InstanceGroup, ServingOptions, embedding_config_pbtxt
 from triton_backend.model_settings import (
     ModelSettings,
@@ -23,9 +24,6 @@ from triton_backend.model_settings import (
     check_io,
     read_settings,
 )
-
-REQUIRED_INPUTS = {"KEYS": "TYPE_INT64", "NUMKEYS": "TYPE_INT32"}
-REQUIRED_OUTPUTS = {"OUTPUT0": "TYPE_FP32"}
 
 
 def triton_config(triton_name: str = "emb", hps_model: str = "emb") -> dict[str, Any]:
@@ -87,7 +85,7 @@ def test_generated_config_reads_back(tmp_path: Path) -> None:
     assert settings.ps_json == (tmp_path / "ps.json").resolve()
     assert (settings.instance_kind, settings.device_id) == ("GPU", 1)
     assert settings.config["parameters"]["embedding_vecsize_per_table"] == {"string_value": "1,16"}
-    check_io(settings.config, REQUIRED_INPUTS, REQUIRED_OUTPUTS)
+    check_io(settings.config, EMBEDDING_IO)
 
 
 def test_instance_defaults_to_cpu_device_0(tmp_path: Path) -> None:
@@ -160,7 +158,7 @@ def test_check_io_lists_every_missing_or_mistyped_tensor() -> None:
     config["input"] = [i for i in config["input"] if i["name"] != "KEYS"]
     config["output"][0]["data_type"] = "TYPE_FP16"
     with pytest.raises(ConfigError) as info:
-        check_io(config, REQUIRED_INPUTS, REQUIRED_OUTPUTS)
+        check_io(config, EMBEDDING_IO)
     problems = {(p.where, p.message) for p in info.value.problems}
     assert problems == {
         ("config.pbtxt input", "'KEYS' (TYPE_INT64) is missing"),
@@ -168,9 +166,28 @@ def test_check_io_lists_every_missing_or_mistyped_tensor() -> None:
     }
 
 
+def test_check_io_checks_the_dims_a_contract_fixes() -> None:
+    """The samples contract fixes each tensor's width: a config.pbtxt from another model
+    (13 dense features, 26 keys) does not load a model of 4 and 3."""
+    config = {
+        "input": [
+            {"name": "dense", "data_type": "TYPE_FP32", "dims": ["13"]},
+            {"name": "sparse", "data_type": "TYPE_INT64", "dims": ["26"]},
+        ],
+        "output": [{"name": "score", "data_type": "TYPE_FP32", "dims": ["1"]}],
+    }
+    check_io(config, samples_io(13, 26, 1))
+    with pytest.raises(ConfigError) as info:
+        check_io(config, samples_io(4, 3, 1))
+    assert {(p.where, p.message) for p in info.value.problems} == {
+        ("config.pbtxt input 'dense'", "dims must be [4], got [13]"),
+        ("config.pbtxt input 'sparse'", "dims must be [3], got [26]"),
+    }
+
+
 def test_check_io_without_any_tensor_section() -> None:
     with pytest.raises(ConfigError) as info:
-        check_io({"name": "x"}, REQUIRED_INPUTS, REQUIRED_OUTPUTS)
+        check_io({"name": "x"}, EMBEDDING_IO)
     assert sorted(p.message.split("'")[1] for p in info.value.problems) == [
         "KEYS",
         "NUMKEYS",

@@ -98,3 +98,26 @@ def test_unknown_model_is_a_usage_error(tmp_path: Path) -> None:
         main(["prepare", str(tmp_path), "--model", "nope"])
     assert info.value.code == 2
     assert not (tmp_path / demo.NAME).exists()
+
+
+def test_the_committed_default_repository_is_what_prepare_writes(tmp_path: Path) -> None:
+    """model_repository/ holds what ``hps prepare`` writes (config.pbtxt from the contracts'
+    declarations, ps.json, model.py, warm-up requests), not a hand-edited copy."""
+    committed = Path(__file__).resolve().parents[3] / "model_repository"
+    assert main(["prepare", str(tmp_path / "repo")]) == 0
+    written = tmp_path / "repo"
+    names = sorted(p.name for p in committed.iterdir() if p.is_dir())
+    assert names == sorted(p.name for p in written.iterdir() if p.is_dir())
+    for name in names:
+        files = [
+            p.relative_to(committed / name)
+            for p in (committed / name).rglob("*")
+            if p.is_file()
+            # Tables (git-ignored, written by set-up) and bytecode of a server that ran here.
+            and not {"data", "__pycache__"} & set(p.relative_to(committed / name).parts)
+        ]
+        assert files, name
+        for file in files:
+            assert (written / name / file).read_bytes() == (committed / name / file).read_bytes(), (
+                f"{name}/{file}"
+            )

@@ -12,7 +12,14 @@ from cli_testdata import write_model
 from hps_core.cli.main import main
 from hps_core.config import load_ps_config
 from hps_core.demo import write_dcn_demo
-from hps_core.triton_repo import ServingOptions, model_versions, write_repository
+from hps_core.errors import ConfigError
+from hps_core.triton_repo import (
+    ServingOptions,
+    is_frozen,
+    model_versions,
+    read_config,
+    write_repository,
+)
 from triton_backend.model_settings import read_settings
 
 
@@ -94,10 +101,9 @@ def test_freeze_sparse_keeps_the_previous_sparse_files(tmp_path: Path, capsys) -
     repo = tmp_path / "repo"
     assert main(["repo", str(ps), str(repo), "--freeze-sparse"]) == 0
     folder = repo / "wdl"
-    assert (
-        'key: "freeze_sparse" value: { string_value: "true" }'
-        in (folder / "config.pbtxt").read_text()
-    )
+    config = read_config(folder / "config.pbtxt")
+    assert config.parameters["freeze_sparse"].string_value == "true"
+    assert is_frozen(folder)
     assert read_settings(_args(folder, 1)).freeze_sparse
     ps2 = _retrained(tmp_path / "src", tmp_path / "v2")
 
@@ -133,3 +139,13 @@ def test_ranking_model_versions_both_triton_models(tmp_path: Path) -> None:
         assert model.sparse_files == load_ps_config(folder / "ps.json").model("dcn").sparse_files
     # Version 1 of the samples model still reads the main folder's ps.json.
     assert read_settings(_args(samples, 1)).ps_json == (folder / "ps.json").resolve()
+
+
+def test_a_malformed_config_pbtxt_is_named(tmp_path: Path) -> None:
+    folder = tmp_path / "m"
+    folder.mkdir()
+    (folder / "config.pbtxt").write_text('name: "m"\nparameters { key: "freeze_sparse" \n')
+    with pytest.raises(ConfigError) as info:
+        is_frozen(folder)
+    assert str(folder / "config.pbtxt") in str(info.value)
+    assert "not a Triton model configuration" in str(info.value)
