@@ -17,14 +17,14 @@ from hps_core.infer.layout import (
     is_ranking_model,
     load_ranking_graph,
 )
-from hps_core.infer.session import RankingSession, TableLookup
+from hps_core.infer.session import EmbeddingSource, RankingSession
 
 __all__ = [
+    "EmbeddingSource",
     "RankingLayout",
     "RankingSession",
     "SparseBatch",
     "TableFeed",
-    "TableLookup",
     "concat_batches",
     "is_ranking_model",
     "load_ranking_graph",

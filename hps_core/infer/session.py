@@ -30,8 +30,9 @@ def _device(xp: ModuleType, device_id: int | None) -> contextlib.AbstractContext
     return contextlib.nullcontext() if device_id is None else xp.cuda.Device(device_id)
 
 
-class TableLookup(Protocol):
-    """What the session needs from a lookup session (e.g. :class:`~hps_core.lookup.ModelLookup`)."""
+class EmbeddingSource(Protocol):
+    """What the session needs from a model's lookup (:class:`~hps_core.lookup.ModelLookup`):
+    the vectors of several tables' keys at once (one table's lookup is a ``TableLookup``)."""
 
     def lookup_many(self, table_ids: Sequence[int], keys: Sequence[np.ndarray]) -> list[Any]:
         """float32 ``[len(keys[i]), dim]`` vectors of ``keys[i]`` in table ``table_ids[i]``."""
@@ -58,7 +59,7 @@ class RankingSession:
     def __init__(
         self,
         layout: RankingLayout,
-        lookup: TableLookup,
+        lookup: EmbeddingSource,
         executor: DenseExecutor,
         device_id: int | None = None,
         graphs: bool = True,
