@@ -51,8 +51,8 @@ def rebuild(pipe) -> None:
     each size records them again."""
     pipe._stream.synchronize()
     pipe._cache_stream.synchronize()
-    pipe._buckets.clear()
-    pipe._second_buckets.clear()
+    for buckets in pipe._lanes:
+        buckets.clear()
     sms = cupy.cuda.Device().attributes["MultiProcessorCount"]
     pipe._insert_blocks = sms * gpu_pipeline._INSERT_BLOCKS_PER_SM
 

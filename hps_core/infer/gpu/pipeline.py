@@ -202,8 +202,9 @@ class GpuRankingPipeline:
         self._state: Any = None  # its count, and each table's staged rows (uint64)
         self._lower = False  # a table has tiers below its host tier (set with the bank)
         self._extras: tuple[Any, Any] | None = None  # their rows for the batch in flight
-        self._buckets: dict[int, _Bucket] = {}
-        self._second_buckets: dict[int, _Bucket] = {}  # the other lane of chunked batches
+        # Buckets by size, per lane: lane 0 serves every batch, the others chunked ones.
+        self._lanes: list[dict[int, _Bucket]] = [{} for _ in range(_CHUNK_LANES)]
+        self._buckets = self._lanes[0]
         self._lock = threading.Lock()
         self._copy_pool: concurrent.futures.ThreadPoolExecutor | None = None
         with cupy.cuda.Device(self.device_id):
@@ -942,9 +943,9 @@ class GpuRankingPipeline:
     # -- buckets ------------------------------------------------------------------------------
 
     def _bucket(self, size: int, lane: int = 0) -> _Bucket:
-        """The bucket of ``size`` samples (made and recorded on first use); ``lane`` 1: the
-        second one of that size, for chunked batches (see :meth:`_predict_chunks`)."""
-        buckets = self._second_buckets if lane else self._buckets
+        """The bucket of ``size`` samples (made and recorded on first use) of ``lane``: lanes
+        other than 0 hold the further buckets of chunked batches (see :meth:`_predict_chunks`)."""
+        buckets = self._lanes[lane]
         bucket = buckets.get(size)
         if bucket is None:
             started = time.perf_counter()
@@ -1040,8 +1041,8 @@ class GpuRankingPipeline:
                         stream.synchronize()
                 self._bank.close()
                 self._bank = None
-            self._buckets.clear()
-            self._second_buckets.clear()
+            for buckets in self._lanes:
+                buckets.clear()
             if self._copy_pool is not None:
                 self._copy_pool.shutdown()
                 self._copy_pool = None

@@ -191,7 +191,7 @@ def test_large_host_batches_run_as_pipelined_chunks(
             np.testing.assert_allclose(gpu.predict(form), want, rtol=1e-5, atol=1e-6)
         ragged = hugectr.parse(*encode_hugectr(dense, uneven(keys, rng)))
         np.testing.assert_allclose(gpu.predict(ragged), cpu.predict(ragged), rtol=1e-5, atol=1e-6)
-    assert set(pipe._second_buckets) == {16} and max(pipe._buckets) == 16
+    assert set(pipe._lanes[1]) == {16} and max(pipe._buckets) == 16
     np.testing.assert_allclose(gpu.predict(on_gpu(parsed)), want, rtol=1e-5, atol=1e-6)
     assert max(pipe._buckets) == 128  # on the GPU: the batch of 100 whole
 
