@@ -11,6 +11,8 @@ with the same result up to float32 rounding order:
 - :func:`layer_norm`, :func:`softmax`: a warp per row, one pass each (BST's LayerNorm, the
   attention's masked softmax, MMoE's and DIN's softmax took five to eight kernels);
 - :func:`dice`: DIN's Dice in two reductions over the batch and one pass (from ten kernels);
+- :func:`row_dot`: a product with one output per row (a model's last layer) with its bias
+  and ReLU, a warp per row, where cuBLAS took a split-K GEMV, a reduction and a bias pass;
 - :func:`interaction`: DLRM's dot interaction (stack, Gram matrix, lower triangle, padding) in
   one kernel (``kernels/dense.cu``) instead of a batched GEMM and four copies; each thread sums
   a tile of 4 x 4 entries of the Gram matrix in registers.
@@ -26,7 +28,10 @@ import numpy as np
 
 from hps_core.cuda import kernels
 
-DENSE_TEMPLATES = ("interaction<float>", "interaction<unsigned short>")
+DENSE_TEMPLATES = (
+    "interaction<float>", "interaction<unsigned short>", "row_dot<float>",
+    "row_dot<unsigned short>",
+)  # fmt: skip
 """The template instantiations ``kernels/dense.cu`` is compiled with (one module for all)."""
 _MAX_STATIC_SHARED = 48 * 1024
 _ELEMENTWISE_THREADS = 256
@@ -189,6 +194,56 @@ def interaction(mlp: Any, emb: Any, tf32: bool) -> Any:
          np.int32(n), np.int32(dim), np.int32(_stage_stride(dim)), out, np.int64(width),
          np.bool_(tf32)),
         shared_mem=_stage_bytes(n, dim),
+    )  # fmt: skip
+    return out
+
+
+def row_dot(x: Any, weight: Any, bias: Any | None, relu: bool, tf32: bool) -> Any:
+    """``relu(x @ weight + bias)`` for a ``weight`` of one column, a warp per row.
+
+    Each row's products are summed in float32 (each lane every 32nd term, then a tree over
+    the warp), after rounding both operands to TF32 when ``tf32`` (as
+    :func:`hps_core.nn.precision.round_to_tf32`); the bias is added in float32 and the result
+    rounded once to the operands' dtype.
+
+    Args:
+        x: CuPy ``[R, K]`` float32 or float16, unit column stride (rows may be strided).
+        weight: ``[K, 1]`` (or ``[K]``) of the same dtype.
+        bias: ``[1]`` (any shape of one value) of the same dtype, or None.
+        relu: apply the ReLU.
+        tf32: round the operands to TF32 first.
+
+    Returns:
+        A new C-contiguous ``[R, 1]`` array of ``x``'s dtype.
+
+    Example:
+        >>> y = row_dot(h, w_last, b_last, relu=False, tf32=True)  # doctest: +SKIP
+    """
+    rows, k = x.shape
+    if weight.size != k or weight.dtype != x.dtype:
+        raise ValueError(f"row_dot of {x.shape} {x.dtype} and {weight.shape} {weight.dtype}")
+    if x.strides[1] != x.itemsize:
+        x = cupy.ascontiguousarray(x)
+    w = cupy.ascontiguousarray(weight).reshape(-1)
+    out = cupy.empty((rows, 1), dtype=x.dtype)
+    if rows == 0:
+        return out
+    item = x.itemsize
+    ld = x.strides[0] // item
+    quad_bytes = 4 * item
+    quads = (
+        k % 4 == 0
+        and ld % 4 == 0
+        and x.data.ptr % quad_bytes == 0
+        and w.data.ptr % quad_bytes == 0
+    )
+    name = "row_dot<float>" if x.dtype == np.float32 else "row_dot<unsigned short>"
+    blocks, threads = _rows_grid(rows)
+    _dense_function(name)(
+        (blocks,), (threads,),
+        (x, np.int64(ld), np.int64(rows), np.int32(k), w,
+         bias if bias is not None else np.uint64(0), out, np.bool_(bias is not None),
+         np.bool_(relu), np.bool_(tf32), np.bool_(quads)),
     )  # fmt: skip
     return out
 

@@ -36,6 +36,17 @@ template <typename S> struct Quad;
 template <> struct Quad<float> { typedef float4 T; };
 template <> struct Quad<unsigned short> { typedef ushort4 T; };
 
+// Sum of `v` over the warp, returned to every lane.
+__device__ __forceinline__ float warp_sum(float v) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
 // acc += a . b over four consecutive d, in order, one fmaf per term.
 __device__ __forceinline__ float dot4(const float4 a, const float4 b, float acc) {
   acc = fmaf(a.x, b.x, acc);
@@ -166,6 +177,67 @@ template __global__ void interaction<unsigned short>(const unsigned short*, cons
                                                      const int, const int, unsigned short*,
                                                      const i64, const bool);
 
+// A product with one output per row, out[r] = act(x[r, :] . w + b): a layer of one output
+// (a model's last InnerProduct, DCN v1's cross weight), one warp per row (grid-stride). cuBLAS
+// runs it as a split-K GEMV plus a separate reduction and bias pass, and one row at TF32 took
+// six CuPy passes more to round the operands. Each lane sums every 32nd element (four at a
+// time when `quads`: k % 4 == 0, x's rows and w 16-byte aligned for float, 8-byte for half) in
+// float32, operands rounded to TF32 when tf32 is set; the warp adds the 32 sums in a tree; the
+// bias (when has_bias) is added in float32, then the ReLU (when relu), and the result is
+// rounded once to S.
+template <typename S>
+__global__ void row_dot(const S* __restrict__ x, const i64 ld, const i64 rows, const int k,
+                        const S* __restrict__ w, const S* __restrict__ bias,
+                        S* __restrict__ out, const bool has_bias, const bool relu,
+                        const bool tf32, const bool quads) {
+  typedef typename Quad<S>::T Q;
+  const int lane = threadIdx.x % 32;
+  const i64 warps = ((i64)gridDim.x * blockDim.x) / 32;
+  for (i64 r = ((i64)blockIdx.x * blockDim.x + threadIdx.x) / 32; r < rows; r += warps) {
+    const S* xr = x + r * ld;
+    float acc = 0.0f;
+    if (quads) {
+      const Q* xq = reinterpret_cast<const Q*>(xr);
+      const Q* wq = reinterpret_cast<const Q*>(w);
+      for (int q = lane; q < k / 4; q += 32) {
+        const Q a = xq[q], b = wq[q];
+        float4 fa = make_float4(Io<S>::load(a.x), Io<S>::load(a.y), Io<S>::load(a.z),
+                                Io<S>::load(a.w));
+        float4 fb = make_float4(Io<S>::load(b.x), Io<S>::load(b.y), Io<S>::load(b.z),
+                                Io<S>::load(b.w));
+        if (tf32) {
+          fa = make_float4(round_tf32(fa.x), round_tf32(fa.y), round_tf32(fa.z), round_tf32(fa.w));
+          fb = make_float4(round_tf32(fb.x), round_tf32(fb.y), round_tf32(fb.z), round_tf32(fb.w));
+        }
+        acc = dot4(fa, fb, acc);
+      }
+    } else {
+      for (int c = lane; c < k; c += 32) {
+        float a = Io<S>::load(xr[c]), b = Io<S>::load(w[c]);
+        if (tf32) {
+          a = round_tf32(a);
+          b = round_tf32(b);
+        }
+        acc = fmaf(a, b, acc);
+      }
+    }
+    acc = warp_sum(acc);
+    if (lane == 0) {
+      float v = has_bias ? acc + Io<S>::load(bias[0]) : acc;
+      if (relu) v = v > 0.0f ? v : 0.0f;
+      out[r] = Io<S>::store(v);
+    }
+  }
+}
+
+template __global__ void row_dot<float>(const float*, const i64, const i64, const int,
+                                        const float*, const float*, float*, const bool,
+                                        const bool, const bool, const bool);
+template __global__ void row_dot<unsigned short>(const unsigned short*, const i64, const i64,
+                                                 const int, const unsigned short*,
+                                                 const unsigned short*, unsigned short*,
+                                                 const bool, const bool, const bool, const bool);
+
 // FP32 products on TF32 tensor cores (hps_core.cuda.linear, "3xTF32"): each float32 value x
 // of a [rows, cols] matrix (row stride ld) becomes hi = round_tf32(x) and lo =
 // round_tf32(x - hi), so that x = hi + lo to about 2^-22 relative and each part passes a
@@ -205,17 +277,6 @@ extern "C" __global__ void cross_v2(const float4* __restrict__ x0, const float4*
     out[i] = make_float4(a.x * (v.x + c.x) + l.x, a.y * (v.y + c.y) + l.y,
                          a.z * (v.z + c.z) + l.z, a.w * (v.w + c.w) + l.w);
   }
-}
-
-// Sum of `v` over the warp, returned to every lane.
-__device__ __forceinline__ float warp_sum(float v) {
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
-}
-
-__device__ __forceinline__ float warp_max(float v) {
-  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-  return v;
 }
 
 // LayerNorm over the last axis (hps_core.nn.layers.attention.LayerNorm), one warp per row of

@@ -11,7 +11,6 @@ BatchNorm ``gamma [C]`` then ``beta [C]`` (its running statistics are in the ``.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -19,7 +18,7 @@ import numpy as np
 
 from hps_core.nn.layers.base import Array, Layer, ParamShape, expect_counts, expect_rank
 from hps_core.nn.network_json import LayerSpec
-from hps_core.nn.precision import ComputeContext
+from hps_core.nn.precision import ComputeContext, Precision
 from hps_core.nn.shapes import TensorShape
 
 
@@ -64,22 +63,13 @@ def _weight_and_bias(n_in: int, n_out: int) -> tuple[ParamShape, ParamShape]:
 
 def _affine(ctx: ComputeContext, x: Array, weight: Array, bias: Array | None, relu: bool) -> Array:
     """``x @ weight (+ bias)``, then ReLU if asked; each element rounded once to the storage
-    dtype after the bias is added in float32 (on a GPU, one cuBLASLt call with the bias and
-    ReLU in its epilogue)."""
-    # A single dot product keeps ComputeContext.matmul's float32 path (its TF32 rounding).
-    if ctx.on_gpu and not (math.prod(x.shape[:-1]) == 1 and weight.shape[-1] == 1):
-        from hps_core.cuda.linear import linear
-
+    dtype after the bias is added in float32 (on a GPU, one kernel: :func:`_gpu_affine`)."""
+    if ctx.on_gpu:
         rows = x.reshape(-1, x.shape[-1])
-        cast_bias = None if bias is None else ctx.cast(bias)
-        y = linear(ctx.cast(rows), ctx.cast(weight), cast_bias, relu, ctx.precision.value)
+        y = _gpu_affine(ctx, rows, weight, bias, relu)
         return y.reshape(*x.shape[:-1], weight.shape[-1])
     y = ctx.matmul(x, weight)
     if bias is not None:
-        if ctx.on_gpu:
-            from hps_core.cuda.dense_ops import bias_activation
-
-            return bias_activation(y, ctx.cast(bias), relu)
         y += ctx.cast(bias)
     if relu:
         ctx.xp.maximum(y, 0, out=y)
@@ -260,7 +250,7 @@ class MultiCross(Layer):
             if self.projection_dim:
                 y = _product(ctx, _product(ctx, xl, p[0]), p[1])
             else:
-                y = ctx.matmul(xl, p[0].T)
+                y = _product(ctx, xl, p[0].T)
             if ctx.on_gpu:
                 from hps_core.cuda.dense_ops import cross_combine
 
@@ -274,13 +264,30 @@ class MultiCross(Layer):
 
 
 def _product(ctx: ComputeContext, x: Array, weight: Array) -> Array:
-    """``x @ weight`` in the storage dtype: on a GPU one cuBLASLt call, whose large FP32
-    products run as 3xTF32 (:mod:`hps_core.cuda.linear`); else ``ctx.matmul``."""
+    """``x @ weight`` (2-D) in the storage dtype: on a GPU as :func:`_gpu_affine`; else
+    ``ctx.matmul``."""
     if ctx.on_gpu:
-        from hps_core.cuda.linear import linear
-
-        return linear(ctx.cast(x), ctx.cast(weight), None, False, ctx.precision.value)
+        return _gpu_affine(ctx, x, weight, None, False)
     return ctx.matmul(x, weight)
+
+
+def _gpu_affine(
+    ctx: ComputeContext, x: Array, weight: Array, bias: Array | None, relu: bool
+) -> Array:
+    """``relu(x @ weight + bias)`` of 2-D ``x`` on a GPU in one kernel: for one output column
+    (a model's last layer, DCN v1's cross weight) ``row_dot``, a warp per row, its operands
+    rounded as ``ComputeContext.matmul`` rounds them (cuBLAS ran it as a GEMV, a reduction and
+    a bias pass); else one cuBLASLt call with the bias and ReLU in its epilogue, whose large
+    FP32 products run as 3xTF32 (:mod:`hps_core.cuda.linear`)."""
+    cast_bias = None if bias is None else ctx.cast(bias)
+    if weight.shape[-1] == 1:
+        from hps_core.cuda.dense_ops import row_dot
+
+        tf32 = ctx.precision is Precision.TF32
+        return row_dot(ctx.cast(x), ctx.cast(weight), cast_bias, relu, tf32)
+    from hps_core.cuda.linear import linear
+
+    return linear(ctx.cast(x), ctx.cast(weight), cast_bias, relu, ctx.precision.value)
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,6 @@
 """The GPU's fused dense kernels against float64 NumPy: ``act(x @ W + b)`` in one cuBLASLt
-call (``hps_core.cuda.linear``) and DLRM's dot interaction in one kernel
+call (``hps_core.cuda.linear``, each of its candidate algorithms), a product of one output
+column a warp per row (``dense_ops.row_dot``) and DLRM's dot interaction in one kernel
 (``hps_core.cuda.dense_ops.interaction``).
 
 Each case runs on random inputs of several sizes (odd widths, one row, strided and
@@ -132,6 +133,30 @@ def test_linear_is_recorded_in_a_cuda_graph():
                 cupy.asnumpy(x), cupy.asnumpy(w), cupy.asnumpy(b), True, "tf32"
             )
             assert (np.abs(cupy.asnumpy(out).astype(np.float64) - want) <= bound).all()
+
+
+@pytest.mark.parametrize("rows, k, n", [(1, 1024, 1024), (300, 479, 1024)])
+def test_every_candidate_algorithm_equals_float64(rows, k, n):
+    """A plan keeps several of cuBLASLt's candidate algorithms, times them on its first call
+    and keeps the fastest: whichever is chosen, the product is within the bound."""
+    rng = np.random.default_rng(rows + k)
+    x = cupy.asarray(operand(rng, (rows, k), "tf32"))
+    w = cupy.asarray((operand(rng, (k, n), "tf32") / np.sqrt(k)).astype(np.float32))
+    b = cupy.asarray(operand(rng, (1, n), "tf32"))
+    linear.linear(x, w, b, True, "tf32")
+    plans = [p for key, p in linear._handle().plans.items() if key[2:5] == (n, rows, k)]
+    assert plans and all(p is not None and p.tuned for p in plans)
+    plan = plans[-1]
+    assert 0 <= plan.chosen < len(plan.results) <= linear.CANDIDATES
+    want, bound = reference_linear(cupy.asnumpy(x), cupy.asnumpy(w), cupy.asnumpy(b), True, "tf32")
+    chosen = plan.chosen
+    try:
+        for index in range(len(plan.results)):
+            plan.chosen = index
+            got = cupy.asnumpy(linear.linear(x, w, b, True, "tf32")).astype(np.float64)
+            assert (np.abs(got - want) <= bound).all(), f"candidate {index}"
+    finally:
+        plan.chosen = chosen
 
 
 def test_linear_rejects_mismatched_operands():
@@ -320,3 +345,46 @@ def test_column_moments_equal_float64(rows, cols):
     np.testing.assert_allclose(square.get(), (want * want).mean(axis=0), rtol=bound, atol=0)
     again = dense_ops.column_moments(cupy.asarray(x))
     assert (again[0] == mean).all() and (again[1] == square).all()  # same order every time
+
+
+@pytest.mark.parametrize("precision", ["fp32", "tf32", "fp16"])
+@pytest.mark.parametrize("relu", [False, True])
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize(
+    "rows, k, stride",
+    [(1, 256, 256), (1, 7, 7), (3, 479, 480), (1000, 3456, 3456), (70001, 33, 40)],
+)
+def test_row_dot_equals_float64(rows, k, stride, bias, relu, precision):
+    """A product with one output per row (a warp per row) against float64 NumPy of the
+    operands it multiplies (rounded to TF32 to nearest in TF32): one row, widths that are
+    not multiples of 4 (the scalar loop), aligned widths (four at a time), strided rows,
+    more rows than the grid; the bound is float32 accumulation over K terms plus the
+    rounding of the result."""
+    rng = np.random.default_rng(rows + k + stride)
+    storage = operand(rng, (rows, stride), precision)
+    x = storage[:, :k]
+    w = (operand(rng, (k, 1), precision) / np.sqrt(k)).astype(DTYPE[precision])
+    b = operand(rng, (1, 1), precision) if bias else None
+    x_d = cupy.asarray(storage)[:, :k]
+    got = dense_ops.row_dot(
+        x_d, cupy.asarray(w), None if b is None else cupy.asarray(b), relu, precision == "tf32"
+    )
+    assert got.dtype == DTYPE[precision] and got.shape == (rows, 1) and got.flags.c_contiguous
+    xs, ws = as_computed(x, precision), as_computed(w, precision)
+    want = xs @ ws
+    scale = np.abs(xs) @ np.abs(ws)
+    if b is not None:
+        want = want + float(b[0, 0])
+        scale = scale + abs(float(b[0, 0]))
+    if relu:
+        want = np.maximum(want, 0)
+    result = 2.0**-11 if precision == "fp16" else 2.0**-24
+    bound = (k + 2) * 2.0**-24 * scale + result * np.abs(want) + 1e-30
+    error = np.abs(cupy.asnumpy(got).astype(np.float64) - want)
+    assert (error <= bound).all(), f"largest excess {np.max(error - bound)}"
+
+
+def test_row_dot_rejects_a_weight_of_another_width():
+    x = cupy.ones((4, 8), dtype=cupy.float32)
+    with pytest.raises(ValueError, match="row_dot"):
+        dense_ops.row_dot(x, cupy.ones((7, 1), dtype=cupy.float32), None, False, False)
