@@ -3,8 +3,9 @@
 CuPy refuses cuBLAS calls while a stream is being captured ("calling cuBLAS API during stream
 capture is currently unsupported"), although cuBLAS itself supports capture once it is given
 a workspace of its own. So the products of the GPU pipeline call ``cublasGemmEx`` and
-``cublasGemmStridedBatchedEx`` directly (ctypes, on the same ``libcublas`` CuPy loaded), on a
-handle per thread and device with a fixed workspace, on the caller's current CuPy stream.
+``cublasGemmStridedBatchedEx`` through nvmath-python's bindings (``nvmath.bindings.cublas``:
+NVIDIA's maintained declarations and enums, on the cuBLAS CuPy loads), on a handle per thread
+and device with a fixed workspace, on the caller's current CuPy stream.
 
 The compute type is passed per call, so TF32 needs no process-wide switch:
 
@@ -24,87 +25,68 @@ Fully connected layers with their bias and ReLU use cuBLASLt instead (:mod:`hps_
 
 from __future__ import annotations
 
-import ctypes
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any, TypeVar
 
 import cupy
 import numpy as np
+from nvmath import CudaDataType
+from nvmath.bindings import cublas
 
-from hps_core.errors import HPSError, NotAvailableError
+from hps_core.errors import HPSError
 
-_OP_N, _OP_T = 0, 1
-_R_32F, _R_16F = 0, 2
-_COMPUTE_32F, _COMPUTE_32F_FAST_TF32 = 68, 77
-_GEMM_DEFAULT = -1
+OP_N, OP_T = int(cublas.Operation.N), int(cublas.Operation.T)
+_GEMM_DEFAULT = int(cublas.GemmAlgo.DEFAULT)
 WORKSPACE_BYTES = 32 << 20
 """cuBLAS workspace per handle (its documented recommendation for Hopper)."""
 
-_COMPUTE = {"fp32": _COMPUTE_32F, "tf32": _COMPUTE_32F_FAST_TF32, "fp16": _COMPUTE_32F}
+COMPUTE = {
+    "fp32": int(cublas.ComputeType.COMPUTE_32F),
+    "tf32": int(cublas.ComputeType.COMPUTE_32F_FAST_TF32),
+    "fp16": int(cublas.ComputeType.COMPUTE_32F),
+}
+"""cublasComputeType_t of each precision."""
+
+
+def data_type(dtype: Any) -> int:
+    """cudaDataType_t of float32 or float16 storage."""
+    return int(CudaDataType.CUDA_R_16F if dtype == np.float16 else CudaDataType.CUDA_R_32F)
+
+
+SCALARS = np.array([1.0, 0.0], dtype=np.float32)
+"""Host alpha and beta values (1, 0) whose addresses the calls pass (read when launched, or
+when recorded into a graph)."""
+ONE, ZERO = SCALARS.ctypes.data, SCALARS.ctypes.data + SCALARS.itemsize
 
 
 class BlasError(HPSError):
-    """A cuBLAS call failed."""
+    """A cuBLAS or cuBLASLt call failed."""
 
 
-def _loaded_library(stem: str) -> ctypes.CDLL:
-    """The ``stem`` library CuPy uses (libcublas, or the libcublasLt it depends on), found in
-    this process's mappings once CuPy has loaded it, so both share one copy and version."""
-    cupy.cuda.device.get_cublas_handle()  # makes CuPy load the library
-    with open("/proc/self/maps") as maps:
-        for line in maps:
-            path = line.split()[-1]
-            if f"/{stem}.so" in path:
-                return ctypes.CDLL(path)
+@contextmanager
+def checked(what: str) -> Iterator[None]:
+    """Raise the bindings' cuBLAS and cuBLASLt errors as :class:`BlasError`, naming ``what``."""
+    from nvmath.bindings import cublasLt
+
     try:
-        return ctypes.CDLL(f"{stem}.so")
-    except OSError as exc:
-        raise NotAvailableError(f"{stem} is not loadable: {exc}") from exc
+        yield
+    except (cublas.cuBLASError, cublasLt.cuBLASLtError) as exc:
+        raise BlasError(f"{what} failed: {exc}") from exc
 
 
 T = TypeVar("T")
 
-_lib: ctypes.CDLL | None = None
-_lib_lock = threading.Lock()
 _local = threading.local()
-
-
-def _cublas() -> ctypes.CDLL:
-    global _lib
-    with _lib_lock:
-        if _lib is None:
-            lib = _loaded_library("libcublas")
-            vp, i32, i64 = ctypes.c_void_p, ctypes.c_int, ctypes.c_longlong
-            lib.cublasCreate_v2.argtypes = [ctypes.POINTER(vp)]
-            lib.cublasSetStream_v2.argtypes = [vp, vp]
-            lib.cublasSetWorkspace_v2.argtypes = [vp, vp, ctypes.c_size_t]
-            lib.cublasGemmEx.argtypes = [
-                vp, i32, i32, i32, i32, i32, vp, vp, i32, i32, vp, i32, i32, vp, vp, i32, i32,
-                i32, i32,
-            ]  # fmt: skip
-            lib.cublasGemmStridedBatchedEx.argtypes = [
-                vp, i32, i32, i32, i32, i32, vp, vp, i32, i32, i64, vp, i32, i32, i64, vp, vp,
-                i32, i32, i64, i32, i32, i32,
-            ]  # fmt: skip
-            _lib = lib
-        return _lib
-
-
-def _check(status: int, what: str) -> None:
-    if status != 0:
-        raise BlasError(f"cuBLAS {what} failed with status {status}")
 
 
 class _Handle:
     """A cuBLAS handle of one thread on one device, with its own workspace."""
 
     def __init__(self, device_id: int) -> None:
-        lib = _cublas()
-        self.lib = lib
-        self.handle = ctypes.c_void_p()
-        with cupy.cuda.Device(device_id):
-            _check(lib.cublasCreate_v2(ctypes.byref(self.handle)), "cublasCreate")
+        with cupy.cuda.Device(device_id), checked("cublasCreate"):
+            self.handle = cublas.create()
             self.workspace = cupy.empty(WORKSPACE_BYTES, dtype=np.uint8)
         self.stream: int | None = None
 
@@ -112,13 +94,9 @@ class _Handle:
         # cublasSetStream resets the workspace to cuBLAS's own pool, which would allocate
         # during a capture: set ours again after every stream change.
         if stream_ptr != self.stream:
-            _check(self.lib.cublasSetStream_v2(self.handle, stream_ptr), "cublasSetStream")
-            _check(
-                self.lib.cublasSetWorkspace_v2(
-                    self.handle, self.workspace.data.ptr, WORKSPACE_BYTES
-                ),
-                "cublasSetWorkspace",
-            )
+            with checked("cublasSetStream"):
+                cublas.set_stream(self.handle, stream_ptr)
+                cublas.set_workspace(self.handle, self.workspace.data.ptr, WORKSPACE_BYTES)
             self.stream = stream_ptr
 
 
@@ -140,7 +118,7 @@ def _handle() -> _Handle:
     return handle
 
 
-def _operand(x: Any) -> tuple[Any, int, int]:
+def operand(x: Any) -> tuple[Any, int, int]:
     """``(array, op, ld)`` for a row-major ``[r, c]`` matrix (last two axes of ``x``) read as
     column-major ``x^T``: op N with ld = row stride when rows are contiguous, op T with ld =
     column stride when columns are; anything else is copied first."""
@@ -149,11 +127,11 @@ def _operand(x: Any) -> tuple[Any, int, int]:
     sr, sc = x.strides[-2] // item, x.strides[-1] // item
     if x.strides[-1] % item == 0 and x.strides[-2] % item == 0:
         if sc == 1 and sr >= max(c, 1):
-            return x, _OP_N, sr
+            return x, OP_N, sr
         if sr == 1 and sc >= max(r, 1) and r > 1:
-            return x, _OP_T, sc
+            return x, OP_T, sc
     x = cupy.ascontiguousarray(x)
-    return x, _OP_N, max(c, 1)
+    return x, OP_N, max(c, 1)
 
 
 def _batch_stride(x: Any, batch: int) -> int | None:
@@ -194,29 +172,27 @@ def matmul(a: Any, b: Any, precision: str = "fp32") -> Any:
     if k == 0:
         out.fill(0)
         return out
-    bx, op_b, ld_b = _operand(b)
-    ax, op_a, ld_a = _operand(a)
-    kind = _R_16F if dtype == np.float16 else _R_32F
-    compute = _COMPUTE[precision]
-    one, zero = ctypes.c_float(1.0), ctypes.c_float(0.0)
+    bx, op_b, ld_b = operand(b)
+    ax, op_a, ld_a = operand(a)
+    kind = data_type(dtype)
+    compute = COMPUTE[precision]
     h = _handle()
     if a.ndim == 2:
-        status = h.lib.cublasGemmEx(
-            h.handle, op_b, op_a, n, m, k, ctypes.byref(one), bx.data.ptr, kind, ld_b,
-            ax.data.ptr, kind, ld_a, ctypes.byref(zero), out.data.ptr, kind, n, compute,
-            _GEMM_DEFAULT,
-        )  # fmt: skip
-        _check(status, f"GemmEx {a.shape} @ {b.shape}")
+        with checked(f"cublasGemmEx {a.shape} @ {b.shape}"):
+            cublas.gemm_ex(
+                h.handle, op_b, op_a, n, m, k, ONE, bx.data.ptr, kind, ld_b, ax.data.ptr, kind,
+                ld_a, ZERO, out.data.ptr, kind, n, compute, _GEMM_DEFAULT,
+            )  # fmt: skip
         return out
     stride_b, stride_a = _batch_stride(bx, batch), _batch_stride(ax, batch)
     if stride_a is None or stride_b is None:
-        bx, op_b, ld_b = _operand(cupy.ascontiguousarray(b))
-        ax, op_a, ld_a = _operand(cupy.ascontiguousarray(a))
+        bx, op_b, ld_b = operand(cupy.ascontiguousarray(b))
+        ax, op_a, ld_a = operand(cupy.ascontiguousarray(a))
         stride_b, stride_a = k * n, m * k
-    status = h.lib.cublasGemmStridedBatchedEx(
-        h.handle, op_b, op_a, n, m, k, ctypes.byref(one), bx.data.ptr, kind, ld_b, stride_b,
-        ax.data.ptr, kind, ld_a, stride_a, ctypes.byref(zero), out.data.ptr, kind, n, m * n,
-        batch, compute, _GEMM_DEFAULT,
-    )  # fmt: skip
-    _check(status, f"GemmStridedBatchedEx {a.shape} @ {b.shape}")
+    with checked(f"cublasGemmStridedBatchedEx {a.shape} @ {b.shape}"):
+        cublas.gemm_strided_batched_ex(
+            h.handle, op_b, op_a, n, m, k, ONE, bx.data.ptr, kind, ld_b, stride_b, ax.data.ptr,
+            kind, ld_a, stride_a, ZERO, out.data.ptr, kind, n, m * n, batch, compute,
+            _GEMM_DEFAULT,
+        )  # fmt: skip
     return out

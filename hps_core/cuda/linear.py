@@ -24,15 +24,20 @@ SGEMM's outcome: its ``hi`` carries it, and the correction products see a zero. 
 below :data:`THREE_TF32_MIN_MACS` stay SGEMM; ``HPS_FP32_GEMM=sgemm`` in the environment keeps
 every FP32 product on SGEMM.
 
-Each distinct call shape gets a plan once per thread and device (descriptors and the algorithm
-cuBLASLt's heuristic ranks first for those shapes, alignments and this workspace); a call then
-sets the bias pointer and launches on the current CuPy stream, so it can be recorded in a CUDA
-graph. Shapes no cuBLASLt algorithm supports fall back to the GEMM plus the separate pass.
+cuBLASLt is reached through nvmath-python's bindings (``nvmath.bindings.cublasLt``: its
+enums, attribute types and heuristic-result struct, on the library CuPy loads). Its
+higher-level ``Matmul`` is not used: each call would cost it tens of microseconds of Python
+where a plan here costs one binding call, and the GPU pipeline replays most products from CUDA
+graphs anyway. Each distinct call shape gets a plan once per thread and device (descriptors and
+up to :data:`CANDIDATES` algorithms of cuBLASLt's heuristic for those shapes, alignments and
+this workspace, the fastest kept after timing them on the first call outside a capture); a
+call then sets the bias pointer and launches on the current CuPy stream, so it can be recorded
+in a CUDA graph. Shapes no cuBLASLt algorithm supports fall back to the GEMM plus the separate
+pass.
 """
 
 from __future__ import annotations
 
-import ctypes
 import functools
 import os
 import threading
@@ -41,21 +46,29 @@ from typing import Any
 
 import cupy
 import numpy as np
+from nvmath.bindings import cublasLt
 
 from hps_core.cuda import blas, dense_ops, kernels
 
-# cublasLt.h
-_DESC_TRANSA, _DESC_TRANSB, _DESC_EPILOGUE, _DESC_BIAS_POINTER = 3, 4, 7, 8
-_EPILOGUE = {(False, False): 1, (True, False): 2, (False, True): 4, (True, True): 6}
-"""(relu, bias) -> cublasLtEpilogue_t: DEFAULT, RELU, BIAS, RELU_BIAS."""
-_PREF_MAX_WORKSPACE_BYTES = 1
-_PREF_REDUCTION_SCHEME_MASK = 3
-_REDUCE_IN_FLOAT32 = 1 | 2  # INPLACE | COMPUTE_TYPE: split-K partial sums never in FP16
-_PREF_MIN_ALIGNMENT = (5, 6, 7, 8)  # A, B, C, D bytes
-_HEURISTIC_RESULT_BYTES = (
-    96  # cublasLtMatmulHeuristicResult_t: algo[64], size_t, int, float, int[4]
-)
+_EPILOGUE = {
+    (False, False): int(cublasLt.Epilogue.DEFAULT),
+    (True, False): int(cublasLt.Epilogue.RELU),
+    (False, True): int(cublasLt.Epilogue.BIAS),
+    (True, True): int(cublasLt.Epilogue.RELU_BIAS),
+}
+"""(relu, bias) -> cublasLtEpilogue_t."""
+# Split-K partial sums never in FP16.
+_REDUCE_IN_FLOAT32 = int(cublasLt.ReductionScheme.INPLACE | cublasLt.ReductionScheme.COMPUTE_TYPE)
+_PREF = cublasLt.MatmulPreferenceAttribute
+_DESC = cublasLt.MatmulDescAttribute
+_RESULT = cublasLt.matmul_heuristic_result_dtype
 _MAX_ALIGNMENT = 256
+CANDIDATES = 8
+"""Algorithms of a product's plan: the first ones cuBLASLt's heuristic ranks, timed on the
+plan's first call outside a graph capture (see :class:`_Plan`)."""
+_TUNE_LAUNCHES = (8, 2)
+"""Launches per timed candidate: small products, and those of more than 2^30 multiply-adds."""
+_local = threading.local()
 THREE_TF32_MIN_MACS = 6 << 30
 """FP32 products of at least this many multiply-adds run as 3xTF32 (see the module docstring;
 smaller ones lose more to the splitting passes and the three launches than the tensor cores
@@ -68,145 +81,109 @@ _SPLIT_ALIGN = 4  # floats: 16-byte rows for the TF32 kernels
 _SPLIT_THREADS = 256
 
 
-class _Lt:
-    """The libcublasLt CuPy's libcublas loaded, with the signatures used here."""
-
-    def __init__(self) -> None:
-        lib = blas._loaded_library("libcublasLt")
-        vp, i32, u64, i64, sz = (
-            ctypes.c_void_p, ctypes.c_int, ctypes.c_uint64, ctypes.c_int64, ctypes.c_size_t
-        )  # fmt: skip
-        lib.cublasLtCreate.argtypes = [ctypes.POINTER(vp)]
-        lib.cublasLtMatmulDescCreate.argtypes = [ctypes.POINTER(vp), i32, i32]
-        lib.cublasLtMatmulDescSetAttribute.argtypes = [vp, i32, vp, sz]
-        lib.cublasLtMatrixLayoutCreate.argtypes = [ctypes.POINTER(vp), i32, u64, u64, i64]
-        lib.cublasLtMatmulPreferenceCreate.argtypes = [ctypes.POINTER(vp)]
-        lib.cublasLtMatmulPreferenceSetAttribute.argtypes = [vp, i32, vp, sz]
-        lib.cublasLtMatmulPreferenceDestroy.argtypes = [vp]
-        lib.cublasLtMatmulAlgoGetHeuristic.argtypes = [
-            vp, vp, vp, vp, vp, vp, vp, i32, vp, ctypes.POINTER(i32)
-        ]  # fmt: skip
-        lib.cublasLtMatmul.argtypes = [
-            vp, vp, vp, vp, vp, vp, vp, vp, vp, vp, vp, vp, vp, vp, sz, vp
-        ]  # fmt: skip
-        self.lib = lib
+def _set(setter: Any, dtype_of: Any, target: int, attribute: Any, value: int) -> None:
+    """Set a cuBLASLt descriptor or preference attribute, in the type the library declares."""
+    buffer = np.array(value, dtype=dtype_of(attribute))
+    setter(target, attribute, buffer.ctypes.data, buffer.itemsize)
 
 
-_lt: _Lt | None = None
-_lt_lock = threading.Lock()
-_local = threading.local()
+def _set_desc(desc: int, attribute: Any, value: int) -> None:
+    _set(
+        cublasLt.matmul_desc_set_attribute, cublasLt.get_matmul_desc_attribute_dtype, desc,
+        attribute, value,
+    )  # fmt: skip
 
 
-def _library() -> _Lt:
-    global _lt
-    with _lt_lock:
-        if _lt is None:
-            _lt = _Lt()
-        return _lt
+def _set_pref(pref: int, attribute: Any, value: int) -> None:
+    _set(
+        cublasLt.matmul_preference_set_attribute, cublasLt.get_matmul_preference_attribute_dtype,
+        pref, attribute, value,
+    )  # fmt: skip
 
 
 @dataclass
 class _Plan:
-    desc: ctypes.c_void_p
-    layouts: tuple[ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]  # A (W^T), B (x^T), D
-    result: Any  # ctypes buffer holding the heuristic result (its algo is the first 64 bytes)
+    """A product's descriptors and its candidate algorithms (cuBLASLt heuristic results,
+    best ranked first). The heuristic ranks by a model of the GPU, which misjudges some
+    shapes: at one row, TF32 1,024 -> 1,024 took 12.3 us on its first choice where PyTorch's
+    layout ran 3.6 us on the H200. So the first call outside a capture times every candidate
+    on the call's own operands (a CUDA graph of a few launches each, so launch costs do not
+    hide the kernels) and keeps the fastest."""
+
+    desc: int
+    layouts: tuple[int, int, int]  # A (W^T), B (x^T), D
+    results: Any  # numpy array of matmul_heuristic_result_dtype, the candidates
+    chosen: int = 0
+    tuned: bool = False
 
     @property
     def algo(self) -> int:
-        return ctypes.addressof(self.result)
+        """Address of the chosen cublasLtMatmulAlgo_t (each result's first field)."""
+        return self.results.ctypes.data + self.chosen * _RESULT.itemsize
 
 
 class _Handle:
     """A cuBLASLt handle of one thread on one device: its workspace and its plans."""
 
     def __init__(self, device_id: int) -> None:
-        self.lt = _library()
-        self.handle = ctypes.c_void_p()
-        with cupy.cuda.Device(device_id):
-            blas._check(self.lt.lib.cublasLtCreate(ctypes.byref(self.handle)), "cublasLtCreate")
+        with cupy.cuda.Device(device_id), blas.checked("cublasLtCreate"):
+            self.handle = cublasLt.create()
             self.workspace = cupy.empty(blas.WORKSPACE_BYTES, dtype=np.uint8)
         self.plans: dict[tuple, _Plan | None] = {}
 
     def plan(self, key: tuple, bias_ptr: int) -> _Plan | None:
         """The plan for ``key`` (see :func:`linear`), or None when cuBLASLt has no algorithm."""
         if key not in self.plans:
-            self.plans[key] = self._new_plan(key, bias_ptr)
+            with blas.checked(f"cuBLASLt plan of {key}"):
+                self.plans[key] = self._new_plan(key, bias_ptr)
         return self.plans[key]
 
     def _new_plan(self, key: tuple, bias_ptr: int) -> _Plan | None:
-        lib = self.lt.lib
         compute, kind, n, m, k, op_w, ld_w, op_x, ld_x, epilogue, aligns = key
-        desc = ctypes.c_void_p()
-        blas._check(lib.cublasLtMatmulDescCreate(ctypes.byref(desc), compute, 0), "DescCreate")
-        for attr, value in ((_DESC_TRANSA, op_w), (_DESC_TRANSB, op_x), (_DESC_EPILOGUE, epilogue)):
-            v = ctypes.c_int32(value)
-            blas._check(
-                lib.cublasLtMatmulDescSetAttribute(desc, attr, ctypes.byref(v), 4), "DescSet"
-            )
+        desc = cublasLt.matmul_desc_create(compute, blas.data_type(np.float32))
+        _set_desc(desc, _DESC.TRANSA, op_w)
+        _set_desc(desc, _DESC.TRANSB, op_x)
+        _set_desc(desc, _DESC.EPILOGUE, epilogue)
         # The heuristic reads the bias pointer's alignment: give it a real one.
-        _set_bias(lib, desc, bias_ptr)
+        _set_desc(desc, _DESC.BIAS_POINTER, bias_ptr)
         # Stored shapes (before the op): W^T is [n, k] column-major (op N) or [k, n] (op T).
         shapes = (
-            ((n, k) if op_w == blas._OP_N else (k, n), ld_w),
-            ((k, m) if op_x == blas._OP_N else (m, k), ld_x),
+            ((n, k) if op_w == blas.OP_N else (k, n), ld_w),
+            ((k, m) if op_x == blas.OP_N else (m, k), ld_x),
             ((n, m), n),
         )
-        layouts = []
-        for (rows, cols), ld in shapes:
-            layout = ctypes.c_void_p()
-            blas._check(
-                lib.cublasLtMatrixLayoutCreate(ctypes.byref(layout), kind, rows, cols, ld),
-                "MatrixLayoutCreate",
-            )
-            layouts.append(layout)
-        pref = ctypes.c_void_p()
-        blas._check(lib.cublasLtMatmulPreferenceCreate(ctypes.byref(pref)), "PreferenceCreate")
+        layouts = tuple(
+            cublasLt.matrix_layout_create(kind, rows, cols, ld) for (rows, cols), ld in shapes
+        )
+        pref = cublasLt.matmul_preference_create()
         try:
-            size = ctypes.c_uint64(blas.WORKSPACE_BYTES)
-            blas._check(
-                lib.cublasLtMatmulPreferenceSetAttribute(
-                    pref, _PREF_MAX_WORKSPACE_BYTES, ctypes.byref(size), 8
-                ),
-                "PreferenceSet",
-            )
-            mask = ctypes.c_uint32(_REDUCE_IN_FLOAT32)
-            blas._check(
-                lib.cublasLtMatmulPreferenceSetAttribute(
-                    pref, _PREF_REDUCTION_SCHEME_MASK, ctypes.byref(mask), 4
-                ),
-                "PreferenceSet",
-            )
+            _set_pref(pref, _PREF.MAX_WORKSPACE_BYTES, blas.WORKSPACE_BYTES)
+            _set_pref(pref, _PREF.REDUCTION_SCHEME_MASK, _REDUCE_IN_FLOAT32)
             # A is W, B is x, C and D the output (cuBLASLt assumes 256-byte alignment unless told).
             w_align, x_align, out_align, _ = aligns
-            for attr, align in zip(
-                _PREF_MIN_ALIGNMENT, (w_align, x_align, out_align, out_align), strict=True
+            for attribute, align in (
+                (_PREF.MIN_ALIGNMENT_A_BYTES, w_align),
+                (_PREF.MIN_ALIGNMENT_B_BYTES, x_align),
+                (_PREF.MIN_ALIGNMENT_C_BYTES, out_align),
+                (_PREF.MIN_ALIGNMENT_D_BYTES, out_align),
             ):
-                value = ctypes.c_uint32(align)
-                blas._check(
-                    lib.cublasLtMatmulPreferenceSetAttribute(pref, attr, ctypes.byref(value), 4),
-                    "PreferenceSet",
-                )
-            result = ctypes.create_string_buffer(_HEURISTIC_RESULT_BYTES)
-            found = ctypes.c_int(0)
-            status = lib.cublasLtMatmulAlgoGetHeuristic(
-                self.handle, desc, layouts[0], layouts[1], layouts[2], layouts[2], pref, 1,
-                ctypes.addressof(result), ctypes.byref(found),
-            )  # fmt: skip
+                _set_pref(pref, attribute, align)
+            results = np.zeros(CANDIDATES, dtype=_RESULT)
+            found = np.zeros(1, dtype=np.int32)
+            try:
+                cublasLt.matmul_algo_get_heuristic(
+                    self.handle, desc, layouts[0], layouts[1], layouts[2], layouts[2], pref,
+                    CANDIDATES, results.ctypes.data, found.ctypes.data,
+                )  # fmt: skip
+            except cublasLt.cuBLASLtError:
+                found[0] = 0  # NOT_SUPPORTED: no algorithm for these shapes and epilogue
         finally:
-            lib.cublasLtMatmulPreferenceDestroy(pref)
-        if status != 0 or found.value == 0:
+            cublasLt.matmul_preference_destroy(pref)
+        results = results[: int(found[0])]
+        results = results[results["state"] == 0]
+        if len(results) == 0:
             return None  # e.g. no epilogue kernel for this dtype and shape: the caller falls back
-        return _Plan(desc, (layouts[0], layouts[1], layouts[2]), result)
-
-
-def _set_bias(lib: ctypes.CDLL, desc: ctypes.c_void_p, bias_ptr: int) -> None:
-    ptr = ctypes.c_void_p(bias_ptr)
-    blas._check(
-        lib.cublasLtMatmulDescSetAttribute(
-            desc, _DESC_BIAS_POINTER, ctypes.byref(ptr), ctypes.sizeof(ptr)
-        ),
-        "DescSet bias",
-    )
+        return _Plan(desc, layouts, results.copy())
 
 
 def _handle() -> _Handle:
@@ -350,37 +327,77 @@ class _Product:
 
     handle: _Handle
     plan: _Plan
+    key: tuple  # the plan's (see _product)
     operands: tuple[int, int, int]  # W, x, out device pointers
     bias_ptr: int | None
 
-    def launch(self, accumulate: bool) -> None:
-        lib = self.handle.lt.lib
+    def launch(self, accumulate: bool, algo: int | None = None, out: int | None = None) -> None:
+        """Queue the call on the current stream (with another candidate ``algo`` or into
+        another ``out`` when tuning)."""
         if self.bias_ptr is not None:
-            _set_bias(lib, self.plan.desc, self.bias_ptr)
-        one = ctypes.c_float(1.0)
-        beta = ctypes.c_float(1.0 if accumulate else 0.0)
+            _set_desc(self.plan.desc, _DESC.BIAS_POINTER, self.bias_ptr)
         a, b, d = self.plan.layouts
-        w, x, out = self.operands
-        status = lib.cublasLtMatmul(
-            self.handle.handle, self.plan.desc, ctypes.byref(one), w, a, x, b,
-            ctypes.byref(beta), out, d, out, d, self.plan.algo, self.handle.workspace.data.ptr,
-            blas.WORKSPACE_BYTES, cupy.cuda.get_current_stream().ptr,
-        )  # fmt: skip
-        blas._check(status, "cublasLtMatmul")
+        w, x, target = self.operands
+        target = target if out is None else out
+        with blas.checked("cublasLtMatmul"):
+            cublasLt.matmul(
+                self.handle.handle, self.plan.desc, blas.ONE, w, a, x, b,
+                blas.ONE if accumulate else blas.ZERO, target, d, target, d,
+                self.plan.algo if algo is None else algo, self.handle.workspace.data.ptr,
+                blas.WORKSPACE_BYTES, cupy.cuda.get_current_stream().ptr,
+            )  # fmt: skip
+
+    def tune(self, out_bytes: int) -> None:
+        """Time each candidate of the plan (see :class:`_Plan`) into a scratch output and keep
+        the fastest; skipped while the current stream is being captured."""
+        plan = self.plan
+        plan.tuned = True
+        if len(plan.results) < 2:
+            return
+        caller = cupy.cuda.get_current_stream()
+        scratch = cupy.empty(out_bytes, dtype=np.uint8)
+        stream = cupy.cuda.Stream(non_blocking=True)
+        stream.wait_event(caller.record())  # the operands are written on the caller's stream
+        _, _, n, m, k, *_ = self.key
+        launches = _TUNE_LAUNCHES[int(n * m * k > 1 << 30)]
+        times = []
+        for index in range(len(plan.results)):
+            algo = plan.results.ctypes.data + index * _RESULT.itemsize
+            try:
+                with stream:
+                    stream.begin_capture()
+                    try:
+                        for _ in range(launches):
+                            self.launch(False, algo, scratch.data.ptr)
+                    finally:
+                        graph = stream.end_capture()
+            except (blas.BlasError, cupy.cuda.runtime.CUDARuntimeError):
+                times.append(np.inf)  # a candidate that does not launch is never chosen
+                continue
+            graph.launch(stream)  # warm-up
+            start, stop = cupy.cuda.Event(), cupy.cuda.Event()
+            start.record(stream)
+            graph.launch(stream)
+            stop.record(stream)
+            stop.synchronize()
+            times.append(cupy.cuda.get_elapsed_time(start, stop))
+        plan.chosen = int(np.argmin(times))
+        caller.wait_event(stream.record())
 
 
 def _product(
     x: Any, weight: Any, out: Any, bias: Any | None, relu: bool, precision: str
 ) -> _Product | None:
-    """The planned call for these operands, or None when cuBLASLt has no algorithm."""
+    """The planned call for these operands (tuned on first use outside a capture), or None
+    when cuBLASLt has no algorithm."""
     m, k = x.shape
     n = weight.shape[1]
-    wx, op_w, ld_w = blas._operand(weight)
-    xx, op_x, ld_x = blas._operand(x)
+    wx, op_w, ld_w = blas.operand(weight)
+    xx, op_x, ld_x = blas.operand(x)
     bias_ptr = bias.data.ptr if bias is not None else 0
     key = (
-        blas._COMPUTE[precision], blas._R_16F if out.dtype == np.float16 else blas._R_32F,
-        n, m, k, op_w, ld_w, op_x, ld_x, _EPILOGUE[(relu, bias is not None)],
+        blas.COMPUTE[precision], blas.data_type(out.dtype), n, m, k, op_w, ld_w, op_x, ld_x,
+        _EPILOGUE[(relu, bias is not None)],
         (_alignment(wx.data.ptr), _alignment(xx.data.ptr), _alignment(out.data.ptr),
          _alignment(bias_ptr)),
     )  # fmt: skip
@@ -388,6 +405,9 @@ def _product(
     plan = h.plan(key, bias_ptr)
     if plan is None:
         return None
-    return _Product(
-        h, plan, (wx.data.ptr, xx.data.ptr, out.data.ptr), None if bias is None else bias_ptr
+    product = _Product(
+        h, plan, key, (wx.data.ptr, xx.data.ptr, out.data.ptr), None if bias is None else bias_ptr
     )
+    if not plan.tuned and not cupy.cuda.get_current_stream().is_capturing():
+        product.tune(out.nbytes)
+    return product
