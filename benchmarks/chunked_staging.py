@@ -4,8 +4,9 @@ A host batch with many keys (DLRM-v2: 214 keys per sample, 28 MB at 16,384 sampl
 chunks of samples on two lanes of buckets, the host staging chunk ``i + 1`` while the GPU
 scores chunk ``i`` (``hps_core.infer.gpu.pipeline._predict_chunks``). This script times, in
 one run on one model: the host's copy of the key matrix into pinned and into pageable memory,
-``predict`` with the default chunks, without chunks, with smaller and larger chunks and with
-fewer staging threads (medians of ``--runs`` calls over 4 batches); then a timeline of three
+``predict`` with the default chunks, without chunks, with smaller and larger chunks, without
+staging threads and with threads handed smaller or larger pieces (medians of ``--runs`` calls
+over 4 batches); then a timeline of three
 chunked ``predict`` calls (when each chunk's staging, launch and wait began and ended, ms
 from the call's start); then one chunk's GPU time (CUDA events) and its staging. Prints it
 all and writes ``chunked_staging.csv`` (the settings' medians) under ``--out``.
@@ -31,13 +32,28 @@ from hps_core.config import load_ps_config
 from hps_core.infer import RankingSession, load_ranking_graph
 from hps_core.infer.gpu import pipeline as gpu_pipeline
 
+_NO_THREADS = {"_THREADED_STAGING_BYTES": 1 << 62}
+_ONE_PIECE = {"_STAGING_PIECE_BYTES": 1 << 62}
 SETTINGS = {
     "chunks (default)": {},
     "no chunks": {"_CHUNKED_KEY_BYTES": 1 << 62},
-    "chunks of 2,048+": {"_MIN_CHUNK_SAMPLES": 2048, "_CHUNK_KEY_BYTES": 1},
-    "chunks of 8,192+": {"_MIN_CHUNK_SAMPLES": 8192},
-    "chunks, 1 staging thread": {"_STAGING_THREADS": 1},
-    "chunks, no staging threads": {"_THREADED_STAGING_BYTES": 1 << 62},
+    "chunks, no staging threads": _NO_THREADS,
+    "chunks, pieces of 1 MB": {"_STAGING_PIECE_BYTES": 1 << 20},
+    "chunks, one piece": _ONE_PIECE,
+    "chunks, one piece, 8 threads": {**_ONE_PIECE, "_STAGING_THREADS": 8},
+    "chunks, one piece, 2 threads": {**_ONE_PIECE, "_STAGING_THREADS": 2},
+    "chunks of 2,048+, no threads": {
+        "_MIN_CHUNK_SAMPLES": 2048,
+        "_CHUNK_KEY_BYTES": 1,
+        **_NO_THREADS,
+    },
+    "chunks of 2,048+, one piece": {
+        "_MIN_CHUNK_SAMPLES": 2048,
+        "_CHUNK_KEY_BYTES": 1,
+        **_ONE_PIECE,
+    },
+    "chunks of 8,192+, no threads": {"_MIN_CHUNK_SAMPLES": 8192, **_NO_THREADS},
+    "chunks of 8,192+, one piece": {"_MIN_CHUNK_SAMPLES": 8192, **_ONE_PIECE},
 }
 """Settings of :mod:`hps_core.infer.gpu.pipeline` timed against each other."""
 

@@ -4,7 +4,8 @@ A host batch reaches the GPU in two steps: the host copies its keys into pinned 
 GPU pipeline's staging buffer, filled by ``--threads`` threads as ``hps_core.infer.gpu.pipeline``
 does), then one DMA copy moves them. This measures both for a ``[batch, keys]`` int64 key
 matrix (MLPerf DLRM-v2: 214 keys per sample), and the alternative of handing CUDA the
-pageable array directly (``cudaMemcpy`` stages it through the driver's own pinned buffers).
+pageable array directly (``cudaMemcpy`` stages it through the driver's own pinned buffers),
+or pinning the caller's array in place for the copy (``cudaHostRegister``).
 Medians of ``--runs``; the keys are rotated among four arrays so no copy reads a cached one.
 
 Usage:
@@ -58,9 +59,17 @@ def measure(
         cupy.cuda.runtime.memcpyAsync(device.data.ptr, address, nbytes, _H2D, stream.ptr)
         stream.synchronize()
 
+    def registered_copy(source: np.ndarray) -> None:
+        cupy.cuda.runtime.hostRegister(source.ctypes.data, nbytes, 0)
+        try:
+            copy_to_device(source.ctypes.data)
+        finally:
+            cupy.cuda.runtime.hostUnregister(source.ctypes.data)
+
     rows = {
         "pinned DMA": timed(lambda _: copy_to_device(staging.ctypes.data)),
         "pageable cudaMemcpy": timed(lambda source: copy_to_device(source.ctypes.data)),
+        "cudaHostRegister, DMA, unregister": timed(registered_copy),
     }
     for n in threads:
         with concurrent.futures.ThreadPoolExecutor(n) as pool:

@@ -69,8 +69,12 @@ def random_batch(session: RankingSession, rng: np.random.Generator, batch: int) 
     return SparseBatch.from_sample_keys(dense, keys, widths, layout.hotness)
 
 
-def device_times(session: RankingSession, batches: list[SparseBatch]) -> dict[str, float]:
-    """Device microseconds per profiled kernel or copy name over ``batches``."""
+def device_times(
+    session: RankingSession, batches: list[SparseBatch]
+) -> tuple[dict[str, float], str]:
+    """Device microseconds per profiled kernel or copy name over ``batches``, and a summary
+    of the copies: per kind (pinned or pageable host memory, memset), the calls, MB and GB/s
+    per batch, from the trace's copy events."""
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for batch in batches:
@@ -82,7 +86,22 @@ def device_times(session: RankingSession, batches: list[SparseBatch]) -> dict[st
         if total is None:
             total = event.self_cuda_time_total
         times[event.key] += float(total)
-    return times
+    with tempfile.NamedTemporaryFile(suffix=".json") as trace:
+        prof.export_chrome_trace(trace.name)
+        events = json.loads(Path(trace.name).read_text())["traceEvents"]
+    copies: dict[str, list[float]] = defaultdict(lambda: [0, 0.0, 0.0])  # calls, bytes, us
+    for event in events:
+        if event.get("cat") in ("gpu_memcpy", "gpu_memset"):
+            entry = copies[event["name"]]
+            entry[0] += 1
+            entry[1] += float(event.get("args", {}).get("bytes", 0))
+            entry[2] += float(event.get("dur", 0))
+    n = len(batches)
+    summary = "; ".join(
+        f"{name} x{calls / n:.0f} {nbytes / n / 1e6:.2f} MB {nbytes / max(us, 1e-9) / 1e3:.1f} GB/s"
+        for name, (calls, nbytes, us) in sorted(copies.items())
+    )
+    return times, summary
 
 
 def main() -> None:
@@ -110,7 +129,7 @@ def main() -> None:
             for _ in range(3):  # warm-up: kernels, graphs, caches
                 session.predict(random_batch(session, rng, batch))
             fresh = [random_batch(session, rng, batch) for _ in range(args.profiled)]
-            times = device_times(session, fresh)
+            times, copies = device_times(session, fresh)
             by_kind = dict.fromkeys(KINDS, 0.0)
             for kernel, us in times.items():
                 by_kind[kind_of(kernel)] += us
@@ -124,19 +143,20 @@ def main() -> None:
                     gpu_ms_per_batch=total / 1e3 / args.profiled,
                     **{f"{k}_share": by_kind[k] / total for k in KINDS},
                     top_other="; ".join(f"{k[:40]} {us / total:.1%}" for us, k in others[:4]),
+                    copies=copies,
                 )
             )  # fmt: skip
             row = results[-1]
             print(
                 f"{name:14} {batch:6} {row['gpu_ms_per_batch']:8.3f} ms  "
                 + "  ".join(f"{k} {row[f'{k}_share']:5.1%}" for k in KINDS)
-                + f"  | {row['top_other']}",
+                + f"  | {row['top_other']}\n{'':22}copies: {copies}",
                 flush=True,
             )
         HPS(path).close()
     columns = [
         "model", "batch", "precision", "gpu_ms_per_batch",
-        *(f"{k}_share" for k in KINDS), "top_other",
+        *(f"{k}_share" for k in KINDS), "top_other", "copies",
     ]  # fmt: skip
     with open(args.out / "zoo_kernel_profile.csv", "w", newline="") as f:
         writer = csv.DictWriter(f, columns)

@@ -87,6 +87,10 @@ _THREADED_STAGING_BYTES = 4 << 20
 _STAGING_GROUPS = 8
 _DENSE_FEATURES = -1  # see _upload_groups
 _STAGING_THREADS = 4
+_STAGING_PIECE_BYTES = 4 << 20
+"""A threaded fill of a whole batch (or chunk) hands the threads about this many bytes at a
+time, queueing each piece's copy as soon as it is filled: a thread-pool round trip per piece
+(eight pieces of each 7 MB chunk made DLRM-v2's chunked batch slower than one thread)."""
 _CHUNKED_KEY_BYTES = 8 << 20
 """From this many bytes of keys on, a host batch runs as chunks of samples, pipelined: the
 host stages the next chunk while the GPU scores the last one (see :meth:`_predict_chunks`)."""
@@ -508,7 +512,7 @@ class GpuRankingPipeline:
         # Many keys: threads fill the staging buffer part by part, each part's copy to the
         # device queued as soon as it is filled (a sample-major batch is one run of bytes).
         self._upload(bucket, lay.header_at, lay.nbytes)
-        for part in split_copies(keys, _STAGING_GROUPS):
+        for part in split_copies(keys, max(1, nbytes // _STAGING_PIECE_BYTES)):
             list(self._copier().map(_copy_all, split_copies(part, _STAGING_THREADS)))
             for target, _ in part:
                 start = target.ctypes.data - bucket.staging.ctypes.data
