@@ -40,36 +40,10 @@ from hps_core.infer.gpu.counters import (
     NUM_COUNTERS,
 )
 from hps_core.infer.gpu.host_mapping import map_host_table, unmap_host_table
+from hps_core.infer.gpu.placement import TablePlacement
 from hps_core.infer.gpu.structs import TABLE_DTYPE
 from hps_core.lookup.model_lookup import ModelLookup
 from hps_core.lookup.table_lookup import CachedTableLookup, TableCounters
-
-
-@dataclass(frozen=True)
-class TablePlacement:
-    """Where one table's keys and pooled outputs sit in a batch of ``B`` samples (elements).
-
-    Args:
-        table: the table's index in the model.
-        slot_num: slots per sample.
-        combiner: ``0`` sum, ``1`` mean (``constants.COMBINER_*``).
-        keys_at: its keys start at ``B * keys_at`` of the key buffer.
-        offsets_at: its row offsets start at ``B * offsets_at + position`` of the offset buffer
-            (``position``: its index among the placed tables).
-        out_at, out_shift, out_stride: its output for sample ``b``, slot ``s`` starts at
-            ``B * out_at + out_shift + b * out_stride + s * dim`` of the output buffer.
-        keys_cap: key room per sample (``B * keys_cap`` keys from ``B * keys_at`` on).
-    """
-
-    table: int
-    slot_num: int
-    combiner: int
-    keys_at: int
-    offsets_at: int
-    out_at: int
-    out_shift: int
-    out_stride: int
-    keys_cap: int
 
 
 @dataclass

@@ -45,7 +45,6 @@ the cache stream.
 from __future__ import annotations
 
 import concurrent.futures
-import itertools
 import logging
 import threading
 import time
@@ -59,13 +58,14 @@ import numpy as np
 from hps_core.cuda import kernels
 from hps_core.errors import RequestError
 from hps_core.infer.batch import SparseBatch
-from hps_core.infer.gpu.bank import CacheBank, TablePlacement
-from hps_core.infer.gpu.constants import COMBINER_MEAN, LANES, STATE_STAGED, THREADS, bank_defines
+from hps_core.infer.gpu.bank import CacheBank
+from hps_core.infer.gpu.constants import LANES, STATE_STAGED, THREADS, bank_defines
+from hps_core.infer.gpu.placement import Part, Placement
 from hps_core.infer.gpu.staging import BatchLayout, bucket_for, split_copies
 from hps_core.infer.gpu.structs import MISS_DTYPE, PENDING_DTYPE, SPAN_DTYPE
 from hps_core.infer.layout import RankingLayout, TableFeed
 from hps_core.lookup.model_lookup import ModelLookup
-from hps_core.nn import Combiner, DenseExecutor
+from hps_core.nn import DenseExecutor
 
 logger = logging.getLogger("hps_core")
 
@@ -106,10 +106,6 @@ _POOL_SPLIT_BAGS = 65536
 """... for launches of at most this many bags, in models with bags longer than a group's
 lanes (at most 4 x 8 x 65,536 threads: two waves on an H200)."""
 _HIGHEST_PRIORITY = -1000  # lower is more urgent; 0 is the default and least urgent
-
-
-_Part = tuple[tuple[int, int], tuple[int, int], tuple[int, int]]
-"""Key columns, slots and samples ``[first, stop)`` of one ``bank_find`` + ``bank_pool``."""
 
 
 @dataclass(frozen=True)
@@ -177,30 +173,7 @@ class GpuRankingPipeline:
         self._tops = dict(zip(executor.embedding_names, executor.embedding_tops(), strict=True))
         self._has_prefix = bool(executor.dense_prefix_steps)
         self._concat = executor.embedding_concat()
-        self._placements = self._place()
-        self._slot_table = np.concatenate(
-            [np.full(f.slot_num, u, np.int32) for u, f in enumerate(self.feeds)] or [[]]
-        ).astype(np.int32)
-        self._slot_local = np.concatenate(
-            [np.arange(f.slot_num, dtype=np.int32) for f in self.feeds] or [[]]
-        ).astype(np.int32)
-        self._keys_per_sample = sum(f.max_keys_per_sample for f in self.feeds)
-        self._long_bags = any(
-            f.max_keys_per_sample > LANES * f.slot_num for f in self.feeds
-        )  # a slot that may hold more keys than a group has lanes
-        self._key_table = np.concatenate(
-            [np.full(f.max_keys_per_sample, u, np.int32) for u, f in enumerate(self.feeds)] or [[]]
-        ).astype(np.int32)
-        # A batch keeping its request's [B, K] keys is staged as it is when its K columns are
-        # exactly the key room of every table, in table order: when the samples contract's
-        # hotness fills every table's room (then its header is always the same).
-        self._sample_hotness: tuple[int, ...] | None = None
-        if len(self.feeds) == layout.num_tables and all(
-            f.sample_width == f.max_keys_per_sample for f in self.feeds
-        ):
-            self._sample_hotness = layout.hotness
-        self._table_group, self._group_keys = self._groups()
-        self._group_slots = self._slots_of_groups()
+        self.placement = Placement.of(layout, self.feeds, self._concat is not None, _STAGING_GROUPS)
         self._bank: CacheBank | None = None
         self._misses: Any = None  # the batch's miss list (MISS_DTYPE), made with the bank
         self._state: Any = None  # its count, and each table's staged rows (uint64)
@@ -223,7 +196,7 @@ class GpuRankingPipeline:
             self._dense_uploaded = cupy.cuda.Event(disable_timing=True)
             self._uploaded = [
                 cupy.cuda.Event(disable_timing=True)
-                for _ in range(max(len(self._group_slots), _STAGING_GROUPS))
+                for _ in range(max(len(self.placement.group_slots), _STAGING_GROUPS))
             ]
             self._looked_up = cupy.cuda.Event(disable_timing=True)
             self._chunk_done = [cupy.cuda.Event(disable_timing=True) for _ in range(_CHUNK_LANES)]
@@ -239,110 +212,22 @@ class GpuRankingPipeline:
                 cupy.cuda.Device().attributes["MultiProcessorCount"] * _INSERT_BLOCKS_PER_SM
             )
 
-    # -- layout -------------------------------------------------------------------------------
-
-    def _place(self) -> tuple[TablePlacement, ...]:
-        """Where each table's keys, offsets and pooled output go (see :class:`TablePlacement`).
-
-        With a Concat of all embeddings the output is that Concat's ``[B, S, D]`` tensor;
-        otherwise each table has its own ``[B, S_t, D_t]`` region, regions padded to whole
-        16-byte units so every row stays aligned for vector loads.
-        """
-        placements = []
-        keys_at = offsets_at = out_at = slot_at = 0
-        total_slots = sum(f.slot_num for f in self.feeds)
-        for f in self.feeds:
-            if self._concat is not None:
-                shift, stride, at = slot_at * f.vec_size, total_slots * f.vec_size, 0
-            else:
-                shift, stride, at = 0, f.slot_num * f.vec_size, out_at
-            combiner = COMBINER_MEAN if f.combiner is Combiner.MEAN else 0
-            placements.append(
-                TablePlacement(
-                    f.table,
-                    f.slot_num,
-                    combiner,
-                    keys_at,
-                    offsets_at,
-                    at,
-                    shift,
-                    stride,
-                    f.max_keys_per_sample,
-                )
-            )
-            keys_at += f.max_keys_per_sample
-            offsets_at += f.slot_num
-            out_at += -(-f.slot_num * f.vec_size // 4) * 4
-            slot_at += f.slot_num
-        self._out_per_sample = (
-            total_slots * self.feeds[0].vec_size if self._concat is not None and self.feeds
-            else out_at
-        )  # fmt: skip
-        return tuple(placements)
-
-    def _groups(self) -> tuple[tuple[int, ...], tuple[tuple[int, int], ...]]:
-        """Tables cut into up to ``_STAGING_GROUPS`` runs of about equal key capacity: the
-        group of each table, and each group's key columns ``[first, stop)`` (in units of
-        ``size`` keys, as ``TablePlacement.keys_at``)."""
-        total = max(self._keys_per_sample, 1)
-        table_group: list[int] = []
-        bounds: list[list[int]] = []
-        last = None
-        for f, p in zip(self.feeds, self._placements, strict=True):
-            group = min(_STAGING_GROUPS - 1, p.keys_at * _STAGING_GROUPS // total)
-            if group != last:
-                bounds.append([p.keys_at, p.keys_at])
-                last = group
-            table_group.append(len(bounds) - 1)
-            bounds[-1][1] = p.keys_at + f.max_keys_per_sample
-        return tuple(table_group), tuple((a, b) for a, b in bounds)
-
-    def _slots_of_groups(self) -> tuple[tuple[int, int], ...]:
-        """Each group's slots ``[first, stop)`` (its tables' slots are consecutive)."""
-        bounds: dict[int, list[int]] = {}
-        at = 0
-        for f, group in zip(self.feeds, self._table_group, strict=True):
-            bounds.setdefault(group, [at, at])[1] = at + f.slot_num
-            at += f.slot_num
-        return tuple((a, b) for a, b in bounds.values()) or ((0, 0),)
-
-    def _parts(self, bucket: _Bucket) -> tuple[_Part, ...]:
-        """The parts of a batch looked up one ``bank_find`` + ``bank_pool`` each: every group
-        of tables' for a grouped bucket, else one for all tables."""
-        rows = (0, bucket.layout.size)
-        if _grouped(bucket):
-            return tuple(
-                (cols, slots, rows)
-                for cols, slots in zip(self._group_keys, self._group_slots, strict=True)
-            )
-        return (((0, self._keys_per_sample), (0, len(self._slot_table)), rows),)
-
-    def _row_parts(self, bucket: _Bucket) -> tuple[_Part, ...]:
-        """The parts of a sample-major batch in a grouped bucket: every table of a range of
-        samples (``_STAGING_GROUPS`` ranges), each looked up as soon as it is copied."""
-        if not _grouped(bucket) or self._sample_hotness is None:
-            return ()
-        size = bucket.layout.size
-        cuts = [size * i // _STAGING_GROUPS for i in range(_STAGING_GROUPS + 1)]
-        every = ((0, self._keys_per_sample), (0, len(self._slot_table)))
-        return tuple((*every, (a, b)) for a, b in itertools.pairwise(cuts) if b > a)
-
     @property
     def bank(self) -> CacheBank:
         """The device state of the tables (opened on first use)."""
         if self._bank is None:
-            bank = CacheBank(self.lookup, [p.table for p in self._placements])
+            bank = CacheBank(self.lookup, [p.table for p in self.placement.tables])
             self._lower = any(bank.lower)
             with cupy.cuda.Device(self.device_id):
                 samples = bucket_for(self.layout.max_batch_size)
-                capacity = bank.reserve_misses(self._placements, samples)
+                capacity = bank.reserve_misses(self.placement.tables, samples)
                 self._misses = cupy.zeros(max(capacity, 1) * MISS_DTYPE.itemsize, cupy.uint8)
                 self._state = cupy.zeros(STATE_STAGED + len(self.feeds), cupy.uint64)
-                self._descriptor_rows = bank.descriptor_rows(self._placements)
+                self._descriptor_rows = bank.descriptor_rows(self.placement.tables)
                 self._descriptors = cupy.asarray(self._descriptor_rows.view(np.uint8))
-                self._slot_table_d = cupy.asarray(self._slot_table)
-                self._slot_local_d = cupy.asarray(self._slot_local)
-                self._key_table_d = cupy.asarray(self._key_table)
+                self._slot_table_d = cupy.asarray(self.placement.slot_table)
+                self._slot_local_d = cupy.asarray(self.placement.slot_local)
+                self._key_table_d = cupy.asarray(self.placement.key_table)
             self._bank = bank
         return self._bank
 
@@ -473,10 +358,10 @@ class GpuRankingPipeline:
         keys = batch.sample_keys
         return (
             keys is not None
-            and self._sample_hotness is not None
-            and batch.hotness == self._sample_hotness
+            and self.placement.sample_hotness is not None
+            and batch.hotness == self.placement.sample_hotness
             and keys.ndim == 2
-            and keys.shape[1] == self._keys_per_sample
+            and keys.shape[1] == self.placement.keys_per_sample
             and keys.strides[1] == keys.itemsize
         )
 
@@ -545,7 +430,7 @@ class GpuRankingPipeline:
 
     def _upload_rows(self, bucket: _Bucket, batch: SparseBatch) -> Iterator[int]:
         """Stage and copy a sample-major host batch part by part of its samples (see
-        :meth:`_row_parts`): the header (one copy), each part's rows of the key matrix (filled
+        :meth:`Placement.row_parts`): the header (one copy), each part's rows of the key matrix (filled
         by threads), then the dense features. Yield each part's index once its copy is queued
         on the main stream, then ``_DENSE_FEATURES``."""
         lay = bucket.layout
@@ -553,7 +438,9 @@ class GpuRankingPipeline:
         (target, source), samples = groups[0][0], batch.batch_size
         self._upload(bucket, lay.header_at, lay.dense_at)
         row_bytes = lay.keys_per_sample * 8
-        for index, (_, _, (first, stop)) in enumerate(self._row_parts(bucket)):
+        for index, (_, _, (first, stop)) in enumerate(
+            self.placement.row_parts(bucket.layout.size, _grouped(bucket))
+        ):
             a, b = min(first, samples), min(stop, samples)
             if b > a:
                 copies = [(target[a:b], source[a:b])]
@@ -578,7 +465,9 @@ class GpuRankingPipeline:
         _copy_all(offsets)
         self._upload(bucket, lay.header_at, lay.dense_at)
         threaded = sum(t.nbytes for g in groups for t, _ in g) >= _THREADED_STAGING_BYTES
-        for group, ((first, last), copies) in enumerate(zip(self._group_keys, groups, strict=True)):
+        for group, ((first, last), copies) in enumerate(
+            zip(self.placement.group_keys, groups, strict=True)
+        ):
             if threaded:
                 list(self._copier().map(_copy_all, split_copies(copies, _STAGING_THREADS)))
             else:
@@ -611,18 +500,20 @@ class GpuRankingPipeline:
         head = [(dense[:samples], batch.dense)]
         if self._sample_major(batch):
             header[1] = 1
-            header[2:] = self._sample_hotness
+            header[2:] = self.placement.sample_hotness
             matrix = keys.reshape(lay.size, lay.keys_per_sample)
             return head, [[(matrix[:samples], batch.sample_keys)]]
         header[1] = 0
-        groups: list[list[tuple[Any, Any]]] = [[] for _ in self._group_keys]
-        for u, (f, p) in enumerate(zip(self.feeds, self._placements, strict=True)):
+        groups: list[list[tuple[Any, Any]]] = [[] for _ in self.placement.group_keys]
+        for u, (f, p) in enumerate(zip(self.feeds, self.placement.tables, strict=True)):
             table_keys = batch.keys[f.table]
             hot = batch.table_hotness(f.table)
             header[2 + u] = hot or 0
             start = lay.size * p.keys_at
             target = keys[start : start + table_keys.size]
-            groups[self._table_group[u]].append((target.reshape(table_keys.shape), table_keys))
+            groups[self.placement.table_group[u]].append(
+                (target.reshape(table_keys.shape), table_keys)
+            )
             if hot is not None:
                 continue  # a fixed hotness (RankingSession checked the key count)
             row_offsets = batch.row_offsets[f.table]
@@ -734,11 +625,15 @@ class GpuRankingPipeline:
                 fall between those of this batch's groups (which would make every group's
                 lookup wait for the other process's latest work).
             dense: ``False``: the lookups and insert only.
-            by_rows: ``uploaded`` yields parts of :meth:`_row_parts` (a sample-major batch in
+            by_rows: ``uploaded`` yields parts of :meth:`Placement.row_parts` (a sample-major batch in
                 a grouped bucket), not groups of tables.
         """
         main, cache = self._stream, self._cache_stream
-        parts = self._row_parts(bucket) if by_rows else self._parts(bucket)
+        parts = (
+            self.placement.row_parts(bucket.layout.size, _grouped(bucket))
+            if by_rows
+            else self.placement.parts(bucket.layout.size, _grouped(bucket))
+        )
         with cache, self.bank.section():
             for group in uploaded or ():
                 if group == _DENSE_FEATURES:
@@ -789,7 +684,7 @@ class GpuRankingPipeline:
             self._insert(bucket)
 
     def _launch_lookup(
-        self, bucket: _Bucket, index: int, part: _Part, by_rows: bool = False
+        self, bucket: _Bucket, index: int, part: Part, by_rows: bool = False
     ) -> None:
         if bucket.graphs is not None:
             graphs = bucket.graphs.row_lookups if by_rows else bucket.graphs.lookups
@@ -827,7 +722,7 @@ class GpuRankingPipeline:
             _H2D, self._stream.ptr,
         )  # fmt: skip
 
-    def _lookup(self, bucket: _Bucket, part: _Part | None = None) -> None:
+    def _lookup(self, bucket: _Bucket, part: Part | None = None) -> None:
         """``bank_find`` of the key columns and ``bank_pool`` of the slots of ``part``'s
         samples (default: every table, every sample); the first part of a batch (column 0,
         sample 0) empties the miss list first."""
@@ -851,7 +746,7 @@ class GpuRankingPipeline:
         if bags:
             # Few bags, some long: a warp per bag (see bank_pool), the batch's lookup being
             # the latency of its longest bag.
-            split = _POOL_SPLIT if self._long_bags and bags <= _POOL_SPLIT_BAGS else 1
+            split = _POOL_SPLIT if self.placement.long_bags and bags <= _POOL_SPLIT_BAGS else 1
             self._bank_kernels.get_function("bank_pool")(
                 (-(-bags * LANES * split // threads),), (threads,),
                 (self._descriptors, self._slot_table_d, self._slot_local_d, np.int32(first),
@@ -966,16 +861,16 @@ class GpuRankingPipeline:
 
     def _new_bucket(self, size: int) -> _Bucket:
         lay = BatchLayout(
-            size, self._keys_per_sample, len(self._slot_table), len(self.feeds),
+            size, self.placement.keys_per_sample, len(self.placement.slot_table), len(self.feeds),
             self.layout.dense_dim,
         )  # fmt: skip
         staging = _pinned(lay.nbytes, np.uint8)
         staging[:] = 0  # no samples, empty bags: what the graphs are recorded with
         scores_host = _pinned(size * self.layout.label_dim, np.float32).reshape(size, -1)
         inputs = cupy.zeros(lay.nbytes, dtype=cupy.uint8)
-        embeddings = cupy.zeros(size * self._out_per_sample, dtype=cupy.float32)
+        embeddings = cupy.zeros(size * self.placement.out_per_sample, dtype=cupy.float32)
         given = self._given(embeddings, size)
-        capacity = size * self._keys_per_sample
+        capacity = size * self.placement.keys_per_sample
         rows = cupy.zeros(max(capacity, 1), dtype=cupy.uint64)
         bucket = _Bucket(
             lay, staging, inputs, embeddings, given, rows, scores_host, cupy.cuda.MemoryPool()
@@ -999,7 +894,7 @@ class GpuRankingPipeline:
                 given[self._tops[f.layer]] = stacked[:, at : at + f.slot_num]
                 at += f.slot_num
             return given
-        for f, p in zip(self.feeds, self._placements, strict=True):
+        for f, p in zip(self.feeds, self.placement.tables, strict=True):
             start = size * p.out_at
             region = embeddings[start : start + size * f.slot_num * f.vec_size]
             given[self._tops[f.layer]] = region.reshape(size, f.slot_num, f.vec_size)
@@ -1020,7 +915,10 @@ class GpuRankingPipeline:
                 _captured(self._cache_stream, bucket.pool, lambda p=p: self._lookup(bucket, p))
                 for p in parts
             )
-            for parts in (self._parts(bucket), self._row_parts(bucket))
+            for parts in (
+                self.placement.parts(bucket.layout.size, _grouped(bucket)),
+                self.placement.row_parts(bucket.layout.size, _grouped(bucket)),
+            )
         )
         insert = _captured(self._cache_stream, bucket.pool, lambda: self._insert(bucket))
         prefix = dense = None

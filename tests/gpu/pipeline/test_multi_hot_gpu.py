@@ -208,7 +208,7 @@ def test_long_bags_pool_alike_in_one_group_or_shared_by_several(
     model = ZooModel(repo, NAME)
     gpu = RankingSession.open(variant(repo, "dynamic", f"_split{split}"), NAME, device_id=0)
     cpu = RankingSession.open(variant(repo, "dynamic", f"_split{split}"), NAME)
-    assert gpu.pipeline._long_bags  # DLRM-v2's table of 100 keys per sample
+    assert gpu.pipeline.placement.long_bags  # DLRM-v2's table of 100 keys per sample
     contract = SamplesContract(gpu.layout)
     rng = np.random.default_rng(61 + split)
     for batch in (1, 37, 200):

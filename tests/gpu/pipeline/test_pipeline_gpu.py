@@ -216,7 +216,7 @@ def test_large_batches_staged_and_copied_in_groups(
     cpu = RankingSession.open(ps, name)
     assert (
         1
-        <= len(gpu.pipeline._group_keys)
+        <= len(gpu.pipeline.placement.group_keys)
         <= min(len(gpu.pipeline.feeds), gpu_pipeline._STAGING_GROUPS)
     )
     contract = HugeCTRContract(gpu.layout)
@@ -229,9 +229,9 @@ def test_large_batches_staged_and_copied_in_groups(
         model.check(got, dense, keys)
         np.testing.assert_array_equal(gpu.predict(on_gpu(parsed)), gpu.predict(parsed))
     pipe = gpu.pipeline
-    assert all(len(b.graphs.lookups) == len(pipe._group_slots) for b in pipe._buckets.values())
-    slots = [s for first, stop in pipe._group_slots for s in range(first, stop)]
-    assert slots == list(range(len(pipe._slot_table)))  # every slot in exactly one group
+    assert all(len(b.graphs.lookups) == len(pipe.placement.group_slots) for b in pipe._buckets.values())
+    slots = [s for first, stop in pipe.placement.group_slots for s in range(first, stop)]
+    assert slots == list(range(len(pipe.placement.slot_table)))  # every slot in exactly one group
 
 
 def on_gpu(batch: SparseBatch, strided: bool = False) -> SparseBatch:
