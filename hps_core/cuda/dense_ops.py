@@ -232,10 +232,7 @@ def row_dot(x: Any, weight: Any, bias: Any | None, relu: bool, tf32: bool) -> An
     ld = x.strides[0] // item
     quad_bytes = 4 * item
     quads = (
-        k % 4 == 0
-        and ld % 4 == 0
-        and x.data.ptr % quad_bytes == 0
-        and w.data.ptr % quad_bytes == 0
+        k % 4 == 0 and ld % 4 == 0 and x.data.ptr % quad_bytes == 0 and w.data.ptr % quad_bytes == 0
     )
     name = "row_dot<float>" if x.dtype == np.float32 else "row_dot<unsigned short>"
     blocks, threads = _rows_grid(rows)

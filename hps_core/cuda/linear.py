@@ -30,7 +30,8 @@ higher-level ``Matmul`` is not used: each call would cost it tens of microsecond
 where a plan here costs one binding call, and the GPU pipeline replays most products from CUDA
 graphs anyway. Each distinct call shape gets a plan once per thread and device (descriptors and
 up to :data:`CANDIDATES` algorithms of cuBLASLt's heuristic for those shapes, alignments and
-this workspace, the fastest kept after timing them on the first call outside a capture); a
+this workspace, the fastest kept after timing them on the first call outside a capture;
+``HPS_GEMM_TUNING=off`` in the environment keeps the heuristic's first choice); a
 call then sets the bias pointer and launches on the current CuPy stream, so it can be recorded
 in a CUDA graph. Shapes no cuBLASLt algorithm supports fall back to the GEMM plus the separate
 pass.
@@ -409,5 +410,8 @@ def _product(
         h, plan, key, (wx.data.ptr, xx.data.ptr, out.data.ptr), None if bias is None else bias_ptr
     )
     if not plan.tuned and not cupy.cuda.get_current_stream().is_capturing():
-        product.tune(out.nbytes)
+        if os.environ.get("HPS_GEMM_TUNING", "on").lower() == "off":
+            plan.tuned = True  # the heuristic's first choice, as cuBLASLt ranks it
+        else:
+            product.tune(out.nbytes)
     return product

@@ -320,7 +320,11 @@ class GpuRankingPipeline:
             collect(lane)
             size = bucket_for(max(part.batch_size, self._samples_for_keys(part)))
             bucket = self._bucket(size, lane)
-            self._stage_and_upload(bucket, part)
+            # The calling thread alone stages a chunk: the GPU's work on the last chunk bounds
+            # the pipeline, and staging threads only took memory bandwidth from it (DLRM-v2,
+            # 16,384 samples in chunks of 4,096 on the H200: 5.49 ms a batch without threads,
+            # 5.71 with four on one piece, 5.94 on 4 MB pieces; benchmarks/chunked_staging.py).
+            self._stage_and_upload(bucket, part, threaded=False)
             self._run(bucket)
             self._chunk_done[lane].record(self._stream)
             bucket.batches += 1
@@ -365,9 +369,10 @@ class GpuRankingPipeline:
             and keys.strides[1] == keys.itemsize
         )
 
-    def _stage_and_upload(self, bucket: _Bucket, batch: SparseBatch) -> None:
+    def _stage_and_upload(self, bucket: _Bucket, batch: SparseBatch, threaded: bool = True) -> None:
         """Fill the staging buffer and copy it to the device on the main stream; a batch
-        already on the device is copied in place there instead, after the header."""
+        already on the device is copied in place there instead, after the header. Threads
+        fill large host batches unless ``threaded`` is False."""
         lay = bucket.layout
         if isinstance(batch.dense, cupy.ndarray):
             head, groups = self._stage(bucket, batch, bucket.inputs)
@@ -390,7 +395,7 @@ class GpuRankingPipeline:
         _copy_all(head)
         keys = [c for copies in groups for c in copies]
         nbytes = sum(t.nbytes for t, _ in keys)
-        if nbytes < _THREADED_STAGING_BYTES:
+        if nbytes < _THREADED_STAGING_BYTES or not threaded:
             _copy_all(keys)
             self._upload(bucket, 0, lay.nbytes)
             return
@@ -430,9 +435,9 @@ class GpuRankingPipeline:
 
     def _upload_rows(self, bucket: _Bucket, batch: SparseBatch) -> Iterator[int]:
         """Stage and copy a sample-major host batch part by part of its samples (see
-        :meth:`Placement.row_parts`): the header (one copy), each part's rows of the key matrix (filled
-        by threads), then the dense features. Yield each part's index once its copy is queued
-        on the main stream, then ``_DENSE_FEATURES``."""
+        :meth:`Placement.row_parts`): the header (one copy), each part's rows of the key
+        matrix (filled by threads), then the dense features. Yield each part's index once its
+        copy is queued on the main stream, then ``_DENSE_FEATURES``."""
         lay = bucket.layout
         head, groups = self._stage(bucket, batch, bucket.staging)
         (target, source), samples = groups[0][0], batch.batch_size
@@ -625,8 +630,8 @@ class GpuRankingPipeline:
                 fall between those of this batch's groups (which would make every group's
                 lookup wait for the other process's latest work).
             dense: ``False``: the lookups and insert only.
-            by_rows: ``uploaded`` yields parts of :meth:`Placement.row_parts` (a sample-major batch in
-                a grouped bucket), not groups of tables.
+            by_rows: ``uploaded`` yields parts of :meth:`Placement.row_parts` (a sample-major
+                batch in a grouped bucket), not groups of tables.
         """
         main, cache = self._stream, self._cache_stream
         parts = (

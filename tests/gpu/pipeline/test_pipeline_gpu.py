@@ -229,7 +229,9 @@ def test_large_batches_staged_and_copied_in_groups(
         model.check(got, dense, keys)
         np.testing.assert_array_equal(gpu.predict(on_gpu(parsed)), gpu.predict(parsed))
     pipe = gpu.pipeline
-    assert all(len(b.graphs.lookups) == len(pipe.placement.group_slots) for b in pipe._buckets.values())
+    assert all(
+        len(b.graphs.lookups) == len(pipe.placement.group_slots) for b in pipe._buckets.values()
+    )
     slots = [s for first, stop in pipe.placement.group_slots for s in range(first, stop)]
     assert slots == list(range(len(pipe.placement.slot_table)))  # every slot in exactly one group
 
