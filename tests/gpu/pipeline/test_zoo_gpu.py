@@ -68,7 +68,17 @@ def test_zoo_model_in_reduced_precision_agrees_with_numpy(
     rng = np.random.default_rng(43)
     dense, keys = model.samples(rng, 64)
     parsed = HugeCTRContract(gpu.layout).parse(*encode_hugectr(dense, keys))
-    # On probabilities: each side within ~1e-4 (TF32) or ~1e-3 (FP16) of float64; cuBLAS and
-    # the NumPy emulation round in different places (as tests/gpu/pipeline's other models).
-    tolerance = 1e-3 if precision == "tf32" else 5e-3
-    np.testing.assert_allclose(gpu.predict(parsed), cpu.predict(parsed), atol=tolerance)
+    got, emulated = gpu.predict(parsed), cpu.predict(parsed)
+    if precision == "tf32":
+        # TF32 rounds each operand to 10 mantissa bits: through DLRM-v2's 3,456-wide cross
+        # layers both the GPU and the NumPy emulation move 64 samples' probabilities by
+        # 1.2-1.5e-3 from FP32 (H200), in different directions (cuBLASLt's kernels may
+        # truncate where the emulation rounds to nearest). So each is held to FP32: the GPU's
+        # error at most twice the emulation's, plus 1e-4.
+        exact = RankingSession.open(ps, name, precision="fp32").predict(parsed)
+        emulation_error = np.abs(emulated - exact).max()
+        assert np.abs(got - exact).max() <= 2 * emulation_error + 1e-4
+    else:
+        # On probabilities: each side within ~1e-3 of float64; cuBLAS and the NumPy emulation
+        # round in different places (as tests/gpu/pipeline's other models).
+        np.testing.assert_allclose(got, emulated, atol=5e-3)
