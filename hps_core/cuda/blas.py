@@ -32,10 +32,17 @@ from typing import Any, TypeVar
 
 import cupy
 import numpy as np
-from nvmath import CudaDataType
-from nvmath.bindings import cublas
 
-from hps_core.errors import HPSError
+from hps_core.errors import HPSError, NotAvailableError
+
+try:
+    from nvmath import CudaDataType
+    from nvmath.bindings import cublas
+except ImportError as exc:  # the GPU extra's package, absent from a CPU-only install
+    raise NotAvailableError(
+        "the GPU path needs nvmath-python for cuBLAS and cuBLASLt: pip install "
+        f"'hps-triton[gpu]' (or nvmath-python==1.0.0) into the server's Python ({exc})"
+    ) from exc
 
 OP_N, OP_T = int(cublas.Operation.N), int(cublas.Operation.T)
 _GEMM_DEFAULT = int(cublas.GemmAlgo.DEFAULT)

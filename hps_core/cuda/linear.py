@@ -47,9 +47,11 @@ from typing import Any
 
 import cupy
 import numpy as np
-from nvmath.bindings import cublasLt
 
+# blas first: it raises a clear error when nvmath-python is missing.
 from hps_core.cuda import blas, dense_ops, kernels
+
+from nvmath.bindings import cublasLt  # isort: skip
 
 _EPILOGUE = {
     (False, False): int(cublasLt.Epilogue.DEFAULT),
