@@ -23,43 +23,33 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from google.protobuf import text_format
 from ranking_load import gpu_memory_mib, hit_rate, metric_sums, write_input
 
 from hps_core.config import load_ps_config
 from hps_core.server.perf import PerfAnalyzerError, run_perf_analyzer
 from hps_core.server.process import TritonServer
-from hps_core.triton_repo import InstanceGroup, ServingOptions, write_repository
+from hps_core.triton_repo import InstanceGroup, ServingOptions, read_config, write_repository
 
 HERE = Path(__file__).resolve().parent
 
 
-def peer_folder(repo: Path, model: str, ps_json: Path, instances: int, max_batch: int) -> str:
-    """Write ``<model>_pytorch`` next to ``model`` in ``repo``: same inputs and batching."""
+def peer_folder(repo: Path, model: str, ps_json: Path) -> str:
+    """Write ``<model>_pytorch`` next to ``model`` in ``repo``: its config.pbtxt is
+    ``model``'s (same inputs, instances and batching, read and written as Triton's
+    ``ModelConfig``) with the peer's name and parameters and no warm-up."""
     name = f"{model}_pytorch"
     folder = repo / name
     (folder / "1").mkdir(parents=True)
     shutil.copy(HERE / "triton_peer" / "model.py", folder / "1" / "model.py")
+    config = read_config(repo / model / "config.pbtxt")
+    config.name = name
+    del config.model_warmup[:]
+    config.parameters.clear()
     params = {"ps_json": str(ps_json), "hps_model_name": model, "benchmarks_dir": str(HERE)}
-    parameters = ",\n".join(
-        f'  {{ key: "{k}" value: {{ string_value: "{v}" }} }}' for k, v in params.items()
-    )
-    (folder / "config.pbtxt").write_text(
-        f"""name: "{name}"
-backend: "python"
-max_batch_size: {max_batch}
-dynamic_batching {{ max_queue_delay_microseconds: 100 }}
-input [
-  {{ name: "DES" data_type: TYPE_FP32 dims: [ -1 ] allow_ragged_batch: true }},
-  {{ name: "CATCOLUMN" data_type: TYPE_INT64 dims: [ -1 ] allow_ragged_batch: true }},
-  {{ name: "ROWINDEX" data_type: TYPE_INT32 dims: [ -1 ] allow_ragged_batch: true }}
-]
-output [ {{ name: "OUTPUT0" data_type: TYPE_FP32 dims: [ -1 ] }} ]
-instance_group [ {{ count: {instances} kind: KIND_GPU gpus: [ 0 ] }} ]
-parameters [
-{parameters}
-]
-"""
-    )
+    for key, value in params.items():
+        config.parameters[key].string_value = value
+    (folder / "config.pbtxt").write_text(text_format.MessageToString(config))
     return name
 
 
@@ -116,7 +106,7 @@ def main() -> None:
         for folder in repo.iterdir():
             if folder.name != model:
                 shutil.rmtree(folder)
-        peer = peer_folder(repo, model, ps_json, args.instances, options.max_batch_size)
+        peer = peer_folder(repo, model, ps_json)
         inputs = {}
         for samples in [int(s) for s in args.samples.split(",")]:
             inputs[samples] = Path(tmp) / f"input_{samples}.json"

@@ -21,10 +21,11 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from hps_core.arrays import to_host
 from hps_core.config import PSConfig, load_ps_config
 from hps_core.errors import RequestError
-from hps_core.lookup import ModelLookup
-from hps_core.lookup.devices import to_host
+from hps_core.lookup import LookupOptions, ModelLookup
+from hps_core.lookup.model_lookup import DEFAULT_OPTIONS
 
 
 def _as_keys(keys: Any) -> np.ndarray:
@@ -56,7 +57,7 @@ class HPS:
 
     def _init(self, config: PSConfig) -> None:
         self.config = config
-        self._sessions: dict[tuple[str, int | None], ModelLookup] = {}
+        self._lookups: dict[tuple[str, int | None, LookupOptions], ModelLookup] = {}
         self._lock = threading.Lock()
 
     @classmethod
@@ -64,25 +65,46 @@ class HPS:
         """The instance for ``ps_config`` (same as calling ``HPS(ps_config)``)."""
         return cls(ps_config)
 
-    def model(self, model_name: str, device_id: int | None = None) -> ModelLookup:
-        """The lookup session of ``model_name`` on a device, created on first use.
+    def model(
+        self,
+        model_name: str,
+        device_id: int | None = None,
+        options: LookupOptions = DEFAULT_OPTIONS,
+    ) -> ModelLookup:
+        """The lookup of ``model_name`` on a device with ``options``, created on first use
+        (one per model, device and options in this process; its tables open on first use).
 
         Args:
             model_name: a ``model`` name of the ps.json.
             device_id: GPU whose embedding caches serve the lookups; ``None``: the host tier.
+            options: how it serves (miss policy, shared GPU caches).
 
         Returns:
             Its :class:`~hps_core.lookup.ModelLookup`.
         """
-        key = (model_name, device_id)
-        session = self._sessions.get(key)
-        if session is None:
+        key = (model_name, device_id, options)
+        lookup = self._lookups.get(key)
+        if lookup is None:
             with self._lock:
-                session = self._sessions.get(key)
-                if session is None:
-                    session = ModelLookup(self.config, self.config.model(model_name), device_id)
-                    self._sessions[key] = session
-        return session
+                lookup = self._lookups.get(key)
+                if lookup is None:
+                    model = self.config.model(model_name)
+                    lookup = ModelLookup(self.config, model, device_id, options)
+                    self._lookups[key] = lookup
+        return lookup
+
+    def close_model(
+        self,
+        model_name: str,
+        device_id: int | None = None,
+        options: LookupOptions = DEFAULT_OPTIONS,
+    ) -> None:
+        """Detach the lookup :meth:`model` made for these arguments from its tables and
+        forget it (the instance's other lookups stay open); nothing if there is none."""
+        with self._lock:
+            lookup = self._lookups.pop((model_name, device_id, options), None)
+        if lookup is not None:
+            lookup.close()
 
     def lookup(
         self, keys: np.ndarray, model_name: str, table_id: int, device_id: int | None = None
@@ -116,9 +138,9 @@ class HPS:
             table_id: index of the table.
             device_id: the GPU.
         """
-        session = self.model(model_name, device_id)
-        dim = session.table(table_id).dim  # also rejects a table_id out of range
-        xp = session.xp
+        lookup = self.model(model_name, device_id)
+        dim = lookup.table(table_id).dim  # also rejects a table_id out of range
+        xp = lookup.xp
         with xp.cuda.Device(device_id):
             key_array = xp.from_dlpack(keys)
             out_array = xp.from_dlpack(out)
@@ -129,14 +151,14 @@ class HPS:
                     f"out must be float32 [{key_array.size}, {dim}], got {out_array.dtype} "
                     f"{list(out_array.shape)}"
                 )
-            session.lookup(table_id, key_array.ravel(), out=out_array)
+            lookup.lookup(table_id, key_array.ravel(), out=out_array)
 
     def close(self) -> None:
         """Detach from every table and forget this instance."""
         with self._lock:
-            for session in self._sessions.values():
-                session.close()
-            self._sessions.clear()
+            for lookup in self._lookups.values():
+                lookup.close()
+            self._lookups.clear()
         with self._instances_lock:
             path = self.config.source_path
             if path is not None and self._instances.get(Path(path).resolve()) is self:

@@ -78,7 +78,7 @@ class EmbeddingModel:
         )
 
     def _lookup(self, parsed: list[list[Any]]) -> list[Any]:
-        values = self.service.session().lookup_tables(batch_tables(parsed))
+        values = self.service.start().lookup_tables(batch_tables(parsed))
         return split_outputs(values, parsed)
 
     def finalize(self) -> None:

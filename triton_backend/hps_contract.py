@@ -21,10 +21,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from hps_core.arrays import module_of, to_host
 from hps_core.config import ModelConfig
 from hps_core.errors import RequestError
 from hps_core.infer.model_io import KEYS, NUMKEYS
-from hps_core.lookup.devices import module_of, to_host
 
 
 def _shape(array: np.ndarray) -> str:

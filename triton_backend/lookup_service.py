@@ -1,8 +1,10 @@
 """What every HPS-backed Triton model instance does besides its own contract.
 
-- ``initialize``-time checks are the models' job; the HPS itself starts on the first
-  ``execute`` (implicit initialisation): :meth:`LookupService.session` opens the model's
-  tables, fills the GPU caches when HugeCTR would (``gpucache`` and
+- ``initialize``-time checks are the models' job. The service makes the instance's lookup
+  once (:attr:`LookupService.lookup`, with the instance's miss policy and cache sharing fixed
+  in it) and the model builds on that object; the HPS itself starts on the first ``execute``
+  (HugeCTR's implicit initialisation): :meth:`LookupService.start` opens the model's tables,
+  fills the GPU caches when HugeCTR would (``gpucache`` and
   ``cache_refresh_percentage_per_iteration > 0``), and starts the cache refresher when
   ``refresh_interval > 0``. Instances on one GPU share its dynamic caches (parameter
   ``share_gpu_cache``, on by default); then only the instance that created them fills and
@@ -17,8 +19,8 @@
   retained updates at start, since its overlay starts empty. Optional config.pbtxt
   parameters: ``update_kafka_options`` (JSON object of librdkafka settings),
   ``update_replay`` (``false``: resume from the committed offsets only).
-- ``finalize`` stops the update consumer and background work and detaches from the shared
-  host tier.
+- ``finalize`` stops the update consumer and background work and detaches the instance's
+  lookup from its tables (other models of the process keep theirs).
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ from typing import Any
 import numpy as np
 
 from hps_core.hps import HPS
-from hps_core.lookup import ModelLookup
+from hps_core.lookup import LookupOptions, ModelLookup
 from hps_core.lookup.refresher import CacheRefresher
 from hps_core.updates.apply import ModelUpdates, instance_group_id
 from triton_backend.metrics import LookupMetrics, UpdateMetrics
@@ -111,15 +113,27 @@ def load_hot_keys(folder: Path | None, table_names: list[str]) -> dict[int, np.n
 
 
 class LookupService:
-    """The HPS session of one model instance, started on first use.
+    """The HPS lookup of one model instance, and what runs beside it once started.
 
     Args:
         settings: the instance's settings.
+
+    Example:
+        >>> service = LookupService(settings)  # doctest: +SKIP
+        >>> session = RankingSession.for_lookup(service.lookup)  # doctest: +SKIP
+        >>> service.start().lookup_tables(tables)  # first execute: tables open  # doctest: +SKIP
     """
 
     def __init__(self, settings: ModelSettings) -> None:
         self.settings = settings
-        self._session: ModelLookup | None = None
+        self._options = LookupOptions(
+            miss_policy=settings.miss_policy, share_caches=settings.share_gpu_cache
+        )
+        self.lookup: ModelLookup = HPS(settings.ps_json).model(
+            settings.hps_model, settings.lookup_device, self._options
+        )
+        """The instance's lookup; its tables open in :meth:`start`."""
+        self._started = False
         self._refresher: CacheRefresher | None = None
         self._metrics: LookupMetrics | None = None
         self._updates: ModelUpdates | None = None
@@ -127,32 +141,31 @@ class LookupService:
         self._next_report = 0.0
         self._lock = threading.Lock()
 
-    @property
-    def xp(self) -> Any:
-        """Array module of the lookups (CuPy on GPU instances)."""
-        return self.session().xp
+    def start(self) -> ModelLookup:
+        """Open the tables, warm the caches and start the refresher and the update consumer,
+        once (the first ``execute``: HugeCTR's implicit initialisation); later calls return
+        at once.
 
-    def session(self) -> ModelLookup:
-        """The lookup session; the first call loads the tables and warms the caches."""
-        if self._session is None:
+        Returns:
+            :attr:`lookup`.
+        """
+        if not self._started:
             with self._lock:
-                if self._session is None:
-                    self._session = self._start()
-        return self._session
+                if not self._started:
+                    self._start()
+                    self._started = True
+        return self.lookup
 
-    def _start(self) -> ModelLookup:
-        s = self.settings
-        session = HPS(s.ps_json).model(s.hps_model, s.lookup_device)
-        session.miss_policy = s.miss_policy
-        session.share_caches = s.share_gpu_cache
-        session.open_all()
-        model = session.model
-        if session.uses_cache and model.cache_refresh_percentage_per_iteration > 0:
+    def _start(self) -> None:
+        s, lookup = self.settings, self.lookup
+        lookup.open_all()
+        model = lookup.model
+        if lookup.uses_cache and model.cache_refresh_percentage_per_iteration > 0:
             names = [t.name for t in model.tables]
-            session.initialize_caches(load_hot_keys(s.hot_keys, names))
-            if model.refresh_interval > 0 and session.lead:
+            lookup.initialize_caches(load_hot_keys(s.hot_keys, names))
+            if model.refresh_interval > 0 and lookup.lead:
                 self._refresher = CacheRefresher(
-                    session,
+                    lookup,
                     model.refresh_delay,
                     model.refresh_interval,
                     model.cache_refresh_percentage_per_iteration,
@@ -162,10 +175,9 @@ class LookupService:
             s.triton_model, s.instance_name, device, [t.name for t in model.tables]
         )
         group, replay, options = update_settings(s)
-        self._updates = ModelUpdates.start(session, group, replay=replay, kafka_options=options)
+        self._updates = ModelUpdates.start(lookup, group, replay=replay, kafka_options=options)
         if self._updates is not None:
             self._update_metrics = UpdateMetrics(s.triton_model, s.instance_name, device)
-        return session
 
     def report(self) -> None:
         """Publish the counters' change since the last publication, at most twice a second.
@@ -174,18 +186,20 @@ class LookupService:
         every table after every ``execute`` would cost more than small lookups themselves.
         """
         now = time.monotonic()
-        if self._metrics is None or self._session is None or now < self._next_report:
+        if self._metrics is None or not self._started or now < self._next_report:
             return
         self._next_report = now + METRICS_PERIOD_S
-        self._metrics.report(self._session.counters())
+        self._metrics.report(self.lookup.counters())
         if self._update_metrics is not None and self._updates is not None:
             self._update_metrics.report(self._updates.stats)
 
     def close(self) -> None:
-        """Stop the update consumer and the refresher, and detach from every table."""
+        """Stop the update consumer and the refresher, and detach the instance's lookup from
+        its tables."""
         if self._updates is not None:
             self._updates.stop()  # commits what was applied, before the tables close
             self._updates = None
         if self._refresher is not None:
             self._refresher.stop()
-        HPS.close_all()
+        s = self.settings
+        HPS(s.ps_json).close_model(s.hps_model, s.lookup_device, self._options)

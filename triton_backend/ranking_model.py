@@ -21,11 +21,11 @@ from __future__ import annotations
 import logging
 from typing import Any, ClassVar
 
+from hps_core.arrays import to_host
 from hps_core.infer import RankingSession, SparseBatch, concat_batches, split_samples
 from hps_core.infer.contracts import HugeCTRContract, SamplesContract
 from hps_core.infer.layout import RankingLayout
 from hps_core.infer.model_io import HUGECTR_IO, ModelIO, samples_io
-from hps_core.lookup.devices import to_host
 from hps_core.model_check import check_model_files
 from triton_backend.batched_execute import execute_batched
 from triton_backend.lookup_service import LookupService, log_to_stderr
@@ -55,12 +55,10 @@ class _RankingModel:
         settings = read_settings(args)
         model = check_model_files(settings.ps_json, settings.hps_model)
         check_instance_device(settings, model.deployed_device_list, f"model '{model.name}'")
-        # The service and the session share one HPS lookup session: the service starts it
-        # (tables, cache warm-up, refresher) on the first execute and publishes its metrics.
+        # The service makes the instance's lookup (its options fixed) and starts it on the
+        # first execute; the session scores through that same object.
         self.service = LookupService(settings)
-        self.session = RankingSession.open(
-            settings.ps_json, settings.hps_model, settings.lookup_device
-        )
+        self.session = RankingSession.for_lookup(self.service.lookup)
         layout = self.session.layout
         self.io = self.model_io(layout)
         check_io(settings.config, self.io)
@@ -95,7 +93,7 @@ class _RankingModel:
         return self.contract.parse(*arrays)
 
     def _predict(self, batches: list[SparseBatch]) -> list[Any]:
-        self.service.session()  # first call: open tables, warm caches, start the refresher
+        self.service.start()  # first execute: open tables, warm caches, start the refresher
         scores = self.session.predict(concat_batches(batches))
         pieces = split_samples(scores, [b.batch_size for b in batches])
         return [self.contract.response(piece) for piece in pieces]

@@ -21,7 +21,7 @@ from hps_core.errors import RequestError
 from hps_core.hps import HPS
 from hps_core.infer.batch import SparseBatch
 from hps_core.infer.layout import RankingLayout, load_ranking_graph
-from hps_core.lookup.model_lookup import ModelLookup
+from hps_core.lookup.model_lookup import DEFAULT_OPTIONS, LookupOptions, ModelLookup
 from hps_core.nn import DenseExecutor, Precision, UnpooledEmbedding, read_dense_blob
 
 
@@ -89,8 +89,12 @@ class RankingSession:
         device_id: int | None = None,
         precision: str | Precision = Precision.FP32,
         graphs: bool = True,
+        options: LookupOptions = DEFAULT_OPTIONS,
     ) -> RankingSession:
         """Load the network and dense parameters of a ps.json model; tables open on first use.
+
+        Its lookup is the process's :class:`~hps_core.hps.HPS` lookup of the model on that
+        device with ``options`` (see :meth:`for_lookup` to hand one over).
 
         Args:
             ps_json: the ps.json.
@@ -99,6 +103,7 @@ class RankingSession:
                 network with CuPy; ``None``: the host and NumPy.
             precision: ``"fp32"``, ``"tf32"`` or ``"fp16"``.
             graphs: on a GPU, record each batch size bucket as CUDA graphs.
+            options: how the lookup serves (miss policy, shared GPU caches).
 
         Returns:
             The session.
@@ -110,14 +115,33 @@ class RankingSession:
             NotAvailableError: the network has layers the engine cannot run, or the GPU is
                 not usable.
         """
-        hps = HPS(ps_json)
-        model = hps.config.model(model_name)
-        graph, layout = load_ranking_graph(model, f"models[{hps.config.models.index(model)}]")
+        lookup = HPS(ps_json).model(model_name, device_id, options)
+        return cls.for_lookup(lookup, precision, graphs)
+
+    @classmethod
+    def for_lookup(
+        cls,
+        lookup: ModelLookup,
+        precision: str | Precision = Precision.FP32,
+        graphs: bool = True,
+    ) -> RankingSession:
+        """The session of ``lookup``'s model (network and dense parameters loaded now), on
+        ``lookup``'s device, looking up through ``lookup``.
+
+        Args:
+            lookup: the model's lookup (its tables may still be closed).
+            precision: ``"fp32"``, ``"tf32"`` or ``"fp16"``.
+            graphs: on a GPU, record each batch size bucket as CUDA graphs.
+
+        Returns:
+            The session. Raises as :meth:`open`.
+        """
+        config, model = lookup.config, lookup.model
+        graph, layout = load_ranking_graph(model, f"models[{config.models.index(model)}]")
         params = read_dense_blob(model.dense_file, graph.dense_layout())
-        lookup = hps.model(model_name, device_id)
-        with _device(lookup.xp, device_id):
+        with _device(lookup.xp, lookup.device_id):
             executor = DenseExecutor(graph, params, lookup.xp, precision)
-        return cls(layout, lookup, executor, device_id, graphs)
+        return cls(layout, lookup, executor, lookup.device_id, graphs)
 
     @property
     def xp(self) -> ModuleType:

@@ -18,15 +18,16 @@ import math
 import os
 import threading
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import numpy as np
 
+from hps_core.arrays import array_module
 from hps_core.cache import make_cache
 from hps_core.config import EmbeddingCacheType, ModelConfig, PSConfig, TableConfig
 from hps_core.errors import RequestError
 from hps_core.formats.sparse import KEY_DTYPE, KEY_FILE, META_FILE, read_keys, read_sparse_table
-from hps_core.lookup.devices import array_module
 from hps_core.lookup.table_lookup import (
     CachedTableLookup,
     HostTableLookup,
@@ -41,15 +42,41 @@ TableLookup = HostTableLookup | CachedTableLookup
 
 
 class LookupExtension(Protocol):
-    """Something that looks keys up through a session's tables by its own means."""
+    """Something that looks keys up through a model lookup's tables by its own means."""
 
     def table_counters(self) -> Sequence[TableCounters]:
         """Its counters per table of the model (may be shorter, or empty)."""
         ...
 
     def close(self) -> None:
-        """Release what it holds of the session's tables."""
+        """Release what it holds of the lookup's tables."""
         ...
+
+
+@dataclass(frozen=True)
+class LookupOptions:
+    """How a :class:`ModelLookup` serves, fixed when it is made (a serving instance's
+    config.pbtxt parameters).
+
+    Args:
+        miss_policy: ``"fetch"`` or ``"default"`` (see :class:`CachedTableLookup`).
+        share_caches: share dynamic GPU caches with the processes of ``share_scope`` that
+            serve this model on the same GPU, instead of holding a private copy.
+        share_scope: who may share; by default the children of this process's parent (the
+            stubs of one Triton server).
+
+    Example:
+        >>> LookupOptions(miss_policy="default", share_caches=True).share_scope is None
+        True
+    """
+
+    miss_policy: str = "fetch"
+    share_caches: bool = False
+    share_scope: str | None = None
+
+
+DEFAULT_OPTIONS = LookupOptions()
+"""Fetch misses' true vectors; private GPU caches."""
 
 
 class ModelLookup:
@@ -62,13 +89,7 @@ class ModelLookup:
         config: the whole ps.json (the tiers are configured at its top level).
         model: the model to serve.
         device_id: CUDA device of the embedding caches, or ``None`` for host lookups.
-        miss_policy: ``"fetch"`` or ``"default"`` (see :class:`CachedTableLookup`).
-        share_caches: share dynamic GPU caches with the processes of ``share_scope`` that
-            serve this model on the same GPU, instead of holding a private copy.
-        share_scope: who may share; by default the children of this process's parent (the
-            stubs of one Triton server).
-
-    Both may be changed until the first table opens.
+        options: how it serves (:class:`LookupOptions`).
     """
 
     def __init__(
@@ -76,17 +97,13 @@ class ModelLookup:
         config: PSConfig,
         model: ModelConfig,
         device_id: int | None = None,
-        miss_policy: str = "fetch",
-        share_caches: bool = False,
-        share_scope: str | None = None,
+        options: LookupOptions = DEFAULT_OPTIONS,
     ) -> None:
         self.config = config
         self.model = model
         self.device_id = device_id
         self.xp = array_module(device_id)
-        self.miss_policy = miss_policy
-        self.share_caches = share_caches
-        self.share_scope = share_scope
+        self.options = options
         self._tables: list[TableLookup | None] = [None] * len(model.tables)
         self._lock = threading.Lock()
         self._group: Any = None
@@ -159,7 +176,7 @@ class ModelLookup:
         if self._group_tried:
             return self._group
         self._group_tried = True
-        if not (self.share_caches and self.uses_cache):
+        if not (self.options.share_caches and self.uses_cache):
             return None
         if self.model.embedding_cache_type != EmbeddingCacheType.DYNAMIC:
             return None
@@ -170,7 +187,7 @@ class ModelLookup:
             f"{segment_name(t.sparse_file, t.dim)}:{self.model.gpucacheper}"
             for t in self.model.tables
         ]
-        scope = self.share_scope or f"ppid{os.getppid()}"
+        scope = self.options.share_scope or f"ppid{os.getppid()}"
         bus_id = self.xp.cuda.Device(self.device_id).pci_bus_id
         name = group_name(scope, self.model.name, bus_id, tables)
         try:
@@ -213,7 +230,7 @@ class ModelLookup:
                 capacity = math.ceil(self.model.gpucacheper * host.table_rows)
                 cache = self._dynamic_cache(capacity, table.dim, name, table_id)
         return CachedTableLookup(
-            host, cache, self.xp, self.model.hit_rate_threshold, self.miss_policy, name
+            host, cache, self.xp, self.model.hit_rate_threshold, self.options.miss_policy, name
         )
 
     def _dynamic_cache(self, capacity: int, dim: int, name: str, table_id: int) -> Any:
@@ -284,8 +301,8 @@ class ModelLookup:
 
         Args:
             table_id: index of the table.
-            keys: 1-D int64 keys (NumPy, or CuPy on a GPU session).
-            out: optional float32 ``[n, dim]`` array of the session's module to write into.
+            keys: 1-D int64 keys (NumPy, or CuPy on a GPU lookup).
+            out: optional float32 ``[n, dim]`` array of the lookup's array module to write into.
 
         Returns:
             float32 ``[n, dim]`` (NumPy on the host, CuPy on a GPU); the table's default
@@ -335,10 +352,10 @@ class ModelLookup:
             return lookup_cached_tables(tables, keys, self.xp, self._section)
 
     def attach(self, extension: LookupExtension) -> None:
-        """Count ``extension``'s lookups with this session's and close it before the tables.
+        """Count ``extension``'s lookups with this lookup's and close it before the tables.
 
         Args:
-            extension: e.g. a GPU pipeline that reads this session's caches and host tiers.
+            extension: e.g. a GPU pipeline that reads this lookup's caches and host tiers.
         """
         with self._lock:
             self._extensions.append(extension)

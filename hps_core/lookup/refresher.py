@@ -22,26 +22,26 @@ class CacheRefresher:
     """Background thread that walks each cache in strides and re-reads its rows.
 
     Args:
-        session: the model's lookup session (its caches are refreshed).
+        lookup: the model's lookup (its caches are refreshed).
         delay_s: wait before the first pass.
         interval_s: wait between strides.
         fraction: share of a cache's sets refreshed per stride, in ``(0, 1]``.
     """
 
     def __init__(
-        self, session: ModelLookup, delay_s: float, interval_s: float, fraction: float
+        self, lookup: ModelLookup, delay_s: float, interval_s: float, fraction: float
     ) -> None:
         if not 0 < fraction <= 1:
             raise ValueError(f"refresh fraction must be in (0, 1], got {fraction}")
-        self.session = session
+        self.lookup = lookup
         self.delay_s = delay_s
         self.interval_s = interval_s
         self.fraction = fraction
         self.rows_refreshed = 0
         self._stop = threading.Event()
-        self._next_set = [0] * session.num_tables
+        self._next_set = [0] * lookup.num_tables
         self._thread = threading.Thread(
-            target=self._run, name=f"hps-refresh-{session.model.name}", daemon=True
+            target=self._run, name=f"hps-refresh-{lookup.model.name}", daemon=True
         )
 
     def start(self) -> CacheRefresher:
@@ -56,18 +56,18 @@ class CacheRefresher:
             Rows refreshed.
         """
         refreshed = 0
-        for table_id in range(self.session.num_tables):
-            table = self.session.table(table_id)
+        for table_id in range(self.lookup.num_tables):
+            table = self.lookup.table(table_id)
             if not isinstance(table, CachedTableLookup) or not hasattr(table.cache, "num_sets"):
                 continue
             num_sets = table.cache.num_sets
             stride = max(1, math.ceil(num_sets * self.fraction))
             start = self._next_set[table_id]
             end = min(num_sets, start + stride)
-            if self.session.device_id is None:
+            if self.lookup.device_id is None:
                 refreshed += table.refresh(start, end)
             else:
-                with self.session.xp.cuda.Device(self.session.device_id):
+                with self.lookup.xp.cuda.Device(self.lookup.device_id):
                     refreshed += table.refresh(start, end)
             self._next_set[table_id] = 0 if end >= num_sets else end
         self.rows_refreshed += refreshed
@@ -80,7 +80,7 @@ class CacheRefresher:
             try:
                 self.step()
             except Exception as exc:  # a refresh failure must not stop serving
-                logger.error("cache refresh of model '%s' failed: %s", self.session.model.name, exc)
+                logger.error("cache refresh of model '%s' failed: %s", self.lookup.model.name, exc)
             if self._stop.wait(self.interval_s):
                 return
 

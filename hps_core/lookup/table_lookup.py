@@ -32,8 +32,8 @@ from typing import Any
 
 import numpy as np
 
+from hps_core.arrays import module_of, to_host
 from hps_core.cache import StaticTable
-from hps_core.lookup.devices import module_of, to_host
 from hps_core.tiers.cascade import TieredTable
 from hps_core.tiers.host_table import SharedHostTable
 
@@ -44,7 +44,7 @@ MISS_POLICIES = ("fetch", "default")
 
 @dataclass
 class TableCounters:
-    """What one table's lookups did since the session opened (keys count unique per batch).
+    """What one table's lookups did since the model lookup opened (keys count unique per batch).
 
     Args:
         lookups: lookup calls.
@@ -205,7 +205,7 @@ class HostTableLookup:
         return self.counters.snapshot().with_tiers(self.host)
 
     def close(self) -> None:
-        """Nothing to release besides the host tier, which the session owns."""
+        """Nothing to release besides the host tier, which the model lookup owns."""
 
 
 @dataclass

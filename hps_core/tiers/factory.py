@@ -45,7 +45,7 @@ cascade: its shared tier is mapped read-write (updates overwrite the rows it hol
 once per machine) and an :class:`~hps_core.tiers.overlay.OverlayStore` of this process is the
 first tier below it (rows of keys the shared tier lacks, bounded by ``volatile_db``'s
 ``overflow_*`` fields as HugeCTR's hash map). The consumer that applies the updates is started
-by the lookup session (:mod:`hps_core.updates.apply`).
+by the model's lookup (:mod:`hps_core.updates.apply`).
 """
 
 from __future__ import annotations

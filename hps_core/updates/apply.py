@@ -33,7 +33,7 @@ a batch), which no batch that started before the apply can follow.
 Example:
     >>> updater = ModelUpdater(HPS(ps_json).model("dlrm", device_id=0))  # doctest: +SKIP
     >>> updater.apply("hps_et.dlrm.t0", keys, vectors)  # doctest: +SKIP
-    >>> updates = ModelUpdates.start(session, group_id="hps.volatile.host.repo.dlrm_0")
+    >>> updates = ModelUpdates.start(lookup, group_id="hps.volatile.host.repo.dlrm_0")
     ... # doctest: +SKIP
 """
 
@@ -131,10 +131,10 @@ def instance_group_id(instance: str, scope: str = "", host: str | None = None) -
 
 
 class ModelUpdater:
-    """The ``apply`` callback of an :class:`UpdateConsumer` for one model's lookup session.
+    """The ``apply`` callback of an :class:`UpdateConsumer` for one model's lookup.
 
     Args:
-        session: the model's lookup session (host or GPU); every table is opened. Its tables
+        lookup: the model's lookup (host or GPU); every table is opened. Its tables
             must have been opened with an update source (each is a cascade with an overlay).
         settle_s: delay of the second write of cached rows; 0 disables it.
 
@@ -142,25 +142,25 @@ class ModelUpdater:
         UpdateApplyError: a table was not opened for updates.
 
     Example:
-        >>> updater = ModelUpdater(session)  # doctest: +SKIP
+        >>> updater = ModelUpdater(lookup)  # doctest: +SKIP
         >>> updater("hps_et.dlrm.t0", np.array([7]), np.ones((1, 16), np.float32))
         ... # doctest: +SKIP
     """
 
-    def __init__(self, session: ModelLookup, settle_s: float = SETTLE_S) -> None:
-        session.open_all()
-        self.session = session
+    def __init__(self, lookup: ModelLookup, settle_s: float = SETTLE_S) -> None:
+        lookup.open_all()
+        self.lookup = lookup
         self.settle_s = settle_s
         self._targets: dict[str, _Target] = {}
-        for table_id, table in enumerate(session.model.tables):
-            host = session.table(table_id).host
+        for table_id, table in enumerate(lookup.model.tables):
+            host = lookup.table(table_id).host
             overlay = host.lower_store("overlay") if isinstance(host, TieredTable) else None
             if overlay is None:
                 raise UpdateApplyError(
-                    f"model '{session.model.name}' table '{table.name}' was opened without an "
+                    f"model '{lookup.model.name}' table '{table.name}' was opened without an "
                     "update source (ps.json update_source.type must be 'kafka_message_queue')"
                 )
-            tag = table_tag(session.model.name, table.name)
+            tag = table_tag(lookup.model.name, table.name)
             self._targets[tag] = _Target(table_id, host, overlay, host.lower_store("redis_cluster"))
         self._lock = threading.Lock()
         self._stats = ApplyStats()
@@ -209,7 +209,7 @@ class ModelUpdater:
         """
         target = self._targets.get(tag)
         if target is None:
-            raise UpdateApplyError(f"no table {tag!r} in model '{self.session.model.name}'")
+            raise UpdateApplyError(f"no table {tag!r} in model '{self.lookup.model.name}'")
         keys = np.ascontiguousarray(keys, dtype=np.int64).ravel()
         vectors = np.asarray(vectors, dtype=np.float32)
         dim = target.host.dim
@@ -235,7 +235,7 @@ class ModelUpdater:
             self._schedule(target.table_id, keys)
 
     def _has_cache(self, target: _Target) -> bool:
-        return isinstance(self.session.table(target.table_id), CachedTableLookup)
+        return isinstance(self.lookup.table(target.table_id), CachedTableLookup)
 
     def _write(self, target: _Target, keys: np.ndarray, vectors: np.ndarray) -> dict[str, int]:
         """Steps 1-3 of the module notes, undone if any raises."""
@@ -266,7 +266,7 @@ class ModelUpdater:
             cache = self._has_cache(target)
             if cache:
                 done.append("cache")
-                self.session.update_cached_rows(target.table_id, keys, vectors)
+                self.lookup.update_cached_rows(target.table_id, keys, vectors)
         except BaseException:
             if "shared" in done:
                 shared.write_rows(held_rows, old_shared)
@@ -287,7 +287,7 @@ class ModelUpdater:
         # The cache update may have run before the failure: put the tiers' (restored) rows back.
         try:
             values, found = target.host.lookup(keys)
-            self.session.update_cached_rows(target.table_id, keys[found], values[found])
+            self.lookup.update_cached_rows(target.table_id, keys[found], values[found])
         except Exception as exc:  # the cache is broken; the settling pass tries again
             logger.error("%s: cached rows not restored after a failed update: %s", target, exc)
 
@@ -313,7 +313,7 @@ class ModelUpdater:
             if self._settler is None:
                 self._settler = threading.Thread(
                     target=self._settle_loop,
-                    name=f"hps-update-settle-{self.session.model.name}",
+                    name=f"hps-update-settle-{self.lookup.model.name}",
                     daemon=True,
                 )
                 self._settler.start()
@@ -339,7 +339,7 @@ class ModelUpdater:
         with self._lock:
             values, found = self._current(target, keys)
             if found.any():
-                self.session.update_cached_rows(target.table_id, keys[found], values[found])
+                self.lookup.update_cached_rows(target.table_id, keys[found], values[found])
                 self._add(cache_tables=1)
 
     def flush(self) -> None:
@@ -376,17 +376,17 @@ class ModelUpdates:
     @classmethod
     def start(
         cls,
-        session: ModelLookup,
+        lookup: ModelLookup,
         group_id: str,
         *,
         replay: bool = True,
         kafka_options: Mapping[str, Any] | None = None,
         settle_s: float = SETTLE_S,
     ) -> ModelUpdates | None:
-        """Start applying the updates of ``session``'s tables, if its ps.json has a source.
+        """Start applying the updates of ``lookup``'s tables, if its ps.json has a source.
 
         Args:
-            session: the model's lookup session.
+            lookup: the model's lookup.
             group_id: the consumer group (:func:`instance_group_id`).
             replay: read the retained updates from their beginning at start (see
                 :mod:`hps_core.updates.consumer`): the overlay of a new process is empty.
@@ -399,17 +399,17 @@ class ModelUpdates:
         Raises:
             UpdateSourceError: the consumer cannot be created.
         """
-        if not receives_updates(session.config):
+        if not receives_updates(lookup.config):
             return None
-        updater = ModelUpdater(session, settle_s)
+        updater = ModelUpdater(lookup, settle_s)
         try:
             consumer = UpdateConsumer(
-                session.config.update_source,
+                lookup.config.update_source,
                 updater.tags,
                 updater,
                 group_id=group_id,
                 dims=updater.dims,
-                key_bytes=8 if session.config.supportlonglong else 4,
+                key_bytes=8 if lookup.config.supportlonglong else 4,
                 kafka_options=kafka_options,
                 replay=replay,
             )
@@ -419,7 +419,7 @@ class ModelUpdates:
         consumer.start()
         logger.info(
             "model %s: applying online updates of %d table(s) from Kafka (group %s%s)",
-            session.model.name,
+            lookup.model.name,
             len(updater.tags),
             group_id,
             ", replaying the retained updates" if replay else "",

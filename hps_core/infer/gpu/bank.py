@@ -72,7 +72,7 @@ class CacheBank:
     """Device state of a model's tables on one GPU, for the batch kernels.
 
     Args:
-        lookup: the model's lookup session on that GPU; every table is opened.
+        lookup: the model's lookup on that GPU; every table is opened.
         tables: the tables to serve, in the order of their descriptors.
 
     Raises:
@@ -81,7 +81,7 @@ class CacheBank:
 
     def __init__(self, lookup: ModelLookup, tables: Sequence[int]) -> None:
         if lookup.device_id is None:
-            raise ValueError("a cache bank needs a GPU lookup session")
+            raise ValueError("a cache bank needs a model lookup on a GPU")
         self.lookup = lookup
         self.device_id = lookup.device_id
         self.tables = tuple(tables)

@@ -144,7 +144,7 @@ class GpuRankingPipeline:
     Args:
         layout: the model's tables and widths.
         executor: its dense network on CuPy, on ``lookup``'s GPU.
-        lookup: its lookup session on that GPU (tables, caches, shared-cache group).
+        lookup: its lookup on that GPU (tables, caches, shared-cache group).
         graphs: record each bucket as CUDA graphs (``False``: launch every kernel each time;
             for debugging and to measure what the graphs save).
 
@@ -162,7 +162,7 @@ class GpuRankingPipeline:
         graphs: bool = True,
     ) -> None:
         if lookup.device_id is None:
-            raise ValueError("the GPU pipeline needs a lookup session on a GPU")
+            raise ValueError("the GPU pipeline needs a model lookup on a GPU")
         self.layout = layout
         self.executor = executor
         self.lookup = lookup

@@ -24,6 +24,7 @@ from hps_core.cache.ipc_files import cuda_event_files  # noqa: E402
 from hps_core.cache.layout import EMPTY_KEY  # noqa: E402
 from hps_core.formats.sparse_writer import write_sparse_table  # noqa: E402
 from hps_core.hps import HPS  # noqa: E402
+from hps_core.lookup import LookupOptions  # noqa: E402
 
 SPAWN = multiprocessing.get_context("spawn")
 TIMEOUT_S = 300
@@ -120,8 +121,7 @@ def test_model_lookups_of_two_processes_share_caches(tmp_path: Path) -> None:
     }
     (tmp_path / "ps.json").write_text(json.dumps(ps))
     hps = HPS(tmp_path / "ps.json")
-    session = hps.model("m", 0)
-    session.share_caches, session.share_scope = True, "shared-test"
+    session = hps.model("m", 0, LookupOptions(share_caches=True, share_scope="shared-test"))
     wanted = keys[:1000]
     np.testing.assert_array_equal(session.lookup(0, wanted).get(), hps.lookup(wanted, "m", 0))
     assert session.shares_caches and session.lead

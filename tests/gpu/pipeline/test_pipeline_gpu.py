@@ -31,6 +31,7 @@ from hps_core.errors import RequestError  # noqa: E402
 from hps_core.hps import HPS  # noqa: E402
 from hps_core.infer import RankingSession, SparseBatch  # noqa: E402
 from hps_core.infer.contracts import HugeCTRContract, SamplesContract  # noqa: E402
+from hps_core.lookup import LookupOptions  # noqa: E402
 from hps_core.triton_repo import InstanceGroup, ServingOptions  # noqa: E402
 
 VARIANTS = {
@@ -171,9 +172,8 @@ def test_shared_caches(repo: Path) -> None:
     name = "dlrm"
     ps = variant(repo, name, "dynamic", hit_rate_threshold=0.5)  # a session of its own
     model = Model(repo, name)
-    gpu = RankingSession.open(ps, name, device_id=0)
-    gpu.lookup.share_caches = True
-    gpu.lookup.share_scope = f"pipeline-test-{os.getpid()}"
+    options = LookupOptions(share_caches=True, share_scope=f"pipeline-test-{os.getpid()}")
+    gpu = RankingSession.open(ps, name, device_id=0, options=options)
     contract = SamplesContract(gpu.layout)
     rng = np.random.default_rng(13)
     for batch in (1, 100, 100):

@@ -1,4 +1,5 @@
-"""Which array module serves a lookup: NumPy on the host, CuPy on a GPU.
+"""Array modules: NumPy on the host, CuPy on a GPU (which one serves a device, which one holds
+an array, and copies to the host).
 
 CuPy is imported only when a GPU is asked for, so CPU-only machines (and CI) never need it.
 """

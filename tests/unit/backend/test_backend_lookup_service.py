@@ -1,0 +1,93 @@
+"""One owner per object: a model instance's lookup is made once by its LookupService, with
+its options fixed, the ranking session scores through that same object, and closing the
+service closes that lookup alone."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import sys
+import types
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from hps_core.demo import DEMO_MODELS
+from hps_core.hps import HPS
+from hps_core.infer import RankingSession
+from hps_core.lookup import LookupOptions
+from hps_core.triton_repo import ServingOptions
+from triton_backend.model_settings import ModelSettings
+
+
+class _Metrics:
+    """Stands for Triton's metric families and metrics, which exist only inside a stub (the
+    served metrics are tested in tests/integration)."""
+
+    COUNTER = GAUGE = 0
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        pass
+
+    def __getattr__(self, name: str) -> object:
+        return lambda *args, **kwargs: self
+
+
+@pytest.fixture
+def service_type(monkeypatch: pytest.MonkeyPatch) -> type:
+    """``LookupService``, imported beside the stand-in for Triton's metrics (both forgotten
+    after the test)."""
+    stand_in = types.SimpleNamespace(MetricFamily=_Metrics)
+    monkeypatch.setitem(sys.modules, "triton_python_backend_utils", stand_in)
+    for name in ("triton_backend.metrics", "triton_backend.lookup_service"):
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    return importlib.import_module("triton_backend.lookup_service").LookupService
+
+
+@pytest.fixture
+def settings(tmp_path: Path) -> ModelSettings:
+    folder = DEMO_MODELS["wdl"](tmp_path, ServingOptions())
+    settings = ModelSettings(
+        triton_model="wdl", hps_model="wdl", ps_json=folder / "ps.json", instance_kind="CPU",
+        device_id=0, config={}, instance_name="wdl_0", miss_policy="default",
+    )  # fmt: skip
+    yield settings
+    HPS.close_all()
+
+
+def test_the_session_scores_through_the_services_lookup(
+    settings: ModelSettings, service_type: type
+) -> None:
+    service = service_type(settings)
+    assert service.lookup.options == LookupOptions(miss_policy="default", share_caches=True)
+    session = RankingSession.for_lookup(service.lookup)
+    assert session.lookup is service.lookup
+    assert service.start() is service.lookup  # opens the tables once
+    assert service.start() is service.lookup
+    # The process's HPS hands out the same object for the same options, another for others.
+    hps = HPS(settings.ps_json)
+    assert hps.model("wdl", None, service.lookup.options) is service.lookup
+    assert hps.model("wdl") is not service.lookup
+
+
+def test_options_are_fixed_when_the_lookup_is_made(
+    settings: ModelSettings, service_type: type
+) -> None:
+    lookup = service_type(settings).lookup
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        lookup.options.share_caches = False  # type: ignore[misc]
+
+
+def test_closing_a_service_closes_its_lookup_alone(
+    settings: ModelSettings, service_type: type
+) -> None:
+    service = service_type(settings)
+    service.start()
+    hps = HPS(settings.ps_json)
+    other = hps.model("wdl")  # another instance's lookup in the same process
+    keys = np.arange(5, dtype=np.int64)
+    before = other.lookup(0, keys)
+    service.close()
+    np.testing.assert_array_equal(other.lookup(0, keys), before)  # still open
+    assert hps.model("wdl", None, service.lookup.options) is not service.lookup  # forgotten
