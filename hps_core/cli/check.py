@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from hps_core.cli.text import plural
 from hps_core.model_check import CheckReport, check_ps_json
 
 
@@ -21,7 +22,7 @@ def print_summary(report: CheckReport) -> None:
     total = 0
     for model_report in report.models:
         model = model_report.model
-        print(f"model '{model.name}': {len(model.tables)} tables")
+        print(f"model '{model.name}': {plural(len(model.tables), 'table')}")
         for table, info in zip(model.tables, model_report.tables, strict=True):
             assert info is not None  # a clean report inspected every table
             total += info.total_bytes
@@ -32,7 +33,7 @@ def print_summary(report: CheckReport) -> None:
         for label, path in (("dense", model.dense_file), ("network", model.network_file)):
             if path is not None:
                 print(f"  {label}: {path}")
-    print(f"ok: {len(report.models)} models, {_mib(total)} of sparse files")
+    print(f"ok: {plural(len(report.models), 'model')}, {_mib(total)} of sparse files")
 
 
 def run(args: argparse.Namespace) -> int:

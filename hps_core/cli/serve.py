@@ -23,6 +23,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from types import FrameType
 
+from hps_core.cli.text import plural
 from hps_core.server.control import (
     ControlError,
     ControlInfo,
@@ -165,14 +166,26 @@ def run(args: argparse.Namespace) -> int:
     )
     check_ports_free(server)
     control_file = None
+    nothing_serves = False
     with _stop_signals_raise():
         try:
             server.start()
             control_file = _publish_control(server)
             try:
-                report_unavailable_models(server.model_states())
+                states = server.model_states()
             except ServerError as exc:  # the repository API may be closed to us
                 print(f"hps serve: cannot list the models' states: {exc}", file=sys.stderr)
+            else:
+                report_unavailable_models(states)
+                nothing_serves = bool(states) and not any(s.ready for s in states.values())
+            if nothing_serves:
+                print(
+                    f"hps serve: none of the {plural(len(states), 'model')} loaded; stopping "
+                    "the server",
+                    file=sys.stderr,
+                    flush=True,
+                )
+                raise _StopRequested
             print(
                 f"hps serve: ready on HTTP {server.http_url}, gRPC {server.grpc_url}, "
                 f"metrics {server.metrics_url} (Ctrl+C stops)",
@@ -189,7 +202,7 @@ def run(args: argparse.Namespace) -> int:
             if control_file is not None:
                 remove_control_file(control_file, os.getpid())
             code = server.stop()
-    if code is None:  # never launched
+    if code is None or nothing_serves:  # never launched, or served nothing
         return 1
     return 128 - code if code < 0 else code
 
@@ -223,7 +236,8 @@ def report_unavailable_models(states: Mapping[str, ModelState]) -> list[str]:
             lines.append(f"hps serve: model '{name}' is {state.state or 'not loaded'}: {reason}")
     if lines:
         lines.append(
-            f"hps serve: {ready} of {len(states)} models serve; fix the files and restart (or "
+            f"hps serve: {ready} of {plural(len(states), 'model')} serve; fix the files and "
+            "restart (or "
             "load the model through the repository API when model control is yours)"
         )
     for line in lines:

@@ -5,6 +5,7 @@ runs), and with Triton's strict default the start fails naming the file."""
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -76,3 +77,19 @@ def test_strict_models_keep_tritons_exit_naming_the_file(triton_server, repo) ->
     with pytest.raises(ServerStartError, match="failed to load all models") as info:
         triton_server(folder, startup_timeout_s=60)
     assert "emb_vector" in str(info.value)
+
+
+def test_hps_serve_exits_with_the_reasons_when_no_model_loads(repo, capsys) -> None:
+    """``hps serve`` never says "ready" when nothing serves: with 0 of N models loaded it
+    prints each model's reason and exits non-zero (the server stopped)."""
+    folder, _ = repo
+    for stray in folder.iterdir():
+        if stray.is_dir() and stray.name != "bad":
+            shutil.rmtree(stray)
+    ports = [f"--{service}-port=0" for service in ("http", "grpc", "metrics")]
+    code = hps_main(["serve", "--model-repository", str(folder), "--no-stub-watchdog", *ports])
+    captured = capsys.readouterr()
+    assert code == 1
+    assert "hps serve: model 'bad' is UNAVAILABLE" in captured.err
+    assert "none of the 1 model loaded" in captured.err
+    assert "ready on HTTP" not in captured.out

@@ -36,7 +36,7 @@ def test_good_ps_json_prints_rows_dims_and_sizes(
             f"  [{i}] sparse_embedding{i}: {rows} rows x dim {dim}, {mib(size)} "
             f"({tmp_path / folder})"
         )
-    assert lines[-1] == f"ok: 1 models, {mib(sum(sizes))} of sparse files"
+    assert lines[-1] == f"ok: 1 model, {mib(sum(sizes))} of sparse files"
     assert mib(sum(sizes)) != "0.0 MiB"  # the data is large enough for the size to show
 
 

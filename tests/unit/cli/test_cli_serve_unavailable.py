@@ -25,6 +25,8 @@ def test_unavailable_models_are_named_with_their_reason(capsys) -> None:
     )
     assert lines[1] == "hps serve: model 'other' is not loaded: no reason given"
     assert lines[2].startswith("hps serve: 1 of 3 models serve")
+    one = report_unavailable_models({"bad": ModelState("UNAVAILABLE", "x")})
+    assert one[-1].startswith("hps serve: 0 of 1 model serve")
 
 
 def test_all_ready_prints_nothing(capsys) -> None:
