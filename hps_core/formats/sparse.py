@@ -207,8 +207,19 @@ def _mismatch_hint(key_path: Path, vec_path: Path, rows: int, floats: int, dim: 
         # Both files are whole rows of another dim: more likely a wrong dim than a file
         # cut off at exactly a row boundary by chance.
         return f"; the two files agree on dim {floats // rows}"
+    expected = rows * dim * VECTOR_DTYPE.itemsize
+    actual = floats * VECTOR_DTYPE.itemsize
+    if floats % dim and floats < rows * dim:
+        return (
+            f"; {rows} keys of dim {dim} need {expected:,} bytes of emb_vector, it holds "
+            f"{actual:,}: {expected - actual:,} bytes missing (cut inside a vector, or not "
+            f"this table's file)"
+        )
     if floats % dim:
-        return ""  # not whole vectors of this dim either: no simple explanation
+        return (
+            f"; {vec_path} holds {actual - expected:,} bytes more than {rows} keys of dim {dim} "
+            f"need ({expected:,}), not whole vectors"
+        )
     vec_rows = floats // dim
     if vec_rows > rows:
         missing = vec_rows - rows

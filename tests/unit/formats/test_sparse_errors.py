@@ -70,7 +70,9 @@ def test_wrong_dim(tmp_path: Path) -> None:
     folder = _folder(tmp_path, 8 * 100, 4 * 1234)
     assert _error(folder, 16) == (
         f"{folder / 'emb_vector'}: dim 16 does not match: "
-        f"emb_vector holds 1234 floats for 100 keys (12.34 per key)"
+        f"emb_vector holds 1234 floats for 100 keys (12.34 per key); 100 keys of dim 16 need "
+        f"6,400 bytes of emb_vector, it holds 4,936: 1,464 bytes missing (cut inside a vector, "
+        f"or not this table's file)"
     )
 
 

@@ -78,10 +78,22 @@ def test_files_that_agree_on_another_dim(tmp_path: Path) -> None:
     )
 
 
-def test_no_guess_when_nothing_fits(tmp_path: Path) -> None:
-    # Neither whole vectors of dim 16 nor the same number of floats per key.
-    folder = _raw_folder(tmp_path, 100, 1234)
+def test_a_vector_file_cut_inside_a_vector_says_how_many_bytes_are_missing(
+    tmp_path: Path,
+) -> None:
+    # 20,000 keys of dim 32 need 640,000 floats; 25 floats (100 bytes) are gone.
+    folder = _raw_folder(tmp_path, 20000, 639975)
+    assert _message(folder, 32) == (
+        f"{folder / 'emb_vector'}: dim 32 does not match: emb_vector holds 639975 floats for "
+        f"20000 keys (32.00 per key); 20000 keys of dim 32 need 2,560,000 bytes of emb_vector, "
+        f"it holds 2,559,900: 100 bytes missing (cut inside a vector, or not this table's file)"
+    )
+
+
+def test_extra_bytes_that_are_not_whole_vectors_are_counted(tmp_path: Path) -> None:
+    folder = _raw_folder(tmp_path, 100, 1634)
     assert _message(folder, 16) == (
-        f"{folder / 'emb_vector'}: dim 16 does not match: "
-        f"emb_vector holds 1234 floats for 100 keys (12.34 per key)"
+        f"{folder / 'emb_vector'}: dim 16 does not match: emb_vector holds 1634 floats for "
+        f"100 keys (16.34 per key); {folder / 'emb_vector'} holds 136 bytes more than 100 keys "
+        f"of dim 16 need (6,400), not whole vectors"
     )
