@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -130,3 +132,19 @@ def test_a_network_without_layers_keeps_its_message(
     code, _, err = run_graph(capsys, str(other))
     assert code == 2
     assert err == f"error: {other} layers: 'layers' must be a non-empty array\n"
+
+
+def test_a_reader_that_stops_early_gets_no_traceback() -> None:
+    """``hps graph ... | head``: the pipe closes before the output is written; the command
+    stops as a shell tool killed by SIGPIPE would (status 141), without a traceback."""
+    network = Path(__file__).resolve().parents[2] / "data" / "networks" / "dlrm.json"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "hps_core.cli.main", "graph", str(network)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    assert proc.stdout is not None and proc.stderr is not None
+    proc.stdout.close()  # before the child has started writing
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=60) == 141
+    assert "Traceback" not in err and "BrokenPipeError" not in err
