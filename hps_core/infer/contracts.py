@@ -161,10 +161,9 @@ class HugeCTRContract:
         layout = self.layout
         tables, slots = layout.num_tables, layout.total_slots
         if length < tables or (length - tables) % slots:
-            parts = ", ".join(f"{s} x batch + 1" for s in layout.slot_nums)
             raise RequestError(
-                f"input '{ROWINDEX}': expected {slots} x batch + {tables} offsets (per table: "
-                f"{parts}), got {length}"
+                f"input '{ROWINDEX}': expected {slots} x batch + {tables} offsets "
+                f"({_per_table_offsets(layout.slot_nums)}), got {length}"
             )
         batch = (length - tables) // slots
         _check_batch_size(ROWINDEX, batch, layout)
@@ -301,3 +300,21 @@ class SamplesContract:
     def response(self, scores: Any) -> Any:
         """``score`` of one request: its ``[B, label_dim]`` predictions as they are."""
         return scores
+
+
+def _per_table_offsets(slot_nums: tuple[int, ...]) -> str:
+    """How many offsets each table takes, said once per distinct slot count.
+
+    Example:
+        >>> _per_table_offsets((1,) * 26)
+        'each of the 26 tables: 1 x batch + 1'
+        >>> _per_table_offsets((3,))
+        'one table: 3 x batch + 1'
+        >>> _per_table_offsets((2, 1, 1))
+        'per table: 2 x batch + 1, 1 x batch + 1, 1 x batch + 1'
+    """
+    if len(slot_nums) == 1:
+        return f"one table: {slot_nums[0]} x batch + 1"
+    if len(set(slot_nums)) == 1:
+        return f"each of the {len(slot_nums)} tables: {slot_nums[0]} x batch + 1"
+    return "per table: " + ", ".join(f"{s} x batch + 1" for s in slot_nums)

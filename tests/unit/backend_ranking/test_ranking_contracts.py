@@ -144,6 +144,19 @@ BAD_HUGECTR = [
 ]
 
 
+def test_a_rowindex_of_the_wrong_length_states_the_rule_once() -> None:
+    """26 tables of one slot: the expected length is said once, not 26 times."""
+    layout = make_layout([1] * 26)
+    with pytest.raises(RequestError) as info:
+        HugeCTRContract(layout).parse(
+            np.zeros((1, 3), np.float32), np.zeros((1, 26), np.int64), np.zeros((1, 30), np.int32)
+        )
+    assert str(info.value) == (
+        "input 'ROWINDEX': expected 26 x batch + 26 offsets (each of the 26 tables: "
+        "1 x batch + 1), got 30"
+    )
+
+
 @pytest.mark.parametrize("inputs,words", BAD_HUGECTR)
 def test_bad_hugectr_request_names_the_input(inputs, words) -> None:
     HugeCTRContract(LAYOUT).parse(*GOOD)  # the unaltered request is valid
