@@ -39,7 +39,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--zoo",
         action="store_true",
-        help="also one model of each other HugeCTR sample family (DLRM with MLP layers, DIN, "
-        "BST, MMoE, NCF)",
+        help="also one model of each other HugeCTR sample family: "
+        + ", ".join(ZOO_MODELS)
+        + " (DLRM with MLP layers, DIN, BST, MMoE, NCF, shared-bottom multi-task, MLPerf's "
+        "DLRM-v2 with DCNv2 and multi-hot tables)",
     )
     parser.set_defaults(func=run)

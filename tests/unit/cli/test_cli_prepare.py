@@ -10,6 +10,7 @@ import pytest
 
 from hps_core import HPS
 from hps_core.cli.main import main
+from hps_core.demo import ZOO_MODELS
 from hps_core.demo import embedding as demo
 from hps_core.formats.sparse import KEY_FILE, VECTOR_FILE, read_sparse_table
 
@@ -121,3 +122,11 @@ def test_the_committed_default_repository_is_what_prepare_writes(tmp_path: Path)
             assert (written / name / file).read_bytes() == (committed / name / file).read_bytes(), (
                 f"{name}/{file}"
             )
+
+
+def test_zoo_help_lists_every_family(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["prepare", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    zoo = text[text.index("--zoo") :]
+    assert all(name in zoo for name in ZOO_MODELS), zoo
