@@ -55,8 +55,14 @@ def lookup_via_cuda_shm(
     Returns:
         The vectors of each table, copied to the host for printing.
     """
-    import cupy
-    import tritonclient.utils.cuda_shared_memory as cudashm
+    try:
+        import cupy
+        import tritonclient.utils.cuda_shared_memory as cudashm
+    except ImportError as exc:
+        raise ClientInputError(
+            f"CUDA shared memory needs CuPy and CUDA's Python bindings ({exc}): pip install "
+            "cupy-cuda12x cuda-python (or use hps_grpc_client.py, which needs neither)"
+        ) from exc
 
     client = grpcclient.InferenceServerClient(url)
     dims = table_dims_from_model_config(client.get_model_config(model, as_json=True))

@@ -6,6 +6,7 @@ Lookups against a real server are covered by the integration tests.
 from __future__ import annotations
 
 import socket
+import sys
 
 import pytest
 
@@ -71,3 +72,13 @@ def test_protocols_default_to_the_standard_ports(load_client):
         "localhost:8001",
         "tritonclient.grpc",
     )
+
+
+def test_cuda_shm_client_without_cupy_says_what_to_install(load_client, monkeypatch, capsys):
+    """Without CuPy (a CPU machine) the CUDA shared-memory client names what to install
+    instead of an import traceback."""
+    monkeypatch.setitem(sys.modules, "cupy", None)  # import cupy raises ImportError
+    client = load_client("hps_cuda_shm_client")
+    assert client.main(["--keys", "1,2"]) == 1
+    err = capsys.readouterr().err
+    assert "pip install cupy-cuda12x cuda-python" in err and "Traceback" not in err
