@@ -149,9 +149,10 @@ def _resolve_dims(args: argparse.Namespace, config: Mapping) -> list[int]:
 def _keys_per_table(args: argparse.Namespace, num_tables: int) -> list[np.ndarray]:
     if args.keys is not None:
         if len(args.keys) != num_tables:
+            given = "once" if len(args.keys) == 1 else f"{len(args.keys)} times"
+            tables = "1 table" if num_tables == 1 else f"{num_tables} tables"
             raise ClientInputError(
-                f"--keys given {len(args.keys)} times but the model has {num_tables} tables: "
-                "give --keys once per table"
+                f"--keys given {given} but the model has {tables}: give --keys once per table"
             )
         return [np.array(keys, dtype=np.int64) for keys in args.keys]
     if len(args.table_rows) != num_tables:
