@@ -6,14 +6,18 @@ one line per problem instead of failing on its first request.
 
 from __future__ import annotations
 
+import logging
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from hps_core.config import ModelConfig, PSConfig, load_ps_config
+from hps_core.config.inert import inert_settings
 from hps_core.errors import ConfigError, HPSError, Problem
 from hps_core.formats.sparse import SparseTableInfo, inspect_sparse_table
 from hps_core.tiers.factory import check_tiers_available
+
+logger = logging.getLogger("hps_core")
 
 
 @dataclass
@@ -37,11 +41,14 @@ class CheckReport:
         config: the parsed ps.json, or None if it does not parse.
         models: per-model findings.
         problems: every problem, each naming its ps.json field or file.
+        warnings: fields set without effect here, with what HugeCTR would do
+            (:func:`hps_core.config.inert.inert_settings`).
     """
 
     config: PSConfig | None
     models: list[ModelReport] = field(default_factory=list)
     problems: list[Problem] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -85,6 +92,7 @@ def check_ps_json(path: str | os.PathLike[str], model_name: str | None = None) -
                 + ", ".join(f"'{model.name}'" for model in config.models),
             )
         )
+    report.warnings = inert_settings(config, models[0][1] if model_name and models else None)
     for m, model in models:
         model_report = ModelReport(model)
         report.models.append(model_report)
@@ -117,4 +125,6 @@ def check_model_files(path: str | os.PathLike[str], model_name: str) -> ModelCon
     report = check_ps_json(path, model_name)
     if report.problems:
         raise ConfigError(report.problems)
+    for line in report.warnings:
+        logger.warning("%s: %s", path, line)
     return report.models[0].model

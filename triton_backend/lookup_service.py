@@ -4,11 +4,11 @@
   once (:attr:`LookupService.lookup`, with the instance's miss policy and cache sharing fixed
   in it) and the model builds on that object; the HPS itself starts on the first ``execute``
   (HugeCTR's implicit initialisation): :meth:`LookupService.start` opens the model's tables,
-  fills the GPU caches when HugeCTR would (``gpucache`` and
-  ``cache_refresh_percentage_per_iteration > 0``), and starts the cache refresher when
-  ``refresh_interval > 0``. Instances on one GPU share its dynamic caches (parameter
-  ``share_gpu_cache``, on by default); then only the instance that created them fills and
-  refreshes them.
+  fills the GPU caches when HugeCTR would (``gpucache``,
+  ``cache_refresh_percentage_per_iteration > 0`` and ``init_ec``, true by default), and
+  starts the cache refresher when ``refresh_interval > 0``. Instances on one GPU share its
+  dynamic caches (parameter ``share_gpu_cache``, on by default); then only the instance that
+  created them fills and refreshes them.
 - After an ``execute`` the table counters go to Triton's metrics endpoint (at most twice a
   second).
 - With ``update_source.type: kafka_message_queue`` in the ps.json, each instance applies the
@@ -161,8 +161,9 @@ class LookupService:
         lookup.open_all()
         model = lookup.model
         if lookup.uses_cache and model.cache_refresh_percentage_per_iteration > 0:
-            names = [t.name for t in model.tables]
-            lookup.initialize_caches(load_hot_keys(s.hot_keys, names))
+            if model.init_ec:  # HugeCTR's switch for this initial fill
+                names = [t.name for t in model.tables]
+                lookup.initialize_caches(load_hot_keys(s.hot_keys, names))
             if model.refresh_interval > 0 and lookup.lead:
                 self._refresher = CacheRefresher(
                     lookup,

@@ -37,8 +37,11 @@ def print_summary(report: CheckReport) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Check the ps.json; print a summary (exit 0) or one line per problem (exit 1)."""
+    """Check the ps.json; print a summary (exit 0) or one line per problem (exit 1), after a
+    warning per field set without effect here."""
     report = check_ps_json(args.ps_json, args.model)
+    for line in report.warnings:
+        print(f"warning: {line}", file=sys.stderr)
     if report.problems:
         for problem in report.problems:
             print(problem, file=sys.stderr)

@@ -68,7 +68,9 @@ Differences from the docs (HugeCTR's parser is followed; the docs are
       took them from config.pbtxt); they are read here because the dense network needs them.
     - ``use_hctr_cache_implementation``, ``init_ec``, ``enable_pagelock``, ``fp8_quant``,
       ``thread_pool_size`` and the ``stochastic`` cache type are v24.06 ``InferenceParams``
-      fields; they are read with the defaults of HugeCTR's Python binding.
+      fields; they are read with the defaults of HugeCTR's Python binding. ``init_ec``
+      switches the initial cache fill as in HugeCTR; the others that change nothing here are
+      listed with what HugeCTR does with them by :mod:`hps_core.config.inert`.
     - ``fuse_embedding_table`` is a top-level key applying to every model, as in the parser.
 """
 

@@ -147,3 +147,32 @@ def test_unreadable_ps_json(tmp_path: Path, capsys: pytest.CaptureFixture[str], 
     code, out, err = run_check(capsys, str(ps))
     assert code == 1 and out == "" and "Traceback" not in err
     assert err.splitlines() and all(str(ps) in line for line in err.splitlines())
+
+
+def test_fields_without_effect_are_warned_about_one_line_each(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """HugeCTR fields accepted without effect, set to a value other than HugeCTR's default,
+    get one warning line each saying what HugeCTR would do; defaults and fields that act
+    here (init_ec) get none, and the check still passes."""
+    ps, _ = write_model(tmp_path)
+    edit_ps(
+        ps, fp8_quant=True, thread_pool_size=32, use_hctr_cache_implementation=True,
+        init_ec=False, use_context_stream=False,
+    )  # fmt: skip
+    doc = json.loads(ps.read_text())
+    doc["fuse_embedding_table"] = True
+    ps.write_text(json.dumps(doc))
+    code, out, err = run_check(capsys, str(ps))
+    assert code == 0, err
+    warnings = [line for line in err.splitlines() if line.startswith("warning: ")]
+    assert [w.split(":")[1].split(" = ")[0].strip() for w in warnings] == [
+        "fuse_embedding_table", "models[0].fp8_quant", "models[0].thread_pool_size",
+        "models[0].use_context_stream",
+    ]  # fmt: skip
+    assert warnings[1] == (
+        "warning: models[0].fp8_quant = true (model 'wdl'): accepted without effect: HugeCTR "
+        "stores the static tables' vectors in FP8 with per-row scales and dequantises them in "
+        "the lookup; here every table stays FP32"
+    )
+    assert out.splitlines()[-1].startswith("ok: 1 model")
