@@ -513,6 +513,7 @@ def write_ranking_model(
     options: ServingOptions | None = None,
     triton_name: str | None = None,
     version: int | None = None,
+    samples: bool = True,
 ) -> list[Path]:
     """Write the two Triton models of a ranking model: ``<name>`` and ``<name>_samples``.
 
@@ -526,9 +527,10 @@ def write_ranking_model(
         version: write this version of both models, each with its own copy of the ps.json
             in ``<folder>/<version>/``; ``None`` writes version 1 with one ps.json in the
             first folder.
+        samples: also write ``<name>_samples`` (``False``: the ``hugectr`` contract alone).
 
     Returns:
-        The two model folders.
+        The model folders written.
 
     Raises:
         ConfigError: the network or dense file does not fit the ps.json entry.
@@ -543,14 +545,16 @@ def write_ranking_model(
     if options.warmup:
         rows = np.concatenate([np.arange(s + 1) for s in layout.slot_nums])
         _write(folder / "warmup" / "rowindex", rows.astype("<i4").tobytes())
+    if not samples:
+        return [folder]
     samples_name = name + SAMPLES_SUFFIX
-    samples = (repo_dir / samples_name).resolve()
+    samples_folder = (repo_dir / samples_name).resolve()
     text = samples_config_pbtxt(samples_name, layout, options, f"../{name}/ps.json")
-    _write(samples / "config.pbtxt", text)
-    _write(_version_folder(samples, version) / "model.py", SAMPLES_RANKING_MODEL_PY)
+    _write(samples_folder / "config.pbtxt", text)
+    _write(_version_folder(samples_folder, version) / "model.py", SAMPLES_RANKING_MODEL_PY)
     if version:
-        _write_ps_json(_version_folder(samples, version), config)
-    return [folder, samples]
+        _write_ps_json(_version_folder(samples_folder, version), config)
+    return [folder, samples_folder]
 
 
 def triton_folders(repo: Path, model: ModelConfig) -> list[Path]:

@@ -22,6 +22,8 @@ MISS_POLICY_PARAMETER = "async_miss_policy"
 HOT_KEYS_PARAMETER = "hot_keys"
 SHARE_CACHE_PARAMETER = "share_gpu_cache"
 FREEZE_SPARSE_PARAMETER = "freeze_sparse"
+PRECISION_PARAMETER = "precision"
+PRECISIONS = ("fp32", "tf32", "fp16")
 VERSION_PS_JSON = "ps.json"
 """A version folder's own ps.json (``<model>/<version>/ps.json``), preferred to the model's."""
 _BOOLEANS = {"true": True, "yes": True, "1": True, "false": False, "no": False, "0": False}
@@ -49,6 +51,8 @@ class ModelSettings:
         freeze_sparse: HugeCTR's ``freeze_sparse``: new versions of this model keep the
             sparse files of the version they replace (applied when a version is written, see
             :mod:`hps_core.triton_repo`; here it is checked and logged).
+        precision: a ranking model's dense network: ``"fp32"`` (default), ``"tf32"`` or
+            ``"fp16"`` (parameter ``precision``; HugeCTR's ``mixed_precision`` is FP16).
     """
 
     triton_model: str
@@ -63,6 +67,7 @@ class ModelSettings:
     share_gpu_cache: bool = True
     version: int = 1
     freeze_sparse: bool = False
+    precision: str = "fp32"
 
     @property
     def lookup_device(self) -> int | None:
@@ -199,6 +204,14 @@ def read_settings(args: Mapping[str, str]) -> ModelSettings:
         )
     share = _boolean(config, SHARE_CACHE_PARAMETER, True)
     freeze = _boolean(config, FREEZE_SPARSE_PARAMETER, False)
+    precision = (_parameter(config, PRECISION_PARAMETER) or "fp32").lower()
+    if precision not in PRECISIONS:
+        raise ConfigError(
+            Problem(
+                f"config.pbtxt parameters.{PRECISION_PARAMETER}",
+                f"must be one of {', '.join(PRECISIONS)}, got '{precision}'",
+            )
+        )
     return ModelSettings(
         triton_model=name,
         hps_model=_parameter(config, HPS_MODEL_PARAMETER) or name,
@@ -212,4 +225,5 @@ def read_settings(args: Mapping[str, str]) -> ModelSettings:
         share_gpu_cache=share,
         version=int(version) if version.isdigit() else 1,
         freeze_sparse=freeze,
+        precision=precision,
     )

@@ -58,13 +58,14 @@ class _RankingModel:
         # The service makes the instance's lookup (its options fixed) and starts it on the
         # first execute; the session scores through that same object.
         self.service = LookupService(settings)
-        self.session = RankingSession.for_lookup(self.service.lookup)
+        self.session = RankingSession.for_lookup(self.service.lookup, settings.precision)
         layout = self.session.layout
         self.io = self.model_io(layout)
         check_io(settings.config, self.io)
         self.contract = self.contract_type(layout)
         logger.info(
-            "model '%s': ps.json %s, model '%s', %d dense, slots %s, %d outputs, %s instance%s",
+            "model '%s': ps.json %s, model '%s', %d dense, slots %s, %d outputs, %s instance%s, "
+            "%s",
             settings.triton_model,
             settings.ps_json,
             settings.hps_model,
@@ -73,6 +74,7 @@ class _RankingModel:
             layout.label_dim,
             settings.instance_kind,
             "" if settings.lookup_device is None else f" on GPU {settings.lookup_device}",
+            settings.precision.upper(),
         )
 
     def execute(self, requests: list[Any]) -> list[Any]:

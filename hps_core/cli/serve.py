@@ -15,15 +15,19 @@ Example:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import signal
 import sys
+import tempfile
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from types import FrameType
 
+from hps_core.arrays import first_gpu
 from hps_core.cli.text import plural
+from hps_core.hugectr_repo import hugectr_models, split_backend_configs, translate_repository
 from hps_core.server.control import (
     ControlError,
     ControlInfo,
@@ -144,11 +148,37 @@ def run(args: argparse.Namespace) -> int:
     extra = list(args.tritonserver_args)
     if extra[:1] == ["--"]:
         extra = extra[1:]
+    repository = Path(args.model_repository or default_model_repository())
+    with contextlib.ExitStack() as stack:
+        repository, extra = _serve_hugectr_models(repository, extra, stack)
+        return _serve(args, repository, extra)
+
+
+def _serve_hugectr_models(
+    repository: Path, extra: list[str], stack: contextlib.ExitStack
+) -> tuple[Path, list[str]]:
+    """The repository to serve and the tritonserver options: a repository with models of
+    HugeCTR's ``hps``/``hugectr`` backends is served through a translation of it in a
+    temporary folder (:mod:`hps_core.hugectr_repo`; removed when serving ends), their ps.json
+    taken from ``--backend-config=<backend>,ps=PS``; other repositories as they are."""
+    ps_files, extra = split_backend_configs(extra)
+    if not repository.is_dir() or not hugectr_models(repository):
+        return repository, extra
+    out = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="hps-hugectr-repo-")))
+    notes = translate_repository(repository, ps_files, out / "repo", gpu=first_gpu() is not None)
+    print(f"hps serve: {repository} has models of HugeCTR's backends; serving them through "
+          "hps-triton's", flush=True)  # fmt: skip
+    for note in notes:
+        print(f"hps serve: {note}", file=sys.stderr, flush=True)
+    return out / "repo", extra
+
+
+def _serve(args: argparse.Namespace, repository: Path, extra: list[str]) -> int:
     # A user who controls models (explicit mode, restricted APIs) keeps that control.
     own_control = any(a.startswith(CONTROL_OPTIONS) for a in extra)
     watchdog = args.stub_watchdog and not own_control
     server = TritonServer(
-        model_repository=args.model_repository or default_model_repository(),
+        model_repository=repository,
         host=args.host,
         http_port=args.http_port,
         grpc_port=args.grpc_port,

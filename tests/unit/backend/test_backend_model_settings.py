@@ -224,3 +224,17 @@ def test_share_gpu_cache_parameter_must_be_a_boolean(tmp_path: Path) -> None:
     [problem] = info.value.problems
     assert problem.where == "config.pbtxt parameters.share_gpu_cache"
     assert "'sometimes'" in problem.message
+
+
+@pytest.mark.parametrize("value, want", [(None, "fp32"), ("TF32", "tf32"), ("fp16", "fp16")])
+def test_precision_parameter(tmp_path: Path, value: str | None, want: str) -> None:
+    (tmp_path / "ps.json").write_text("{}")
+    config = with_parameter(triton_config(), "precision", value)
+    assert read_settings(triton_args(tmp_path, config)).precision == want
+
+
+def test_unknown_precision_is_named(tmp_path: Path) -> None:
+    (tmp_path / "ps.json").write_text("{}")
+    config = with_parameter(triton_config(), "precision", "bf16")
+    with pytest.raises(ConfigError, match=r"parameters\.precision: must be one of fp32"):
+        read_settings(triton_args(tmp_path, config))

@@ -1,0 +1,301 @@
+"""A model repository written for HugeCTR's Triton backends, served by this project's.
+
+HugeCTR users start Triton on a repository whose models say ``backend: "hps"`` (embedding
+lookups: ``KEYS``, ``NUMKEYS`` -> ``OUTPUT0``) or ``backend: "hugectr"`` (ranking models:
+``DES``, ``CATCOLUMN``, ``ROWINDEX`` -> ``OUTPUT0``), with the ps.json given at server start
+(``--backend-config=hps,ps=PS.json``, ``--backend-config=hugectr,ps=PS.json``).
+:func:`translate_repository` writes a repository of this project's Python-backend models
+that serve those models with the same request contracts, the user's repository untouched:
+
+- each ``hps``/``hugectr`` model becomes the model :mod:`hps_core.triton_repo` writes for its
+  ps.json entry (the Triton model's name is the ps.json model's, as in HugeCTR), with the
+  config.pbtxt's ``max_batch_size``, ``instance_group``, ``dynamic_batching`` queue delay and
+  ``version_policy`` and one model folder per version folder it has;
+- config.pbtxt parameters are applied as HugeCTR's backends apply them (over the ps.json):
+  both backends ``refresh_interval``, ``refresh_delay``, ``freeze_sparse``; the ``hugectr``
+  backend also ``config`` (the network file), ``sparse_files``, ``dense_file``, ``label_dim``,
+  ``slots``, ``gpucache`` (must agree with the ps.json), ``gpucacheper`` and
+  ``hit_rate_threshold`` (at most the ps.json's), ``mixed_precision`` (an FP16 network);
+  sizing hints (``des_feature_num``, ``cat_feature_num``, ``embedding_vector_size``,
+  ``max_nnz``) are accepted, the network file deciding them; every other parameter, and
+  ``embeddingkey_long_type: false`` (INT32 keys: this contract takes INT64), is named as not
+  honoured;
+- on a machine without a usable GPU, ``KIND_GPU`` instances run as ``KIND_CPU`` (said so);
+- models of other backends are linked unchanged.
+
+Example:
+    >>> notes = translate_repository(Path("repo"), {"hps": Path("ps.json")}, Path("/tmp/out"))
+    ... # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+from pathlib import Path
+
+from google.protobuf import text_format
+from tritonclient.grpc import model_config_pb2 as pb
+
+from hps_core.config import ModelConfig, load_ps_config
+from hps_core.errors import ConfigError, Problem
+from hps_core.triton_repo import (
+    FREEZE_SPARSE_PARAMETER,
+    InstanceGroup,
+    ServingOptions,
+    read_config,
+    write_embedding_model,
+    write_ranking_model,
+)
+
+BACKENDS = ("hps", "hugectr")
+"""HugeCTR's backends this project stands in for."""
+
+_BOTH = {"refresh_interval", "refresh_delay", FREEZE_SPARSE_PARAMETER}
+_RANKING = {
+    "config", "sparse_files", "dense_file", "label_dim", "slots", "gpucache", "gpucacheper",
+    "hit_rate_threshold", "mixed_precision", "embeddingkey_long_type",
+}  # fmt: skip
+_SIZING = {"des_feature_num", "cat_feature_num", "embedding_vector_size", "max_nnz"}
+
+
+def split_backend_configs(args: Sequence[str]) -> tuple[dict[str, Path], list[str]]:
+    """Take HugeCTR's ``--backend-config=<hps|hugectr>,ps=PATH`` out of tritonserver options.
+
+    Args:
+        args: tritonserver options (``--backend-config=X`` or ``--backend-config X``).
+
+    Returns:
+        The ps.json of each backend given one (resolved against the current directory), and
+        the other options, in order.
+
+    Example:
+        >>> split_backend_configs(["--backend-config=hps,ps=/m/ps.json", "--log-info=true"])
+        ({'hps': PosixPath('/m/ps.json')}, ['--log-info=true'])
+    """
+    found: dict[str, Path] = {}
+    rest: list[str] = []
+    items = list(args)
+    i = 0
+    while i < len(items):
+        item = items[i]
+        value = None
+        if item.startswith("--backend-config="):
+            value = item.split("=", 1)[1]
+        elif item == "--backend-config" and i + 1 < len(items):
+            value = items[i + 1]
+        backend, _, setting = (value or "").partition(",")
+        key, _, path = setting.partition("=")
+        if value is not None and backend in BACKENDS and key == "ps" and path:
+            found[backend] = Path(path).resolve()
+            i += 2 if item == "--backend-config" else 1
+            continue
+        rest.append(item)
+        i += 1
+    return found, rest
+
+
+def hugectr_models(repo: Path) -> dict[str, str]:
+    """The models of ``repo`` served by HugeCTR's backends: folder name -> backend.
+
+    Args:
+        repo: a Triton model repository.
+
+    Returns:
+        Each model folder whose config.pbtxt names ``hps`` or ``hugectr`` as its backend.
+
+    Raises:
+        ConfigError: a config.pbtxt does not parse.
+    """
+    found = {}
+    for folder in sorted(p for p in repo.iterdir() if (p / "config.pbtxt").is_file()):
+        backend = read_config(folder / "config.pbtxt").backend
+        if backend in BACKENDS:
+            found[folder.name] = backend
+    return found
+
+
+def translate_repository(
+    repo: Path, ps_files: Mapping[str, Path], out: Path, gpu: bool = False
+) -> list[str]:
+    """Write into ``out`` a repository that serves ``repo`` through this project's backend.
+
+    Args:
+        repo: the HugeCTR repository (read only).
+        ps_files: the ps.json of each HugeCTR backend (``--backend-config``).
+        out: an empty or missing folder.
+        gpu: a GPU is usable here (else ``KIND_GPU`` instances become ``KIND_CPU``).
+
+    Returns:
+        One line per setting changed or not honoured, naming the model and the setting.
+
+    Raises:
+        ConfigError: a model's backend has no ps.json, its ps.json has no such model, or a
+            setting contradicts the ps.json as HugeCTR's backend refuses it (every problem
+            of every model, each naming its file and field).
+    """
+    out.mkdir(parents=True, exist_ok=True)
+    backends = hugectr_models(repo)
+    notes: list[str] = []
+    problems: list[Problem] = []
+    for folder in sorted(p for p in repo.iterdir() if p.is_dir()):
+        backend = backends.get(folder.name)
+        if backend is None:
+            os.symlink(folder.resolve(), out / folder.name, target_is_directory=True)
+            continue
+        try:
+            notes += _translate(folder, backend, ps_files, out, gpu)
+        except ConfigError as exc:
+            problems += exc.problems
+    if problems:
+        raise ConfigError(problems)
+    return notes
+
+
+def _translate(
+    folder: Path, backend: str, ps_files: Mapping[str, Path], out: Path, gpu: bool
+) -> list[str]:
+    """Write one model of a HugeCTR backend (see the module docstring); returns its notes."""
+    where = str(folder / "config.pbtxt")
+    user = read_config(folder / "config.pbtxt")
+    name = user.name or folder.name
+    if name != folder.name:
+        raise ConfigError(Problem(where, f"name '{name}' differs from its folder '{folder.name}'"))
+    ps_json = ps_files.get(backend)
+    if ps_json is None:
+        raise ConfigError(
+            Problem(
+                where,
+                f"backend '{backend}' reads its ps.json from the server's command line: pass "
+                f"`-- --backend-config={backend},ps=PS.json` (as to tritonserver)",
+            )
+        )
+    config = load_ps_config(ps_json)
+    model = config.model(name)  # the ps.json model has the Triton model's name, as in HugeCTR
+    params = {key: value.string_value.strip() for key, value in user.parameters.items()}
+    model, precision, notes = _apply_parameters(folder, backend, model, params, ps_json)
+    notes = [f"model '{name}' (backend {backend}): {note}" for note in notes]
+    options, placement_notes = _serving_options(user, model, gpu)
+    notes += [f"model '{name}' (backend {backend}): {note}" for note in placement_notes]
+    options = replace(options, freeze_sparse=params.get(FREEZE_SPARSE_PARAMETER, "") == "true")
+    config = replace(config, models=tuple(model if m.name == name else m for m in config.models))
+    versions = sorted(int(p.name) for p in folder.iterdir() if p.is_dir() and p.name.isdigit())
+    for version in versions or [1]:
+        at = None if versions in ([], [1]) else version
+        if backend == "hps":
+            write_embedding_model(out, config, model, options, name, at)
+        else:
+            write_ranking_model(out, config, model, options, name, at, samples=False)
+    _carry_over(out / name / "config.pbtxt", user, precision)
+    return notes
+
+
+def _apply_parameters(
+    folder: Path, backend: str, model: ModelConfig, params: Mapping[str, str], ps_json: Path
+) -> tuple[ModelConfig, str | None, list[str]]:
+    """``model`` with the config.pbtxt parameters HugeCTR's backend applies, the dense
+    network's precision they ask for (or None), and notes on what is not honoured."""
+    where = f"{folder / 'config.pbtxt'} parameters"
+    changes: dict[str, object] = {}
+    notes: list[str] = []
+    precision = None
+    known = _BOTH | (_RANKING | _SIZING if backend == "hugectr" else set())
+    unread = sorted(key for key in params if key not in known)
+    if unread:
+        notes.append(
+            f"parameters not read by HugeCTR's {backend} backend, ignored here too: "
+            + ", ".join(unread)
+        )
+    try:
+        if "refresh_interval" in params:
+            changes["refresh_interval"] = int(params["refresh_interval"])
+        if "refresh_delay" in params:
+            changes["refresh_delay"] = float(params["refresh_delay"])
+        if backend == "hugectr":
+            for key, field in (("config", "network_file"), ("dense_file", "dense_file")):
+                if params.get(key):
+                    changes[field] = _path(folder, params[key])
+            if params.get("sparse_files"):
+                files = [_path(folder, f) for f in params["sparse_files"].split(",") if f.strip()]
+                changes["sparse_files"] = tuple(files)
+            if "label_dim" in params:
+                changes["label_dim"] = int(params["label_dim"])
+            if "slots" in params:
+                changes["slot_num"] = sum(int(s) for s in params["slots"].split(",") if s.strip())
+            if "gpucache" in params and _true(params["gpucache"]) != model.gpucache:
+                raise ConfigError(
+                    Problem(
+                        f"{where}.gpucache",
+                        f"'{params['gpucache']}' disagrees with the ps.json's gpucache "
+                        f"({str(model.gpucache).lower()}, {ps_json}); HugeCTR refuses it too",
+                    )
+                )
+            for key in ("gpucacheper", "hit_rate_threshold"):
+                if key in params:
+                    value = float(params[key])
+                    limit = getattr(model, key)
+                    if value > limit:
+                        raise ConfigError(
+                            Problem(
+                                f"{where}.{key}",
+                                f"{value} is more than the ps.json's {limit} ({ps_json}); "
+                                "HugeCTR refuses it too",
+                            )
+                        )
+                    changes[key] = value
+            if _true(params.get("mixed_precision", "false")):
+                precision = "fp16"
+            if params.get("embeddingkey_long_type", "true").lower() == "false":
+                notes.append(
+                    "embeddingkey_long_type false (INT32 keys) is not honoured: CATCOLUMN is "
+                    "INT64 here; send int64 keys"
+                )
+    except ValueError as exc:
+        raise ConfigError(Problem(where, f"a value does not parse: {exc}")) from exc
+    return replace(model, **changes), precision, notes
+
+
+def _serving_options(
+    user: pb.ModelConfig, model: ModelConfig, gpu: bool
+) -> tuple[ServingOptions, list[str]]:
+    """Batching and placement of the user's config.pbtxt (and notes on what changed)."""
+    notes = []
+    groups = []
+    for group in user.instance_group or [
+        pb.ModelInstanceGroup(kind=pb.ModelInstanceGroup.KIND_GPU)
+    ]:
+        kind = pb.ModelInstanceGroup.Kind.Name(group.kind)
+        if kind == "KIND_GPU" and not gpu:
+            notes.append("no usable GPU here: its KIND_GPU instances run as KIND_CPU")
+            kind = "KIND_CPU"
+        gpus = tuple(group.gpus) if kind == "KIND_GPU" else ()
+        groups.append(InstanceGroup(count=group.count or 1, kind=kind, gpus=gpus))
+    delay = ServingOptions().max_queue_delay_us
+    if user.HasField("dynamic_batching"):
+        delay = user.dynamic_batching.max_queue_delay_microseconds
+    options = ServingOptions(
+        max_batch_size=user.max_batch_size or model.max_batch_size,
+        max_queue_delay_us=delay,
+        instances=tuple(groups),
+    )
+    return options, notes
+
+
+def _carry_over(path: Path, user: pb.ModelConfig, precision: str | None) -> None:
+    """Give the written config.pbtxt the user's version policy and the network precision."""
+    config = read_config(path)
+    if user.HasField("version_policy"):
+        config.version_policy.CopyFrom(user.version_policy)
+    if precision is not None:
+        config.parameters["precision"].string_value = precision
+    path.write_text(text_format.MessageToString(config))
+
+
+def _path(folder: Path, value: str) -> Path:
+    path = Path(value.strip())
+    return path if path.is_absolute() else (folder / path).resolve()
+
+
+def _true(value: str) -> bool:
+    return value.strip().lower() in ("true", "1", "yes")

@@ -1,0 +1,114 @@
+"""A repository written for HugeCTR's hps and hugectr Triton backends, served as it is:
+``hps serve --model-repository REPO -- --backend-config=hps,ps=PS
+--backend-config=hugectr,ps=PS`` on a real tritonserver answers HugeCTR's request contracts over
+HTTP and gRPC with what the same ps.json answers in process, KIND_GPU instances on a machine
+without a GPU included, and leaves the repository's files as they were."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+from hugectr_repository import write_hugectr_repository
+
+from hps_core import HPS
+from hps_core.arrays import first_gpu
+from hps_core.infer import RankingSession
+from hps_core.infer.contracts import HugeCTRContract
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit" / "infer"))
+from ranking_reference import encode_hugectr, model_tables, random_keys
+
+pytestmark = pytest.mark.integration
+
+_READY = re.compile(r"ready on HTTP http://(\S+), gRPC (\S+),")
+
+
+def digest(folder: Path) -> dict[str, str]:
+    return {
+        str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(folder.rglob("*"))
+        if p.is_file()
+    }
+
+
+@pytest.fixture
+def served(tmp_path: Path, triton_installation):
+    """``hps serve`` on the HugeCTR repository, as a user starts it; its URLs and files."""
+    hugectr = write_hugectr_repository(tmp_path)
+    before = digest(hugectr.repo)
+    ports = [f"--{service}-port=0" for service in ("http", "grpc", "metrics")]
+    command = [
+        sys.executable, "-m", "hps_core.cli.main", "serve", "--model-repository",
+        str(hugectr.repo), *ports, "--",
+        f"--backend-config=hps,ps={hugectr.hps_ps}", "--backend-config",
+        f"hugectr,ps={hugectr.hugectr_ps}",
+    ]  # fmt: skip
+    log = (tmp_path / "serve.log").open("w+")
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=log, text=True)
+    assert proc.stdout is not None
+    urls = None
+    for line in proc.stdout:
+        found = _READY.search(line)
+        if found:
+            urls = found.groups()
+            break
+    try:
+        log.seek(0)
+        assert urls is not None, f"hps serve never got ready:\n{log.read()}"
+        yield hugectr, urls, tmp_path / "serve.log"
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=120) == 0
+        assert digest(hugectr.repo) == before  # the user's repository is untouched
+        HPS.close_all()
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_a_hugectr_repository_answers_what_its_ps_json_answers(served, protocol) -> None:
+    hugectr, (http_url, grpc_url), log = served
+    module = httpclient if protocol == "http" else grpcclient
+    client = module.InferenceServerClient(http_url if protocol == "http" else grpc_url)
+    assert client.is_model_ready("hps_embedding") and client.is_model_ready("dlrm")
+    if first_gpu() is None:  # the repository's KIND_GPU instances run on the CPU, said so
+        assert "model 'dlrm' (backend hugectr): no usable GPU here" in log.read_text()
+
+    # backend "hps": KEYS, NUMKEYS -> OUTPUT0, each table's vectors in turn.
+    keys = [np.array([0, 5, 99999]), np.array([7, 19999])]
+    flat = np.concatenate(keys).astype(np.int64)[None, :]
+    counts = np.array([[len(k) for k in keys]], np.int32)
+    inputs = [module.InferInput("KEYS", list(flat.shape), "INT64"),
+              module.InferInput("NUMKEYS", list(counts.shape), "INT32")]  # fmt: skip
+    inputs[0].set_data_from_numpy(flat)
+    inputs[1].set_data_from_numpy(counts)
+    got = client.infer("hps_embedding", inputs).as_numpy("OUTPUT0").reshape(-1)
+    hps = HPS(hugectr.hps_ps)
+    want = np.concatenate(
+        [hps.lookup(k, "hps_embedding", t).reshape(-1) for t, k in enumerate(keys)]
+    )
+    np.testing.assert_array_equal(got, want)
+
+    # backend "hugectr": DES, CATCOLUMN, ROWINDEX -> OUTPUT0, the model's scores.
+    session = RankingSession.open(hugectr.reference_ps, "dlrm")
+    layout = session.layout
+    rng = np.random.default_rng(5)
+    dense = rng.random((3, layout.dense_dim), dtype=np.float32)
+    known = [np.array(list(table)) for table in model_tables(hugectr.reference_ps, "dlrm")[1]]
+    samples = random_keys(rng, 3, layout.slot_nums, known)
+    arrays = encode_hugectr(dense, samples)
+    inputs = [module.InferInput(name, list(a.shape), dtype)
+              for name, a, dtype in zip(("DES", "CATCOLUMN", "ROWINDEX"), arrays,
+                                        ("FP32", "INT64", "INT32"), strict=True)]  # fmt: skip
+    for entry, array in zip(inputs, arrays, strict=True):
+        entry.set_data_from_numpy(array)
+    got = client.infer("dlrm", inputs).as_numpy("OUTPUT0").reshape(-1)
+    want = session.predict(HugeCTRContract(layout).parse(*arrays)).reshape(-1)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)

@@ -1,0 +1,145 @@
+"""A repository written for HugeCTR's hps and hugectr backends, translated for this project's
+(``hps_core.hugectr_repo``): what is carried over, what is applied as HugeCTR applies it, what
+is refused as HugeCTR refuses it, and that the user's files are never touched."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import pytest
+from hugectr_repository import HugeCTRRepository, write_hugectr_repository
+
+from hps_core.config import load_ps_config
+from hps_core.errors import ConfigError
+from hps_core.hugectr_repo import hugectr_models, split_backend_configs, translate_repository
+from hps_core.infer.model_io import EMBEDDING_IO, HUGECTR_IO
+from hps_core.triton_repo import read_config
+
+
+@pytest.fixture
+def hugectr(tmp_path: Path) -> HugeCTRRepository:
+    return write_hugectr_repository(tmp_path)
+
+
+def digest(folder: Path) -> dict[str, str]:
+    return {
+        str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(folder.rglob("*"))
+        if p.is_file()
+    }
+
+
+def translate(hugectr: HugeCTRRepository, out: Path, gpu: bool = False) -> list[str]:
+    ps = {"hps": hugectr.hps_ps, "hugectr": hugectr.hugectr_ps}
+    return translate_repository(hugectr.repo, ps, out, gpu=gpu)
+
+
+def test_backend_configs_are_taken_out_of_the_servers_options(tmp_path: Path) -> None:
+    args = [
+        "--backend-config=hps,ps=a.json", "--log-info=true", "--backend-config",
+        "hugectr,ps=/b.json", "--backend-config=python,shm-default-byte-size=1024",
+    ]  # fmt: skip
+    found, rest = split_backend_configs(args)
+    assert found == {"hps": Path("a.json").resolve(), "hugectr": Path("/b.json")}
+    assert rest == ["--log-info=true", "--backend-config=python,shm-default-byte-size=1024"]
+
+
+def test_models_of_hugectrs_backends_are_found(hugectr: HugeCTRRepository) -> None:
+    assert hugectr_models(hugectr.repo) == {"dlrm": "hugectr", "hps_embedding": "hps"}
+
+
+def test_translation_serves_the_same_contracts_and_leaves_the_repository_as_it_was(
+    hugectr: HugeCTRRepository, tmp_path: Path
+) -> None:
+    before = digest(hugectr.repo)
+    notes = translate(hugectr, tmp_path / "out")
+    assert digest(hugectr.repo) == before
+    out = tmp_path / "out"
+    assert sorted(p.name for p in out.iterdir()) == ["dlrm", "hps_embedding"]
+    for name, io in (("hps_embedding", EMBEDDING_IO), ("dlrm", HUGECTR_IO)):
+        config = read_config(out / name / "config.pbtxt")
+        assert config.backend == "python" and config.max_batch_size == 16
+        assert [i.name for i in config.input] == [t.name for t in io.inputs]
+        assert [o.name for o in config.output] == [t.name for t in io.outputs]
+        # No GPU here: the user's KIND_GPU instances run on the CPU, and that is said.
+        assert [g.kind for g in config.instance_group] == [config.instance_group[0].KIND_CPU]
+        assert (out / name / "1" / "model.py").is_file()
+        assert any(f"model '{name}'" in n and "run as KIND_CPU" in n for n in notes)
+    emb = read_config(out / "hps_embedding" / "config.pbtxt")
+    assert list(emb.version_policy.specific.versions) == [1]  # carried over
+    # The network named by the hugectr config.pbtxt's 'config' is the translated ps.json's.
+    served = load_ps_config(out / "dlrm" / "ps.json").model("dlrm")
+    assert served.network_file == hugectr.network
+    # The hps backend reads none of the parameters HugeCTR's older docs put in its config.
+    unread = [n for n in notes if "hps_embedding" in n and "not read by HugeCTR's hps" in n]
+    assert len(unread) == 1 and unread[0].endswith("embeddingkey_long_type, gpucache, gpucacheper")
+
+
+def test_a_gpu_keeps_the_users_placement(hugectr: HugeCTRRepository, tmp_path: Path) -> None:
+    notes = translate(hugectr, tmp_path / "out", gpu=True)
+    config = read_config(tmp_path / "out" / "dlrm" / "config.pbtxt")
+    assert [(g.kind, list(g.gpus)) for g in config.instance_group] == [
+        (config.instance_group[0].KIND_GPU, [0])
+    ]
+    assert not any("KIND_CPU" in n for n in notes)
+
+
+def test_hugectr_parameters_apply_over_the_ps_json(
+    hugectr: HugeCTRRepository, tmp_path: Path
+) -> None:
+    path = hugectr.repo / "dlrm" / "config.pbtxt"
+    added = (
+        '{ key: "mixed_precision" value: { string_value: "true" } },\n'
+        '{ key: "refresh_interval" value: { string_value: "30" } },\n'
+    )
+    text = (
+        path.read_text().replace('"0.2"', '"0.1"').replace("parameters [", "parameters [" + added)
+    )
+    long_keys = 'key: "embeddingkey_long_type" value: { string_value: "true" }'
+    path.write_text(text.replace(long_keys, long_keys.replace("true", "false")))
+    notes = translate(hugectr, tmp_path / "out")
+    served = load_ps_config(tmp_path / "out" / "dlrm" / "ps.json").model("dlrm")
+    assert served.gpucacheper == 0.1 and served.refresh_interval == 30
+    config = read_config(tmp_path / "out" / "dlrm" / "config.pbtxt")
+    assert config.parameters["precision"].string_value == "fp16"
+    assert any("embeddingkey_long_type false" in n for n in notes)
+
+
+@pytest.mark.parametrize(
+    "edit, words",
+    [
+        (('"0.2"', '"0.5"'), ["gpucacheper", "0.5 is more than the ps.json's 0.2"]),
+        (
+            ('"gpucache" value: { string_value: "true"', '"gpucache" value: { string_value: "0"'),
+            ["gpucache", "disagrees with the ps.json's gpucache"],
+        ),
+    ],
+)  # fmt: skip
+def test_settings_hugectr_refuses_are_refused_naming_the_file(
+    hugectr: HugeCTRRepository, tmp_path: Path, edit: tuple[str, str], words: list[str]
+) -> None:
+    path = hugectr.repo / "dlrm" / "config.pbtxt"
+    path.write_text(path.read_text().replace(*edit))
+    with pytest.raises(ConfigError) as info:
+        translate(hugectr, tmp_path / "out")
+    message = str(info.value)
+    assert str(path) in message and all(w in message for w in words), message
+
+
+def test_a_backend_without_its_ps_json_says_how_to_give_it(
+    hugectr: HugeCTRRepository, tmp_path: Path
+) -> None:
+    with pytest.raises(ConfigError, match=r"--backend-config=hugectr,ps=PS.json"):
+        translate_repository(hugectr.repo, {"hps": hugectr.hps_ps}, tmp_path / "out")
+
+
+def test_models_of_other_backends_are_linked_unchanged(
+    hugectr: HugeCTRRepository, tmp_path: Path
+) -> None:
+    other = hugectr.repo / "ranker"
+    (other / "1").mkdir(parents=True)
+    (other / "config.pbtxt").write_text('name: "ranker"\nbackend: "onnxruntime"\n')
+    translate(hugectr, tmp_path / "out")
+    linked = tmp_path / "out" / "ranker"
+    assert linked.is_symlink() and linked.resolve() == other.resolve()
