@@ -16,7 +16,9 @@ in HugeCTR's order:
 
 The columns are found by name from ``_metadata.json`` beside the files when there is one (the
 ``labels``, ``conts`` and ``cats`` lists NVTabular and HugeCTR's data generator write), else
-by position. Every batch becomes a :class:`~hps_core.infer.SparseBatch` for the model.
+by Criteo's names when the files use them (:func:`expected_columns`: ``label``, ``I1``...,
+``C1``...; any order, other columns ignored, a missing one named), else by position. Every
+batch becomes a :class:`~hps_core.infer.SparseBatch` for the model.
 """
 
 from __future__ import annotations
@@ -136,6 +138,18 @@ def dataset_columns(
         metadata = folder / METADATA
         if metadata.is_file():
             return _from_metadata(metadata, layout, names)
+    named = expected_columns(layout)
+    features = (*named.dense, *named.categorical)
+    if any(name in names for name in features):
+        missing = [name for name in features if name not in names]
+        if missing:
+            raise ModelFileError(
+                f"{files[0]}: columns named as Criteo's ({named.dense[0]}..., "
+                f"{named.categorical[0]}...), but missing: {', '.join(missing[:8])}"
+                + (f" and {len(missing) - 8} more" if len(missing) > 8 else "")
+            )
+        labels = named.labels if all(name in names for name in named.labels) else ()
+        return DatasetColumns(labels, named.dense, named.categorical)
     dense, slots, label_dim = layout.dense_dim, layout.total_slots, layout.label_dim
     if len(names) == dense + slots:
         return DatasetColumns((), tuple(names[:dense]), tuple(names[dense:]))
@@ -149,6 +163,25 @@ def dataset_columns(
         f"{files[0]}: {len(names)} columns, but model '{layout.model}' reads {label_dim} "
         f"label, {dense} dense and {slots} categorical columns ({label_dim + dense + slots}, "
         f"or {dense + slots} without labels); add a {METADATA} naming them"
+    )
+
+
+def expected_columns(layout: RankingLayout) -> DatasetColumns:
+    """The column names of a dataset for ``layout`` in Criteo's naming: ``label`` (or
+    ``label0``, ``label1``, ... for several), ``I1``... for the dense features, ``C1``... for
+    the slots (tables in order, slots in order).
+
+    Example:
+        >>> columns = expected_columns(layout)  # doctest: +SKIP
+        >>> columns.labels, columns.dense[:2], columns.categorical[-1]  # doctest: +SKIP
+        (('label',), ('I1', 'I2'), 'C26')
+    """
+    n = layout.label_dim
+    labels = ("label",) if n == 1 else tuple(f"label{i}" for i in range(n))
+    return DatasetColumns(
+        labels,
+        tuple(f"I{i + 1}" for i in range(layout.dense_dim)),
+        tuple(f"C{i + 1}" for i in range(layout.total_slots)),
     )
 
 

@@ -236,7 +236,8 @@ class InferenceModel:
 
         Args:
             source: a Parquet file, a folder of them, or HugeCTR's ``_file_list.txt``.
-            columns: the columns to read (default: ``_metadata.json``, else by position).
+            columns: the columns to read (default: ``_metadata.json``, else Criteo's names
+                when the files use them, else by position).
             batch_size: samples per batch (default and most: the model's ``max_batch_size``).
             progress: report progress (a bar on a terminal, else log lines); None: for
                 datasets of more than a million rows.
