@@ -11,6 +11,7 @@ the network).
 
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -104,3 +105,12 @@ def write_hugectr_repository(root: Path) -> HugeCTRRepository:
         (repo / name / "1").mkdir(parents=True)
         (repo / name / "config.pbtxt").write_text(text)
     return HugeCTRRepository(repo, hps_ps, hugectr_ps, network, dlrm_folder / "ps.json")
+
+
+def digest(folder: Path) -> dict[str, str]:
+    """Each file under ``folder`` and a hash of its bytes (to show a repository untouched)."""
+    return {
+        str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(folder.rglob("*"))
+        if p.is_file()
+    }

@@ -6,7 +6,6 @@ without a GPU included, and leaves the repository's files as they were."""
 
 from __future__ import annotations
 
-import hashlib
 import re
 import signal
 import subprocess
@@ -17,7 +16,7 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
-from hugectr_repository import write_hugectr_repository
+from hugectr_repository import digest, write_hugectr_repository
 
 from hps_core import HPS
 from hps_core.arrays import first_gpu
@@ -30,14 +29,6 @@ from ranking_reference import encode_hugectr, model_tables, random_keys
 pytestmark = pytest.mark.integration
 
 _READY = re.compile(r"ready on HTTP http://(\S+), gRPC (\S+),")
-
-
-def digest(folder: Path) -> dict[str, str]:
-    return {
-        str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
-        for p in sorted(folder.rglob("*"))
-        if p.is_file()
-    }
 
 
 @pytest.fixture

@@ -4,11 +4,10 @@ is refused as HugeCTR refuses it, and that the user's files are never touched.""
 
 from __future__ import annotations
 
-import hashlib
 from pathlib import Path
 
 import pytest
-from hugectr_repository import HugeCTRRepository, write_hugectr_repository
+from hugectr_repository import HugeCTRRepository, digest, write_hugectr_repository
 
 from hps_core.config import load_ps_config
 from hps_core.errors import ConfigError
@@ -20,14 +19,6 @@ from hps_core.triton_repo import read_config
 @pytest.fixture
 def hugectr(tmp_path: Path) -> HugeCTRRepository:
     return write_hugectr_repository(tmp_path)
-
-
-def digest(folder: Path) -> dict[str, str]:
-    return {
-        str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
-        for p in sorted(folder.rglob("*"))
-        if p.is_file()
-    }
 
 
 def translate(hugectr: HugeCTRRepository, out: Path, gpu: bool = False) -> list[str]:
