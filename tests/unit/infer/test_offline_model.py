@@ -142,8 +142,14 @@ def test_dataset_errors_name_file_column_and_row(tmp_path: Path) -> None:
     write_dataset(path, files, dense, keys)
     table = pq.read_table(path)
     pq.write_table(table.drop_columns(["I3"]), tmp_path / "short.parquet")
-    with pytest.raises(ModelFileError, match=r"short.parquet: 40 columns, but model 'rank'"):
+    # Criteo's names: the missing column is named.
+    with pytest.raises(ModelFileError, match=r"short.parquet: columns named as Criteo's .*I3"):
         model.predict_dataset(tmp_path / "short.parquet")
+    # Other names: matched by position, so the count is what is wrong.
+    renamed = table.drop_columns(["I3"]).rename_columns([f"x{i}" for i in range(40)])
+    pq.write_table(renamed, tmp_path / "unnamed.parquet")
+    with pytest.raises(ModelFileError, match=r"unnamed.parquet: 40 columns, but model 'rank'"):
+        model.predict_dataset(tmp_path / "unnamed.parquet")
     nulls = table.set_column(4, "I5", pa.array([1.0, None, 2.0, 3.0], pa.float32()))
     pq.write_table(nulls, tmp_path / "nulls.parquet")
     with pytest.raises(ModelFileError, match=r"nulls.parquet: column 'I5' is null at row 1"):
