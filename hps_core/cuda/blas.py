@@ -37,7 +37,7 @@ from hps_core.errors import HPSError, NotAvailableError
 
 try:
     from nvmath import CudaDataType
-    from nvmath.bindings import cublas
+    from nvmath.bindings import cublas, cublasLt
 except ImportError as exc:  # the GPU extra's package, absent from a CPU-only install
     raise NotAvailableError(
         "the GPU path needs nvmath-python for cuBLAS and cuBLASLt: pip install "
@@ -75,8 +75,6 @@ class BlasError(HPSError):
 @contextmanager
 def checked(what: str) -> Iterator[None]:
     """Raise the bindings' cuBLAS and cuBLASLt errors as :class:`BlasError`, naming ``what``."""
-    from nvmath.bindings import cublasLt
-
     try:
         yield
     except (cublas.cuBLASError, cublasLt.cuBLASLtError) as exc:
