@@ -14,7 +14,9 @@ lint=$?
 
 # setup.sh installed Triton: a missing server must fail the integration tests, not skip them.
 export HPS_REQUIRE_TRITON=1
-args=(-q --durations=15)
+# One worker per core, each taking whole test files (module-scoped servers stay per file):
+# the integration tests mostly wait on servers, so two workers halve the wall time on 2 cores.
+args=(-q --durations=15 -n auto --dist loadfile)
 if .venv/bin/python -c 'import pytest_timeout' 2>/dev/null; then
   args+=(--timeout=900)  # a hung server or client must not eat the whole CI budget
 fi

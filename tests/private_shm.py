@@ -14,3 +14,10 @@ def private_shm_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     path.mkdir()
     monkeypatch.setenv("HPS_SHM_DIR", str(path))
     return path
+
+
+def python_backend_regions(prefix: str) -> list[str]:
+    """The ``/dev/shm`` regions of the Triton server whose Python backend names its regions
+    with ``prefix`` (``TritonServer`` gives each server its own): what that server left there,
+    whatever other tests running beside it keep in ``/dev/shm``."""
+    return sorted(p.name for p in Path("/dev/shm").glob(f"{prefix}*"))

@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import tritonclient.http as httpclient
+from private_shm import python_backend_regions
 
 from hps_core.cli.main import main as hps_main
 from hps_core.formats.sparse_writer import write_sparse_table
@@ -64,20 +65,16 @@ def _lookup_once(server: TritonServer) -> None:
     assert client.infer("emb", inputs).as_numpy("OUTPUT0").shape == (1, 12)
 
 
-def _triton_regions() -> set[str]:
-    return {p.name for p in Path("/dev/shm").glob("*triton_python_backend_shm_region*")}
-
-
 def test_clean_stop_leaves_nothing(tmp_path: Path, triton_server) -> None:
     repo, names = _write_repo(tmp_path, seed=1)
-    regions_before = _triton_regions()
     server = triton_server(repo)
+    regions = server._shm_prefix
     _lookup_once(server)
     # One data file per table while serving, shared by both instances.
     assert len([f for f in _files_of(names) if f.endswith(".data")]) == 2
     server.stop()
     assert _files_of(names) == []
-    assert _triton_regions() <= regions_before
+    assert python_backend_regions(regions) == []
 
 
 def test_kill_9_leftovers_are_removed_by_the_next_start(tmp_path: Path, triton_server) -> None:

@@ -33,6 +33,7 @@ from hps_core.triton_repo import InstanceGroup, ServingOptions
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit" / "infer"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from instance_kinds import INSTANCE_KINDS
+from private_shm import private_shm_dir, python_backend_regions
 from ranking_reference import encode_hugectr
 from test_ranking_models import Model
 
@@ -59,17 +60,18 @@ def infer(client, model: Model, rng: np.random.Generator) -> None:
 
 @pytest.mark.parametrize("kind", INSTANCE_KINDS)
 def test_a_killed_stub_is_replaced_and_the_model_serves_again(
-    module_triton_server, tmp_path: Path, kind: str
+    module_triton_server, tmp_path: Path, kind: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     repo = tmp_path / "repo"
     DEMO_MODELS[NAME](repo, ServingOptions(instances=(InstanceGroup(count=2, kind=kind),)))
-    shm_before = set(os.listdir("/dev/shm"))
+    shm = private_shm_dir(tmp_path, monkeypatch)  # the server's host-tier segments
     # As hps serve runs it: the watchdog on, and host-tier segments whose users all died (the
     # stubs the watchdog killed) removed once the server is gone.
     server = module_triton_server(
         repo, startup_timeout_s=180, stub_watchdog=True,
         on_stopped=[lambda _: remove_stale_segments()],
     )  # fmt: skip
+    regions = server._shm_prefix
     client = grpcclient.InferenceServerClient(server.grpc_url.split("//")[-1])
     model = Model(repo, NAME)
     rng = np.random.default_rng(5)
@@ -155,4 +157,4 @@ def test_a_killed_stub_is_replaced_and_the_model_serves_again(
     server.stop()
     print(f"stop took {time.monotonic() - started:.1f} s")
     assert not stub_processes(server.pid)
-    assert set(os.listdir("/dev/shm")) <= shm_before
+    assert list(shm.iterdir()) == [] and python_backend_regions(regions) == []

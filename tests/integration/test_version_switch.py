@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
+from private_shm import private_shm_dir, python_backend_regions
 
 from hps_core.cli.main import main
 from hps_core.demo.embedding import NAME, TABLES, table_vectors, write_embedding_demo
@@ -100,13 +101,14 @@ def test_switch_to_a_new_version_under_load(
     v2_tables = [_v2_vectors(i) for i in range(len(TABLES))]
     v1_dirs = [folder / "data" / f"table{i}" for i in range(len(TABLES))]
     v2_dirs = [tmp_path / "retrained" / f"table{i}" for i in range(len(TABLES))]
-    shm_before = set(os.listdir("/dev/shm"))
+    shm = private_shm_dir(tmp_path, monkeypatch)  # the server's host-tier segments
 
     # As hps serve runs it: watchdog and model control on, its control file written.
     server = triton_server(
         repo, startup_timeout_s=180, stub_watchdog=True,
         on_stopped=[lambda _: remove_stale_segments()],
     )  # fmt: skip
+    regions = server._shm_prefix
     write_control_file(
         server.ports.http, ControlInfo(os.getpid(), server.http_url, server.control_token)
     )
@@ -200,4 +202,4 @@ def test_switch_to_a_new_version_under_load(
 
     server.stop()
     assert not stub_versions(server.pid)
-    assert set(os.listdir("/dev/shm")) <= shm_before
+    assert list(shm.iterdir()) == [] and python_backend_regions(regions) == []
