@@ -20,6 +20,7 @@ import argparse
 import sys
 from collections.abc import Mapping, Sequence
 
+from hps_core.cli.reload import add_http_port
 from hps_core.server.control import ControlError, read_control_file, repository_index
 
 
@@ -37,13 +38,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "who runs `hps serve` can do this; clients list the models that serve through "
         "Triton's statistics API (GET /v2/models/stats, get_inference_statistics()).",
     )
-    parser.add_argument(
-        "--http-port",
-        type=int,
-        default=8000,
-        metavar="PORT",
-        help="HTTP port of the hps serve to reach (default %(default)s)",
-    )
+    add_http_port(parser)
     parser.set_defaults(func=run)
 
 

@@ -22,6 +22,18 @@ from hps_core.server.control import ControlError, load_model, read_control_file,
 _POLL_S = 0.2
 
 
+def add_http_port(parser: argparse.ArgumentParser) -> None:
+    """``--http-port``: which running ``hps serve`` on this machine to reach (its control
+    file is named by it); shared by the operator commands."""
+    parser.add_argument(
+        "--http-port",
+        type=int,
+        default=8000,
+        metavar="PORT",
+        help="HTTP port of the hps serve to reach (default %(default)s)",
+    )
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add ``hps reload`` to the ``hps`` parser.
 
@@ -36,13 +48,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "the new one is loaded. Only the user who runs `hps serve` can do this.",
     )
     parser.add_argument("models", nargs="+", metavar="MODEL", help="Triton model names")
-    parser.add_argument(
-        "--http-port",
-        type=int,
-        default=8000,
-        metavar="PORT",
-        help="HTTP port of the hps serve to reach (default %(default)s)",
-    )
+    add_http_port(parser)
     parser.add_argument(
         "--timeout",
         type=float,
