@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import tritonclient.http as httpclient
+from private_shm import private_shm_dir
 from s3_server import SECRET, s3_server, upload
 
 from hps_core.cli.main import main as hps_main
@@ -25,7 +26,10 @@ def s3(monkeypatch: pytest.MonkeyPatch):
     yield from s3_server(monkeypatch)
 
 
-def test_tables_on_s3_are_served_as_the_files_are(triton_server, s3, tmp_path: Path) -> None:
+def test_tables_on_s3_are_served_as_the_files_are(
+    triton_server, s3, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    shm = private_shm_dir(tmp_path, monkeypatch)  # the server's host-tier segments
     rng = np.random.default_rng(11)
     tables = []
     for t, dim in enumerate(DIMS):
@@ -63,6 +67,10 @@ def test_tables_on_s3_are_served_as_the_files_are(triton_server, s3, tmp_path: P
         np.full(DIMS[1], -0.5),
     ]).astype(np.float32)  # fmt: skip
     np.testing.assert_array_equal(got, want)
+    # An open keep-alive connection makes Triton spend its whole exit timeout and then exit
+    # without unloading the model: the stubs never detach from the host-tier segments.
+    client.close()
     server.stop()
+    assert list(shm.iterdir()) == []
     assert SECRET not in log.read_text(errors="replace")
     assert "s3://hps/emb/t0" in log.read_text(errors="replace")  # the host tier says so
