@@ -13,6 +13,10 @@ with the same result up to float32 rounding order:
 - :func:`dice`: DIN's Dice in two reductions over the batch and one pass (from ten kernels);
 - :func:`row_dot`: a product with one output per row (a model's last layer) with its bias
   and ReLU, a warp per row, where cuBLAS took a split-K GEMV, a reduction and a bias pass;
+- :func:`skinny_linear`: a product of at most :data:`SKINNY_ROWS` rows with its bias and ReLU,
+  spread over every SM, where cuBLAS's GEMVs read the weights at a fraction of the memory's
+  rate (a batch of one sample, cuBLAS's fastest timed algorithms: 54 of its 85 us of GPU time
+  on the H200, DLRM-v2 in TF32);
 - :func:`interaction`: DLRM's dot interaction (stack, Gram matrix, lower triangle, padding) in
   one kernel (``kernels/dense.cu``) instead of a batched GEMM and four copies; each thread sums
   a tile of 4 x 4 entries of the Gram matrix in registers.
@@ -30,9 +34,17 @@ from hps_core.cuda import kernels
 
 DENSE_TEMPLATES = (
     "interaction<float>", "interaction<unsigned short>", "row_dot<float>",
-    "row_dot<unsigned short>",
+    "row_dot<unsigned short>", "skinny_linear<float, 4>", "skinny_linear<float, 1>",
+    "skinny_linear<unsigned short, 4>", "skinny_linear<unsigned short, 1>",
+    "skinny_finish<float>", "skinny_finish<unsigned short>",
 )  # fmt: skip
 """The template instantiations ``kernels/dense.cu`` is compiled with (one module for all)."""
+SKINNY_ROWS = 8
+"""Most rows of a :func:`skinny_linear` product (buckets of 1 to 8 samples)."""
+_SKINNY_WARPS = 8
+_SKINNY_BLOCKS_PER_SM = 2
+"""Blocks per SM a :func:`skinny_linear` grid aims at (its ranges of ``k`` fill the rest)."""
+_SKINNY_MIN_K_PER_WARP = 4
 _MAX_STATIC_SHARED = 48 * 1024
 _ELEMENTWISE_THREADS = 256
 
@@ -99,7 +111,7 @@ def cross_combine(x0: Any, y: Any, bias: Any, xl: Any, low_rank: bool) -> Any:
         n4 = rows * width // 4
         if n4:
             device = cupy.cuda.Device()
-            kernel = kernels.module("dense", device.id, DENSE_TEMPLATES).get_function("cross_v2")
+            kernel = dense_function("cross_v2")
             blocks = min(
                 -(-n4 // _ELEMENTWISE_THREADS), device.attributes["MultiProcessorCount"] * 16
             )
@@ -185,8 +197,7 @@ def interaction(mlp: Any, emb: Any, tf32: bool) -> Any:
     if rows == 0:
         return out
     name = "interaction<float>" if mlp.dtype == np.float32 else "interaction<unsigned short>"
-    mod = kernels.module("dense", cupy.cuda.Device().id, DENSE_TEMPLATES)
-    kernel = mod.get_function(name)
+    kernel = dense_function(name)
     item = mlp.itemsize
     kernel(
         (rows,), (_threads(n, dim),),
@@ -236,12 +247,89 @@ def row_dot(x: Any, weight: Any, bias: Any | None, relu: bool, tf32: bool) -> An
     )
     name = "row_dot<float>" if x.dtype == np.float32 else "row_dot<unsigned short>"
     blocks, threads = _rows_grid(rows)
-    _dense_function(name)(
+    dense_function(name)(
         (blocks,), (threads,),
         (x, np.int64(ld), np.int64(rows), np.int32(k), w,
          bias if bias is not None else np.uint64(0), out, np.bool_(bias is not None),
          np.bool_(relu), np.bool_(tf32), np.bool_(quads)),
     )  # fmt: skip
+    return out
+
+
+def skinny_linear(x: Any, weight: Any, bias: Any | None, relu: bool, tf32: bool) -> Any:
+    """``relu(x @ weight + bias)`` for at most :data:`SKINNY_ROWS` rows, reading ``weight``
+    once with every SM (``kernels/dense.cu``: ``skinny_linear``, then ``skinny_finish`` when
+    the inner dimension is split into ranges).
+
+    Each output is summed in float32, in an order fixed by the shapes alone, after rounding
+    both operands to TF32 when ``tf32``; the bias is added in float32 and the result rounded
+    once to the operands' dtype.
+
+    Args:
+        x: CuPy ``[R, K]`` float32 or float16, ``R <= SKINNY_ROWS``, unit column stride.
+        weight: ``[K, N]`` of the same dtype.
+        bias: ``[N]`` (or ``[1, N]``) of the same dtype, or None.
+        relu: apply the ReLU.
+        tf32: round the operands to TF32 first.
+
+    Returns:
+        A new C-contiguous ``[R, N]`` array of ``x``'s dtype.
+
+    Example:
+        >>> y = skinny_linear(x[:1], w, b, relu=True, tf32=False)  # doctest: +SKIP
+    """
+    rows, k = x.shape
+    if (
+        rows > SKINNY_ROWS
+        or weight.ndim != 2
+        or weight.shape[0] != k
+        or weight.dtype != x.dtype
+        or (bias is not None and bias.size != weight.shape[1])
+    ):
+        raise ValueError(
+            f"skinny_linear of {x.shape} {x.dtype} and {weight.shape} {weight.dtype}"
+            + ("" if bias is None else f", bias {bias.shape}")
+        )
+    n = weight.shape[1]
+    out = cupy.empty((rows, n), dtype=x.dtype)
+    if rows == 0 or n == 0:
+        return out
+    if k == 0:
+        out[...] = 0 if bias is None else bias.reshape(1, n)
+        return cupy.maximum(out, 0) if relu else out
+    if x.strides[1] != x.itemsize:
+        x = cupy.ascontiguousarray(x)
+    if weight.strides[1] != weight.itemsize:
+        weight = cupy.ascontiguousarray(weight)
+    if bias is not None:
+        bias = cupy.ascontiguousarray(bias).reshape(-1)
+    item = x.itemsize
+    ldw = weight.strides[0] // item
+    quads = n % 4 == 0 and ldw % 4 == 0 and weight.data.ptr % (4 * item) == 0
+    per_lane = 4 if quads else 1
+    tiles = -(-n // (32 * per_lane))
+    sms = cupy.cuda.Device().attributes["MultiProcessorCount"]
+    ranges = max(1, min(-(-sms * _SKINNY_BLOCKS_PER_SM // tiles),
+                        -(-k // (_SKINNY_WARPS * _SKINNY_MIN_K_PER_WARP))))  # fmt: skip
+    chunk = -(-k // ranges)
+    ranges = -(-k // chunk)
+    part = cupy.empty((ranges, rows, n), dtype=cupy.float32) if ranges > 1 else out
+    storage = "float" if x.dtype == np.float32 else "unsigned short"
+    no_bias = np.uint64(0)
+    dense_function(f"skinny_linear<{storage}, {per_lane}>")(
+        (tiles, ranges), (32 * _SKINNY_WARPS,),
+        (x, np.int64(x.strides[0] // item), np.int32(rows), np.int32(k), np.int32(chunk),
+         weight, np.int64(ldw), np.int32(n), no_bias if bias is None else bias, out,
+         np.int64(n), part, np.bool_(bias is not None), np.bool_(relu), np.bool_(tf32)),
+    )  # fmt: skip
+    if ranges > 1:
+        total = rows * n
+        dense_function(f"skinny_finish<{storage}>")(
+            (min(-(-total // _ELEMENTWISE_THREADS), sms * 4),), (_ELEMENTWISE_THREADS,),
+            (part, np.int32(ranges), np.int32(rows), np.int32(n),
+             no_bias if bias is None else bias, out, np.int64(n), np.bool_(bias is not None),
+             np.bool_(relu)),
+        )  # fmt: skip
     return out
 
 
@@ -252,8 +340,11 @@ def _rows_grid(rows: int) -> tuple[int, int]:
     return max(1, min(-(-rows // warps_per_block), sms * 32)), _ELEMENTWISE_THREADS
 
 
-def _dense_function(name: str) -> Any:
-    return kernels.module("dense", cupy.cuda.Device().id, DENSE_TEMPLATES).get_function(name)
+def dense_function(name: str) -> Any:
+    """The kernel ``name`` of ``kernels/dense.cu`` on the current device."""
+    defines = kernels.define_lines({"SKINNY_ROWS": SKINNY_ROWS, "SKINNY_WARPS": _SKINNY_WARPS})
+    mod = kernels.module("dense", cupy.cuda.Device().id, DENSE_TEMPLATES, defines)
+    return mod.get_function(name)
 
 
 def fits_rows(x: Any) -> bool:
@@ -279,7 +370,7 @@ def layer_norm(x: Any, gamma: Any, beta: Any, eps: float) -> Any:
     out = cupy.empty_like(x)
     if rows:
         blocks, threads = _rows_grid(rows)
-        _dense_function("layer_norm")(
+        dense_function("layer_norm")(
             (blocks,), (threads,),
             (x, gamma.reshape(-1), beta.reshape(-1), out, np.int64(rows), np.int32(width),
              np.float32(eps)),
@@ -307,7 +398,7 @@ def softmax(x: Any, mask: Any | None = None, factor: float = 1.0, eps: float = 0
     out = cupy.empty_like(x)
     if rows:
         blocks, threads = _rows_grid(rows)
-        _dense_function("softmax_rows")(
+        dense_function("softmax_rows")(
             (blocks,), (threads,),
             (x, mask if mask is not None else np.uint64(0), out, np.int64(rows),
              np.int32(width), np.int32(heads), np.int32(steps), np.float32(factor),
@@ -344,10 +435,10 @@ def column_moments(x: Any) -> tuple[Any, Any]:
     part = cupy.empty((2, ranges, cols), dtype=cupy.float32)
     mean = cupy.empty(cols, dtype=cupy.float32)
     square = cupy.empty(cols, dtype=cupy.float32)
-    _dense_function("column_moments")(
+    dense_function("column_moments")(
         (-(-cols // 32), ranges), (32, 8), (x, np.int64(rows), np.int32(cols), part)
     )
-    _dense_function("column_moments_finish")(
+    dense_function("column_moments_finish")(
         (-(-cols // 128),), (128,),
         (part, np.int32(ranges), np.int32(cols), np.int64(rows), mean, square),
     )  # fmt: skip

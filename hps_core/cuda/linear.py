@@ -49,7 +49,7 @@ import cupy
 import numpy as np
 
 # blas first: it raises a clear error when nvmath-python is missing.
-from hps_core.cuda import blas, dense_ops, kernels
+from hps_core.cuda import blas, dense_ops
 
 from nvmath.bindings import cublasLt  # isort: skip
 
@@ -313,9 +313,7 @@ def _split(x: Any, ld: int, out_cols: int, out: Any, out_ld: int, at: tuple[int,
     if n == 0:
         return
     device = cupy.cuda.Device()
-    kernel = kernels.module("dense", device.id, dense_ops.DENSE_TEMPLATES).get_function(
-        "split_tf32"
-    )
+    kernel = dense_ops.dense_function("split_tf32")
     blocks = min(-(-n // _SPLIT_THREADS), device.attributes["MultiProcessorCount"] * 16)
     kernel(
         (blocks,), (_SPLIT_THREADS,),

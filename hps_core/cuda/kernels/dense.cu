@@ -238,6 +238,100 @@ template __global__ void row_dot<unsigned short>(const unsigned short*, const i6
                                                  const unsigned short*, unsigned short*,
                                                  const bool, const bool, const bool, const bool);
 
+// Products of a few rows (hps_core.cuda.dense_ops.skinny_linear): out = act(x @ w + b) for x
+// [rows, k] (rows <= SKINNY_ROWS, row stride ldx) and w [k, n] (row stride ldw). Reading w once
+// is the whole cost, so the grid spreads it over every SM: block (x, y) covers a tile of 32 * V
+// columns (V = 4: each lane loads four consecutive values in one instruction) and the range
+// [y * kchunk, (y + 1) * kchunk) of k, its warps taking every SKINNY_WARPS-th k of it; each lane
+// keeps rows x V float32 sums (operands rounded to TF32 first when tf32). The warps' sums meet
+// in shared memory, added in warp order. With one range of k the block adds the bias in
+// float32, applies the ReLU and rounds once to S; else it writes its float32 sums to
+// part[y][r][c] and skinny_finish adds the ranges in order. The result does not depend on the
+// launch: fixed ranges, fixed order.
+// V consecutive storage values as float32: one instruction for four (aligned), or one value.
+template <typename S, int V> struct Values;
+template <typename S> struct Values<S, 4> {
+  static __device__ __forceinline__ void load(const S* p, float* v) {
+    const typename Quad<S>::T q = *reinterpret_cast<const typename Quad<S>::T*>(p);
+    v[0] = Io<S>::load(q.x);
+    v[1] = Io<S>::load(q.y);
+    v[2] = Io<S>::load(q.z);
+    v[3] = Io<S>::load(q.w);
+  }
+};
+template <typename S> struct Values<S, 1> {
+  static __device__ __forceinline__ void load(const S* p, float* v) { v[0] = Io<S>::load(*p); }
+};
+
+template <typename S, int V>
+__global__ void skinny_linear(const S* __restrict__ x, const i64 ldx, const int rows, const int k,
+                              const int kchunk, const S* __restrict__ w, const i64 ldw,
+                              const int n, const S* __restrict__ bias, S* __restrict__ out,
+                              const i64 ldo, float* __restrict__ part, const bool has_bias,
+                              const bool relu, const bool tf32) {
+  __shared__ float sums[SKINNY_WARPS][SKINNY_ROWS][32 * V];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int tile = blockIdx.x * 32 * V;
+  const int c0 = tile + lane * V;
+  const int k0 = blockIdx.y * kchunk, k1 = min(k, k0 + kchunk);
+  float acc[SKINNY_ROWS][V];
+#pragma unroll
+  for (int r = 0; r < SKINNY_ROWS; ++r)
+#pragma unroll
+    for (int v = 0; v < V; ++v) acc[r][v] = 0.0f;
+  if (c0 < n) {
+    for (int kk = k0 + warp; kk < k1; kk += SKINNY_WARPS) {
+      float wv[V];
+      Values<S, V>::load(w + kk * ldw + c0, wv);
+#pragma unroll
+      for (int v = 0; v < V; ++v) wv[v] = tf32 ? round_tf32(wv[v]) : wv[v];
+#pragma unroll
+      for (int r = 0; r < SKINNY_ROWS; ++r) {
+        if (r < rows) {
+          float a = Io<S>::load(x[r * ldx + kk]);
+          if (tf32) a = round_tf32(a);
+#pragma unroll
+          for (int v = 0; v < V; ++v) acc[r][v] = fmaf(a, wv[v], acc[r][v]);
+        }
+      }
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < SKINNY_ROWS; ++r)
+#pragma unroll
+    for (int v = 0; v < V; ++v) sums[warp][r][lane * V + v] = acc[r][v];
+  __syncthreads();
+  for (int i = threadIdx.x; i < rows * 32 * V; i += blockDim.x) {
+    const int r = i / (32 * V), col = i % (32 * V), c = tile + col;
+    if (c >= n) continue;
+    float s = 0.0f;
+    for (int j = 0; j < SKINNY_WARPS; ++j) s += sums[j][r][col];
+    if (gridDim.y > 1) {
+      part[((i64)blockIdx.y * rows + r) * n + c] = s;
+    } else {
+      if (has_bias) s += Io<S>::load(bias[c]);
+      if (relu) s = s > 0.0f ? s : 0.0f;
+      out[r * ldo + c] = Io<S>::store(s);
+    }
+  }
+}
+
+// The ranges of k of skinny_linear added in order, then its bias, ReLU and rounding.
+template <typename S>
+__global__ void skinny_finish(const float* __restrict__ part, const int ranges, const int rows,
+                              const int n, const S* __restrict__ bias, S* __restrict__ out,
+                              const i64 ldo, const bool has_bias, const bool relu) {
+  for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < (i64)rows * n;
+       i += (i64)gridDim.x * blockDim.x) {
+    const int r = (int)(i / n), c = (int)(i % n);
+    float s = 0.0f;
+    for (int y = 0; y < ranges; ++y) s += part[((i64)y * rows + r) * n + c];
+    if (has_bias) s += Io<S>::load(bias[c]);
+    if (relu) s = s > 0.0f ? s : 0.0f;
+    out[r * ldo + c] = Io<S>::store(s);
+  }
+}
+
 // FP32 products on TF32 tensor cores (hps_core.cuda.linear, "3xTF32"): each float32 value x
 // of a [rows, cols] matrix (row stride ld) becomes hi = round_tf32(x) and lo =
 // round_tf32(x - hi), so that x = hi + lo to about 2^-22 relative and each part passes a

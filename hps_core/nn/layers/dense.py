@@ -275,16 +275,20 @@ def _gpu_affine(
     ctx: ComputeContext, x: Array, weight: Array, bias: Array | None, relu: bool
 ) -> Array:
     """``relu(x @ weight + bias)`` of 2-D ``x`` on a GPU in one kernel: for one output column
-    (a model's last layer, DCN v1's cross weight) ``row_dot``, a warp per row, its operands
-    rounded as ``ComputeContext.matmul`` rounds them (cuBLAS ran it as a GEMV, a reduction and
-    a bias pass); else one cuBLASLt call with the bias and ReLU in its epilogue, whose large
-    FP32 products run as 3xTF32 (:mod:`hps_core.cuda.linear`)."""
+    (a model's last layer, DCN v1's cross weight) ``row_dot``, a warp per row; for a few rows
+    (batches of up to ``SKINNY_ROWS`` samples) ``skinny_linear``, the weights read once by
+    every SM; both round their operands as ``ComputeContext.matmul`` rounds them (cuBLAS ran
+    them as GEMVs, with a reduction and a bias pass for one column). Else one cuBLASLt call
+    with the bias and ReLU in its epilogue, whose large FP32 products run as 3xTF32
+    (:mod:`hps_core.cuda.linear`)."""
     cast_bias = None if bias is None else ctx.cast(bias)
-    if weight.shape[-1] == 1:
-        from hps_core.cuda.dense_ops import row_dot
+    from hps_core.cuda.dense_ops import SKINNY_ROWS, row_dot, skinny_linear
 
-        tf32 = ctx.precision is Precision.TF32
+    tf32 = ctx.precision is Precision.TF32
+    if weight.shape[-1] == 1:
         return row_dot(ctx.cast(x), ctx.cast(weight), cast_bias, relu, tf32)
+    if x.shape[0] <= SKINNY_ROWS:
+        return skinny_linear(ctx.cast(x), ctx.cast(weight), cast_bias, relu, tf32)
     from hps_core.cuda.linear import linear
 
     return linear(ctx.cast(x), ctx.cast(weight), cast_bias, relu, ctx.precision.value)

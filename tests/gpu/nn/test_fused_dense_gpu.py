@@ -388,3 +388,73 @@ def test_row_dot_rejects_a_weight_of_another_width():
     x = cupy.ones((4, 8), dtype=cupy.float32)
     with pytest.raises(ValueError, match="row_dot"):
         dense_ops.row_dot(x, cupy.ones((7, 1), dtype=cupy.float32), None, False, False)
+
+
+@pytest.mark.parametrize("precision", ["fp32", "tf32", "fp16"])
+@pytest.mark.parametrize("relu", [False, True])
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize(
+    "rows, k, n, stride",
+    [(1, 3456, 1024, 3456), (8, 512, 3456, 520), (3, 7, 5, 7), (1, 13, 512, 13),
+     (5, 1000, 130, 1001), (2, 40000, 64, 40000)],
+)  # fmt: skip
+def test_skinny_linear_equals_float64(rows, k, n, stride, bias, relu, precision):
+    """A product of a few rows (the weights spread over every SM, the inner dimension cut
+    into ranges) against float64 NumPy of the operands it multiplies: widths that are not
+    multiples of 4 (a value per lane), aligned ones (four per lane), strided rows, one range
+    of k and many; the output is poisoned first so that an unwritten entry fails. The bound
+    is float32 accumulation over K terms plus the rounding of the result."""
+    rng = np.random.default_rng(rows * k + n + stride)
+    storage = operand(rng, (rows, stride), precision)
+    x = storage[:, :k]
+    w = (operand(rng, (k, n), precision) / np.sqrt(k)).astype(DTYPE[precision])
+    b = operand(rng, (n,), precision) if bias else None
+    pool = cupy.get_default_memory_pool()
+    pool.free_all_blocks()
+    poison = cupy.full(rows * n + 4096, np.nan, dtype=DTYPE[precision])  # reused by `out`
+    del poison
+    got = dense_ops.skinny_linear(
+        cupy.asarray(storage)[:, :k], cupy.asarray(w), None if b is None else cupy.asarray(b),
+        relu, precision == "tf32",
+    )  # fmt: skip
+    assert got.dtype == DTYPE[precision] and got.shape == (rows, n) and got.flags.c_contiguous
+    xs, ws = as_computed(x, precision), as_computed(w, precision)
+    want, scale = xs @ ws, np.abs(xs) @ np.abs(ws)
+    if b is not None:
+        want, scale = want + b.astype(np.float64), scale + np.abs(b.astype(np.float64))
+    if relu:
+        want = np.maximum(want, 0)
+    result = 2.0**-11 if precision == "fp16" else 2.0**-24
+    bound = (k + 2) * 2.0**-24 * scale + result * np.abs(want) + 1e-30
+    error = np.abs(cupy.asnumpy(got).astype(np.float64) - want)
+    assert (error <= bound).all(), f"largest excess {np.max(error - bound)}"
+    again = dense_ops.skinny_linear(
+        cupy.asarray(x), cupy.asarray(w), None if b is None else cupy.asarray(b), relu,
+        precision == "tf32",
+    )  # fmt: skip
+    assert (again == got).all()  # the order of the sums is the shapes', not the launch's
+
+
+def test_skinny_linear_serves_few_rows_of_a_layer():
+    """The fully connected layer on the GPU takes skinny_linear for a batch of up to
+    SKINNY_ROWS rows and cuBLASLt beyond: both agree with float64 within FP32 rounding."""
+    from hps_core.nn.layers.dense import _gpu_affine
+    from hps_core.nn.precision import ComputeContext, Precision
+
+    ctx = ComputeContext(cupy, Precision.FP32)
+    rng = np.random.default_rng(5)
+    w = rng.standard_normal((300, 200)).astype(np.float32)
+    b = rng.standard_normal((1, 200)).astype(np.float32)
+    for rows in (1, dense_ops.SKINNY_ROWS, dense_ops.SKINNY_ROWS + 1, 64):
+        x = rng.standard_normal((rows, 300)).astype(np.float32)
+        got = _gpu_affine(ctx, cupy.asarray(x), cupy.asarray(w), cupy.asarray(b), True).get()
+        want = np.maximum(x.astype(np.float64) @ w + b, 0)
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-4)
+
+
+def test_skinny_linear_rejects_operands_that_do_not_fit():
+    x = cupy.ones((dense_ops.SKINNY_ROWS + 1, 8), dtype=cupy.float32)
+    with pytest.raises(ValueError, match="skinny_linear"):
+        dense_ops.skinny_linear(x, cupy.ones((8, 4), dtype=cupy.float32), None, False, False)
+    with pytest.raises(ValueError, match="skinny_linear"):
+        dense_ops.skinny_linear(x[:2], cupy.ones((7, 4), dtype=cupy.float32), None, False, False)
