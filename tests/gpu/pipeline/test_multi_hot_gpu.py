@@ -156,7 +156,7 @@ def test_large_sample_major_batches_staged_in_parts(
         model.check(got, dense, keys)
     pipe = gpu.pipeline
     for bucket in pipe._buckets.values():
-        parts = pipe._row_parts(bucket)
+        parts = pipe.placement.row_parts(bucket.layout.size, gpu_pipeline._grouped(bucket))
         assert len(bucket.graphs.row_lookups) == len(parts) > 1
         samples = [r for *_, (first, stop) in parts for r in range(first, stop)]
         assert samples == list(range(bucket.layout.size))  # every sample in exactly one part
