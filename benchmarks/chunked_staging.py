@@ -22,6 +22,7 @@ import csv
 import itertools
 import statistics
 import time
+import types
 from pathlib import Path
 
 import cupy
@@ -31,6 +32,7 @@ from ranking_vs_pytorch import make_batch, variant
 from hps_core.config import load_ps_config
 from hps_core.infer import RankingSession, load_ranking_graph
 from hps_core.infer.gpu import pipeline as gpu_pipeline
+from hps_core.infer.gpu import uploads
 
 _NO_THREADS = {"_THREADED_STAGING_BYTES": 1 << 62}
 _ONE_PIECE = {"_STAGING_PIECE_BYTES": 1 << 62}
@@ -55,7 +57,13 @@ SETTINGS = {
     "chunks of 8,192+, no threads": {"_MIN_CHUNK_SAMPLES": 8192, **_NO_THREADS},
     "chunks of 8,192+, one piece": {"_MIN_CHUNK_SAMPLES": 8192, **_ONE_PIECE},
 }
-"""Settings of :mod:`hps_core.infer.gpu.pipeline` timed against each other."""
+"""Settings of :mod:`hps_core.infer.gpu.pipeline` (the chunks) and
+:mod:`hps_core.infer.gpu.uploads` (the staging threads) timed against each other."""
+
+
+def holder(setting: str) -> types.ModuleType:
+    """The module whose constant ``setting`` is."""
+    return uploads if hasattr(uploads, setting) else gpu_pipeline
 
 
 class _TimedEvent:
@@ -118,26 +126,24 @@ def main() -> None:
 
     results = []
     for label, settings in SETTINGS.items():
-        saved = {k: getattr(gpu_pipeline, k) for k in settings}
+        saved = {k: getattr(holder(k), k) for k in settings}
         for key, value in settings.items():
-            setattr(gpu_pipeline, key, value)
-        if pipe._copy_pool is not None:  # its thread count is read when it is made
-            pipe._copy_pool.shutdown()
-            pipe._copy_pool = None
+            setattr(holder(key), key, value)
+        pipe._uploader.close()  # its thread count is read when it starts threads
         for batch in batches:
             session.predict(batch)
         ms = median_ms(session.predict, batches, args.runs)
         results.append({"setting": label, "batch": args.batch, "predict_ms": ms})
         print(f"{label}: predict {ms:.3f} ms (median of {args.runs})")
         for key, value in saved.items():
-            setattr(gpu_pipeline, key, value)
+            setattr(holder(key), key, value)
 
     log: list[tuple[str, float, float]] = []
-    stage, run = pipe._stage_and_upload, pipe._run
+    stage, run = pipe._uploader.stage_and_upload, pipe._run
 
-    def timed_stage(bucket, part) -> None:
+    def timed_stage(bucket, part, **k) -> None:
         started = time.perf_counter()
-        stage(bucket, part)
+        stage(bucket, part, **k)
         log.append(("stage", started, time.perf_counter()))
 
     def timed_run(bucket, *a, **k) -> None:
@@ -145,7 +151,7 @@ def main() -> None:
         run(bucket, *a, **k)
         log.append(("launch", started, time.perf_counter()))
 
-    pipe._stage_and_upload, pipe._run = timed_stage, timed_run
+    pipe._uploader.stage_and_upload, pipe._run = timed_stage, timed_run
     pipe._chunk_done = [_TimedEvent(e, log) for e in pipe._chunk_done]
     for batch in batches[:3]:
         log.clear()
@@ -157,7 +163,7 @@ def main() -> None:
             f"{name} {1e3 * (a - started):.2f}-{1e3 * (b - started):.2f}" for name, a, b in log
         )
         print(f"predict {total:.3f} ms: {steps}")
-    pipe._stage_and_upload, pipe._run = stage, run
+    pipe._uploader.stage_and_upload, pipe._run = stage, run
 
     chunk = pipe._chunk_samples(batches[0])
     if chunk is not None:

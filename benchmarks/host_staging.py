@@ -1,7 +1,7 @@
 """What staging a batch's keys on the host costs, against copying them to the GPU.
 
 A host batch reaches the GPU in two steps: the host copies its keys into pinned memory (the
-GPU pipeline's staging buffer, filled by ``--threads`` threads as ``hps_core.infer.gpu.pipeline``
+GPU pipeline's staging buffer, filled by ``--threads`` threads as ``hps_core.infer.gpu.uploads``
 does), then one DMA copy moves them. This measures both for a ``[batch, keys]`` int64 key
 matrix (MLPerf DLRM-v2: 214 keys per sample), and the alternative of handing CUDA the
 pageable array directly (``cudaMemcpy`` stages it through the driver's own pinned buffers),

@@ -33,6 +33,7 @@ from hps_core.config import load_ps_config
 from hps_core.hps import HPS
 from hps_core.infer import RankingSession, load_ranking_graph
 from hps_core.infer.gpu import pipeline as gpu_pipeline
+from hps_core.infer.gpu import uploads
 from hps_core.infer.gpu.staging import bucket_for
 
 WARMUP_BATCH = 16384
@@ -109,7 +110,7 @@ def main() -> None:
             staging, whole = [], []
             for _, _, sparse in inputs:
                 started = time.perf_counter()
-                pipe._stage_and_upload(bucket, sparse)
+                pipe._uploader.stage_and_upload(bucket, sparse)
                 pipe._stream.synchronize()
                 staging.append(time.perf_counter() - started)
             for _, _, sparse in inputs:
@@ -120,12 +121,10 @@ def main() -> None:
             whole_ms = 1e3 * statistics.median(whole)
             log(f"{precision} {batch}: staging + copy {staging_ms:.3f} ms, predict "
                 f"{whole_ms:.3f} ms (medians of {len(inputs)})")  # fmt: skip
-            default_threads = gpu_pipeline._STAGING_THREADS
+            default_threads = uploads._STAGING_THREADS
             for threads in (int(t) for t in args.staging_threads.split(",") if t):
-                gpu_pipeline._STAGING_THREADS = threads
-                if pipe._copy_pool is not None:
-                    pipe._copy_pool.shutdown()
-                    pipe._copy_pool = None
+                uploads._STAGING_THREADS = threads
+                pipe._uploader.close()  # its thread count is read when it starts threads
                 times = []
                 for _, _, sparse in inputs * 2:
                     started = time.perf_counter()
@@ -133,7 +132,7 @@ def main() -> None:
                     times.append(time.perf_counter() - started)
                 log(f"  {threads} staging threads: predict "
                     f"{1e3 * statistics.median(times):.3f} ms")  # fmt: skip
-            gpu_pipeline._STAGING_THREADS = default_threads
+            uploads._STAGING_THREADS = default_threads
             # Settings are compared on fresh batches (a batch seen before hits more), in rounds
             # that alternate them, so that drift in the cache or the machine hits all alike.
             times: dict[str, list[float]] = {label: [] for label in ("default", *VARIANTS)}

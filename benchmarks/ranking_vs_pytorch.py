@@ -214,7 +214,7 @@ def graph_times(session: RankingSession, sparse: SparseBatch) -> tuple[float, fl
     stream = pipe._stream
     graphs = bucket.graphs
     with cupy.cuda.Device(0), stream:
-        pipe._stage_and_upload(bucket, sparse)
+        pipe._uploader.stage_and_upload(bucket, sparse)
         events[0].record(stream)
         with pipe.bank.section():
             for lookup in graphs.lookups:

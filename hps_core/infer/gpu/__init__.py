@@ -2,8 +2,9 @@
 
 Data flow of one batch (:mod:`~hps_core.infer.gpu.pipeline`)::
 
-    SparseBatch (host) -> pinned staging (staging) -> copies to the GPU
+    SparseBatch (host) -> pinned staging (staging, uploads) -> copies to the GPU (uploads)
       (a batch of CuPy arrays: copied in place on the GPU)
+      (keys below the host tier: fetched through the host, lower_tiers)
       -> bank_find / bank_pool: every table at once (bank, kernels/bank.cu): GPU cache, host
          tier read in place (host_mapping), default vectors; pooled into the dense network's
          input
@@ -11,6 +12,7 @@ Data flow of one batch (:mod:`~hps_core.infer.gpu.pipeline`)::
       -> dense network (hps_core.nn on hps_core.cuda's products and fused kernels)
       -> one copy of the scores to the host
 
+Each batch size (the next power of two) has a bucket of buffers and CUDA graphs (buckets).
 The CUDA sources and their compilation are :mod:`hps_core.cuda`'s; the constants
 ``kernels/bank.cu`` shares with Python are :mod:`~hps_core.infer.gpu.constants`.
 

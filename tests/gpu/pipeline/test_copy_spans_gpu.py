@@ -9,8 +9,8 @@ import pytest
 cupy = pytest.importorskip("cupy")
 
 from hps_core.cuda import kernels  # noqa: E402
-from hps_core.infer.gpu.pipeline import _COPY_THREADS  # noqa: E402
 from hps_core.infer.gpu.structs import SPAN_DTYPE  # noqa: E402
+from hps_core.infer.gpu.uploads import _COPY_THREADS  # noqa: E402
 
 
 @pytest.mark.parametrize("blocks", [1, 3, 64])

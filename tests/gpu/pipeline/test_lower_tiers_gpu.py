@@ -108,7 +108,7 @@ def test_a_model_without_lower_tiers_never_probes(repo: Path) -> None:
     parsed = HugeCTRContract(gpu.layout).parse(*encode_hugectr(dense, keys))
     model.check(gpu.predict(parsed), dense, keys)
     pipe = gpu.pipeline
-    assert not pipe._lower and pipe._extras is None
+    assert not pipe._lower and pipe._lower_tiers.extras is None
     assert all(b.pending is None for b in pipe._buckets.values())
 
 
@@ -124,8 +124,13 @@ def test_an_empty_update_overlay_costs_no_round_trip(repo: Path) -> None:
     gpu = RankingSession.open(path, name, device_id=0)
     pipe = gpu.pipeline
     fetches: list[int] = []
-    fetch = pipe._fetch_lower
-    pipe._fetch_lower = lambda bucket: (fetches.append(bucket.layout.size), fetch(bucket))[1]
+    fetch = pipe._lower_tiers.fetch
+
+    def counted(bucket, *state) -> None:
+        fetches.append(bucket.layout.size)
+        fetch(bucket, *state)
+
+    pipe._lower_tiers.fetch = counted
     dense, keys = model.samples(np.random.default_rng(4), 48)
     parsed = HugeCTRContract(gpu.layout).parse(*encode_hugectr(dense, keys))
     model.check(gpu.predict(parsed), dense, keys)

@@ -85,7 +85,7 @@ def test_every_batch_form_equals_numpy_and_the_reference(repo: Path, kind: str) 
     for batch in (1, 3, 64, 200, 64):
         dense, keys = model.samples(rng, batch)
         parsed = samples.parse(*encode_samples(dense, keys))
-        assert parsed.sample_keys is not None and gpu.pipeline._sample_major(parsed)
+        assert parsed.sample_keys is not None and gpu.pipeline._uploader.sample_major(parsed)
         want = cpu.predict(parsed)
         model.check(want, dense, keys)
         from_hugectr = hugectr.parse(*encode_hugectr(dense, keys))
@@ -136,10 +136,10 @@ def test_large_sample_major_batches_staged_in_parts(
     """A grouped bucket stages a sample-major batch part by part of its samples (threads fill
     each part from _THREADED_STAGING_BYTES on), and looks each part up as soon as it is
     copied, with a graph per part; the same batch table-major takes the groups of tables."""
-    from hps_core.infer.gpu import pipeline as gpu_pipeline
+    from hps_core.infer.gpu import buckets, uploads
 
-    monkeypatch.setattr(gpu_pipeline, "_GROUPED_STAGING_SAMPLES", 8)
-    monkeypatch.setattr(gpu_pipeline, "_THREADED_STAGING_BYTES", 0 if threaded else 1 << 62)
+    monkeypatch.setattr(buckets, "_GROUPED_STAGING_SAMPLES", 8)
+    monkeypatch.setattr(uploads, "_THREADED_STAGING_BYTES", 0 if threaded else 1 << 62)
     model = ZooModel(repo, NAME)
     ps = variant(repo, "dynamic", f"_large{threaded}")
     gpu = RankingSession.open(ps, NAME, device_id=0)
@@ -156,7 +156,7 @@ def test_large_sample_major_batches_staged_in_parts(
         model.check(got, dense, keys)
     pipe = gpu.pipeline
     for bucket in pipe._buckets.values():
-        parts = pipe.placement.row_parts(bucket.layout.size, gpu_pipeline._grouped(bucket))
+        parts = pipe.placement.row_parts(bucket.layout.size, buckets.grouped(bucket))
         assert len(bucket.graphs.row_lookups) == len(parts) > 1
         samples = [r for *_, (first, stop) in parts for r in range(first, stop)]
         assert samples == list(range(bucket.layout.size))  # every sample in exactly one part

@@ -206,10 +206,10 @@ def test_large_batches_staged_and_copied_in_groups(
     group (one lookup graph per group, each after its group's copy), filled by threads from
     _THREADED_STAGING_BYTES on (both lowered here so small batches take them); the same
     batch handed over on the GPU takes the grouped graphs too."""
-    from hps_core.infer.gpu import pipeline as gpu_pipeline
+    from hps_core.infer.gpu import buckets, uploads
 
-    monkeypatch.setattr(gpu_pipeline, "_GROUPED_STAGING_SAMPLES", 8)
-    monkeypatch.setattr(gpu_pipeline, "_THREADED_STAGING_BYTES", 0 if threaded else 1 << 62)
+    monkeypatch.setattr(buckets, "_GROUPED_STAGING_SAMPLES", 8)
+    monkeypatch.setattr(uploads, "_THREADED_STAGING_BYTES", 0 if threaded else 1 << 62)
     ps = variant(repo, name, "dynamic")
     model = Model(repo, name)
     gpu = RankingSession.open(ps, name, device_id=0)
@@ -217,7 +217,7 @@ def test_large_batches_staged_and_copied_in_groups(
     assert (
         1
         <= len(gpu.pipeline.placement.group_keys)
-        <= min(len(gpu.pipeline.feeds), gpu_pipeline._STAGING_GROUPS)
+        <= min(len(gpu.pipeline.feeds), uploads.STAGING_GROUPS)
     )
     contract = HugeCTRContract(gpu.layout)
     rng = np.random.default_rng(17 + threaded)
