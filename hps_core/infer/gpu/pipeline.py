@@ -55,11 +55,12 @@ from typing import Any
 import cupy
 import numpy as np
 
+from hps_core.cache.kernel_consts import LANES, THREADS
 from hps_core.cuda import kernels
 from hps_core.errors import RequestError
 from hps_core.infer.batch import SparseBatch
 from hps_core.infer.gpu.bank import CacheBank
-from hps_core.infer.gpu.constants import LANES, STATE_STAGED, THREADS, bank_defines
+from hps_core.infer.gpu.constants import STATE_STAGED, bank_defines
 from hps_core.infer.gpu.placement import Part, Placement
 from hps_core.infer.gpu.staging import BatchLayout, bucket_for, split_copies
 from hps_core.infer.gpu.structs import MISS_DTYPE, PENDING_DTYPE, SPAN_DTYPE
@@ -106,7 +107,7 @@ _MIN_CHUNK_SAMPLES = 4096
 _CHUNK_LANES = 2
 """Buckets per chunk size: a chunk is staged into one while the GPU works on the other's."""
 _POOL_SPLIT = 4
-"""Groups of ``constants.LANES`` lanes that share a bag in ``bank_pool`` (a warp) ..."""
+"""Groups of ``kernel_consts.LANES`` lanes that share a bag in ``bank_pool`` (a warp) ..."""
 _POOL_SPLIT_BAGS = 65536
 """... for launches of at most this many bags, in models with bags longer than a group's
 lanes (at most 4 x 8 x 65,536 threads: two waves on an H200)."""
