@@ -23,8 +23,8 @@ from hps_core.cache.ipc_group import SharedCacheGroup
 from hps_core.cache.kernel_consts import (
     KERNEL_FILE,
     KERNEL_NAMES,
-    QUERY_LANES,
-    THREADS_PER_BLOCK,
+    LANES,
+    THREADS,
     cuda_defines,
 )
 from hps_core.cache.layout import RunPlan, plan_runs
@@ -137,9 +137,9 @@ class CupyDynamicCache(DynamicCache):
 
     def _launch(self, name: str, items: int, args: tuple[Any, ...], lanes: int = _WARP) -> None:
         """Run kernel ``name`` with ``lanes`` threads per item; report any CUDA error by name."""
-        blocks = -(-items * lanes // THREADS_PER_BLOCK)
+        blocks = -(-items * lanes // THREADS)
         try:
-            self._kernels[name]((blocks,), (THREADS_PER_BLOCK,), args)
+            self._kernels[name]((blocks,), (THREADS,), args)
             if self.sync_checks:
                 cupy.cuda.get_current_stream().synchronize()
         except _CUDA_ERRORS as exc:
@@ -168,7 +168,7 @@ class CupyDynamicCache(DynamicCache):
                 # 16-byte row copies need rows of whole float4s on 16-byte boundaries.
                 self._rows_aligned and out.data.ptr % 16 == 0,
             ),
-            lanes=QUERY_LANES,
+            lanes=LANES,
         )
         return hit
 

@@ -1,16 +1,18 @@
-"""Constants of the dynamic cache's CUDA kernels, shared by Python and the kernel source.
+"""Constants of the GPU cache kernels, shared by Python and the kernel sources.
 
-The kernels (``cache_query``, ``cache_replace``, ``cache_update``, ``static_query``,
-``static_find``) are CUDA C++ in ``hps_core/cuda/kernels/cache.cu``, which takes its set-probing
-helpers from ``hps_core/cuda/kernels/cache_set.cuh`` (shared with the GPU pipeline's
-``bank.cu``); :func:`hps_core.cache.cupy_cache.load_kernels` compiles them at run time (NVRTC,
-through CuPy and :mod:`hps_core.cuda.kernels`). The constants the source shares with Python
-(ways, empty key, counter positions, lanes per key) are gathered here by :func:`cuda_defines`
-from the Python modules that own them, so the two cannot drift apart. This module needs no
-CuPy.
+Two kernel files probe the 64-way sets of a dynamic cache, through the helpers of
+``hps_core/cuda/kernels/cache_set.cuh``: ``hps_core/cuda/kernels/cache.cu``, the dynamic cache's
+and the static table's own kernels (``cache_query``, ``cache_replace``, ``cache_update``,
+``static_query``, ``static_find``, loaded by :func:`hps_core.cache.cupy_cache.load_kernels`),
+and ``hps_core/cuda/kernels/bank.cu``, the GPU ranking pipeline's grouped-table kernels
+(compiled with :func:`hps_core.infer.gpu.constants.bank_defines`). Both are compiled at run
+time (NVRTC, through CuPy and :mod:`hps_core.cuda.kernels`). The constants they share with
+Python and with each other (ways, empty key, lanes per key, threads per block, counter
+positions) are written once, by :func:`shared_defines`, from the Python modules that own them,
+so they cannot drift apart. This module needs no CuPy.
 
-How the kernels split the work is described at the top of ``cache.cu``; their semantics
-are those of :mod:`hps_core.cache.dynamic` and :mod:`hps_core.cache.static_table`.
+How ``cache.cu``'s kernels split the work is described at the top of that file; their
+semantics are those of :mod:`hps_core.cache.dynamic` and :mod:`hps_core.cache.static_table`.
 """
 
 from __future__ import annotations
@@ -19,42 +21,62 @@ from hps_core.cache.layout import EMPTY_KEY, WAYS
 from hps_core.cache.stats import (
     EVICTIONS,
     HITS,
+    HOST_ROWS,
     INSERTS,
+    KEYS,
     MISSES,
+    NUM_COUNTERS,
     RESERVED_KEY_MISSES,
+    UNKNOWN,
     UPDATED,
 )
 from hps_core.cuda.kernels import define_lines
 
 KERNEL_FILE = "cache"
-"""Stem of the kernel file: ``hps_core/cuda/kernels/cache.cu``."""
+"""Stem of the cache's kernel file: ``hps_core/cuda/kernels/cache.cu``."""
 
 KERNEL_NAMES = ("cache_query", "cache_replace", "cache_update", "static_query", "static_find")
 
-THREADS_PER_BLOCK = 256
-"""Threads per block of every kernel."""
+THREADS = 256
+"""Threads per block of every kernel of ``kernels/cache.cu`` and ``kernels/bank.cu``."""
 
-QUERY_LANES = 8
-"""Lanes per key of ``cache_query`` (a warp probes four keys at once); 32 for the others."""
+LANES = 8
+"""Lanes per key, four keys per warp (``GROUP_MASK`` in the kernels: as many low bits set): in
+``kernels/cache.cu`` those of ``cache_query``, each loading ``WAYS / LANES`` of the set's keys,
+and of ``static_query`` (the other kernels there use a warp, 32 lanes, per work item); in
+``kernels/bank.cu`` those that serve one key or bag in ``bank_find``, ``bank_pool`` and
+``bank_probe`` (``bank_insert`` uses a warp per miss)."""
+
+
+def shared_defines() -> dict[str, int | str]:
+    """The constants both ``kernels/cache.cu`` and ``kernels/bank.cu`` are compiled with.
+
+    Returns:
+        ``#define`` name -> value, for :func:`hps_core.cuda.kernels.define_lines`.
+    """
+    return {
+        "WAYS": WAYS,
+        "EMPTY_KEY": f"{EMPTY_KEY}LL",
+        "THREADS": THREADS,
+        "LANES": LANES,
+        "GROUP_MASK": f"{(1 << LANES) - 1:#x}u",
+        "HITS": HITS,
+        "MISSES": MISSES,
+        "RESERVED_KEY_MISSES": RESERVED_KEY_MISSES,
+        "INSERTS": INSERTS,
+        "EVICTIONS": EVICTIONS,
+        "UPDATED": UPDATED,
+        "KEYS": KEYS,
+        "UNKNOWN": UNKNOWN,
+        "HOST_ROWS": HOST_ROWS,
+        "NUM_COUNTERS": NUM_COUNTERS,
+    }
 
 
 def cuda_defines() -> str:
-    """The ``#define`` lines ``kernels/cache.cu`` is compiled with.
+    """The ``#define`` lines ``kernels/cache.cu`` is compiled with: :func:`shared_defines`.
 
     Returns:
         CUDA C++ text to put before the kernel file's text.
     """
-    return define_lines(
-        {
-            "WAYS": WAYS,
-            "QUERY_LANES": QUERY_LANES,
-            "QUERY_GROUP_MASK": f"{(1 << QUERY_LANES) - 1}u",
-            "EMPTY_KEY": f"{EMPTY_KEY}LL",
-            "INSERTS": INSERTS,
-            "EVICTIONS": EVICTIONS,
-            "UPDATED": UPDATED,
-            "HITS": HITS,
-            "MISSES": MISSES,
-            "RESERVED_KEY_MISSES": RESERVED_KEY_MISSES,
-        }
-    )
+    return define_lines(shared_defines())

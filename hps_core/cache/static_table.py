@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from hps_core.cache.arrays import as_keys, as_rows, output_rows
-from hps_core.cache.kernel_consts import QUERY_LANES, THREADS_PER_BLOCK
+from hps_core.cache.kernel_consts import LANES, THREADS
 from hps_core.cache.layout import last_of_each
 from hps_core.cache.stats import (
     HITS,
@@ -123,8 +123,8 @@ class StaticTable:
         rows = xp.empty(n, dtype=xp.int64)
         if n:
             self._kernels["static_find"](
-                (-(-n // THREADS_PER_BLOCK),),
-                (THREADS_PER_BLOCK,),
+                (-(-n // THREADS),),
+                (THREADS,),
                 (keys, np.int64(n), self._hashes, self._starts,
                  np.int32(self._layout.bucket_bits), rows),
             )  # fmt: skip
@@ -161,10 +161,10 @@ class StaticTable:
                     and out.data.ptr % 16 == 0
                     and self._values.data.ptr % 16 == 0
                 )
-                blocks = -(-n * QUERY_LANES // THREADS_PER_BLOCK)
+                blocks = -(-n * LANES // THREADS)
                 self._kernels["static_query"](
                     (blocks,),
-                    (THREADS_PER_BLOCK,),
+                    (THREADS,),
                     (keys, np.int64(n), self._hashes, self._starts,
                      np.int32(self._layout.bucket_bits), self._values, np.int32(self._dim),
                      out, hit, self._counters, vectorized),

@@ -8,7 +8,9 @@ set-probing helpers of ``kernels/cache_set.cuh``. The constants a file shares wi
 prepended as ``#define`` lines written by :func:`define_lines` from the Python modules that
 own them, so the two cannot drift apart: the pipeline's by
 :func:`hps_core.infer.gpu.constants.bank_defines`, the cache's by
-:func:`hps_core.cache.kernel_consts.cuda_defines`. This package imports nothing of hps_core
+:func:`hps_core.cache.kernel_consts.cuda_defines`, both taking what ``bank.cu`` and ``cache.cu``
+share (ways, empty key, lanes per key, threads per block, counter positions) from
+:func:`hps_core.cache.kernel_consts.shared_defines`. This package imports nothing of hps_core
 but its errors: the cache and the ranking pipeline build on it. Templated kernels are
 instantiated through CuPy's ``name_expressions`` (``interaction<float>``,
 ``interaction<unsigned short>`` for half).

@@ -1,9 +1,14 @@
 // Embedding lookup of every table of a model, in three launches for all tables, and the
 // insertion of its misses into the dynamic caches.
 //
-// Loaded by hps_core/cuda/kernels.py, which prepends the #defines shared with Python (WAYS, LANES,
-// EMPTY_KEY, counter positions, state positions) and puts cache_set.cuh in place of its
-// #include. The Table struct is mirrored by TABLE_DTYPE in hps_core/infer/gpu/structs.py, Miss by
+// Loaded by hps_core/cuda/kernels.py, which prepends the #defines shared with Python (written by
+// bank_defines in hps_core/infer/gpu/constants.py: those shared with cache.cu, WAYS, EMPTY_KEY,
+// THREADS, LANES, GROUP_MASK and the counter positions HITS ... NUM_COUNTERS of
+// hps_core/cache/stats.py, from shared_defines in hps_core/cache/kernel_consts.py; then the
+// combiners and state positions) and puts cache_set.cuh in place of its #include. The kernels
+// add to each table's row of NUM_COUNTERS counters at KEYS, HITS, MISSES, UNKNOWN, HOST_ROWS
+// (bank_find), INSERTS and EVICTIONS (bank_insert); the other positions are cache.cu's and
+// stay 0. The Table struct is mirrored by TABLE_DTYPE in hps_core/infer/gpu/structs.py, Miss by
 // MISS_DTYPE and Pending by PENDING_DTYPE there; change them together.
 //
 // A batch is a jagged batch of bags: bag (b, s) holds the keys of sample b in slot s of a
@@ -362,8 +367,8 @@ extern "C" __global__ void bank_find(
     const bool shared = t < BLOCK_TABLES;
     unsigned* mine = block_counts + (shared ? t : 0) * NUM_COUNTERS;
     u64* global = counters + (i64)t * NUM_COUNTERS;
-    const int kinds[5] = {C_KEYS, hit ? C_HITS : C_MISSES, found ? -1 : C_UNKNOWN,
-                          over_pcie ? C_HOST_ROWS : -1, -1};
+    const int kinds[5] = {KEYS, hit ? HITS : MISSES, found ? -1 : UNKNOWN,
+                          over_pcie ? HOST_ROWS : -1, -1};
     for (int k = 0; k < 4; ++k) {
       if (kinds[k] < 0) continue;
       if (shared) {
@@ -608,8 +613,8 @@ extern "C" __global__ void bank_insert(const Table* __restrict__ tables,
       if (lane == 0) {
         atomicExch(lock, 0);
         u64* c = counters + (i64)m.table * NUM_COUNTERS;
-        if (inserted) atomicAdd(c + C_INSERTS, 1ull);
-        if (evicted) atomicAdd(c + C_EVICTIONS, 1ull);
+        if (inserted) atomicAdd(c + INSERTS, 1ull);
+        if (evicted) atomicAdd(c + EVICTIONS, 1ull);
       }
     }
     if (lane == 0) {

@@ -1,16 +1,20 @@
 // The dynamic cache's kernels (cache_query, cache_replace, cache_update) and the static
 // table's (static_query, static_find); semantics in hps_core/cache/dynamic.py and
-// hps_core/cache/static_table.py, the NumPy twin in hps_core/cache/twin.py.
+// hps_core/cache/static_table.py, the NumPy twin in tests/unit/cache/cache_twin.py.
 //
 // Loaded by hps_core/cache/cupy_cache.py through hps_core/cuda/kernels.py, which prepends the
-// #defines shared with Python (WAYS, QUERY_LANES, QUERY_GROUP_MASK, EMPTY_KEY, counter positions;
-// generated in hps_core/cache/kernel_consts.py) and puts cache_set.cuh in place of its #include.
+// #defines shared with Python and with bank.cu (WAYS, EMPTY_KEY, THREADS, LANES, GROUP_MASK and
+// the counter positions HITS ... NUM_COUNTERS of hps_core/cache/stats.py, all written by
+// shared_defines in hps_core/cache/kernel_consts.py) and puts cache_set.cuh in place of its
+// #include. The kernels add to HITS, MISSES, RESERVED_KEY_MISSES, INSERTS, EVICTIONS and
+// UPDATED; the other positions of the counter array are bank.cu's and stay 0.
 //
-// Work split: cache_query gives each key a group of QUERY_LANES (8) lanes (4 keys per warp),
-// each lane loading 8 of the set's 64 slot keys, so that many probes are in flight; ballots find
-// the key. cache_replace and cache_update use one warp per work item, lane l holding slots l and
-// l + 32 of a set, with one item per run of a hps_core.cache.layout.RunPlan, and walk the run in
-// batch order, so no two warps touch the same set and no locks are needed.
+// Work split: cache_query gives each key a group of LANES (8) lanes (4 keys per warp), each
+// lane loading 8 of the set's 64 slot keys, so that many probes are in flight; ballots find
+// the key. static_query gives each key LANES lanes too. cache_replace and cache_update use one
+// warp per work item, lane l holding slots l and l + 32 of a set, with one item per run of a
+// hps_core.cache.layout.RunPlan, and walk the run in batch order, so no two warps touch the
+// same set and no locks are needed.
 
 #include "cache_set.cuh"
 
@@ -24,16 +28,16 @@ __device__ __forceinline__ void copy_row(float* dst, const float* src, const int
   for (int d = lane; d < dim; d += WARP) dst[d] = src[d];
 }
 
-// A row copied by the QUERY_LANES lanes of a key's group; `vectorized` (16-byte accesses)
+// A row copied by the LANES lanes of a key's group; `vectorized` (16-byte accesses)
 // needs a width of whole float4s and 16-byte aligned rows (a dim-128 row: 4 per lane).
 __device__ __forceinline__ void copy_row_in_group(float* dst, const float* src, const int dim,
                                                   const int lane, const bool vectorized) {
   if (vectorized) {
     float4* d4 = reinterpret_cast<float4*>(dst);
     const float4* s4 = reinterpret_cast<const float4*>(src);
-    for (int d = lane; d < dim / 4; d += QUERY_LANES) d4[d] = __ldg(s4 + d);
+    for (int d = lane; d < dim / 4; d += LANES) d4[d] = __ldg(s4 + d);
   } else {
-    for (int d = lane; d < dim; d += QUERY_LANES) dst[d] = src[d];
+    for (int d = lane; d < dim; d += LANES) dst[d] = src[d];
   }
 }
 
@@ -69,24 +73,24 @@ extern "C" __global__ void cache_query(
     const float* __restrict__ slot_values, const int dim, const u64 clock,
     float* __restrict__ out, bool* __restrict__ hit, i64* __restrict__ counters,
     const bool vectorized) {
-  const i64 item = ((i64)blockIdx.x * blockDim.x + threadIdx.x) / QUERY_LANES;
-  const int lane = threadIdx.x % QUERY_LANES;
-  const int group_shift = (threadIdx.x % WARP) / QUERY_LANES * QUERY_LANES;
+  const i64 item = ((i64)blockIdx.x * blockDim.x + threadIdx.x) / LANES;
+  const int lane = threadIdx.x % LANES;
+  const int group_shift = (threadIdx.x % WARP) / LANES * LANES;
   const bool valid = item < n;  // no early return: every lane takes part in ballots and counts
   const i64 key = valid ? keys[item] : EMPTY_KEY;
   const bool probe = valid && key != EMPTY_KEY;
   const i64 first = probe ? set_of(key, num_sets) * WAYS : 0;
-  i64 stored[WAYS / QUERY_LANES];
+  i64 stored[WAYS / LANES];
 #pragma unroll
-  for (int j = 0; j < WAYS / QUERY_LANES; ++j) {
-    stored[j] = probe ? slot_keys[first + j * QUERY_LANES + lane] : 0;
+  for (int j = 0; j < WAYS / LANES; ++j) {
+    stored[j] = probe ? slot_keys[first + j * LANES + lane] : 0;
   }
   int way = -1;
 #pragma unroll
-  for (int j = 0; j < WAYS / QUERY_LANES; ++j) {
+  for (int j = 0; j < WAYS / LANES; ++j) {
     const unsigned mine =
-        (__ballot_sync(FULL_MASK, probe && stored[j] == key) >> group_shift) & QUERY_GROUP_MASK;
-    if (way < 0 && mine != 0u) way = j * QUERY_LANES + __ffs(mine) - 1;
+        (__ballot_sync(FULL_MASK, probe && stored[j] == key) >> group_shift) & GROUP_MASK;
+    if (way < 0 && mine != 0u) way = j * LANES + __ffs(mine) - 1;
   }
   if (valid && lane == 0) {
     hit[item] = way >= 0;
@@ -187,15 +191,15 @@ extern "C" __global__ void cache_update(
   if (lane == 0) atomicAdd((u64*)&counters[UPDATED], updated);
 }
 
-// Static table query: QUERY_LANES lanes per key probe its bucket (the same addresses, served
+// Static table query: LANES lanes per key probe its bucket (the same addresses, served
 // once) and copy the row; counters summed per block. Miss rows of `out` are not written.
 extern "C" __global__ void static_query(
     const i64* __restrict__ keys, const i64 n, const u64* __restrict__ hashes,
     const i64* __restrict__ starts, const int bits, const float* __restrict__ values,
     const int dim, float* __restrict__ out, bool* __restrict__ hit,
     i64* __restrict__ counters, const bool vectorized) {
-  const i64 item = ((i64)blockIdx.x * blockDim.x + threadIdx.x) / QUERY_LANES;
-  const int lane = threadIdx.x % QUERY_LANES;
+  const i64 item = ((i64)blockIdx.x * blockDim.x + threadIdx.x) / LANES;
+  const int lane = threadIdx.x % LANES;
   const bool valid = item < n;
   const i64 row = valid ? static_row(keys[item], hashes, starts, bits) : -1;
   if (valid && lane == 0) hit[item] = row >= 0;

@@ -14,7 +14,9 @@ Data flow of one batch (:mod:`~hps_core.infer.gpu.pipeline`)::
 
 Each batch size (the next power of two) has a bucket of buffers and CUDA graphs (buckets).
 The CUDA sources and their compilation are :mod:`hps_core.cuda`'s; the constants
-``kernels/bank.cu`` shares with Python are :mod:`~hps_core.infer.gpu.constants`.
+``kernels/bank.cu`` shares with Python are :mod:`~hps_core.infer.gpu.constants`'s, those it
+also shares with the cache's ``kernels/cache.cu`` (lanes per key, threads per block, counter
+positions) :mod:`hps_core.cache.kernel_consts`'s and :mod:`hps_core.cache.stats`'.
 
 Every module but :mod:`~hps_core.infer.gpu.staging` and ``constants`` needs CuPy; none is
 imported here, so the package imports on machines without it.

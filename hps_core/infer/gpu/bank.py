@@ -29,15 +29,15 @@ from hps_core.cache.cupy_cache import CupyDynamicCache
 from hps_core.cache.layout import EMPTY_KEY, WAYS
 from hps_core.cache.order import StreamOrder
 from hps_core.cache.static_table import StaticTable
-from hps_core.infer.gpu.counters import (
-    C_EVICTIONS,
-    C_HITS,
-    C_HOST_ROWS,
-    C_INSERTS,
-    C_KEYS,
-    C_MISSES,
-    C_UNKNOWN,
+from hps_core.cache.stats import (
+    EVICTIONS,
+    HITS,
+    HOST_ROWS,
+    INSERTS,
+    KEYS,
+    MISSES,
     NUM_COUNTERS,
+    UNKNOWN,
 )
 from hps_core.infer.gpu.host_mapping import map_host_table, unmap_host_table
 from hps_core.infer.gpu.placement import TablePlacement
@@ -240,17 +240,17 @@ class CacheBank:
             values = self.counters.get()
         out = [TableCounters() for _ in range(self.lookup.num_tables)]
         for row, t in zip(values.tolist(), self.tables, strict=True):
-            keys = int(row[C_KEYS])
+            keys = int(row[KEYS])
             out[t] = TableCounters(
                 lookups=self.batches,
                 keys=keys,
                 unique_keys=keys,  # not deduplicated: the hit rate is per key occurrence
-                cache_hits=int(row[C_HITS]),
-                cache_misses=int(row[C_MISSES]),
-                unknown_keys=int(row[C_UNKNOWN]),
-                inserted_keys=int(row[C_INSERTS]),
-                evictions=int(row[C_EVICTIONS]),
-                host_rows=int(row[C_HOST_ROWS]),
+                cache_hits=int(row[HITS]),
+                cache_misses=int(row[MISSES]),
+                unknown_keys=int(row[UNKNOWN]),
+                inserted_keys=int(row[INSERTS]),
+                evictions=int(row[EVICTIONS]),
+                host_rows=int(row[HOST_ROWS]),
             )
         return out
 

@@ -1,26 +1,16 @@
-"""Constants the ranking pipeline shares with ``kernels/bank.cu``, and the ``#define`` lines
-it is compiled with (written by :func:`hps_core.cuda.kernels.define_lines`)."""
+"""Constants only the ranking pipeline shares with ``kernels/bank.cu`` (combiners, positions in
+a batch's device state), and the ``#define`` lines it is compiled with (written by
+:func:`hps_core.cuda.kernels.define_lines`).
+
+What ``bank.cu`` shares with the cache's ``kernels/cache.cu`` (ways, empty key, ``LANES``,
+``THREADS``, counter positions) comes from :func:`hps_core.cache.kernel_consts.shared_defines`,
+the counter positions from :mod:`hps_core.cache.stats`.
+"""
 
 from __future__ import annotations
 
-from hps_core.cache.layout import EMPTY_KEY, WAYS
+from hps_core.cache.kernel_consts import shared_defines
 from hps_core.cuda.kernels import define_lines
-from hps_core.infer.gpu.counters import (
-    C_EVICTIONS,
-    C_HITS,
-    C_HOST_ROWS,
-    C_INSERTS,
-    C_KEYS,
-    C_MISSES,
-    C_UNKNOWN,
-    NUM_COUNTERS,
-)
-
-LANES = 8
-"""Lanes that serve one key or bag in ``bank_find`` / ``bank_pool`` (four per warp)."""
-
-THREADS = 256
-"""Threads per block of the bank's kernels."""
 
 COMBINER_SUM = 0
 COMBINER_MEAN = 1
@@ -32,25 +22,15 @@ STATE_STAGED = 1
 
 
 def bank_defines() -> str:
-    """The ``#define`` lines ``kernels/bank.cu`` is compiled with.
+    """The ``#define`` lines ``kernels/bank.cu`` is compiled with: :func:`shared_defines` and
+    the constants of this module.
 
     Returns:
         CUDA C++ text to put before the kernel file's text.
     """
     return define_lines(
-        {
-            "WAYS": WAYS,
-            "LANES": LANES,
-            "GROUP_MASK": f"{(1 << LANES) - 1:#x}u",
-            "EMPTY_KEY": f"{EMPTY_KEY}LL",
-            "C_KEYS": C_KEYS,
-            "C_HITS": C_HITS,
-            "C_MISSES": C_MISSES,
-            "C_UNKNOWN": C_UNKNOWN,
-            "C_INSERTS": C_INSERTS,
-            "C_EVICTIONS": C_EVICTIONS,
-            "C_HOST_ROWS": C_HOST_ROWS,
-            "NUM_COUNTERS": NUM_COUNTERS,
+        shared_defines()
+        | {
             "COMBINER_SUM": COMBINER_SUM,
             "COMBINER_MEAN": COMBINER_MEAN,
             "STATE_MISSES": STATE_MISSES,

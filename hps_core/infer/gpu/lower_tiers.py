@@ -16,9 +16,9 @@ from typing import Any
 import cupy
 import numpy as np
 
+from hps_core.cache.kernel_consts import LANES, THREADS
 from hps_core.infer.gpu.bank import CacheBank
 from hps_core.infer.gpu.buckets import Bucket
-from hps_core.infer.gpu.constants import LANES, THREADS
 from hps_core.infer.gpu.structs import PENDING_DTYPE
 
 

@@ -60,11 +60,12 @@ from typing import Any
 import cupy
 import numpy as np
 
+from hps_core.cache.kernel_consts import LANES, THREADS
 from hps_core.cuda import kernels
 from hps_core.infer.batch import SparseBatch
 from hps_core.infer.gpu.bank import CacheBank
 from hps_core.infer.gpu.buckets import Bucket, Graphs, captured, grouped, new_bucket
-from hps_core.infer.gpu.constants import LANES, STATE_STAGED, THREADS, bank_defines
+from hps_core.infer.gpu.constants import STATE_STAGED, bank_defines
 from hps_core.infer.gpu.lower_tiers import LowerTierFetch
 from hps_core.infer.gpu.placement import Part, Placement
 from hps_core.infer.gpu.staging import bucket_for
@@ -93,7 +94,7 @@ _MIN_CHUNK_SAMPLES = 4096
 _CHUNK_LANES = 2
 """Buckets per chunk size: a chunk is staged into one while the GPU works on the other's."""
 _POOL_SPLIT = 4
-"""Groups of ``constants.LANES`` lanes that share a bag in ``bank_pool`` (a warp) ..."""
+"""Groups of ``kernel_consts.LANES`` lanes that share a bag in ``bank_pool`` (a warp) ..."""
 _POOL_SPLIT_BAGS = 65536
 """... for launches of at most this many bags, in models with bags longer than a group's
 lanes (at most 4 x 8 x 65,536 threads: two waves on an H200)."""

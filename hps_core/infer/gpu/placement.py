@@ -18,7 +18,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from hps_core.infer.gpu.constants import COMBINER_MEAN, LANES
+from hps_core.cache.kernel_consts import LANES
+from hps_core.infer.gpu.constants import COMBINER_MEAN
 from hps_core.infer.layout import RankingLayout, TableFeed
 from hps_core.nn import Combiner
 

@@ -24,7 +24,7 @@ from hps_core.cache.cupy_cache import (  # noqa: E402
     CupyDynamicCache,
     load_kernels,
 )
-from hps_core.cache.kernel_consts import KERNEL_NAMES, THREADS_PER_BLOCK  # noqa: E402
+from hps_core.cache.kernel_consts import KERNEL_NAMES, THREADS  # noqa: E402
 
 INT64_MIN = int(np.iinfo(np.int64).min)
 
@@ -158,7 +158,7 @@ def test_kernels_build_for_the_current_device() -> None:
 
 def test_a_failed_launch_is_reported_with_the_kernel_name() -> None:
     _, gpu = make_pair(1, 1)
-    warps_per_block = THREADS_PER_BLOCK // 32
+    warps_per_block = THREADS // 32
     too_many_items = (2**31) * warps_per_block  # one block more than the grid limit
     keys = cupy.zeros(1, dtype=cupy.int64)
     args = (

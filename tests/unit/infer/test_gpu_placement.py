@@ -8,7 +8,8 @@ import itertools
 import numpy as np
 import pytest
 
-from hps_core.infer.gpu.constants import COMBINER_MEAN, LANES
+from hps_core.cache.kernel_consts import LANES
+from hps_core.infer.gpu.constants import COMBINER_MEAN
 from hps_core.infer.gpu.placement import Placement
 from hps_core.infer.layout import RankingLayout, TableFeed
 from hps_core.nn import Combiner
