@@ -89,7 +89,7 @@ def main() -> None:
         torch.backends.cuda.matmul.allow_tf32 = tf32
         for shape in args.shapes.split(","):
             k, n = (int(v) for v in shape.split("x"))
-            w = cupy.asarray(rng.standard_normal((k, n), dtype=np.float32) / np.sqrt(k))
+            w = cupy.asarray((rng.standard_normal((k, n)) / np.sqrt(k)).astype(np.float32))
             b = cupy.asarray(rng.standard_normal(n, dtype=np.float32))
             for rows in (int(r) for r in args.rows.split(",")):
                 x = cupy.asarray(rng.standard_normal((rows, k), dtype=np.float32))
