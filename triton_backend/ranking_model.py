@@ -24,7 +24,7 @@ from typing import Any, ClassVar
 from hps_core.arrays import to_host
 from hps_core.infer import RankingSession, SparseBatch, concat_batches, split_samples
 from hps_core.infer.contracts import HugeCTRContract, SamplesContract
-from hps_core.infer.layout import RankingLayout
+from hps_core.infer.inputs.layout import RankingLayout
 from hps_core.infer.model_io import HUGECTR_IO, ModelIO, samples_io
 from hps_core.model_check import check_model_files
 from triton_backend.batched_execute import execute_batched
@@ -64,8 +64,7 @@ class _RankingModel:
         check_io(settings.config, self.io)
         self.contract = self.contract_type(layout)
         logger.info(
-            "model '%s': ps.json %s, model '%s', %d dense, slots %s, %d outputs, %s instance%s, "
-            "%s",
+            "model '%s': ps.json %s, model '%s', %d dense, slots %s, %d outputs, %s instance%s, %s",
             settings.triton_model,
             settings.ps_json,
             settings.hps_model,

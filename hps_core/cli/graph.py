@@ -38,7 +38,7 @@ from hps_core.nn import (
 from hps_core.nn.dense_blob import check_dense_blob_size
 from hps_core.nn.graph import GraphNode
 from hps_core.nn.layers.activation import Dropout, LossAsSigmoid
-from hps_core.nn.shapes import TensorShape
+from hps_core.nn.spec.shapes import TensorShape
 
 _FORM_NOTES = {
     NetworkForm.INFERENCE: "inference form",

@@ -214,7 +214,7 @@ def row_dot(x: Any, weight: Any, bias: Any | None, relu: bool, tf32: bool) -> An
 
     Each row's products are summed in float32 (each lane every 32nd term, then a tree over
     the warp), after rounding both operands to TF32 when ``tf32`` (as
-    :func:`hps_core.nn.precision.round_to_tf32`); the bias is added in float32 and the result
+    :func:`hps_core.nn.spec.precision.round_to_tf32`); the bias is added in float32 and the result
     rounded once to the operands' dtype.
 
     Args:

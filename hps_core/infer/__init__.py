@@ -1,8 +1,13 @@
 """Ranking-model sessions: samples -> embedding lookup -> pooling -> dense network -> scores.
 
-- :mod:`~hps_core.infer.layout`: which ps.json table feeds which embedding layer, checked.
-- :mod:`~hps_core.infer.batch`: samples in CSR form, joined across requests.
-- :mod:`~hps_core.infer.session`: the lookup and forward pass of one model.
+- :mod:`~hps_core.infer.inputs`: what a ranking model takes:
+
+  - :mod:`~hps_core.infer.inputs.layout`: which ps.json table feeds which embedding layer,
+    checked.
+  - :mod:`~hps_core.infer.inputs.batch`: samples in CSR form, joined across requests.
+
+- :mod:`~hps_core.infer.session`: the lookup and forward pass of one model; on a GPU through
+  :mod:`~hps_core.infer.gpu`, which imports ``inputs`` but nothing else of this package.
 
 Example::
 
@@ -10,8 +15,8 @@ Example::
     scores = session.predict(batch)          # float32 [batch, label_dim]
 """
 
-from hps_core.infer.batch import SparseBatch, concat_batches, split_samples
-from hps_core.infer.layout import (
+from hps_core.infer.inputs.batch import SparseBatch, concat_batches, split_samples
+from hps_core.infer.inputs.layout import (
     RankingLayout,
     TableFeed,
     is_ranking_model,

@@ -55,8 +55,8 @@ from typing import Any
 import numpy as np
 
 from hps_core.errors import RequestError
-from hps_core.infer.batch import SparseBatch
-from hps_core.infer.layout import RankingLayout
+from hps_core.infer.inputs.batch import SparseBatch
+from hps_core.infer.inputs.layout import RankingLayout
 from hps_core.infer.model_io import (  # the tensors' names, declared with them there
     CATCOLUMN,
     DENSE,

@@ -19,8 +19,8 @@ import numpy as np
 
 from hps_core.errors import RequestError
 from hps_core.hps import HPS
-from hps_core.infer.batch import SparseBatch
-from hps_core.infer.layout import RankingLayout, load_ranking_graph
+from hps_core.infer.inputs.batch import SparseBatch
+from hps_core.infer.inputs.layout import RankingLayout, load_ranking_graph
 from hps_core.lookup.model_lookup import DEFAULT_OPTIONS, LookupOptions, ModelLookup
 from hps_core.nn import DenseExecutor, Precision, UnpooledEmbedding, read_dense_blob
 
@@ -43,7 +43,7 @@ class RankingSession:
     """Embedding lookup plus dense network of one ps.json model.
 
     Args:
-        layout: which table feeds which embedding layer (see :mod:`hps_core.infer.layout`).
+        layout: which table feeds which embedding layer (see :mod:`hps_core.infer.inputs.layout`).
         lookup: the model's embedding lookup.
         executor: the model's dense network (NumPy, or CuPy on ``device_id``).
         device_id: GPU the lookups and the network run on; ``None`` for the host.

@@ -8,7 +8,9 @@ Typical use::
     predictions = executor.forward(dense, {"sparse_embedding1": pooled})
     timings = executor.profile(dense, {"sparse_embedding1": pooled})  # per-layer times, FLOPs
 
-Precision modes (fp32, tf32, fp16) and their measured accuracy: :mod:`hps_core.nn.precision`.
+What a layer is written in (the network JSON, tensor shapes, compute precision) is
+:mod:`hps_core.nn.spec`, the floor below :mod:`hps_core.nn.layers`. Precision modes (fp32, tf32,
+fp16) and their measured accuracy: :mod:`hps_core.nn.spec.precision`.
 """
 
 from __future__ import annotations
@@ -25,7 +27,8 @@ from hps_core.nn.dense_blob import (
 from hps_core.nn.executor import DenseExecutor, EmbeddingInput
 from hps_core.nn.graph import GraphNode, NetworkGraph, build_graph
 from hps_core.nn.layers import Combiner, EmbeddingLayer, UnpooledEmbedding, pool_embeddings
-from hps_core.nn.network_json import (
+from hps_core.nn.profile import ForwardProfile, LayerTime, layer_flops
+from hps_core.nn.spec.network_json import (
     DataSpec,
     LayerSpec,
     NetworkForm,
@@ -34,9 +37,8 @@ from hps_core.nn.network_json import (
     load_network_json,
     parse_network_json,
 )
-from hps_core.nn.precision import ComputeContext, Precision, round_to_tf32
-from hps_core.nn.profile import ForwardProfile, LayerTime, layer_flops
-from hps_core.nn.shapes import TensorShape
+from hps_core.nn.spec.precision import ComputeContext, Precision, round_to_tf32
+from hps_core.nn.spec.shapes import TensorShape
 
 __all__ = [
     "Combiner",

@@ -26,10 +26,10 @@ from hps_core.nn.graph import GraphNode, NetworkGraph, build_graph
 from hps_core.nn.layers import Array, EmbeddingLayer, InnerProduct, Layer, UnpooledEmbedding
 from hps_core.nn.layers.activation import ReLU
 from hps_core.nn.layers.shape_ops import Concat
-from hps_core.nn.network_json import load_network_json
-from hps_core.nn.precision import ComputeContext, Precision
 from hps_core.nn.profile import ForwardProfile, LayerTime, StepClock, layer_flops, step_clock
-from hps_core.nn.shapes import TensorShape
+from hps_core.nn.spec.network_json import load_network_json
+from hps_core.nn.spec.precision import ComputeContext, Precision
+from hps_core.nn.spec.shapes import TensorShape
 
 #: What the executor accepts for one embedding layer: pooled ``[batch, slots, vec]`` (or
 #: ``[batch, slots * vec]``) vectors, or the unpooled vectors with their row offsets.
@@ -60,7 +60,7 @@ class DenseExecutor:
             :func:`~hps_core.nn.dense_blob.read_dense_blob` returns).
         xp: ``numpy`` or ``cupy``; parameters are uploaded to it.
         precision: ``"fp32"`` (default), ``"tf32"`` or ``"fp16"`` (see
-            :mod:`hps_core.nn.precision`).
+            :mod:`hps_core.nn.spec.precision`).
         fuse: fuse each ReLU into the InnerProduct it alone reads (the ReLU's output then
             replaces the InnerProduct's); ``False`` keeps every layer's own output, for
             :meth:`tensors`.

@@ -24,8 +24,8 @@ from hps_core.nn.layers import (
     EmbeddingLayer,
     Layer,
 )
-from hps_core.nn.network_json import LayerSpec, NetworkSpec
-from hps_core.nn.shapes import TensorShape
+from hps_core.nn.spec.network_json import LayerSpec, NetworkSpec
+from hps_core.nn.spec.shapes import TensorShape
 
 
 @dataclass(frozen=True)

@@ -32,7 +32,7 @@ from hps_core.nn.layers import (
     WeightMultiply,
 )
 from hps_core.nn.layers.activation import LossAsSigmoid, ReLU, Sigmoid
-from hps_core.nn.shapes import TensorShape
+from hps_core.nn.spec.shapes import TensorShape
 
 Array = Any  # a numpy.ndarray or cupy.ndarray
 

@@ -35,8 +35,8 @@ import pyarrow as pa
 from hps_core.errors import ModelFileError
 from hps_core.formats.parquet import list_parquet_files, open_parquet
 from hps_core.formats.uris import ModelPath, is_uri, model_path
-from hps_core.infer.batch import SparseBatch
-from hps_core.infer.layout import RankingLayout
+from hps_core.infer.inputs.batch import SparseBatch
+from hps_core.infer.inputs.layout import RankingLayout
 
 FILE_LIST = "_file_list.txt"
 METADATA = "_metadata.json"

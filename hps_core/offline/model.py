@@ -18,9 +18,9 @@ from hps_core.arrays import first_gpu
 from hps_core.config import load_ps_config
 from hps_core.errors import OVERWRITE_HINT, ModelFileError, RequestError
 from hps_core.formats.progress import RowProgress
-from hps_core.infer.batch import SparseBatch
 from hps_core.infer.contracts import HugeCTRContract
-from hps_core.infer.layout import RankingLayout
+from hps_core.infer.inputs.batch import SparseBatch
+from hps_core.infer.inputs.layout import RankingLayout
 from hps_core.infer.session import RankingSession
 from hps_core.nn import DenseExecutor, build_graph, load_network_json
 from hps_core.offline.dataset import (

@@ -21,7 +21,7 @@ template <> struct Io<unsigned short> {  // IEEE half, converted with PTX (no cu
   }
 };
 
-// hps_core.nn.precision.round_to_tf32: 10 mantissa bits, to nearest, ties to even.
+// hps_core.nn.spec.precision.round_to_tf32: 10 mantissa bits, to nearest, ties to even.
 __device__ __forceinline__ float round_tf32(const float x) {
   if (!isfinite(x)) return x;
   unsigned bits = __float_as_uint(x);

@@ -20,7 +20,7 @@ import numpy as np
 from hps_core.infer.gpu.placement import Placement
 from hps_core.infer.gpu.staging import BatchLayout
 from hps_core.infer.gpu.structs import PENDING_DTYPE
-from hps_core.infer.layout import RankingLayout
+from hps_core.infer.inputs.layout import RankingLayout
 
 _CAPTURE_THREAD_LOCAL = 1  # cudaStreamCaptureModeThreadLocal
 _GROUPED_STAGING_SAMPLES = 16384

@@ -62,7 +62,6 @@ import numpy as np
 
 from hps_core.cache.kernel_consts import LANES, THREADS
 from hps_core.cuda import kernels
-from hps_core.infer.batch import SparseBatch
 from hps_core.infer.gpu.bank import CacheBank
 from hps_core.infer.gpu.buckets import Bucket, Graphs, captured, grouped, new_bucket
 from hps_core.infer.gpu.constants import STATE_STAGED, bank_defines
@@ -71,7 +70,8 @@ from hps_core.infer.gpu.placement import Part, Placement
 from hps_core.infer.gpu.staging import bucket_for
 from hps_core.infer.gpu.structs import MISS_DTYPE
 from hps_core.infer.gpu.uploads import DENSE_FEATURES, STAGING_GROUPS, BatchUploader, copy_all
-from hps_core.infer.layout import RankingLayout, TableFeed
+from hps_core.infer.inputs.batch import SparseBatch
+from hps_core.infer.inputs.layout import RankingLayout, TableFeed
 from hps_core.lookup.model_lookup import ModelLookup
 from hps_core.nn import DenseExecutor
 

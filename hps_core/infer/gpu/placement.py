@@ -20,7 +20,7 @@ import numpy as np
 
 from hps_core.cache.kernel_consts import LANES
 from hps_core.infer.gpu.constants import COMBINER_MEAN
-from hps_core.infer.layout import RankingLayout, TableFeed
+from hps_core.infer.inputs.layout import RankingLayout, TableFeed
 from hps_core.nn import Combiner
 
 Part = tuple[tuple[int, int], tuple[int, int], tuple[int, int]]

@@ -1,6 +1,6 @@
 """The interface every runnable layer implements, and the checks their builders share.
 
-A layer is built once from its :class:`~hps_core.nn.network_json.LayerSpec` and the shapes of
+A layer is built once from its :class:`~hps_core.nn.spec.network_json.LayerSpec` and the shapes of
 its inputs; building validates the JSON fields and infers the output shapes. ``forward`` is
 written once against ``ctx.xp``, so the same code runs on NumPy and CuPy arrays.
 """
@@ -13,9 +13,9 @@ from dataclasses import dataclass
 from math import prod
 from typing import Any, ClassVar
 
-from hps_core.nn.network_json import LayerSpec
-from hps_core.nn.precision import ComputeContext
-from hps_core.nn.shapes import TensorShape
+from hps_core.nn.spec.network_json import LayerSpec
+from hps_core.nn.spec.precision import ComputeContext
+from hps_core.nn.spec.shapes import TensorShape
 
 Array = Any  # a numpy.ndarray or cupy.ndarray
 

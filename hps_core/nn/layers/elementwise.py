@@ -9,9 +9,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from hps_core.nn.layers.base import Array, Layer, expect_counts, expect_same_shapes
-from hps_core.nn.network_json import LayerSpec
-from hps_core.nn.precision import ComputeContext
-from hps_core.nn.shapes import TensorShape
+from hps_core.nn.spec.network_json import LayerSpec
+from hps_core.nn.spec.precision import ComputeContext
+from hps_core.nn.spec.shapes import TensorShape
 
 
 @dataclass(frozen=True)

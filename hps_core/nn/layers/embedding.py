@@ -19,9 +19,9 @@ import numpy as np
 
 from hps_core.errors import RequestError
 from hps_core.nn.layers.base import Array, Layer
-from hps_core.nn.network_json import LayerSpec, SparseInputSpec
-from hps_core.nn.precision import ComputeContext
-from hps_core.nn.shapes import TensorShape
+from hps_core.nn.spec.network_json import LayerSpec, SparseInputSpec
+from hps_core.nn.spec.precision import ComputeContext
+from hps_core.nn.spec.shapes import TensorShape
 
 
 class Combiner(enum.Enum):

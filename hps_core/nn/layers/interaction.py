@@ -10,9 +10,9 @@ from typing import Any
 import numpy as np
 
 from hps_core.nn.layers.base import Array, Layer, expect_counts, expect_rank
-from hps_core.nn.network_json import LayerSpec
-from hps_core.nn.precision import ComputeContext, Precision
-from hps_core.nn.shapes import TensorShape
+from hps_core.nn.spec.network_json import LayerSpec
+from hps_core.nn.spec.precision import ComputeContext, Precision
+from hps_core.nn.spec.shapes import TensorShape
 
 
 @dataclass(frozen=True)

@@ -7,9 +7,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from hps_core.nn.layers.base import Array, Layer, expect_counts, expect_rank
-from hps_core.nn.network_json import LayerSpec
-from hps_core.nn.precision import ComputeContext
-from hps_core.nn.shapes import TensorShape
+from hps_core.nn.spec.network_json import LayerSpec
+from hps_core.nn.spec.precision import ComputeContext
+from hps_core.nn.spec.shapes import TensorShape
 
 
 @dataclass(frozen=True)
@@ -241,7 +241,7 @@ class FusedReshapeConcatGeneral(Layer):
 class Cast(Layer):
     """HugeCTR's Cast between float32 and float16, whose direction follows the model's mixed
     precision setting, not the file. Here every tensor is already in the engine's storage
-    dtype (:mod:`hps_core.nn.precision`), so a Cast passes its input through."""
+    dtype (:mod:`hps_core.nn.spec.precision`), so a Cast passes its input through."""
 
     type_names = ("Cast",)
     output_shapes: tuple[TensorShape, ...]

@@ -18,7 +18,7 @@ import pytest
 cupy = pytest.importorskip("cupy")
 
 from hps_core.cuda import dense_ops, linear  # noqa: E402
-from hps_core.nn.precision import round_to_tf32  # noqa: E402
+from hps_core.nn.spec.precision import round_to_tf32  # noqa: E402
 
 UNIT = {"fp32": 2.0**-24, "tf32": 2.0**-11, "fp16": 2.0**-11}
 DTYPE = {"fp32": np.float32, "tf32": np.float32, "fp16": np.float16}
@@ -439,7 +439,7 @@ def test_skinny_linear_serves_few_rows_of_a_layer():
     """The fully connected layer on the GPU takes skinny_linear for a batch of up to
     SKINNY_ROWS rows and cuBLASLt beyond: both agree with float64 within FP32 rounding."""
     from hps_core.nn.layers.dense import _gpu_affine
-    from hps_core.nn.precision import ComputeContext, Precision
+    from hps_core.nn.spec.precision import ComputeContext, Precision
 
     ctx = ComputeContext(cupy, Precision.FP32)
     rng = np.random.default_rng(5)

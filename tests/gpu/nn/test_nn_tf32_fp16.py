@@ -157,7 +157,7 @@ def test_fp16_agrees_with_the_numpy_emulation(shape_a, shape_b):
 
 
 # Max abs difference of predicted probabilities, GPU against NumPy, per mode: about 3x the
-# error each has against float64 on the CPU (hps_core.nn.precision), doubled.
+# error each has against float64 on the CPU (hps_core.nn.spec.precision), doubled.
 NETWORK_TOLERANCE = {Precision.TF32: 5e-4, Precision.FP16: 8e-3}
 
 

@@ -110,7 +110,7 @@ def test_reduced_precisions_agree_with_numpy(repo: Path, name: str, precision: s
     contract = HugeCTRContract(gpu.layout)
     rng = np.random.default_rng(5)
     # On probabilities: each side is within ~1e-4 (TF32) or ~1e-3 (FP16) of float64 (see
-    # hps_core.nn.precision); cuBLAS and the NumPy emulation round in different places.
+    # hps_core.nn.spec.precision); cuBLAS and the NumPy emulation round in different places.
     tolerance = 1e-3 if precision == "tf32" else 5e-3
     for batch in (1, 64, 256):
         dense, keys = model.samples(rng, batch)

@@ -11,7 +11,7 @@ import pytest
 from hps_core.cache.kernel_consts import LANES
 from hps_core.infer.gpu.constants import COMBINER_MEAN
 from hps_core.infer.gpu.placement import Placement
-from hps_core.infer.layout import RankingLayout, TableFeed
+from hps_core.infer.inputs.layout import RankingLayout, TableFeed
 from hps_core.nn import Combiner
 
 
