@@ -35,6 +35,22 @@ def as_computed(x: np.ndarray, precision: str) -> np.ndarray:
     return x.astype(np.float64)
 
 
+def assert_float32_accumulation(got, x, w, b, relu, precision) -> None:
+    """``got`` is float64 ``act(x @ w + b)`` of the operands the kernel multiplies (rounded to
+    TF32 to nearest in TF32) within float32 accumulation over K terms plus the rounding of the
+    result to the storage dtype."""
+    xs, ws = as_computed(x, precision), as_computed(w, precision)
+    want, scale = xs @ ws, np.abs(xs) @ np.abs(ws)
+    if b is not None:
+        want, scale = want + b.astype(np.float64), scale + np.abs(b.astype(np.float64))
+    if relu:
+        want = np.maximum(want, 0)
+    result = 2.0**-11 if precision == "fp16" else 2.0**-24
+    bound = (x.shape[1] + 2) * 2.0**-24 * scale + result * np.abs(want) + 1e-30
+    error = np.abs(cupy.asnumpy(got).astype(np.float64) - want)
+    assert (error <= bound).all(), f"largest excess {np.max(error - bound)}"
+
+
 def reference_linear(x, w, b, relu, precision):
     """float64 ``act(x @ w + b)`` and a bound on the GPU's error: each TF32 operand within
     one TF32 step (cuBLAS may truncate where round_to_tf32 rounds to nearest), float32
@@ -370,18 +386,7 @@ def test_row_dot_equals_float64(rows, k, stride, bias, relu, precision):
         x_d, cupy.asarray(w), None if b is None else cupy.asarray(b), relu, precision == "tf32"
     )
     assert got.dtype == DTYPE[precision] and got.shape == (rows, 1) and got.flags.c_contiguous
-    xs, ws = as_computed(x, precision), as_computed(w, precision)
-    want = xs @ ws
-    scale = np.abs(xs) @ np.abs(ws)
-    if b is not None:
-        want = want + float(b[0, 0])
-        scale = scale + abs(float(b[0, 0]))
-    if relu:
-        want = np.maximum(want, 0)
-    result = 2.0**-11 if precision == "fp16" else 2.0**-24
-    bound = (k + 2) * 2.0**-24 * scale + result * np.abs(want) + 1e-30
-    error = np.abs(cupy.asnumpy(got).astype(np.float64) - want)
-    assert (error <= bound).all(), f"largest excess {np.max(error - bound)}"
+    assert_float32_accumulation(got, x, w, None if b is None else b.reshape(-1), relu, precision)
 
 
 def test_row_dot_rejects_a_weight_of_another_width():
@@ -418,16 +423,7 @@ def test_skinny_linear_equals_float64(rows, k, n, stride, bias, relu, precision)
         relu, precision == "tf32",
     )  # fmt: skip
     assert got.dtype == DTYPE[precision] and got.shape == (rows, n) and got.flags.c_contiguous
-    xs, ws = as_computed(x, precision), as_computed(w, precision)
-    want, scale = xs @ ws, np.abs(xs) @ np.abs(ws)
-    if b is not None:
-        want, scale = want + b.astype(np.float64), scale + np.abs(b.astype(np.float64))
-    if relu:
-        want = np.maximum(want, 0)
-    result = 2.0**-11 if precision == "fp16" else 2.0**-24
-    bound = (k + 2) * 2.0**-24 * scale + result * np.abs(want) + 1e-30
-    error = np.abs(cupy.asnumpy(got).astype(np.float64) - want)
-    assert (error <= bound).all(), f"largest excess {np.max(error - bound)}"
+    assert_float32_accumulation(got, x, w, b, relu, precision)
     again = dense_ops.skinny_linear(
         cupy.asarray(x), cupy.asarray(w), None if b is None else cupy.asarray(b), relu,
         precision == "tf32",
