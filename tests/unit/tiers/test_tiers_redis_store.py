@@ -328,13 +328,15 @@ def test_num_node_connections_bounds_the_connections_per_node(
     cluster: RedisCluster, rng: np.random.Generator, connections: int
 ) -> None:
     """Eight threads looking up at once share ``num_node_connections`` per node: they wait
-    for a free connection, every answer is right, no error is counted."""
+    for a free connection, every answer is right, no error is counted. (A thread waits for a
+    connection as long as for an answer, ``socket_timeout``: long here, since on a loaded
+    machine eight threads queued on one connection per node waited past the default 2 s.)"""
     table = table_tag("m", f"pool{connections}")
     keys, vectors = rows(rng, 4000, 16)
     cfg = config(cluster.address, num_partitions=8, num_node_connections=connections)
     peak = dict.fromkeys(cluster.ports, 0)
     wrong: list[int] = []
-    with RedisClusterStore(cfg) as store:
+    with RedisClusterStore(cfg, socket_timeout=30.0) as store:
         store.insert(table, keys, vectors)
 
         def lookups() -> None:
