@@ -14,6 +14,7 @@ from pathlib import Path
 from hps_core.config import ModelConfig, PSConfig, load_ps_config
 from hps_core.config.inert import inert_settings
 from hps_core.errors import ConfigError, HPSError, Problem
+from hps_core.footprint import ModelFootprint, model_footprint
 from hps_core.formats.sparse import SparseTableInfo, inspect_sparse_table
 from hps_core.tiers.factory import check_tiers_available
 
@@ -27,10 +28,13 @@ class ModelReport:
     Args:
         model: the model's configuration.
         tables: the inspected sparse table of each table index (None where it is broken).
+        footprint: the bytes each tier will hold (:mod:`hps_core.footprint`); None unless
+            every table was inspected.
     """
 
     model: ModelConfig
     tables: list[SparseTableInfo | None] = field(default_factory=list)
+    footprint: ModelFootprint | None = None
 
 
 @dataclass
@@ -106,6 +110,9 @@ def check_ps_json(path: str | os.PathLike[str], model_name: str | None = None) -
                 info = None
                 report.problems.append(Problem(f"{where}.sparse_files[{table.index}]", str(exc)))
             model_report.tables.append(info)
+        if all(info is not None for info in model_report.tables):
+            rows = [info.rows for info in model_report.tables if info is not None]
+            model_report.footprint = model_footprint(config, model, rows)
     return report
 
 

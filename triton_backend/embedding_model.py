@@ -47,6 +47,7 @@ class EmbeddingModel:
         check_instance_device(settings, model.deployed_device_list, f"model '{model.name}'")
         self.contract = HpsContract.from_model(model)
         self.service = LookupService(settings)
+        self.service.publish_tier_bytes()
         logger.info(
             "model '%s' version %d: ps.json %s, model '%s', %d tables (dims %s), %s instance%s",
             settings.triton_model,

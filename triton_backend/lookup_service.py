@@ -34,11 +34,12 @@ from typing import Any
 
 import numpy as np
 
+from hps_core.footprint import model_footprint
 from hps_core.hps import HPS
 from hps_core.lookup import LookupOptions, ModelLookup
 from hps_core.lookup.refresher import CacheRefresher
 from hps_core.updates.apply import ModelUpdates, instance_group_id
-from triton_backend.metrics import LookupMetrics, UpdateMetrics
+from triton_backend.metrics import LookupMetrics, TierBytesMetrics, UpdateMetrics
 from triton_backend.model_settings import ModelSettings
 
 logger = logging.getLogger("hps_core")
@@ -138,8 +139,34 @@ class LookupService:
         self._metrics: LookupMetrics | None = None
         self._updates: ModelUpdates | None = None
         self._update_metrics: UpdateMetrics | None = None
+        self.tier_bytes: TierBytesMetrics | None = None
+        """The ``hps_tier_bytes`` gauges, once :meth:`publish_tier_bytes` set them."""
         self._next_report = 0.0
         self._lock = threading.Lock()
+
+    @property
+    def device(self) -> str:
+        """The instance's device label: ``cpu`` or ``gpuN``."""
+        device_id = self.settings.lookup_device
+        return "cpu" if device_id is None else f"gpu{device_id}"
+
+    def publish_tier_bytes(self, gpu_index: bool = False) -> TierBytesMetrics:
+        """Set the ``hps_tier_bytes`` gauges of the instance's tiers (at load, before the tables
+        open: the bytes come from the ps.json and the sparse files' sizes).
+
+        Args:
+            gpu_index: whether the instance keeps the host tiers' row index on its GPU (the
+                GPU ranking pipeline).
+
+        Returns:
+            :attr:`tier_bytes`.
+        """
+        lookup = self.lookup
+        footprint = model_footprint(lookup.config, lookup.model)
+        self.tier_bytes = TierBytesMetrics(
+            self.settings.triton_model, self.device, footprint, gpu_index=gpu_index
+        )
+        return self.tier_bytes
 
     def start(self) -> ModelLookup:
         """Open the tables, warm the caches and start the refresher and the update consumer,
@@ -171,7 +198,7 @@ class LookupService:
                     model.refresh_interval,
                     model.cache_refresh_percentage_per_iteration,
                 ).start()
-        device = "cpu" if s.lookup_device is None else f"gpu{s.lookup_device}"
+        device = self.device
         self._metrics = LookupMetrics(
             s.triton_model, s.instance_name, device, [t.name for t in model.tables]
         )

@@ -12,6 +12,15 @@ answered by the rows online updates added, and ``hps_tier_evictions_total{tier="
 rows it evicted to stay within ``volatile_db.overflow_margin``. No label or value carries a
 tier's address or credentials.
 
+Memory: ``hps_tier_bytes`` (a gauge, labels ``model``, ``table``, ``tier``, ``precision``,
+``device``) holds the bytes each tier of the instance holds, set once when the model loads
+(:class:`TierBytesMetrics`, numbers from :mod:`hps_core.footprint`): ``tier="host"``
+(``device="host"``: the shared-memory copy, one per machine whatever the number of instances),
+and on a GPU instance ``tier="gpu_cache"`` (dynamic cache) or ``tier="gpu_static"`` (static
+table) and, for ranking models, ``tier="gpu_index"`` (the GPU copy of the host tier's row
+index), with ``device="gpuN"``: per instance (instances of one GPU that share their caches
+hold one cache). ``precision`` is the storage precision, ``fp32`` for every table today.
+
 Online updates (:mod:`hps_core.updates.apply`) are counted per instance by
 :class:`UpdateMetrics`: ``hps_update_messages_total``, ``hps_update_keys_total``,
 ``hps_update_malformed_total``, ``hps_update_errors_total`` (labels ``model``, ``device``,
@@ -25,6 +34,7 @@ from typing import Any
 
 import triton_python_backend_utils as pb_utils
 
+from hps_core.footprint import ModelFootprint
 from hps_core.lookup import TableCounters
 
 # counter field -> (metric name, help)
@@ -170,3 +180,53 @@ class UpdateMetrics:
             if now > self._last[field]:
                 metric.increment(now - self._last[field])
             self._last[field] = now
+
+
+_TIER_BYTES = (
+    "hps_tier_bytes",
+    "Bytes each tier holds per table (host: per machine; gpu_*: per GPU instance)",
+)
+_GPU_TIERS = ("gpu_cache", "gpu_static", "gpu_index")
+
+
+class TierBytesMetrics:
+    """Publishes the bytes each tier of one model instance holds, once (``hps_tier_bytes``).
+
+    Args:
+        model: Triton model name.
+        device: ``"cpu"`` or ``"gpuN"``: a CPU instance holds the host tier alone.
+        footprint: the model's :class:`~hps_core.footprint.ModelFootprint`.
+        gpu_index: whether the instance keeps the host tiers' row index on its GPU (the GPU
+            ranking pipeline does).
+
+    Attributes:
+        values: ``(labels, bytes)`` of every gauge set.
+    """
+
+    def __init__(
+        self, model: str, device: str, footprint: ModelFootprint, gpu_index: bool = False
+    ) -> None:
+        # Kept as long as its metrics (see LookupMetrics).
+        self._family = pb_utils.MetricFamily(
+            name=_TIER_BYTES[0], description=_TIER_BYTES[1], kind=pb_utils.MetricFamily.GAUGE
+        )
+        self._metrics: list[Any] = []
+        self.values: list[tuple[dict[str, str], int]] = []
+        for table in footprint.tables:
+            tiers = {"host": table.host}
+            if device != "cpu":
+                for tier in _GPU_TIERS:
+                    if getattr(table, tier) and (gpu_index or tier != "gpu_index"):
+                        tiers[tier] = getattr(table, tier)
+            for tier, nbytes in tiers.items():
+                labels = {
+                    "model": model,
+                    "table": table.name,
+                    "tier": tier,
+                    "precision": table.precision,
+                    "device": "host" if tier == "host" else device,
+                }
+                metric = self._family.Metric(labels=labels)
+                metric.set(nbytes)
+                self._metrics.append(metric)
+                self.values.append((labels, nbytes))

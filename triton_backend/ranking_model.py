@@ -59,6 +59,7 @@ class _RankingModel:
         # first execute; the session scores through that same object.
         self.service = LookupService(settings)
         self.session = RankingSession.for_lookup(self.service.lookup, settings.precision)
+        self.service.publish_tier_bytes(gpu_index=self.session.pipeline is not None)
         layout = self.session.layout
         self.io = self.model_io(layout)
         check_io(settings.config, self.io)

@@ -39,7 +39,7 @@ import numpy as np
 
 from hps_core.cache.dynamic import CacheSlots
 from hps_core.cache.ipc_files import remove_own_event_files_at_exit
-from hps_core.cache.layout import EMPTY_KEY, WAYS
+from hps_core.cache.layout import EMPTY_KEY, WAYS, slot_bytes
 from hps_core.errors import HPSError
 from hps_core.tiers.shm_segment import SharedSegment, pid_alive
 
@@ -237,9 +237,10 @@ class SharedCacheGroup:
         Raises:
             SharingError: the published cache has another shape, or could not be mapped.
         """
-        keys_bytes = num_sets * WAYS * 8
-        values_offset = 2 * _aligned(keys_bytes)
-        nbytes = values_offset + num_sets * WAYS * dim * 4
+        sizes = slot_bytes(num_sets, dim)
+        keys_bytes = sizes.keys
+        values_offset = _aligned(sizes.keys) + _aligned(sizes.stamps)
+        nbytes = values_offset + sizes.values
         with self.section():
             entry = self._tables[index : index + 1]
             created = int(entry["ready"][0]) == 0

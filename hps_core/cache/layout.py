@@ -50,6 +50,7 @@ returns the keys of a range of sets.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -78,6 +79,51 @@ def num_sets_for(capacity_rows: int) -> int:
         (1, 1, 2)
     """
     return -(-max(int(capacity_rows), WAYS) // WAYS)
+
+
+def cache_capacity_rows(gpucacheper: float, table_rows: int) -> int:
+    """Rows a table's dynamic cache is asked to hold: ``ceil(gpucacheper * table_rows)``.
+
+    ``gpucacheper`` is a share of the whole table (the sparse files' rows), not of the part
+    a host tier holds. :func:`num_sets_for` turns it into sets.
+
+    Example:
+        >>> cache_capacity_rows(0.2, 1001), cache_capacity_rows(0.0, 10)
+        (201, 0)
+    """
+    return math.ceil(gpucacheper * table_rows)
+
+
+@dataclass(frozen=True)
+class SlotBytes:
+    """Bytes of the three arrays of a dynamic cache's slots (module docstring).
+
+    Attributes:
+        keys: int64 ``[num_sets, WAYS]``.
+        stamps: uint64 ``[num_sets, WAYS]``.
+        values: float32 ``[num_sets * WAYS, dim]``.
+    """
+
+    keys: int
+    stamps: int
+    values: int
+
+    @property
+    def nbytes(self) -> int:
+        """The three together (a private cache's arrays; a shared cache's one allocation adds
+        the alignment of its offsets, see :mod:`hps_core.cache.ipc_group`)."""
+        return self.keys + self.stamps + self.values
+
+
+def slot_bytes(num_sets: int, dim: int) -> SlotBytes:
+    """Bytes of the slot arrays of a cache of ``num_sets`` sets of width ``dim``.
+
+    Example:
+        >>> slot_bytes(1, 4).nbytes  # 64 keys, 64 stamps, 64 rows of 4 floats
+        2048
+    """
+    slots = num_sets * WAYS
+    return SlotBytes(keys=slots * 8, stamps=slots * 8, values=slots * dim * 4)
 
 
 def set_of(keys: Any, num_sets: int, xp: Any = np) -> Any:

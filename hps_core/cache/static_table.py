@@ -35,6 +35,24 @@ from hps_core.tiers.hash_layout import (
     sort_order,
 )
 
+STARTS_DTYPE = np.dtype(np.int64)
+"""The bucket directory's type on the table's device (int64 whatever the row count)."""
+
+
+def static_table_nbytes(rows: int, dim: int) -> int:
+    """Bytes a static table of ``rows`` x ``dim`` holds on its device (:attr:`StaticTable.nbytes`).
+
+    The sorted hashes with one padding entry (8 bytes each), the bucket directory of
+    :class:`~hps_core.tiers.hash_layout.HashLayout` in :data:`STARTS_DTYPE`, and the float32
+    rows; the few counters are not counted.
+
+    Example:
+        >>> static_table_nbytes(10, 4)  # 11 hashes, 5 int64 starts, 10 rows of 4 floats
+        288
+    """
+    num_buckets = HashLayout(rows, dim).num_buckets
+    return 8 * (rows + 1) + STARTS_DTYPE.itemsize * (num_buckets + 1) + 4 * rows * dim
+
 
 class StaticTable:
     """A complete embedding table; queries never insert or evict.
@@ -77,7 +95,7 @@ class StaticTable:
         self._layout = HashLayout(self._rows, self._dim)
         hashes = np.zeros(self._rows + 1, dtype=np.uint64)  # one padding entry, as the layout
         hashes[: self._rows] = sorted_hashes
-        starts = np.empty(self._layout.num_buckets + 1, dtype=np.int64)
+        starts = np.empty(self._layout.num_buckets + 1, dtype=STARTS_DTYPE)
         fill_directory(self._layout, sorted_hashes, starts)
         self._hashes = xp.asarray(hashes)
         self._starts = xp.asarray(starts)
@@ -99,6 +117,11 @@ class StaticTable:
     def size(self) -> int:
         """Number of rows."""
         return self._rows
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the table's arrays on its device (:func:`static_table_nbytes`)."""
+        return int(self._hashes.nbytes + self._starts.nbytes + self._values.nbytes)
 
     @property
     def bucket_bits(self) -> int:

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 
 from hps_core.cli.text import plural
+from hps_core.footprint import PRECISION, ModelFootprint, TableFootprint
 from hps_core.model_check import CheckReport, check_ps_json
 
 
@@ -13,8 +15,51 @@ def _mib(n: int) -> str:
     return f"{n / 2**20:.1f} MiB"
 
 
+def tier_mib(n: int) -> str:
+    """Bytes of a tier in MiB, two decimals (``--json`` has the exact count).
+
+    Example:
+        >>> tier_mib(3 * 2**20), tier_mib(20_000), tier_mib(100)
+        ('3.00 MiB', '0.02 MiB', '<0.01 MiB')
+    """
+    mib = n / 2**20
+    return "<0.01 MiB" if 0 < mib < 0.005 else f"{mib:.2f} MiB"
+
+
+def _outside(tiers: dict[str, int]) -> str:
+    """`` | outside this process: Redis cluster X, RocksDB Y`` for the tiers that have them."""
+    names = {"redis_cluster": "Redis cluster", "rocks_db": "RocksDB"}
+    parts = [f"{label} {tier_mib(tiers[name])}" for name, label in names.items() if name in tiers]
+    return f" | outside this process: {', '.join(parts)}" if parts else ""
+
+
+def table_bytes_line(table: TableFootprint) -> str:
+    """The ``hps check`` line of one table's tier bytes (per machine, per GPU instance)."""
+    gpu = []
+    if table.gpu_cache:
+        gpu.append(f"cache {tier_mib(table.gpu_cache)} ({plural(table.gpu_cache_rows, 'row')})")
+    if table.gpu_static:
+        gpu.append(f"static table {tier_mib(table.gpu_static)}")
+    if table.gpu_index:
+        gpu.append(f"row index {tier_mib(table.gpu_index)}")
+    return (
+        f"  [{table.index}] {table.name} bytes ({table.precision}): host {tier_mib(table.host)}"
+        f" | per GPU instance: {', '.join(gpu) or 'none'}{_outside(table.tier_bytes())}"
+    )
+
+
+def model_bytes_line(footprint: ModelFootprint) -> str:
+    """The ``hps check`` line of a model's total tier bytes."""
+    return (
+        f"  total bytes ({PRECISION}): host {tier_mib(footprint.host)} per machine"
+        f" | {tier_mib(footprint.gpu)} per GPU instance, {plural(footprint.gpus, 'GPU')}"
+        f"{_outside(footprint.tier_bytes())}"
+    )
+
+
 def print_summary(report: CheckReport) -> None:
-    """Print models, tables, rows, dims and bytes of a clean report.
+    """Print models, tables, rows, dims and bytes of a clean report, then the bytes each tier
+    will hold (:mod:`hps_core.footprint`).
 
     Args:
         report: a report without problems.
@@ -30,10 +75,41 @@ def print_summary(report: CheckReport) -> None:
                 f"  [{table.index}] {table.name}: {info.rows} rows x dim {info.dim}, "
                 f"{_mib(info.total_bytes)} ({table.sparse_file})"
             )
+        footprint = model_report.footprint
+        assert footprint is not None  # idem
+        for table_footprint in footprint.tables:
+            print(table_bytes_line(table_footprint))
+        print(model_bytes_line(footprint))
         for label, path in (("dense", model.dense_file), ("network", model.network_file)):
             if path is not None:
                 print(f"  {label}: {path}")
     print(f"ok: {plural(len(report.models), 'model')}, {_mib(total)} of sparse files")
+
+
+def summary_document(report: CheckReport) -> dict[str, object]:
+    """``hps check --json``: the clean report as a JSON-ready document, exact byte counts.
+
+    Args:
+        report: a report without problems.
+    """
+    models = []
+    for model_report in report.models:
+        model = model_report.model
+        footprint = model_report.footprint
+        assert footprint is not None
+        doc = footprint.to_dict()
+        tables = []
+        for table, info in zip(footprint.tables, model_report.tables, strict=True):
+            assert info is not None
+            entry = table.to_dict()
+            entry["sparse_file"] = str(info.path)
+            entry["sparse_file_bytes"] = info.total_bytes
+            tables.append(entry)
+        doc["tables"] = tables
+        doc["dense_file"] = None if model.dense_file is None else str(model.dense_file)
+        doc["network_file"] = None if model.network_file is None else str(model.network_file)
+        models.append(doc)
+    return {"ok": True, "models": models}
 
 
 def run(args: argparse.Namespace) -> int:
@@ -46,7 +122,10 @@ def run(args: argparse.Namespace) -> int:
         for problem in report.problems:
             print(problem, file=sys.stderr)
         return 1
-    print_summary(report)
+    if args.json:
+        print(json.dumps(summary_document(report), indent=2))
+    else:
+        print_summary(report)
     return 0
 
 
@@ -61,4 +140,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("ps_json", help="path of the ps.json")
     parser.add_argument("--model", help="check only this model")
+    parser.add_argument(
+        "--json",
+        action="store_true",
+        help="print the summary as JSON, with the exact bytes of each tier",
+    )
     parser.set_defaults(func=run)

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import math
 import os
 import threading
 from collections.abc import Mapping, Sequence
@@ -25,6 +24,7 @@ import numpy as np
 
 from hps_core.arrays import array_module
 from hps_core.cache import make_cache
+from hps_core.cache.layout import cache_capacity_rows
 from hps_core.config import EmbeddingCacheType, ModelConfig, PSConfig, TableConfig
 from hps_core.errors import RequestError
 from hps_core.formats.sparse import KEY_DTYPE, KEY_FILE, META_FILE, read_keys, read_sparse_table
@@ -227,7 +227,7 @@ class ModelLookup:
                 )
             else:
                 # gpucacheper is a share of the whole table, not of its shared-memory part.
-                capacity = math.ceil(self.model.gpucacheper * host.table_rows)
+                capacity = cache_capacity_rows(self.model.gpucacheper, host.table_rows)
                 cache = self._dynamic_cache(capacity, table.dim, name, table_id)
         return CachedTableLookup(
             host, cache, self.xp, self.model.hit_rate_threshold, self.options.miss_policy, name

@@ -142,6 +142,56 @@ def has_lower_tiers(config: PSConfig) -> bool:
     )
 
 
+@dataclasses.dataclass(frozen=True)
+class TierPlan:
+    """The tiers a table of a ps.json opens with, and the share of its rows each is filled
+    with when it opens (the table of the module docstring).
+
+    Attributes:
+        host_fraction: share of the file's rows the shared host tier holds.
+        redis_fraction: share of the rows loaded into the Redis cluster; None: no Redis tier.
+        rocks: whether RocksDB holds the table (every row).
+        overlay: whether a per-process overlay of online updates sits below the shared tier.
+    """
+
+    host_fraction: float
+    redis_fraction: float | None
+    rocks: bool
+    overlay: bool
+
+    @property
+    def cascade(self) -> bool:
+        """Whether the table opens as a cascade (a tier below the shared host tier)."""
+        return self.rocks or self.redis_fraction is not None or self.overlay
+
+
+def tier_plan(config: PSConfig) -> TierPlan:
+    """Which tiers every table of ``config`` gets (:func:`open_table_tiers` follows it).
+
+    Example:
+        >>> tier_plan(config)  # doctest: +SKIP
+        TierPlan(host_fraction=1.0, redis_fraction=None, rocks=False, overlay=False)
+    """
+    volatile, persistent = config.volatile_db, config.persistent_db
+    has_rocks = persistent.type == DatabaseType.ROCKS_DB
+    has_redis = volatile.type == DatabaseType.REDIS_CLUSTER
+    updates = receives_updates(config)
+    if not (has_rocks or has_redis or updates):
+        return TierPlan(host_fraction=1.0, redis_fraction=None, rocks=False, overlay=False)
+    rate = volatile.initial_cache_rate if has_rocks else 1.0
+    if not volatile.initialize_after_startup:
+        rate = 0.0
+    # volatile_db disabled: RocksDB answers, unless there is none (then the shared copy
+    # holds every row, as without updates).
+    disabled = volatile.type == DatabaseType.DISABLED and has_rocks
+    return TierPlan(
+        host_fraction=0.0 if has_redis or disabled else rate,
+        redis_fraction=rate if has_redis else None,
+        rocks=has_rocks,
+        overlay=updates,
+    )
+
+
 def open_table_tiers(
     config: PSConfig, model: str, table: TableConfig
 ) -> SharedHostTable | TieredTable:
@@ -169,23 +219,20 @@ def open_table_tiers(
     """
     check_tiers_available(config)
     volatile, persistent = config.volatile_db, config.persistent_db
-    has_rocks = persistent.type == DatabaseType.ROCKS_DB
-    has_redis = volatile.type == DatabaseType.REDIS_CLUSTER
-    if volatile.initial_cache_rate < 1.0 and not has_rocks:
+    plan = tier_plan(config)
+    has_redis = plan.redis_fraction is not None
+    if volatile.initial_cache_rate < 1.0 and not plan.rocks:
         logger.warning(
             "volatile_db.initial_cache_rate=%s ignored: without a persistent tier the %s holds "
             "every row",
             volatile.initial_cache_rate,
             "Redis cluster" if has_redis else "host tier",
         )
-    updates = receives_updates(config)
-    if not (has_rocks or has_redis or updates):
+    updates = plan.overlay
+    if not plan.cascade:
         return SharedHostTable(table.sparse_file, table.dim, table.default_value)
 
     tag = table_tag(model, table.name)
-    rate = volatile.initial_cache_rate if has_rocks else 1.0
-    if not volatile.initialize_after_startup:
-        rate = 0.0
     releases: list[Any] = []
     lower: list[LowerTier] = []
     if updates:
@@ -208,24 +255,20 @@ def open_table_tiers(
         if has_redis:
             redis = _acquire(("redis", _redis_key(volatile)), lambda: _open_redis(volatile))
             releases.append(redis)
-            if rate > 0:
-                _fill_redis(redis.store, volatile, tag, table, rate)
+            if plan.redis_fraction:
+                _fill_redis(redis.store, volatile, tag, table, plan.redis_fraction)
             lower.append(LowerTier(redis.store, tag))
-        if has_rocks:
+        if plan.rocks:
             path = str(Path(persistent.path).resolve())
             rocks = _acquire(("rocks", path), lambda: _RocksReader(persistent))
             releases.append(rocks)
             _ensure_rocks_table(rocks.store, persistent, tag, table)
             lower.append(LowerTier(rocks.store, tag))
-        # volatile_db disabled: RocksDB answers, unless there is none (then the shared copy
-        # holds every row, as without updates).
-        disabled = volatile.type == DatabaseType.DISABLED and has_rocks
-        shared_rate = 0.0 if has_redis or disabled else rate
         shared = SharedHostTable(
             table.sparse_file,
             table.dim,
             table.default_value,
-            fraction=shared_rate,
+            fraction=plan.host_fraction,
             writable=updates,
         )
     except BaseException:

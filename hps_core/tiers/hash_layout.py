@@ -82,6 +82,17 @@ class HashLayout:
         """Total size of the buffer in bytes."""
         return self.values_offset + _align(4 * self.rows * self.dim)
 
+    @property
+    def index_nbytes(self) -> int:
+        """Bytes of the row index alone, unpadded: ``hashes`` (with its padding entry) and
+        ``starts``, as :meth:`views` returns them (what a copy of the index to a GPU takes).
+
+        Example:
+            >>> HashLayout(10, 4).index_nbytes  # 11 hashes, 5 int32 bucket starts
+            108
+        """
+        return 8 * (self.rows + 1) + self.starts_dtype.itemsize * (self.num_buckets + 1)
+
     def views(self, buffer: object) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Array views of ``buffer`` (an mmap or bytearray of at least ``nbytes``).
 

@@ -63,6 +63,30 @@ def held_rows(rows: int, fraction: float) -> int:
     return rows if fraction >= 1.0 else min(rows, int(fraction * rows + 0.5))
 
 
+def host_layout(table_rows: int, dim: int, fraction: float = 1.0) -> HashLayout:
+    """Layout of the shared segment of a table of ``table_rows`` rows held at ``fraction``.
+
+    The segment (and so its size, :attr:`HashLayout.nbytes`) is sized for every row of the
+    sparse files whatever ``fraction``: only the first :func:`held_rows` are filled, the rest
+    of the rows and hashes stay zero. :class:`SharedHostTable` allocates exactly this, and
+    :mod:`hps_core.footprint` reports it.
+
+    Args:
+        table_rows: rows of the sparse files.
+        dim: embedding vector size.
+        fraction: share of the rows held (checked, not used for the size).
+
+    Returns:
+        The layout.
+
+    Example:
+        >>> host_layout(10, 4).nbytes == host_layout(10, 4, fraction=0.5).nbytes
+        True
+    """
+    held_rows(table_rows, fraction)  # checks the fraction
+    return HashLayout(table_rows, dim)
+
+
 def segment_name(sparse_dir: Path, dim: int, fraction: float = 1.0) -> str:
     """Name of the segment holding a sparse folder's table.
 
@@ -133,7 +157,7 @@ class SharedHostTable:
         self.rows = held_rows(info.rows, fraction)
         self.file_bytes = info.total_bytes
         self.default_value = np.float32(default_value)
-        self.layout = HashLayout(info.rows, dim)
+        self.layout = host_layout(info.rows, dim, fraction)
         self._progress = progress
         started = time.perf_counter()
         self._segment = SharedSegment.open(

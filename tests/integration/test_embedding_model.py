@@ -21,6 +21,7 @@ from tritonclient.utils import InferenceServerException
 from hps_core.cli.main import main as hps_main
 from hps_core.formats.sparse_writer import write_sparse_table
 from hps_core.server.process import TritonServer, process_group_members
+from hps_core.tiers.host_table import host_layout
 
 pytestmark = pytest.mark.integration
 
@@ -269,4 +270,26 @@ def _metric(text: str, name: str, label: str) -> float:
         float(line.rsplit(" ", 1)[1])
         for line in text.splitlines()
         if line.startswith(name + "{") and label in line
+    )
+
+
+def test_metrics_endpoint_reports_tier_bytes(served) -> None:
+    """``hps_tier_bytes``, set at load: one series per table for the host tier (both CPU
+    instances set the same one), the size of its shared-memory segment; no GPU tier."""
+    server, tables = served
+    text = urllib.request.urlopen(server.metrics_url, timeout=5).read().decode()
+    series = [line for line in text.splitlines() if line.startswith("hps_tier_bytes{")]
+    assert len(series) == len(tables), series
+    for t, (keys, vectors) in enumerate(tables):
+        (line,) = [s for s in series if f'table="sparse_embedding{t}"' in s]
+        for label in (f'model="{MODEL}"', 'tier="host"', 'precision="fp32"', 'device="host"'):
+            assert label in line, line
+        expected = host_layout(len(keys), vectors.shape[1]).nbytes
+        assert float(line.rsplit(" ", 1)[1]) == expected
+    segments = set()
+    for pid in _stub_pids(server):
+        maps = Path(f"/proc/{pid}/maps").read_text().splitlines()
+        segments |= {line.split()[-1] for line in maps if "hps-triton." in line}
+    assert sorted(Path(p).stat().st_size for p in segments) == sorted(
+        host_layout(len(k), v.shape[1]).nbytes for k, v in tables
     )

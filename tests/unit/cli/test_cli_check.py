@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import re
 from pathlib import Path
 
@@ -38,6 +39,89 @@ def test_good_ps_json_prints_rows_dims_and_sizes(
         )
     assert lines[-1] == f"ok: 1 model, {mib(sum(sizes))} of sparse files"
     assert mib(sum(sizes)) != "0.0 MiB"  # the data is large enough for the size to show
+
+
+def host_bytes(rows: int, dim: int) -> int:
+    """The shared segment (hps_core.tiers.hash_layout), written out: 8-byte hashes (one
+    padding entry), int32 bucket starts (a bucket per 2 to 4 rows), float32 rows, each array
+    64-byte aligned."""
+    align = lambda n: -(-n // 64) * 64  # noqa: E731
+    buckets = 1 << max(1, (rows // 2).bit_length() - 1)
+    return align(8 * (rows + 1)) + align(4 * (buckets + 1)) + align(4 * rows * dim)
+
+
+def cache_bytes(rows: int, dim: int, gpucacheper: float = 0.2) -> tuple[int, int]:
+    """A dynamic cache of ceil(gpucacheper * rows) rows in sets of 64 slots, each an 8-byte
+    key, an 8-byte stamp and a row: (bytes, slots)."""
+    slots = 64 * max(1, -(-math.ceil(gpucacheper * rows) // 64))
+    return slots * (16 + 4 * dim), slots
+
+
+def test_tier_bytes_lines(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """After the table lines: one line per table with the bytes of each tier, then the
+    model's totals; the sparse lines and the last line stay as they were."""
+    ps, _ = write_model(tmp_path)
+    code, out, err = run_check(capsys, str(ps))
+    assert code == 0, err
+    lines = out.splitlines()
+    host = [host_bytes(rows, dim) for _, rows, dim in TABLES]
+    cache = [cache_bytes(rows, dim) for _, rows, dim in TABLES]
+    assert host == [1_472_896, 40_256]  # (20000 x 16, 3000 x 1)
+    assert cache == [(322_560, 4032), (12_800, 640)]
+    assert lines[3:6] == [
+        "  [0] sparse_embedding0 bytes (fp32): host 1.40 MiB | per GPU instance: "
+        "cache 0.31 MiB (4,032 rows)",
+        "  [1] sparse_embedding1 bytes (fp32): host 0.04 MiB | per GPU instance: "
+        "cache 0.01 MiB (640 rows)",
+        "  total bytes (fp32): host 1.44 MiB per machine | 0.32 MiB per GPU instance, 1 GPU",
+    ]
+    assert lines[-1].startswith("ok: 1 model, ")
+    # --json: the exact counts.
+    code, out, err = run_check(capsys, str(ps), "--json")
+    assert code == 0, err
+    (model,) = json.loads(out)["models"]
+    assert model["model"] == "wdl" and model["precision"] == "fp32" and model["gpus"] == 1
+    assert model["bytes"] == {"host": sum(host), "gpu_cache": sum(b for b, _ in cache)}
+    for table, (folder, rows, dim), h, (c, slots) in zip(
+        model["tables"], TABLES, host, cache, strict=True
+    ):
+        assert table["bytes"] == {"host": h, "gpu_cache": c}
+        assert (table["rows"], table["dim"], table["gpu_cache_rows"]) == (rows, dim, slots)
+        assert table["host_rows"] == rows and table["precision"] == "fp32"
+        assert table["sparse_file"] == str(tmp_path / folder)
+        assert table["sparse_file_bytes"] == rows * (8 + 4 * dim)
+
+
+def test_tier_bytes_of_static_tables_row_index_and_lower_tiers(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A ranking model (network_file) with static tables, RocksDB below the host tier: the
+    static tables replace the cache and row index, RocksDB is reported outside the process."""
+    ps, _ = write_model(tmp_path)
+    (tmp_path / "net.json").write_text("{}")
+    edit_ps(ps, network_file="net.json", use_static_table=True, deployed_device_list=[0, 1])
+    doc = json.loads(ps.read_text())
+    doc["persistent_db"] = {"type": "rocks_db", "path": str(tmp_path / "rocksdb")}
+    ps.write_text(json.dumps(doc))
+    code, out, err = run_check(capsys, str(ps))
+    assert code == 0, err
+    lines = out.splitlines()
+    assert lines[3] == (
+        "  [0] sparse_embedding0 bytes (fp32): host 1.40 MiB | per GPU instance: "
+        "static table 1.44 MiB | outside this process: RocksDB 1.37 MiB"
+    )
+    assert lines[5] == (
+        "  total bytes (fp32): host 1.44 MiB per machine | 1.48 MiB per GPU instance, 2 GPUs"
+        " | outside this process: RocksDB 1.41 MiB"
+    )
+    # Dynamic caches instead: the GPU pipeline also copies each host tier's row index.
+    edit_ps(ps, use_static_table=False, gpucacheper=0.5)
+    code, out, err = run_check(capsys, str(ps), "--json")
+    assert code == 0, err
+    table = json.loads(out)["models"][0]["tables"][0]
+    assert table["bytes"]["gpu_index"] == 8 * 20_001 + 4 * (2**13 + 1)
+    assert table["bytes"]["gpu_cache"] == 10_048 * (16 + 4 * 16)
+    assert table["bytes"]["rocks_db"] == 20_000 * (8 + 4 * 16)
 
 
 def test_model_option_and_dense_files(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
