@@ -6,7 +6,8 @@ with, so the report and the allocation cannot drift:
 
 - ``host``: the shared host tier's segment in ``/dev/shm``, once per machine whatever the
   number of processes: :func:`hps_core.tiers.host_table.host_layout` (hashes, bucket
-  directory, rows; sized for every row of the files whatever ``initial_cache_rate``).
+  directory, rows of the first ``initial_cache_rate`` of the files' rows below RocksDB, none
+  below Redis, every row otherwise).
 - ``gpu_cache``: a dynamic GPU cache, per GPU instance (one per GPU when instances share
   their caches): ``ceil(gpucacheper * rows)`` rounded up to whole sets of 64 slots
   (:func:`~hps_core.cache.layout.cache_capacity_rows`, :func:`~hps_core.cache.layout.num_sets_for`),

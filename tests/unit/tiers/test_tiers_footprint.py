@@ -12,7 +12,7 @@ from tiers_testdata import make_keys, one_model_ps, random_vectors
 from hps_core.config import parse_ps_config
 from hps_core.footprint import model_footprint, payload_bytes, table_footprint
 from hps_core.formats.sparse_writer import write_sparse_table
-from hps_core.tiers.host_table import SharedHostTable, host_layout
+from hps_core.tiers.host_table import SharedHostTable, held_rows, host_layout
 
 
 def write_table(folder: Path, rng: np.random.Generator, rows: int, dim: int) -> None:
@@ -47,11 +47,11 @@ def test_host_bytes_are_the_segment_size(
 
 
 @pytest.mark.parametrize("fraction", [0.0, 0.25, 1.0])
-def test_a_partial_host_tier_is_sized_for_every_row(
+def test_a_partial_host_tier_is_sized_for_the_rows_it_holds(
     tmp_path: Path, shm_path: Path, rng: np.random.Generator, fraction: float
 ) -> None:
     """Below RocksDB the host tier holds the first initial_cache_rate of the rows, in a
-    segment sized for all of them (host_layout): the footprint reports what is allocated."""
+    segment sized for those alone (host_layout): the footprint reports what is allocated."""
     rows, dim = 1001, 4
     write_table(tmp_path / "t0", rng, rows, dim)
     doc = one_model_ps(
@@ -65,7 +65,10 @@ def test_a_partial_host_tier_is_sized_for_every_row(
     try:
         (data,) = shm_path.glob("*.data")
         assert computed.host == table.nbytes == data.stat().st_size
-        assert computed.host == host_layout(rows, dim).nbytes
+        assert computed.host == host_layout(rows, dim, fraction).nbytes
+        assert computed.host_rows == held_rows(rows, fraction)
+        if fraction < 1:
+            assert computed.host < host_layout(rows, dim).nbytes
         assert computed.host_rows == table.rows
         assert computed.rocks_db == payload_bytes(rows, dim) == rows * (8 + 4 * dim)
         assert computed.redis_cluster is None
