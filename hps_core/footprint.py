@@ -201,7 +201,7 @@ def table_footprint(
         dim=dim,
         precision=PRECISION,
         host=layout.nbytes,
-        host_rows=held_rows(rows, plan.host_fraction),
+        host_rows=layout.rows,
         gpu_cache=gpu_cache,
         gpu_cache_rows=gpu_cache_rows,
         gpu_static=gpu_static,

@@ -116,7 +116,7 @@ def check_ps_json(path: str | os.PathLike[str], model_name: str | None = None) -
     return report
 
 
-def check_model_files(path: str | os.PathLike[str], model_name: str) -> ModelConfig:
+def check_model_files(path: str | os.PathLike[str], model_name: str) -> ModelReport:
     """Check one model of a ps.json; raise with every problem found.
 
     Args:
@@ -124,7 +124,7 @@ def check_model_files(path: str | os.PathLike[str], model_name: str) -> ModelCon
         model_name: the model to check.
 
     Returns:
-        The model's configuration.
+        The model's report: its configuration, tables and tier bytes.
 
     Raises:
         ConfigError: listing every problem.
@@ -134,4 +134,4 @@ def check_model_files(path: str | os.PathLike[str], model_name: str) -> ModelCon
         raise ConfigError(report.problems)
     for line in report.warnings:
         logger.warning("%s: %s", path, line)
-    return report.models[0].model
+    return report.models[0]

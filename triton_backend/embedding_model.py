@@ -43,11 +43,12 @@ class EmbeddingModel:
         log_to_stderr()
         settings = read_settings(args)
         check_io(settings.config, EMBEDDING_IO)
-        model = check_model_files(settings.ps_json, settings.hps_model)
+        checked = check_model_files(settings.ps_json, settings.hps_model)
+        model = checked.model
         check_instance_device(settings, model.deployed_device_list, f"model '{model.name}'")
         self.contract = HpsContract.from_model(model)
         self.service = LookupService(settings)
-        self.service.publish_tier_bytes()
+        self.service.publish_tier_bytes(checked.footprint)
         logger.info(
             "model '%s' version %d: ps.json %s, model '%s', %d tables (dims %s), %s instance%s",
             settings.triton_model,

@@ -34,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from hps_core.footprint import model_footprint
+from hps_core.footprint import ModelFootprint
 from hps_core.hps import HPS
 from hps_core.lookup import LookupOptions, ModelLookup
 from hps_core.lookup.refresher import CacheRefresher
@@ -150,19 +150,21 @@ class LookupService:
         device_id = self.settings.lookup_device
         return "cpu" if device_id is None else f"gpu{device_id}"
 
-    def publish_tier_bytes(self, gpu_index: bool = False) -> TierBytesMetrics:
+    def publish_tier_bytes(
+        self, footprint: ModelFootprint, gpu_index: bool = False
+    ) -> TierBytesMetrics:
         """Set the ``hps_tier_bytes`` gauges of the instance's tiers (at load, before the tables
         open: the bytes come from the ps.json and the sparse files' sizes).
 
         Args:
+            footprint: the model's tier bytes (the load-time check computed them:
+                :func:`hps_core.model_check.check_model_files`).
             gpu_index: whether the instance keeps the host tiers' row index on its GPU (the
                 GPU ranking pipeline).
 
         Returns:
             :attr:`tier_bytes`.
         """
-        lookup = self.lookup
-        footprint = model_footprint(lookup.config, lookup.model)
         self.tier_bytes = TierBytesMetrics(
             self.settings.triton_model, self.device, footprint, gpu_index=gpu_index
         )

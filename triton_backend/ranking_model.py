@@ -53,13 +53,16 @@ class _RankingModel:
         """
         log_to_stderr()
         settings = read_settings(args)
-        model = check_model_files(settings.ps_json, settings.hps_model)
+        checked = check_model_files(settings.ps_json, settings.hps_model)
+        model = checked.model
         check_instance_device(settings, model.deployed_device_list, f"model '{model.name}'")
         # The service makes the instance's lookup (its options fixed) and starts it on the
         # first execute; the session scores through that same object.
         self.service = LookupService(settings)
         self.session = RankingSession.for_lookup(self.service.lookup, settings.precision)
-        self.service.publish_tier_bytes(gpu_index=self.session.pipeline is not None)
+        self.service.publish_tier_bytes(
+            checked.footprint, gpu_index=self.session.pipeline is not None
+        )
         layout = self.session.layout
         self.io = self.model_io(layout)
         check_io(settings.config, self.io)

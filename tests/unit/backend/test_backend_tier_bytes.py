@@ -91,9 +91,9 @@ def test_a_cpu_instance_publishes_its_host_tiers_at_load(
     )  # fmt: skip
     service = importlib.import_module("triton_backend.lookup_service").LookupService(settings)
     assert service.tier_bytes is None
-    service.publish_tier_bytes()
     config = load_ps_config(wdl)
     footprint = model_footprint(config, config.models[0])
+    service.publish_tier_bytes(footprint)
     assert footprint.host > 0
     assert gauges() == {
         ("wdl_cpu", t.name, "host", "fp32", "host"): t.host for t in footprint.tables
