@@ -23,13 +23,18 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from google.protobuf import text_format
 from ranking_load import gpu_memory_mib, hit_rate, metric_sums, write_input
 
 from hps_core.config import load_ps_config
 from hps_core.server.perf import PerfAnalyzerError, run_perf_analyzer
 from hps_core.server.process import TritonServer
-from hps_core.triton_repo import InstanceGroup, ServingOptions, read_config, write_repository
+from hps_core.triton_repo import (
+    InstanceGroup,
+    ServingOptions,
+    read_config,
+    write_config,
+    write_repository,
+)
 
 HERE = Path(__file__).resolve().parent
 
@@ -49,7 +54,7 @@ def peer_folder(repo: Path, model: str, ps_json: Path) -> str:
     params = {"ps_json": str(ps_json), "hps_model_name": model, "benchmarks_dir": str(HERE)}
     for key, value in params.items():
         config.parameters[key].string_value = value
-    (folder / "config.pbtxt").write_text(text_format.MessageToString(config))
+    write_config(folder / "config.pbtxt", config)
     return name
 
 

@@ -35,7 +35,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 
-from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as pb
 
 from hps_core.config import ModelConfig, load_ps_config
@@ -45,6 +44,7 @@ from hps_core.triton_repo import (
     InstanceGroup,
     ServingOptions,
     read_config,
+    write_config,
     write_embedding_model,
     write_ranking_model,
 )
@@ -289,7 +289,7 @@ def _carry_over(path: Path, user: pb.ModelConfig, precision: str | None) -> None
         config.version_policy.CopyFrom(user.version_policy)
     if precision is not None:
         config.parameters["precision"].string_value = precision
-    path.write_text(text_format.MessageToString(config))
+    write_config(path, config)
 
 
 def _path(folder: Path, value: str) -> Path:

@@ -380,6 +380,17 @@ def read_config(path: Path) -> pb.ModelConfig:
         raise ConfigError([Problem(str(path), f"not a Triton model configuration: {exc}")]) from exc
 
 
+def write_config(path: Path, config: pb.ModelConfig) -> None:
+    """Write ``config`` to ``path`` as config.pbtxt text (replacing the file at once), the
+    inverse of :func:`read_config`.
+
+    Args:
+        path: the file.
+        config: a ``ModelConfig`` message.
+    """
+    _write(path, text_format.MessageToString(config))
+
+
 def is_frozen(folder: Path) -> bool:
     """Whether a model folder's config.pbtxt sets ``freeze_sparse`` to true."""
     path = folder / "config.pbtxt"
