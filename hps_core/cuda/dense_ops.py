@@ -110,11 +110,8 @@ def cross_combine(x0: Any, y: Any, bias: Any, xl: Any, low_rank: bool) -> Any:
         out = cupy.empty_like(x0)
         n4 = rows * width // 4
         if n4:
-            device = cupy.cuda.Device()
             kernel = dense_function("cross_v2")
-            blocks = min(
-                -(-n4 // _ELEMENTWISE_THREADS), device.attributes["MultiProcessorCount"] * 16
-            )
+            blocks = min(-(-n4 // _ELEMENTWISE_THREADS), _sms() * 16)
             kernel(
                 (blocks,), (_ELEMENTWISE_THREADS,),
                 (x0, y, bias, xl, out, np.int64(n4), np.int32(width // 4)),
@@ -308,7 +305,7 @@ def skinny_linear(x: Any, weight: Any, bias: Any | None, relu: bool, tf32: bool)
     quads = n % 4 == 0 and ldw % 4 == 0 and weight.data.ptr % (4 * item) == 0
     per_lane = 4 if quads else 1
     tiles = -(-n // (32 * per_lane))
-    sms = cupy.cuda.Device().attributes["MultiProcessorCount"]
+    sms = _sms()
     ranges = max(1, min(-(-sms * _SKINNY_BLOCKS_PER_SM // tiles),
                         -(-k // (_SKINNY_WARPS * _SKINNY_MIN_K_PER_WARP))))  # fmt: skip
     chunk = -(-k // ranges)
@@ -335,9 +332,13 @@ def skinny_linear(x: Any, weight: Any, bias: Any | None, relu: bool, tf32: bool)
 
 def _rows_grid(rows: int) -> tuple[int, int]:
     """Blocks and threads of a kernel with a warp per row (grid-stride over rows)."""
-    sms = cupy.cuda.Device().attributes["MultiProcessorCount"]
+    sms = _sms()
     warps_per_block = _ELEMENTWISE_THREADS // 32
     return max(1, min(-(-rows // warps_per_block), sms * 32)), _ELEMENTWISE_THREADS
+
+
+def _sms() -> int:
+    return kernels.sm_count(cupy.cuda.Device().id)
 
 
 def dense_function(name: str) -> Any:

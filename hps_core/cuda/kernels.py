@@ -136,3 +136,18 @@ def module(
                 f"kernels/{name}.cu failed to build for GPU {device_id}: {exc}"
             ) from exc
     return mod
+
+
+@functools.cache
+def sm_count(device_id: int) -> int:
+    """Streaming multiprocessors of GPU ``device_id``, read once per process (CuPy's
+    ``Device.attributes`` queries every attribute of the device each time it is read, which
+    grid sizing on every launch of an eager layer would pay).
+
+    Example:
+        >>> sm_count(0)  # an H200  # doctest: +SKIP
+        132
+    """
+    import cupy
+
+    return int(cupy.cuda.Device(device_id).attributes["MultiProcessorCount"])

@@ -49,7 +49,7 @@ import cupy
 import numpy as np
 
 # blas first: it raises a clear error when nvmath-python is missing.
-from hps_core.cuda import blas, dense_ops
+from hps_core.cuda import blas, dense_ops, kernels
 
 from nvmath.bindings import cublasLt  # isort: skip
 
@@ -312,9 +312,8 @@ def _split(x: Any, ld: int, out_cols: int, out: Any, out_ld: int, at: tuple[int,
     n = rows * out_cols
     if n == 0:
         return
-    device = cupy.cuda.Device()
     kernel = dense_ops.dense_function("split_tf32")
-    blocks = min(-(-n // _SPLIT_THREADS), device.attributes["MultiProcessorCount"] * 16)
+    blocks = min(-(-n // _SPLIT_THREADS), kernels.sm_count(cupy.cuda.Device().id) * 16)
     kernel(
         (blocks,), (_SPLIT_THREADS,),
         (x, np.int64(ld), np.int64(rows), np.int64(cols), np.int64(out_cols), out,

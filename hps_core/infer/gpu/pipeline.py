@@ -169,9 +169,7 @@ class GpuRankingPipeline:
             self._lower_tiers = LowerTierFetch(
                 self._stream, self._cache_stream, self._uploaded[0], self._bank_kernels
             )
-            self._insert_blocks = (
-                cupy.cuda.Device().attributes["MultiProcessorCount"] * _INSERT_BLOCKS_PER_SM
-            )
+            self._insert_blocks = kernels.sm_count(self.device_id) * _INSERT_BLOCKS_PER_SM
 
     @property
     def bank(self) -> CacheBank:
