@@ -57,6 +57,7 @@ from typing import Any
 import numpy as np
 
 from hps_core.hashing import mix64
+from hps_core.quant import RowFormat, StoragePrecision
 
 WAYS = 64
 """Slots per set (HugeCTR: ``SET_ASSOCIATIVITY * SLAB_SIZE`` = 2 * 32)."""
@@ -115,15 +116,21 @@ class SlotBytes:
         return self.keys + self.stamps + self.values
 
 
-def slot_bytes(num_sets: int, dim: int) -> SlotBytes:
-    """Bytes of the slot arrays of a cache of ``num_sets`` sets of width ``dim``.
+def slot_bytes(
+    num_sets: int, dim: int, precision: StoragePrecision = StoragePrecision.FP32
+) -> SlotBytes:
+    """Bytes of the slot arrays of a cache of ``num_sets`` sets of width ``dim`` whose rows
+    are stored in ``precision``.
 
     Example:
         >>> slot_bytes(1, 4).nbytes  # 64 keys, 64 stamps, 64 rows of 4 floats
         2048
+        >>> slot_bytes(1, 4, StoragePrecision.FP16).values  # 64 rows of 4 halves
+        512
     """
     slots = num_sets * WAYS
-    return SlotBytes(keys=slots * 8, stamps=slots * 8, values=slots * dim * 4)
+    row_bytes = RowFormat(precision, dim).row_bytes
+    return SlotBytes(keys=slots * 8, stamps=slots * 8, values=slots * row_bytes)
 
 
 def set_of(keys: Any, num_sets: int, xp: Any = np) -> Any:

@@ -27,6 +27,7 @@ from hps_core.cache.stats import (
     CacheStats,
     stats_from_counters,
 )
+from hps_core.quant import RowFormat, StoragePrecision
 from hps_core.tiers.hash_layout import (
     DuplicateKeysError,
     HashLayout,
@@ -39,19 +40,24 @@ STARTS_DTYPE = np.dtype(np.int64)
 """The bucket directory's type on the table's device (int64 whatever the row count)."""
 
 
-def static_table_nbytes(rows: int, dim: int) -> int:
+def static_table_nbytes(
+    rows: int, dim: int, precision: StoragePrecision = StoragePrecision.FP32
+) -> int:
     """Bytes a static table of ``rows`` x ``dim`` holds on its device (:attr:`StaticTable.nbytes`).
 
     The sorted hashes with one padding entry (8 bytes each), the bucket directory of
-    :class:`~hps_core.tiers.hash_layout.HashLayout` in :data:`STARTS_DTYPE`, and the float32
-    rows; the few counters are not counted.
+    :class:`~hps_core.tiers.hash_layout.HashLayout` in :data:`STARTS_DTYPE`, and the rows
+    stored in ``precision``; the few counters are not counted.
 
     Example:
         >>> static_table_nbytes(10, 4)  # 11 hashes, 5 int64 starts, 10 rows of 4 floats
         288
+        >>> static_table_nbytes(10, 4, StoragePrecision.INT8)  # rows of 4 codes, scale, bias
+        248
     """
     num_buckets = HashLayout(rows, dim).num_buckets
-    return 8 * (rows + 1) + STARTS_DTYPE.itemsize * (num_buckets + 1) + 4 * rows * dim
+    row_bytes = RowFormat(precision, dim).row_bytes
+    return 8 * (rows + 1) + STARTS_DTYPE.itemsize * (num_buckets + 1) + row_bytes * rows
 
 
 class StaticTable:

@@ -29,6 +29,7 @@ from hps_core.config.enums import (
 )
 from hps_core.errors import ConfigError, Problem
 from hps_core.formats.uris import ModelPath
+from hps_core.quant import RowFormat, StoragePrecision
 
 DEFAULT_UPDATE_FILTERS = ("^hps_.+$",)
 
@@ -58,6 +59,9 @@ class TableConfig:
         dim: ``embedding_vecsize_per_table[index]``.
         default_value: ``default_value_for_each_table[index]``, returned for unknown keys.
         max_query_per_sample: ``maxnum_catfeature_query_per_table_per_sample[index]``.
+        storage: how every tier in this process stores the table's rows (the shared host
+            tier, the GPU caches and static tables, the update overlay); Redis and RocksDB
+            keep HugeCTR's FP32 layout.
     """
 
     index: int
@@ -66,6 +70,12 @@ class TableConfig:
     dim: int
     default_value: float
     max_query_per_sample: int
+    storage: StoragePrecision = StoragePrecision.FP32
+
+    @property
+    def row_format(self) -> RowFormat:
+        """Layout and codec of one stored row of the table."""
+        return RowFormat(self.storage, self.dim)
 
 
 @dataclass(frozen=True, kw_only=True)

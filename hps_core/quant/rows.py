@@ -171,6 +171,23 @@ class RowFormat:
         scalars = {StoragePrecision.INT8: 2, StoragePrecision.FP8: 1}.get(self.precision, 0)
         return _round_up(self.values_bytes, _ALIGN) + scalars * _SCALE_BYTES
 
+    @property
+    def row_words(self) -> int:
+        """32-bit words of one encoded row (``row_bytes / 4``; ``dim`` for fp32)."""
+        return self.row_bytes // _ALIGN
+
+    @property
+    def stored_dtype(self) -> np.dtype:
+        """Element type of a table of stored rows: float32 for fp32 (the rows themselves),
+        else uint32 words of the encoded bytes. GPU caches and tables hold ``[n, row_words]``
+        arrays of it, so that FP32 tables keep their float32 arrays unchanged."""
+        return np.dtype(np.float32 if self.precision is StoragePrecision.FP32 else np.uint32)
+
+    @property
+    def is_identity(self) -> bool:
+        """Whether stored rows are the float32 rows themselves (fp32)."""
+        return self.precision is StoragePrecision.FP32
+
     def __str__(self) -> str:
         return f"RowFormat({self.precision.value}, dim={self.dim})"
 
@@ -307,6 +324,40 @@ class RowFormat:
             )
         self._check_writeable(out, "out")
         self._decode(encoded, out)
+
+    # ------------------------------------------------------------------ stored rows
+
+    def encode_stored(self, rows: np.ndarray) -> np.ndarray:
+        """Encode float32 rows as stored rows (:attr:`stored_dtype` ``[n, row_words]``).
+
+        Args:
+            rows: float32 ``[n, dim]``.
+
+        Returns:
+            A new C-contiguous array; for fp32 a copy of ``rows``.
+
+        Example:
+            >>> RowFormat("int8", 3).encode_stored(np.ones((2, 3), np.float32)).shape
+            (2, 3)
+        """
+        return self.encode(rows).view(self.stored_dtype)
+
+    def decode_stored(self, stored: np.ndarray) -> np.ndarray:
+        """Decode stored rows (:attr:`stored_dtype` ``[n, row_words]``) to float32 ``[n, dim]``.
+
+        Example:
+            >>> fmt = RowFormat("fp16", 2)
+            >>> fmt.decode_stored(fmt.encode_stored(np.array([[0.5, 2.0]], np.float32)))
+            array([[0.5, 2. ]], dtype=float32)
+        """
+        stored = np.ascontiguousarray(stored)
+        shape_ok = stored.ndim == 2 and stored.shape[1] == self.row_words
+        if stored.dtype != self.stored_dtype or not shape_ok:
+            raise ValueError(
+                f"stored rows of {self} must be {self.stored_dtype} [n, {self.row_words}], got "
+                f"{stored.dtype} {stored.shape}"
+            )
+        return self.decode(stored.view(np.uint8))
 
     # ------------------------------------------------------------------ per precision
 

@@ -8,7 +8,9 @@ files' own size (a hash map of Python objects would need several times more):
 - ``starts``: a bucket directory. Bucket ``b`` holds the rows whose hash has ``b`` as its top
   bits; ``starts[b]:starts[b+1]`` is its row range. There are about ``rows / 2`` buckets, so
   the directory costs at most 2 bytes/row (int32) and a bucket holds 2 to 4 rows.
-- ``values``: float32 ``[rows, dim]`` in the same order as ``hashes``.
+- ``values``: the rows in the same order as ``hashes``, stored in the table's precision
+  (:class:`~hps_core.quant.RowFormat`): float32 ``[rows, dim]`` for fp32, else uint32
+  ``[rows, row_words]`` words of the encoded rows.
 
 A lookup hashes the queried keys, reads each bucket's range and probes the candidates of all
 keys together, one NumPy gather per round; the set of keys still searching shrinks every
@@ -22,6 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from hps_core.hashing import mix64
+from hps_core.quant import RowFormat, StoragePrecision
 
 ALIGN = 64
 # Fewer buckets save memory, more buckets shorten the probe rounds; 2-4 rows per bucket keeps
@@ -40,10 +43,17 @@ class HashLayout:
     Args:
         rows: number of keys.
         dim: embedding vector size.
+        precision: how the rows are stored.
     """
 
     rows: int
     dim: int
+    precision: StoragePrecision = StoragePrecision.FP32
+
+    @property
+    def row_format(self) -> RowFormat:
+        """Layout and codec of one stored row."""
+        return RowFormat(self.precision, self.dim)
 
     @property
     def bucket_bits(self) -> int:
@@ -80,7 +90,7 @@ class HashLayout:
     @property
     def nbytes(self) -> int:
         """Total size of the buffer in bytes."""
-        return self.values_offset + _align(4 * self.rows * self.dim)
+        return self.values_offset + _align(self.rows * self.row_format.row_bytes)
 
     @property
     def index_nbytes(self) -> int:
@@ -101,12 +111,16 @@ class HashLayout:
 
         Returns:
             ``(hashes, starts, values)``; ``hashes`` has one padding entry after the rows,
-            so that a probe at the end of the last bucket stays in the buffer.
+            so that a probe at the end of the last bucket stays in the buffer; ``values`` are
+            the stored rows (``row_format.stored_dtype`` ``[rows, row_words]``).
         """
+        fmt = self.row_format
         hashes = np.frombuffer(buffer, np.uint64, self.rows + 1, self.hashes_offset)
         starts = np.frombuffer(buffer, self.starts_dtype, self.num_buckets + 1, self.starts_offset)
-        values = np.frombuffer(buffer, np.float32, self.rows * self.dim, self.values_offset)
-        return hashes, starts, values.reshape(self.rows, self.dim)
+        values = np.frombuffer(
+            buffer, fmt.stored_dtype, self.rows * fmt.row_words, self.values_offset
+        )
+        return hashes, starts, values.reshape(self.rows, fmt.row_words)
 
 
 class DuplicateKeysError(ValueError):
