@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from hps_core.quant import RowFormat
+
 
 def as_keys(keys: Any, xp: Any, where: str) -> Any:
     """Return ``keys`` as a C-contiguous 1-D int64 array of ``xp``.
@@ -64,6 +66,47 @@ def as_rows(values: Any, n: int, dim: int, xp: Any, where: str) -> Any:
     if arr.dtype.kind != "f":
         raise TypeError(f"{where}: values must be floating point, got dtype {arr.dtype}")
     return xp.ascontiguousarray(arr, dtype=xp.float32)
+
+
+def as_stored(values: Any, n: int, row_format: RowFormat, xp: Any, where: str) -> Any:
+    """Return ``values`` as C-contiguous stored rows of ``row_format``, an array of ``xp``.
+
+    A cache stores rows as its tiers do (:attr:`RowFormat.stored_dtype` ``[n, row_words]``):
+    float32 vectors for fp32 (any floating type is converted, as :func:`as_rows`), else the
+    uint32 words of the encoded rows, which only :meth:`RowFormat.encode_stored` or a tier's
+    stored rows produce (a float row would be taken as codes).
+
+    Args:
+        values: one stored row per key.
+        n: number of keys.
+        row_format: the cache's row format.
+        xp: the cache's array module.
+        where: the cache's name for error messages.
+
+    Returns:
+        An array of ``xp``.
+
+    Raises:
+        TypeError: the dtype is not the stored rows' dtype (or, fp32, not floating point).
+        ValueError: the shape is not ``(n, row_words)``.
+    """
+    if row_format.is_identity:
+        return as_rows(values, n, row_format.dim, xp, where)
+    arr = xp.asarray(values)
+    shape = (n, row_format.row_words)
+    if n == 0 and arr.size == 0:
+        return xp.empty(shape, dtype=row_format.stored_dtype)
+    if tuple(arr.shape) != shape:
+        raise ValueError(
+            f"{where}: stored {row_format.precision.value} rows must have shape {shape}, got "
+            f"{tuple(arr.shape)}"
+        )
+    if arr.dtype != row_format.stored_dtype:
+        raise TypeError(
+            f"{where}: stored {row_format.precision.value} rows must be "
+            f"{row_format.stored_dtype} words (RowFormat.encode_stored), got dtype {arr.dtype}"
+        )
+    return xp.ascontiguousarray(arr)
 
 
 def output_rows(out: Any, n: int, dim: int, xp: Any, where: str) -> Any:

@@ -26,11 +26,13 @@ from hps_core.cache.kernel_consts import (
     LANES,
     THREADS,
     cuda_defines,
+    storage_code,
 )
 from hps_core.cache.layout import RunPlan, plan_runs
 from hps_core.cache.order import StreamOrder
 from hps_core.cuda import kernels
 from hps_core.errors import HPSError
+from hps_core.quant import RowFormat, StoragePrecision
 
 _WARP = 32
 _CUDA_ERRORS = (cupy.cuda.driver.CUDADriverError, cupy.cuda.runtime.CUDARuntimeError)
@@ -76,6 +78,7 @@ class CupyDynamicCache(DynamicCache):
         group: share the slots with the other processes of this group (CUDA IPC), as table
             ``group_index``; see :mod:`hps_core.cache.ipc_group`.
         group_index: the table's index in ``group``.
+        precision: how the rows are stored; queries decode them to float32 in the kernel.
     """
 
     def __init__(
@@ -87,19 +90,23 @@ class CupyDynamicCache(DynamicCache):
         sync_checks: bool = False,
         group: SharedCacheGroup | None = None,
         group_index: int = 0,
+        precision: StoragePrecision = StoragePrecision.FP32,
     ) -> None:
         self._device_id = cupy.cuda.Device().id
         self._group = group
         slots, self._created_here = None, True
         if group is not None:
-            slots, self._created_here = group.table_slots(group_index, int(num_sets), int(dim))
-        super().__init__(num_sets, dim, cupy, name, slots)
+            fmt = RowFormat(precision, int(dim))
+            slots, self._created_here = group.table_slots(group_index, int(num_sets), fmt)
+        super().__init__(num_sets, dim, cupy, name, slots, precision=precision)
         self.sync_checks = sync_checks
         self._kernels = load_kernels(self._device_id)
         # Kernel arguments that never change, made once: a query is short enough for the
         # host's per-call work to matter.
         self._num_sets_arg = np.uint64(self._num_sets)
         self._dim_arg = np.int32(self._dim)
+        self._words_arg = np.int32(self.row_format.row_words)
+        self._storage_arg = np.int32(storage_code(self.row_format.precision))
         self._rows_aligned = self._dim % 4 == 0 and self._values.data.ptr % 16 == 0
         #: Orders this cache's kernels after those of other streams touching it (set by the
         #: GPU pipeline, see :mod:`hps_core.cache.order`); a shared cache's group does that.
@@ -161,6 +168,8 @@ class CupyDynamicCache(DynamicCache):
                 self._stamps,
                 self._values,
                 self._dim_arg,
+                self._words_arg,
+                self._storage_arg,
                 clock,
                 out,
                 hit,
@@ -186,7 +195,7 @@ class CupyDynamicCache(DynamicCache):
                 self._keys,
                 self._stamps,
                 self._values,
-                self._dim_arg,
+                self._words_arg,
                 clock,
                 self._counters,
             ),
@@ -206,7 +215,7 @@ class CupyDynamicCache(DynamicCache):
                 sets,
                 self._keys,
                 self._values,
-                self._dim_arg,
+                self._words_arg,
                 self._counters,
             ),
         )

@@ -40,13 +40,14 @@ from typing import Any
 
 import numpy as np
 
-from hps_core.cache.arrays import as_keys, as_rows, output_rows
+from hps_core.cache.arrays import as_keys, as_stored, output_rows
 from hps_core.cache.layout import EMPTY_KEY, WAYS, RunPlan, plan_runs, set_of
 from hps_core.cache.stats import (
     NUM_COUNTERS,
     CacheStats,
     stats_from_counters,
 )
+from hps_core.quant import RowFormat, StoragePrecision
 
 
 @dataclass(frozen=True)
@@ -56,7 +57,9 @@ class CacheState:
     Attributes:
         keys: int64 ``[num_sets, WAYS]``, ``EMPTY_KEY`` in empty slots.
         stamps: uint64 ``[num_sets, WAYS]`` last-touch stamps.
-        values: float32 ``[num_sets * WAYS, dim]``; rows of empty slots are stale.
+        values: the stored rows, ``[num_sets * WAYS, row_words]`` of the cache's
+            ``row_format.stored_dtype`` (float32 ``[.., dim]`` for fp32); rows of empty slots
+            are stale.
         clock: the stamp the next call starts from.
     """
 
@@ -73,7 +76,7 @@ class CacheSlots:
     Attributes:
         keys: int64 ``[num_sets, WAYS]``.
         stamps: uint64 ``[num_sets, WAYS]``.
-        values: float32 ``[num_sets * WAYS, dim]``.
+        values: stored rows, ``row_format.stored_dtype`` ``[num_sets * WAYS, row_words]``.
         clock: host uint64 ``[1]``: the stamp the next call starts from. Shared caches keep it
             in shared memory next to the slots' owner record.
     """
@@ -84,12 +87,12 @@ class CacheSlots:
     clock: np.ndarray
 
 
-def new_slots(num_sets: int, dim: int, xp: Any) -> CacheSlots:
+def new_slots(num_sets: int, row_format: RowFormat, xp: Any) -> CacheSlots:
     """Empty slots of a fresh cache, allocated with ``xp`` on the current device.
 
     Args:
         num_sets: number of 64-slot sets.
-        dim: embedding width.
+        row_format: how a row is stored.
         xp: ``numpy`` or ``cupy``.
 
     Returns:
@@ -98,7 +101,7 @@ def new_slots(num_sets: int, dim: int, xp: Any) -> CacheSlots:
     return CacheSlots(
         keys=xp.full((num_sets, WAYS), EMPTY_KEY, dtype=xp.int64),
         stamps=xp.zeros((num_sets, WAYS), dtype=xp.uint64),
-        values=xp.zeros((num_sets * WAYS, dim), dtype=xp.float32),
+        values=xp.zeros((num_sets * WAYS, row_format.row_words), dtype=row_format.stored_dtype),
         clock=np.zeros(1, dtype=np.uint64),
     )
 
@@ -143,13 +146,21 @@ class DynamicCache(ABC):
         name: label used in error messages, e.g. ``"dcn.table0"``.
         slots: the state's arrays when the caller allocated them (shared memory); by default
             new empty ones on the current device.
+        precision: how the rows are stored (:class:`~hps_core.quant.RowFormat`): ``replace``
+            and ``update`` take stored rows, ``query`` answers them decoded to float32.
 
     Raises:
         ValueError: ``num_sets`` or ``dim`` is not a positive integer.
     """
 
     def __init__(
-        self, num_sets: int, dim: int, xp: Any, name: str, slots: CacheSlots | None = None
+        self,
+        num_sets: int,
+        dim: int,
+        xp: Any,
+        name: str,
+        slots: CacheSlots | None = None,
+        precision: StoragePrecision = StoragePrecision.FP32,
     ) -> None:
         for label, value in (("num_sets", num_sets), ("dim", dim)):
             if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 1:
@@ -161,10 +172,11 @@ class DynamicCache(ABC):
         self._where = f"cache {name!r}"
         self._num_sets = int(num_sets)
         self._dim = int(dim)
+        self.row_format = RowFormat(precision, self._dim)
         self._lock = threading.Lock()
         with self._device():
             if slots is None:
-                slots = new_slots(self._num_sets, self._dim, xp)
+                slots = new_slots(self._num_sets, self.row_format, xp)
             self._keys, self._stamps, self._values = slots.keys, slots.stamps, slots.values
             self._clock = slots.clock
             # Counters stay private to the process even when the slots are shared: each
@@ -226,7 +238,8 @@ class DynamicCache(ABC):
 
         Args:
             keys: 1-D integer keys (duplicates allowed: the first occurrence is inserted).
-            values: float ``[n, dim]`` vectors, row ``i`` for ``keys[i]``.
+            values: stored rows (:func:`~hps_core.cache.arrays.as_stored`), row ``i`` for
+                ``keys[i]``: float ``[n, dim]`` vectors for an fp32 cache.
         """
         xp = self.xp
         # The plan is made before entering the section: a shared cache holds its lock only
@@ -237,7 +250,7 @@ class DynamicCache(ABC):
             plan_xp = np if isinstance(keys, np.ndarray) else xp
             keys = as_keys(keys, plan_xp, self._where)
             n = int(keys.shape[0])
-            rows = as_rows(values, n, self._dim, xp, self._where)
+            rows = as_stored(values, n, self.row_format, xp, self._where)
             if n == 0:
                 return
             positions = plan_xp.flatnonzero(keys != EMPTY_KEY)
@@ -258,13 +271,13 @@ class DynamicCache(ABC):
 
         Args:
             keys: 1-D integer keys (duplicates allowed: the last occurrence wins).
-            values: float ``[n, dim]`` vectors, row ``i`` for ``keys[i]``.
+            values: stored rows, as for :meth:`replace`.
         """
         xp = self.xp
         with self._section():
             keys = as_keys(keys, xp, self._where)
             n = int(keys.shape[0])
-            rows = as_rows(values, n, self._dim, xp, self._where)
+            rows = as_stored(values, n, self.row_format, xp, self._where)
             positions = xp.flatnonzero(keys != EMPTY_KEY)
             if positions.shape[0]:
                 self._update(keys, rows, set_of(keys, self._num_sets, xp), positions)

@@ -15,6 +15,7 @@ from hps_core.cache.dynamic import DynamicCache
 from hps_core.cache.layout import num_sets_for
 from hps_core.cache.static_table import StaticTable
 from hps_core.errors import ConfigError, NotAvailableError, Problem
+from hps_core.quant import RowFormat, StoragePrecision
 
 _NOT_IMPLEMENTED_KINDS = ("uvm", "stochastic")
 
@@ -30,6 +31,7 @@ def make_cache(
     sync_checks: bool = False,
     group: Any = None,
     group_index: int = 0,
+    precision: StoragePrecision = StoragePrecision.FP32,
 ) -> DynamicCache | StaticTable:
     """Build a ``dynamic`` (LRU) or ``static`` (whole table) embedding cache.
 
@@ -40,11 +42,14 @@ def make_cache(
         dim: embedding width.
         xp: ``cupy`` (the current CUDA device); ``numpy`` too for a static table.
         name: label for error messages, e.g. ``"dcn.table0"``.
-        contents: static only: ``(keys, values)`` of the whole table.
+        contents: static only: ``(keys, values)`` of the whole table, the values stored in
+            ``precision`` (:meth:`~hps_core.quant.RowFormat.encode_stored`).
         sync_checks: CuPy dynamic cache only: synchronise after each kernel (tests, debugging).
         group: CuPy dynamic cache only: a :class:`~hps_core.cache.ipc_group.SharedCacheGroup`
             whose processes share the cache's slots, as its table ``group_index``.
         group_index: the table's index in ``group``.
+        precision: how the cache stores its rows; ``replace``/``update`` (and ``contents``)
+            take rows stored so, queries answer them decoded to float32.
 
     Returns:
         The cache.
@@ -82,11 +87,14 @@ def make_cache(
             sync_checks=sync_checks,
             group=group,
             group_index=group_index,
+            precision=precision,
         )
     if kind_name == "static":
         if contents is None:
             raise ValueError(f"{where}: a static cache needs contents=(keys, values)")
-        table = StaticTable(*contents, xp=xp, name=name)
+        # FP32 contents carry their width (checked below); stored rows do not.
+        fmt = None if precision is StoragePrecision.FP32 else RowFormat(precision, dim)
+        table = StaticTable(*contents, xp=xp, name=name, row_format=fmt)
         if table.dim != dim or table.size > capacity_rows:
             raise ValueError(
                 f"{where}: contents hold {table.size} rows of width {table.dim}; "

@@ -41,6 +41,7 @@ from hps_core.cache.dynamic import CacheSlots
 from hps_core.cache.ipc_files import remove_own_event_files_at_exit
 from hps_core.cache.layout import EMPTY_KEY, WAYS, slot_bytes
 from hps_core.errors import HPSError
+from hps_core.quant import RowFormat
 from hps_core.tiers.shm_segment import SharedSegment, pid_alive
 
 logger = logging.getLogger("hps_core")
@@ -223,13 +224,15 @@ class SharedCacheGroup:
             self._events[last] = known
         cupy.cuda.runtime.streamWaitEvent(stream.ptr, known[1], 0)
 
-    def table_slots(self, index: int, num_sets: int, dim: int) -> tuple[CacheSlots, bool]:
+    def table_slots(
+        self, index: int, num_sets: int, row_format: RowFormat
+    ) -> tuple[CacheSlots, bool]:
         """The slots of table ``index``: mapped if another process made them, else new.
 
         Args:
             index: table index in the model.
             num_sets: sets of its cache.
-            dim: embedding width.
+            row_format: how its rows are stored (width and precision).
 
         Returns:
             ``(slots, created_here)``.
@@ -237,7 +240,8 @@ class SharedCacheGroup:
         Raises:
             SharingError: the published cache has another shape, or could not be mapped.
         """
-        sizes = slot_bytes(num_sets, dim)
+        dim = row_format.dim
+        sizes = slot_bytes(num_sets, dim, row_format.precision)
         keys_bytes = sizes.keys
         values_offset = _aligned(sizes.keys) + _aligned(sizes.stamps)
         nbytes = values_offset + sizes.values
@@ -248,11 +252,14 @@ class SharedCacheGroup:
                 memory = cupy.cuda.memory.Memory(nbytes)
                 ptr = memory.ptr
             else:
-                if (int(entry["num_sets"][0]), int(entry["dim"][0])) != (num_sets, dim):
+                published = (int(entry["num_sets"][0]), int(entry["dim"][0]))
+                # Equal shapes of another precision differ in their bytes.
+                if published != (num_sets, dim) or int(entry["nbytes"][0]) != nbytes:
                     raise SharingError(
                         f"shared cache group {self.name}, table {index}: published with "
-                        f"{int(entry['num_sets'][0])} sets of dim {int(entry['dim'][0])}, "
-                        f"wanted {num_sets} of dim {dim}"
+                        f"{published[0]} sets of dim {published[1]} in "
+                        f"{int(entry['nbytes'][0])} bytes, wanted {num_sets} of dim {dim} "
+                        f"({row_format.precision.value}) in {nbytes} bytes"
                     )
                 try:
                     ptr = cupy.cuda.runtime.ipcOpenMemHandle(bytes(entry["handle"][0]))
@@ -270,7 +277,11 @@ class SharedCacheGroup:
             slots = CacheSlots(
                 keys=view(0, (num_sets, WAYS), cupy.int64),
                 stamps=view(_aligned(keys_bytes), (num_sets, WAYS), cupy.uint64),
-                values=view(values_offset, (num_sets * WAYS, dim), cupy.float32),
+                values=view(
+                    values_offset,
+                    (num_sets * WAYS, row_format.row_words),
+                    row_format.stored_dtype,
+                ),
                 clock=self._tables["clock"][index : index + 1],
             )
             if created:

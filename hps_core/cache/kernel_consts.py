@@ -31,6 +31,7 @@ from hps_core.cache.stats import (
     UPDATED,
 )
 from hps_core.cuda.kernels import define_lines
+from hps_core.quant import StoragePrecision
 
 KERNEL_FILE = "cache"
 """Stem of the cache's kernel file: ``hps_core/cuda/kernels/cache.cu``."""
@@ -46,6 +47,26 @@ LANES = 8
 and of ``static_query`` (the other kernels there use a warp, 32 lanes, per work item); in
 ``kernels/bank.cu`` those that serve one key or bag in ``bank_find``, ``bank_pool`` and
 ``bank_probe`` (``bank_insert`` uses a warp per miss)."""
+
+
+STORAGE_CODES: dict[StoragePrecision, int] = {
+    StoragePrecision.FP32: 0,
+    StoragePrecision.FP16: 1,
+    StoragePrecision.INT8: 2,
+    StoragePrecision.FP8: 3,
+}
+"""The kernels' number for each storage precision (``STORAGE_FP32`` ... in
+``kernels/row_codec.cuh``, which decodes rows of each)."""
+
+
+def storage_code(precision: StoragePrecision) -> int:
+    """The kernels' number of a storage precision (:data:`STORAGE_CODES`).
+
+    Example:
+        >>> storage_code(StoragePrecision.INT8)
+        2
+    """
+    return STORAGE_CODES[StoragePrecision.parse(precision)]
 
 
 def shared_defines() -> dict[str, int | str]:
@@ -70,6 +91,7 @@ def shared_defines() -> dict[str, int | str]:
         "UNKNOWN": UNKNOWN,
         "HOST_ROWS": HOST_ROWS,
         "NUM_COUNTERS": NUM_COUNTERS,
+        **{f"STORAGE_{p.name}": code for p, code in STORAGE_CODES.items()},
     }
 
 

@@ -16,8 +16,8 @@ from typing import Any
 
 import numpy as np
 
-from hps_core.cache.arrays import as_keys, as_rows, output_rows
-from hps_core.cache.kernel_consts import LANES, THREADS
+from hps_core.cache.arrays import as_keys, as_stored, output_rows
+from hps_core.cache.kernel_consts import LANES, THREADS, storage_code
 from hps_core.cache.layout import last_of_each
 from hps_core.cache.stats import (
     HITS,
@@ -65,9 +65,12 @@ class StaticTable:
 
     Args:
         keys: 1-D integer keys, unique.
-        values: float ``[len(keys), dim]`` rows.
+        values: float ``[len(keys), dim]`` rows, or for a compressed ``row_format`` the
+            stored rows (:meth:`~hps_core.quant.RowFormat.encode_stored`, ``[len(keys),
+            row_words]``), which the table keeps as they are and decodes in each query.
         xp: array module to hold the table in (``numpy`` or ``cupy``).
         name: label used in error messages.
+        row_format: how the rows are stored; by default fp32 of the values' width.
 
     Raises:
         ValueError: values are not 2-D with a positive width, shapes disagree, or a key repeats.
@@ -80,7 +83,15 @@ class StaticTable:
                [0., 0.]], dtype=float32), array([ True, False]))
     """
 
-    def __init__(self, keys: Any, values: Any, *, xp: Any = np, name: str = "static table") -> None:
+    def __init__(
+        self,
+        keys: Any,
+        values: Any,
+        *,
+        xp: Any = np,
+        name: str = "static table",
+        row_format: RowFormat | None = None,
+    ) -> None:
         self.name = name
         self.xp = xp
         self._where = f"static table {name!r}"
@@ -89,16 +100,19 @@ class StaticTable:
         shape = tuple(xp.asarray(values).shape)
         if len(shape) != 2 or shape[1] < 1:
             raise ValueError(f"{self._where}: values must be 2-D [rows, dim], got shape {shape}")
-        self._dim = int(shape[1])
+        if row_format is None:
+            row_format = RowFormat(StoragePrecision.FP32, int(shape[1]))
+        self.row_format = row_format
+        self._dim = row_format.dim
         self._rows = int(host_keys.shape[0])
-        rows = as_rows(values, self._rows, self._dim, xp, self._where)
+        rows = as_stored(values, self._rows, row_format, xp, self._where)
         try:
             order, sorted_hashes = sort_order(host_keys)
         except DuplicateKeysError as exc:
             raise ValueError(
                 f"{self._where}: key {int(exc.duplicates[0])} appears more than once"
             ) from None
-        self._layout = HashLayout(self._rows, self._dim)
+        self._layout = HashLayout(self._rows, self._dim, row_format.precision)
         hashes = np.zeros(self._rows + 1, dtype=np.uint64)  # one padding entry, as the layout
         hashes[: self._rows] = sorted_hashes
         starts = np.empty(self._layout.num_buckets + 1, dtype=STARTS_DTYPE)
@@ -179,7 +193,10 @@ class StaticTable:
                 found = self._find(keys)
                 hit = found >= 0
                 positions = np.flatnonzero(hit)
-                out[positions] = self._values[found[positions]]
+                hit_rows = self._values[found[positions]]
+                if not self.row_format.is_identity:
+                    hit_rows = self.row_format.decode_stored(hit_rows)
+                out[positions] = hit_rows
                 self._counters[HITS] += positions.shape[0]
                 self._counters[MISSES] += n - positions.shape[0]
                 return out, hit
@@ -196,6 +213,8 @@ class StaticTable:
                     (THREADS,),
                     (keys, np.int64(n), self._hashes, self._starts,
                      np.int32(self._layout.bucket_bits), self._values, np.int32(self._dim),
+                     np.int32(self.row_format.row_words),
+                     np.int32(storage_code(self.row_format.precision)),
                      out, hit, self._counters, vectorized),
                 )  # fmt: skip
         return out, hit
@@ -205,11 +224,11 @@ class StaticTable:
 
         Args:
             keys: 1-D integer keys.
-            values: float ``[n, dim]`` rows, row ``i`` for ``keys[i]``.
+            values: stored rows (float ``[n, dim]`` rows for fp32), row ``i`` for ``keys[i]``.
         """
         xp = self.xp
         keys = as_keys(keys, xp, self._where)
-        rows = as_rows(values, int(keys.shape[0]), self._dim, xp, self._where)
+        rows = as_stored(values, int(keys.shape[0]), self.row_format, xp, self._where)
         with self._lock:
             found = self._find(keys)
             positions = xp.flatnonzero(found >= 0)

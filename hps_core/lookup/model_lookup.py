@@ -219,32 +219,42 @@ class ModelLookup:
         with self.xp.cuda.Device(self.device_id):
             if self.model.embedding_cache_type == EmbeddingCacheType.STATIC:
                 if host.rows == host.table_rows:
-                    keys, values = host.contents()
+                    keys, values = host.stored_contents()
                 else:  # the shared tier holds part of the table: a static cache needs it all
                     keys, values = read_sparse_table(table.sparse_file, table.dim)
+                    if not table.row_format.is_identity:
+                        values = table.row_format.encode_stored(values)
                 cache = make_cache(
-                    "static", len(keys), table.dim, self.xp, name=name, contents=(keys, values)
+                    "static",
+                    len(keys),
+                    table.dim,
+                    self.xp,
+                    name=name,
+                    contents=(keys, values),
+                    precision=table.storage,
                 )
             else:
                 # gpucacheper is a share of the whole table, not of its shared-memory part.
                 capacity = cache_capacity_rows(self.model.gpucacheper, host.table_rows)
-                cache = self._dynamic_cache(capacity, table.dim, name, table_id)
+                cache = self._dynamic_cache(capacity, table, name)
         return CachedTableLookup(
             host, cache, self.xp, self.model.hit_rate_threshold, self.options.miss_policy, name
         )
 
-    def _dynamic_cache(self, capacity: int, dim: int, name: str, table_id: int) -> Any:
+    def _dynamic_cache(self, capacity: int, table: TableConfig, name: str) -> Any:
         group = self._cache_group()
+        kind, dim, precision = self.model.embedding_cache_type, table.dim, table.storage
         if group is not None:
             from hps_core.cache.ipc_group import SharingError
 
             try:
                 return make_cache(
-                    "dynamic", capacity, dim, self.xp, name=name, group=group, group_index=table_id
-                )
+                    kind, capacity, dim, self.xp, name=name, group=group,
+                    group_index=table.index, precision=precision,
+                )  # fmt: skip
             except SharingError as exc:
                 logger.warning("%s: private cache: %s", name, exc)
-        return make_cache(self.model.embedding_cache_type, capacity, dim, self.xp, name=name)
+        return make_cache(kind, capacity, dim, self.xp, name=name, precision=precision)
 
     def _section(self) -> Any:
         """Context for GPU work on every table at once (one lock round for a shared group)."""
@@ -260,7 +270,9 @@ class ModelLookup:
             return self._order.section()
         return contextlib.nullcontext()
 
-    def update_cached_rows(self, table_id: int, keys: np.ndarray, values: np.ndarray) -> None:
+    def update_cached_rows(
+        self, table_id: int, keys: np.ndarray, values: np.ndarray, *, stored: bool = False
+    ) -> None:
         """Overwrite the cached rows of ``keys`` in table ``table_id``'s cache (online updates).
 
         Keys the cache does not hold are ignored (a later miss reads the updated tiers). The
@@ -271,11 +283,17 @@ class ModelLookup:
         Args:
             table_id: index of the table.
             keys: int64 host keys ``[n]``.
-            values: float32 host vectors ``[n, dim]``.
+            values: float32 host vectors ``[n, dim]``, quantised here into the table's
+                storage precision (as the host tier quantises them), or with ``stored`` rows
+                already stored so (a tier's own rows).
+            stored: whether ``values`` are stored rows.
         """
         table = self._tables[table_id]
         if not isinstance(table, CachedTableLookup) or not len(keys):
             return
+        fmt = self.model.tables[table_id].row_format
+        if not stored and not fmt.is_identity:
+            values = fmt.encode_stored(np.asarray(values, dtype=np.float32))
         if self.device_id is None:  # a NumPy cache (tests)
             with self.cache_section():
                 table.cache.update(keys, values)

@@ -549,6 +549,9 @@ class CachedTableLookup:
             # A static cache holds the whole file: a miss is a key the file lacks, which
             # online updates may have added (the overlay below the shared tier).
             values, found = self.host.lookup_lower(miss_keys)
+            fmt = self.cache.row_format
+            if not fmt.is_identity:  # answered as the quantised tiers would
+                values = fmt.decode_stored(fmt.encode_stored(values))
             resolved.fill = values
             resolved.unknown = misses - int(np.count_nonzero(found))
         elif self._static:
@@ -560,13 +563,13 @@ class CachedTableLookup:
             self._submit(self._fetch_and_insert, miss_keys)
             resolved.mode = "async"
         else:
-            values, found = self.host.lookup(miss_keys)
+            values, stored, found = self._host_rows(miss_keys)
             resolved.fill = values
             inserted = resolved.inserted = int(np.count_nonzero(found))
             resolved.unknown = misses - inserted
             if inserted:
                 # Host keys: the cache plans the insert on the host, no GPU sort.
-                known_keys, known_values = miss_keys[found], values[found]
+                known_keys, known_values = miss_keys[found], stored[found]
                 if background:
                     self._submit(self.cache.replace, known_keys, known_values)
                     resolved.mode = "async"
@@ -618,8 +621,23 @@ class CachedTableLookup:
         counters.evictions = self.cache.stats().evictions
         return counters
 
+    def _host_rows(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The host tier's rows of ``keys``: decoded float32 (the default vector for unknown
+        keys), the same rows as stored (what the cache takes: never re-encoded from the
+        decoded values, which for int8 and fp8 need not give the same bytes), and the mask
+        of known keys."""
+        fmt = self.cache.row_format
+        if fmt.is_identity:
+            values, found = self.host.lookup(keys)
+            return values, values, found
+        stored, found = self.host.lookup_stored(keys)
+        values = fmt.decode_stored(stored)
+        if not found.all():
+            values[~found] = self.host.default_value
+        return values, stored, found
+
     def _fetch_and_insert(self, miss_keys: Any) -> None:
-        values, found = self.host.lookup(to_host(miss_keys))
+        _, values, found = self._host_rows(to_host(miss_keys))
         known = int(np.count_nonzero(found))
         with self._lock:
             # These keys were answered with the default vector although the table holds them.
@@ -679,7 +697,7 @@ class CachedTableLookup:
         # the newest LRU stamps and a set that overflows evicts its coldest keys.
         for stop in range(len(keys), 0, -chunk):
             part = keys[max(0, stop - chunk) : stop][::-1]
-            values, found = self.host.lookup(part)
+            _, values, found = self._host_rows(part)
             if found.any():
                 self.cache.replace(self.xp.asarray(part[found]), self.xp.asarray(values[found]))
                 inserted += int(np.count_nonzero(found))
@@ -700,7 +718,7 @@ class CachedTableLookup:
         keys = self.cache.dump(set_start, set_end)
         if int(keys.shape[0]) == 0:
             return 0
-        values, found = self.host.lookup(to_host(keys))
+        _, values, found = self._host_rows(to_host(keys))
         mask = self.xp.asarray(found)
         self.cache.update(keys[mask], self.xp.asarray(values)[mask])
         return int(np.count_nonzero(found))

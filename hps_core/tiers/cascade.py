@@ -37,6 +37,9 @@ model has lower tiers, else the :class:`~hps_core.tiers.host_table.SharedHostTab
 - ``table.lookup_lower(keys) -> (values, found)``: int64 host keys the shared tier lacks (any
   order, repeats allowed), float32 ``[n, dim]`` vectors (default where no lower tier holds
   the key) and a bool mask; counted in the cascade's counters like host-side lookups.
+  ``lookup_lower_stored`` gives the same rows stored in the table's precision: the lower
+  tiers hold FP32 rows (HugeCTR's layout, and the update overlay the vectors updates
+  brought), encoded here once, as the shared tier encoded its rows from the files.
 - ``table.tier_counters()``: a snapshot of the per-tier counters (:class:`TierCounters`).
 """
 
@@ -154,6 +157,7 @@ class TieredTable:
         self.name = name
         self.dim = shared.dim
         self.default_value = shared.default_value
+        self.row_format = shared.row_format
         self.table_rows = shared.table_rows
         self.counters = TierCounters()
         self._lock = threading.Lock()
@@ -216,6 +220,10 @@ class TieredTable:
         """:meth:`SharedHostTable.contents` of the shared tier (its rows only)."""
         return self.shared.contents()
 
+    def stored_contents(self) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`SharedHostTable.stored_contents` of the shared tier (its rows only)."""
+        return self.shared.stored_contents()
+
     def find(self, keys: np.ndarray) -> np.ndarray:
         """:meth:`SharedHostTable.find`: rows of ``keys`` in the shared tier, ``-1`` if absent."""
         return self.shared.find(keys)
@@ -256,6 +264,47 @@ class TieredTable:
             miss = np.flatnonzero(~found)
             values[miss], found[miss] = self.lookup_lower(keys[miss])
         return values, found
+
+    def lookup_stored(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`lookup`, the rows stored in the table's precision (what its GPU caches hold).
+
+        Args:
+            keys: int64 keys, any order, duplicates allowed.
+
+        Returns:
+            ``(stored, found)``: ``row_format.stored_dtype`` ``[len(keys), row_words]`` and
+            a bool mask of the keys some tier holds.
+        """
+        if self.row_format.is_identity:
+            return self.lookup(keys)
+        keys = np.asarray(keys)
+        if keys.dtype != np.int64:
+            raise TypeError(f"keys must be int64, got {keys.dtype}")
+        keys = keys.ravel()
+        stored, found = self.shared.lookup_stored(keys)
+        host_hits = int(np.count_nonzero(found))
+        if host_hits:
+            with self._lock:
+                self.counters.host_hits += host_hits
+        if host_hits < len(keys):
+            miss = np.flatnonzero(~found)
+            stored[miss], found[miss] = self.lookup_lower_stored(keys[miss])
+        return stored, found
+
+    def lookup_lower_stored(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`lookup_lower`, the rows encoded in the table's precision.
+
+        Args:
+            keys: int64 host keys, any order, duplicates allowed.
+
+        Returns:
+            ``(stored, found)``: ``row_format.stored_dtype`` ``[len(keys), row_words]`` (the
+            default vector, encoded, where no lower tier holds the key) and a bool mask.
+        """
+        values, found = self.lookup_lower(keys)
+        if self.row_format.is_identity:
+            return values, found
+        return self.row_format.encode_stored(values), found
 
     def lookup_lower(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Vectors of ``keys`` from the tiers below the shared host tier only.

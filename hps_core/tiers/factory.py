@@ -230,7 +230,9 @@ def open_table_tiers(
         )
     updates = plan.overlay
     if not plan.cascade:
-        return SharedHostTable(table.sparse_file, table.dim, table.default_value)
+        return SharedHostTable(
+            table.sparse_file, table.dim, table.default_value, precision=table.storage
+        )
 
     tag = table_tag(model, table.name)
     releases: list[Any] = []
@@ -270,6 +272,7 @@ def open_table_tiers(
             table.default_value,
             fraction=plan.host_fraction,
             writable=updates,
+            precision=table.storage,
         )
     except BaseException:
         _release_all(releases)

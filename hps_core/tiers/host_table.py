@@ -10,6 +10,12 @@ Below a persistent tier (:mod:`hps_core.tiers.cascade`) the copy may hold only t
 ``fraction`` of the file's rows (HugeCTR's ``initial_cache_rate``, which caches the first rows
 of the file); the fraction is part of the segment name, so tables of different fractions never
 share a segment.
+
+The rows are stored in the table's precision (:class:`~hps_core.quant.RowFormat`): a compressed
+table is encoded chunk by chunk while the sparse files stream in, so no FP32 copy of it is ever
+held whole. Lookups answer float32 (decoded); :meth:`SharedHostTable.lookup_stored` and
+:meth:`SharedHostTable.stored_contents` hand out the stored rows themselves, which is what the
+GPU caches and static tables hold, so that every tier keeps the same bytes for a row.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ from hps_core.formats.sparse import KEY_FILE, VECTOR_FILE, inspect_sparse_table,
 from hps_core.formats.sparse import iter_sparse_table as _iter_sparse_table
 from hps_core.formats.uris import ModelPath, model_path
 from hps_core.hashing import unmix64
+from hps_core.quant import StoragePrecision
 from hps_core.tiers.hash_layout import (
     DuplicateKeysError,
     HashLayout,
@@ -63,7 +70,12 @@ def held_rows(rows: int, fraction: float) -> int:
     return rows if fraction >= 1.0 else min(rows, int(fraction * rows + 0.5))
 
 
-def host_layout(table_rows: int, dim: int, fraction: float = 1.0) -> HashLayout:
+def host_layout(
+    table_rows: int,
+    dim: int,
+    fraction: float = 1.0,
+    precision: StoragePrecision = StoragePrecision.FP32,
+) -> HashLayout:
     """Layout of the shared segment of a table of ``table_rows`` rows held at ``fraction``:
     the first :func:`held_rows` of the sparse files, their rows and their index, nothing for
     the rest (a table below Redis or RocksDB at ``initial_cache_rate`` 0.1 takes a tenth of
@@ -74,6 +86,7 @@ def host_layout(table_rows: int, dim: int, fraction: float = 1.0) -> HashLayout:
         table_rows: rows of the sparse files.
         dim: embedding vector size.
         fraction: share of the rows held, the first ones in file order.
+        precision: how the rows are stored.
 
     Returns:
         The layout.
@@ -82,10 +95,15 @@ def host_layout(table_rows: int, dim: int, fraction: float = 1.0) -> HashLayout:
         >>> host_layout(10, 4, fraction=0.5).rows, host_layout(10, 4).rows
         (5, 10)
     """
-    return HashLayout(held_rows(table_rows, fraction), dim)
+    return HashLayout(held_rows(table_rows, fraction), dim, precision)
 
 
-def segment_name(sparse_dir: Path, dim: int, fraction: float = 1.0) -> str:
+def segment_name(
+    sparse_dir: Path,
+    dim: int,
+    fraction: float = 1.0,
+    precision: StoragePrecision = StoragePrecision.FP32,
+) -> str:
     """Name of the segment holding a sparse folder's table.
 
     Equal names mean equal contents: the name covers the layout version, the dim, the
@@ -97,6 +115,8 @@ def segment_name(sparse_dir: Path, dim: int, fraction: float = 1.0) -> str:
         dim: embedding vector size.
         fraction: share of the file's rows held (the first ones); 1.0 names the segment as
             before fractions existed, so whole tables keep their names.
+        precision: how the rows are stored; fp32 names the segment as before precisions
+            existed.
 
     Returns:
         A short hexadecimal digest.
@@ -109,6 +129,8 @@ def segment_name(sparse_dir: Path, dim: int, fraction: float = 1.0) -> str:
     ]
     if fraction < 1.0:
         parts.append(f"fraction={fraction!r}")
+    if precision is not StoragePrecision.FP32:
+        parts.append(f"precision={precision.value}")
     return hashlib.sha256("|".join(parts).encode()).hexdigest()[:32]
 
 
@@ -125,6 +147,7 @@ class SharedHostTable:
         writable: map the segment read-write so that online updates can overwrite rows in
             place (:meth:`write_rows`); the row index stays read-only either way. Processes
             that map it read-only see those writes too (one set of pages per machine).
+        precision: how the rows are stored in the segment.
 
     Attributes:
         rows: rows held (the layout's rows; what ``index_arrays``/``contents`` cover).
@@ -146,6 +169,7 @@ class SharedHostTable:
         progress: bool | None = None,
         fraction: float = 1.0,
         writable: bool = False,
+        precision: StoragePrecision = StoragePrecision.FP32,
     ) -> None:
         self.sparse_dir = model_path(sparse_dir)
         info = inspect_sparse_table(self.sparse_dir, dim)
@@ -155,11 +179,12 @@ class SharedHostTable:
         self.rows = held_rows(info.rows, fraction)
         self.file_bytes = info.total_bytes
         self.default_value = np.float32(default_value)
-        self.layout = host_layout(info.rows, dim, fraction)
+        self.layout = host_layout(info.rows, dim, fraction, precision)
+        self.row_format = self.layout.row_format
         self._progress = progress
         started = time.perf_counter()
         self._segment = SharedSegment.open(
-            segment_name(self.sparse_dir, dim, fraction),
+            segment_name(self.sparse_dir, dim, fraction, precision),
             self.layout.nbytes,
             self._build,
             writable=writable,
@@ -174,12 +199,13 @@ class SharedHostTable:
             self._starts.flags.writeable = False
         verb = "built" if self._segment.built_here else "attached to"
         logger.info(
-            "host tier: %s %s (%d of %d rows, dim %d, %.1f MiB shared) in %.2f s",
+            "host tier: %s %s (%d of %d rows, dim %d, %s, %.1f MiB shared) in %.2f s",
             verb,
             self.sparse_dir,
             self.rows,
             self.table_rows,
             dim,
+            precision.value,
             self.layout.nbytes / 2**20,
             time.perf_counter() - started,
         )
@@ -236,7 +262,10 @@ class SharedHostTable:
             if chunk.start_row >= self.rows:
                 break  # a partial table holds the first rows only
             n = min(len(chunk.keys), self.rows - chunk.start_row)
-            values[destination[chunk.start_row : chunk.start_row + n]] = chunk.vectors[:n]
+            rows = chunk.vectors[:n]
+            if not self.row_format.is_identity:
+                rows = self.row_format.encode_stored(rows)  # one chunk at a time
+            values[destination[chunk.start_row : chunk.start_row + n]] = rows
 
     def find(self, keys: np.ndarray) -> np.ndarray:
         """Row of each key in the table, ``-1`` for unknown keys.
@@ -259,13 +288,17 @@ class SharedHostTable:
             out: optional float32 ``[len(keys), dim]`` C-contiguous array to write into.
 
         Returns:
-            ``(values, found)``: float32 ``[len(keys), dim]`` and a bool mask of known keys.
+            ``(values, found)``: float32 ``[len(keys), dim]`` (decoded from the stored rows)
+            and a bool mask of known keys.
         """
-        keys = np.asarray(keys)
-        if keys.dtype != np.int64:
-            raise TypeError(f"keys must be int64, got {keys.dtype}")
-        rows = self.find(keys.ravel())
-        found = rows >= 0
+        if not self.row_format.is_identity:
+            stored, found = self.lookup_stored(keys)
+            values = np.empty((len(found), self.dim), np.float32) if out is None else out
+            self.row_format.decode_into(stored.view(np.uint8), values)
+            if not found.all():
+                values[~found] = self.default_value
+            return values, found
+        rows, found = self._find_checked(keys)
         if self.rows == 0:
             values = np.empty((len(rows), self.dim), np.float32) if out is None else out
         elif out is None:
@@ -277,8 +310,42 @@ class SharedHostTable:
             values[~found] = self.default_value
         return values, found
 
+    def lookup_stored(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The stored rows of ``keys`` (what a GPU cache of the table holds).
+
+        Args:
+            keys: int64 keys, any order, duplicates allowed.
+
+        Returns:
+            ``(stored, found)``: ``row_format.stored_dtype`` ``[len(keys), row_words]`` (a
+            new array; rows of unknown keys hold the default vector, encoded) and a bool mask
+            of known keys. For an fp32 table this is :meth:`lookup`.
+        """
+        if self.row_format.is_identity:
+            return self.lookup(keys)
+        rows, found = self._find_checked(keys)
+        if self.rows == 0:
+            stored = np.empty((len(rows), self.row_format.row_words), self.row_format.stored_dtype)
+        else:
+            stored = self._values[np.where(found, rows, 0)]
+        if not found.all():
+            stored[~found] = self._default_stored()
+        return stored, found
+
+    def _find_checked(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        keys = np.asarray(keys)
+        if keys.dtype != np.int64:
+            raise TypeError(f"keys must be int64, got {keys.dtype}")
+        rows = self.find(keys.ravel())
+        return rows, rows >= 0
+
+    def _default_stored(self) -> np.ndarray:
+        """The default vector as one stored row."""
+        row = np.full((1, self.dim), self.default_value, np.float32)
+        return self.row_format.encode_stored(row)[0]
+
     def read_rows(self, rows: np.ndarray) -> np.ndarray:
-        """Copies of the vectors at ``rows`` (rows from :meth:`find`, all ``>= 0``).
+        """Copies of the vectors at ``rows`` (rows from :meth:`find`, all ``>= 0``), decoded.
 
         Args:
             rows: int64 row numbers.
@@ -286,15 +353,26 @@ class SharedHostTable:
         Returns:
             float32 ``[len(rows), dim]``, a new array.
         """
+        stored = self.read_stored(rows)
+        if self.row_format.is_identity:
+            return stored
+        return self.row_format.decode_stored(stored)
+
+    def read_stored(self, rows: np.ndarray) -> np.ndarray:
+        """Copies of the stored rows at ``rows`` (rows from :meth:`find`, all ``>= 0``).
+
+        Args:
+            rows: int64 row numbers.
+
+        Returns:
+            ``row_format.stored_dtype`` ``[len(rows), row_words]``, a new array.
+        """
         return self._values[np.asarray(rows, dtype=np.int64)]
 
     def write_rows(self, rows: np.ndarray, vectors: np.ndarray) -> None:
-        """Overwrite rows in place in the shared segment (online updates).
-
-        Every process of the machine (and every GPU that maps the segment, see
-        :mod:`hps_core.infer.gpu.host_mapping`) reads the same pages, so the new values are what the
-        next lookup anywhere on the machine reads. A reader running at the same moment may see
-        a row half written; rows of one message are written in one NumPy assignment.
+        """Overwrite rows in place in the shared segment (online updates), encoding float32
+        vectors into the table's precision (:meth:`write_stored` with
+        ``row_format.encode_stored(vectors)``).
 
         Args:
             rows: int64 row numbers from :meth:`find` (all ``>= 0``); for repeated rows the
@@ -304,18 +382,51 @@ class SharedHostTable:
         Raises:
             PermissionError: the table was opened without ``writable``.
         """
+        vectors = np.asarray(vectors, dtype=np.float32)
+        if not self.row_format.is_identity:
+            vectors = self.row_format.encode_stored(vectors)
+        self.write_stored(rows, vectors)
+
+    def write_stored(self, rows: np.ndarray, stored: np.ndarray) -> None:
+        """Overwrite stored rows in place in the shared segment (online updates).
+
+        Every process of the machine (and every GPU that maps the segment, see
+        :mod:`hps_core.infer.gpu.host_mapping`) reads the same pages, so the new values are what the
+        next lookup anywhere on the machine reads. A reader running at the same moment may see
+        a row half written; rows of one message are written in one NumPy assignment.
+
+        Args:
+            rows: int64 row numbers from :meth:`find` (all ``>= 0``); for repeated rows the
+                last one wins.
+            stored: ``row_format.stored_dtype`` ``[len(rows), row_words]``.
+
+        Raises:
+            PermissionError: the table was opened without ``writable``.
+        """
         if not self.writable:
             raise PermissionError(
                 f"host tier of {self.sparse_dir} is mapped read-only; open it with writable=True"
             )
-        self._values[np.asarray(rows, dtype=np.int64)] = vectors
+        self._values[np.asarray(rows, dtype=np.int64)] = stored
 
     def contents(self) -> tuple[np.ndarray, np.ndarray]:
         """Every key and its vector, in the table's internal (hash) order.
 
         Returns:
-            ``(keys, values)``: a new int64 ``[rows]`` array and a read-only view of the
-            shared float32 ``[rows, dim]`` rows.
+            ``(keys, values)``: a new int64 ``[rows]`` array and the float32 ``[rows, dim]``
+            rows: a read-only view of the shared rows for an fp32 table, else a decoded copy.
+        """
+        keys, stored = self.stored_contents()
+        if self.row_format.is_identity:
+            return keys, stored
+        return keys, self.row_format.decode_stored(stored)
+
+    def stored_contents(self) -> tuple[np.ndarray, np.ndarray]:
+        """Every key and its stored row, in the table's internal (hash) order.
+
+        Returns:
+            ``(keys, stored)``: a new int64 ``[rows]`` array and a view of the shared
+            ``row_format.stored_dtype`` ``[rows, row_words]`` rows.
         """
         return unmix64(self._hashes[: self.rows]), self._values
 

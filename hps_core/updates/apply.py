@@ -246,7 +246,7 @@ class ModelUpdater:
         held_rows, new = rows[held], ~held
         new_keys, new_vectors = keys[new], vectors[new]
         # What the writes replace, for the undo.
-        old_shared = shared.read_rows(held_rows)
+        old_shared = shared.read_stored(held_rows)  # restored byte for byte
         old_overlay, in_overlay = overlay.store.lookup(overlay.table, new_keys, dim, count=False)
         # A step is marked before it runs: one that fails may have written part of its rows,
         # and undoing a step that wrote nothing is harmless.
@@ -269,7 +269,7 @@ class ModelUpdater:
                 self.lookup.update_cached_rows(target.table_id, keys, vectors)
         except BaseException:
             if "shared" in done:
-                shared.write_rows(held_rows, old_shared)
+                shared.write_stored(held_rows, old_shared)
             if "overlay" in done:
                 overlay.store.remove(overlay.table, new_keys[~in_overlay])
                 overlay.store.insert(overlay.table, new_keys[in_overlay], old_overlay[in_overlay])
@@ -286,18 +286,24 @@ class ModelUpdater:
     def _restore_cache(self, target: _Target, keys: np.ndarray) -> None:
         # The cache update may have run before the failure: put the tiers' (restored) rows back.
         try:
-            values, found = target.host.lookup(keys)
-            self.lookup.update_cached_rows(target.table_id, keys[found], values[found])
+            stored, found = target.host.lookup_stored(keys)
+            self.lookup.update_cached_rows(
+                target.table_id, keys[found], stored[found], stored=True
+            )
         except Exception as exc:  # the cache is broken; the settling pass tries again
             logger.error("%s: cached rows not restored after a failed update: %s", target, exc)
 
     def _current(self, target: _Target, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """The keys' rows as the shared tier and the overlay hold them now (no counters)."""
+        """The keys' rows as the shared tier and the overlay hold them now (no counters),
+        stored in the table's precision: the shared tier's own bytes, the overlay's FP32
+        vectors quantised as every tier quantises them."""
         shared, overlay = target.host.shared, target.overlay
         rows = shared.find(keys) if shared.rows else np.full(len(keys), -1, np.int64)
         held = rows >= 0
         values, found = overlay.store.lookup(overlay.table, keys, target.host.dim, count=False)
-        values[held] = shared.read_rows(rows[held])
+        if not shared.row_format.is_identity:
+            values = shared.row_format.encode_stored(values)
+        values[held] = shared.read_stored(rows[held])
         return values, found | held
 
     # --- settling --------------------------------------------------------------------------
@@ -337,9 +343,11 @@ class ModelUpdater:
     def settle(self, target: _Target, keys: np.ndarray) -> None:
         """Write the cached rows of ``keys`` again from the tiers' current values."""
         with self._lock:
-            values, found = self._current(target, keys)
+            stored, found = self._current(target, keys)
             if found.any():
-                self.lookup.update_cached_rows(target.table_id, keys[found], values[found])
+                self.lookup.update_cached_rows(
+                    target.table_id, keys[found], stored[found], stored=True
+                )
                 self._add(cache_tables=1)
 
     def flush(self) -> None:

@@ -41,20 +41,24 @@
 // Nothing waits for the host.
 
 #include "cache_set.cuh"  // i64, u64, WARP, find_way, lru_way, mix64
+#include "row_codec.cuh"  // RowScale, row_scale, load_values4, load_value
 
+// Every row (cache slots, host tier, static table, staging, extra rows) is a stored row of
+// row_words 32-bit words in the table's storage type (hps_core/quant/rows.py): bank_find and
+// bank_insert copy its words, bank_pool decodes it to float32 as it pools.
 struct Table {
   const i64* cache_keys;      // [cache_sets * WAYS], EMPTY_KEY in free slots
   u64* cache_stamps;          // last touch, GPU global timer (ns)
-  const float* cache_values;  // [cache_sets * WAYS, dim]
+  const unsigned* cache_values;  // [cache_sets * WAYS, row_words]
   int* locks;                 // [2 * cache_sets]: insert locks (0 = free), new misses per set
   const u64* index_hashes;    // mix64 of every row's key, sorted (+1 padding entry)
   const void* index_starts;   // bucket directory, int32 or int64 (starts64)
-  const float* values;        // [rows, dim] in index order: GPU memory or mapped host memory
+  const unsigned* values;     // [rows, row_words] in index order: GPU or mapped host memory
   const i64* extra_keys;      // keys the host fetched from the lower tiers for this batch, sorted
-  const float* extra_values;  // [extra_count, dim], GPU memory
+  const unsigned* extra_values;  // [extra_count, row_words], GPU memory
   i64* miss_keys;             // [miss_slots]: the miss set's keys, EMPTY_KEY in free slots
-  const float** miss_rows;    // [miss_slots]: the row every occurrence of a claimed key reads
-  float* staging;             // [staging_rows, dim]: GPU copies of the batch's missed rows
+  const unsigned** miss_rows;  // [miss_slots]: the row every occurrence of a claimed key reads
+  unsigned* staging;          // [staging_rows, row_words]: GPU copies of the batch's missed rows
   u64 cache_sets;             // 0: no dynamic cache
   i64 extra_count;
   i64 keys_at;                // see key_pos
@@ -73,13 +77,15 @@ struct Table {
   float default_value;
   int keys_cap;               // key room per sample: its keys fill at most batch * keys_cap
   int lower;                  // the table has tiers below its host tier (see bank_probe)
+  int row_words;              // 32-bit words of a stored row
+  int storage;                // STORAGE_FP32, STORAGE_FP16, STORAGE_INT8 or STORAGE_FP8
   int pad;                    // the struct's size stays a multiple of 8, explicitly
 };
 
 // A key claimed in its table's miss set: its row in GPU memory and whether to cache it.
 struct Miss {
   i64 key;
-  const float* src;  // the staged row (or, with the staging rows full, the host tier's row)
+  const unsigned* src;  // the staged row (or, with the staging rows full, the host tier's)
   i64 slot;          // its entry in the table's miss set
   int table;
   int insert;        // 1: put it into the cache (a staged row among the first WAYS of its set)
@@ -175,19 +181,21 @@ __device__ __forceinline__ i64 index_row(const Table& t, const i64 key) {
 }
 
 // The row the host fetched for `key` from the lower tiers for this batch, or nullptr.
-__device__ __forceinline__ const float* extra_row(const Table& t, const i64 key) {
+__device__ __forceinline__ const unsigned* extra_row(const Table& t, const i64 key) {
   i64 lo = 0, hi = t.extra_count;
   while (lo < hi) {
     const i64 mid = (lo + hi) >> 1;
     if (t.extra_keys[mid] < key) lo = mid + 1; else hi = mid;
   }
-  return lo < t.extra_count && t.extra_keys[lo] == key ? t.extra_values + lo * t.dim : nullptr;
+  return lo < t.extra_count && t.extra_keys[lo] == key ? t.extra_values + lo * t.row_words
+                                                       : nullptr;
 }
 
 // The cached row of `key`, or nullptr. The LANES lanes of `mask` each load WAYS / LANES of the
 // set's keys (independent loads in flight), then agree through ballots; a hit stamps its slot.
-__device__ __forceinline__ const float* probe_cache(const Table& t, const i64 key, const int lane,
-                                                    const unsigned mask, const int shift) {
+__device__ __forceinline__ const unsigned* probe_cache(const Table& t, const i64 key,
+                                                       const int lane, const unsigned mask,
+                                                       const int shift) {
   const i64 first = (i64)(mix64(key) % t.cache_sets) * WAYS;
   i64 stored[WAYS / LANES];
 #pragma unroll
@@ -200,20 +208,21 @@ __device__ __forceinline__ const float* probe_cache(const Table& t, const i64 ke
   }
   if (way < 0) return nullptr;
   if (lane == 0) t.cache_stamps[first + way] = now_ns();
-  return t.cache_values + (first + way) * t.dim;
+  return t.cache_values + (first + way) * t.row_words;
 }
 
-// dst = src, the group's lanes splitting the row (16-byte loads where `vec`); every load is
-// issued before any store, so a row in host memory costs one PCIe round trip.
+// dst = src, a stored row of `words` words, the group's lanes splitting it (16-byte loads
+// where `vec`); every load is issued before any store, so a row in host memory costs one PCIe
+// round trip.
 #define COPY_UNROLL 4
-__device__ __forceinline__ void copy_row(float* dst, const float* src, const int dim,
+__device__ __forceinline__ void copy_row(unsigned* dst, const unsigned* src, const int words,
                                          const int lane, const bool vec) {
   if (vec) {
-    float4* d4 = reinterpret_cast<float4*>(dst);
-    const float4* s4 = reinterpret_cast<const float4*>(src);
-    const int n = dim / 4;
+    uint4* d4 = reinterpret_cast<uint4*>(dst);
+    const uint4* s4 = reinterpret_cast<const uint4*>(src);
+    const int n = words / 4;
     for (int base = lane; base < n; base += LANES * COPY_UNROLL) {
-      float4 v[COPY_UNROLL];
+      uint4 v[COPY_UNROLL];
 #pragma unroll
       for (int u = 0; u < COPY_UNROLL; ++u) {
         if (base + u * LANES < n) v[u] = s4[base + u * LANES];
@@ -224,7 +233,7 @@ __device__ __forceinline__ void copy_row(float* dst, const float* src, const int
       }
     }
   } else {
-    for (int d = lane; d < dim; d += LANES) dst[d] = src[d];
+    for (int w = lane; w < words; w += LANES) dst[w] = src[w];
   }
 }
 
@@ -300,7 +309,7 @@ extern "C" __global__ void bank_find(
     if (j < table_keys(tab, t, batch, header, offsets)) {
       counted = true;
       const i64 key = keys[pos];
-      const float* src = nullptr;
+      const unsigned* src = nullptr;
       if (tab.cache_sets != 0 && key != EMPTY_KEY) {
         src = probe_cache(tab, key, lane, mask, shift);
         hit = src != nullptr;
@@ -309,7 +318,7 @@ extern "C" __global__ void bank_find(
       if (!hit) {
         const i64 r = index_row(tab, key);
         if (r >= 0) {
-          src = tab.values + r * tab.dim;
+          src = tab.values + r * tab.row_words;
           hit = !tab.host_values;  // a static table answers from GPU memory
           in_host = tab.host_values != 0;
         } else if (tab.extra_count != 0) {
@@ -327,11 +336,11 @@ extern "C" __global__ void bank_find(
           u64 staged = 0;
           if (lane == 0) staged = atomicAdd(state + STATE_STAGED + t, 1ull);
           staged = __shfl_sync(mask, staged, leader);
-          const float* row = src;
+          const unsigned* row = src;
           bool insert = false;
           if (staged < (u64)tab.staging_rows) {
-            float* copy = tab.staging + (i64)staged * tab.dim;
-            copy_row(copy, src, tab.dim, lane, tab.dim % 4 == 0);
+            unsigned* copy = tab.staging + (i64)staged * tab.row_words;
+            copy_row(copy, src, tab.row_words, lane, tab.row_words % 4 == 0);
             row = copy;
             // A set takes at most WAYS new keys per batch (more would only evict each
             // other): the rank of a miss in its set caps the inserts, and with them the
@@ -392,13 +401,89 @@ extern "C" __global__ void bank_find(
 
 // The row bank_find recorded for a key: a row pointer (nullptr: the default value), or a claim
 // in the table's miss set.
-__device__ __forceinline__ const float* row_of(const Table& tab, const u64 where) {
+__device__ __forceinline__ const unsigned* row_of(const Table& tab, const u64 where) {
   if (where & CLAIM_TAG) return tab.miss_rows[where >> 2];
-  return reinterpret_cast<const float*>(where);
+  return reinterpret_cast<const unsigned*>(where);
 }
 
 __device__ __forceinline__ void add4(float4& a, const float4 v) {
   a.x += v.x; a.y += v.y; a.z += v.z; a.w += v.w;
+}
+
+// The pooled bag of `n_keys` rows of storage type S (bank_pool's work for one bag).
+template <int S>
+__device__ __forceinline__ void pool_bag(const Table& tab, const u64* __restrict__ bag_rows,
+                                         const int n_keys, float* __restrict__ dst,
+                                         const int lane, const int part, const int split,
+                                         const int shift, const unsigned mask,
+                                         const unsigned bag_mask) {
+  const int bag_lanes = LANES * split;
+  const float scale = tab.combiner == COMBINER_MEAN && n_keys > 1 ? 1.0f / (float)n_keys : 1.0f;
+  const float fill = tab.default_value;
+  const bool vec = tab.dim % 4 == 0;  // the host aligns every region and row to 16 bytes
+  const int n = vec ? tab.dim / 4 : tab.dim;  // float4s (or floats) of a row
+  for (int pass = 0; pass < n; pass += LANES * POOL_VECS) {
+    float4 acc[POOL_VECS];
+#pragma unroll
+    for (int u = 0; u < POOL_VECS; ++u) acc[u] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    for (int first = part * LANES; first < n_keys; first += bag_lanes) {
+      const int count = min(LANES, n_keys - first);
+      const u64 mine = lane < count ? (u64)row_of(tab, bag_rows[first + lane]) : 0ull;
+      for (int k0 = 0; k0 < count; k0 += KEYS_IN_FLIGHT) {
+        float4 v[KEYS_IN_FLIGHT][POOL_VECS];
+#pragma unroll
+        for (int kk = 0; kk < KEYS_IN_FLIGHT; ++kk) {
+          const int k = k0 + kk;
+          const unsigned* src = reinterpret_cast<const unsigned*>(
+              __shfl_sync(mask, mine, shift + (k < count ? k : 0)));
+          const RowScale r = src && k < count ? row_scale<S>(src, tab.dim) : RowScale{1.0f, 0.0f};
+#pragma unroll
+          for (int u = 0; u < POOL_VECS; ++u) {
+            const int d = pass + lane + u * LANES;
+            float4 x = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            if (k < count && d < n) {
+              if (!src) {
+                x = vec ? make_float4(fill, fill, fill, fill) : make_float4(fill, 0.0f, 0.0f, 0.0f);
+              } else if (vec) {
+                x = load_values4<S>(src, d, r);
+              } else {
+                x.x = load_value<S>(src, d, r);
+              }
+            }
+            v[kk][u] = x;
+          }
+        }
+#pragma unroll
+        for (int kk = 0; kk < KEYS_IN_FLIGHT; ++kk) {
+          if (k0 + kk < count) {
+#pragma unroll
+            for (int u = 0; u < POOL_VECS; ++u) add4(acc[u], v[kk][u]);
+          }
+        }
+      }
+    }
+    for (int other = LANES; other < bag_lanes; other <<= 1) {
+#pragma unroll
+      for (int u = 0; u < POOL_VECS; ++u) {
+        acc[u].x += __shfl_xor_sync(bag_mask, acc[u].x, other);
+        acc[u].y += __shfl_xor_sync(bag_mask, acc[u].y, other);
+        acc[u].z += __shfl_xor_sync(bag_mask, acc[u].z, other);
+        acc[u].w += __shfl_xor_sync(bag_mask, acc[u].w, other);
+      }
+    }
+    if (part != 0) continue;
+#pragma unroll
+    for (int u = 0; u < POOL_VECS; ++u) {
+      const int d = pass + lane + u * LANES;
+      if (d >= n) continue;
+      if (vec) {
+        reinterpret_cast<float4*>(dst)[d] = make_float4(acc[u].x * scale, acc[u].y * scale,
+                                                        acc[u].z * scale, acc[u].w * scale);
+      } else {
+        dst[d] = acc[u].x * scale;
+      }
+    }
+  }
 }
 
 // A launch serves the bags of a range of slots (a group of tables) and of samples (a part of a
@@ -439,70 +524,18 @@ extern "C" __global__ void bank_pool(
   const int n_keys = (int)(end - begin);
   const u64* bag_rows = rows + (n_keys > 0 ? key_pos(tab, t, begin, batch, header, key_room) : 0);
   float* dst = out + batch * tab.out_at + tab.out_shift + b * tab.out_stride + (i64)s * tab.dim;
-  const float scale = tab.combiner == COMBINER_MEAN && n_keys > 1 ? 1.0f / (float)n_keys : 1.0f;
-  const float fill = tab.default_value;
-  const bool vec = tab.dim % 4 == 0;  // the host aligns every region and row to 16 bytes
-  const int n = vec ? tab.dim / 4 : tab.dim;  // float4s (or floats) of a row
-  for (int pass = 0; pass < n; pass += LANES * POOL_VECS) {
-    float4 acc[POOL_VECS];
-#pragma unroll
-    for (int u = 0; u < POOL_VECS; ++u) acc[u] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    for (int first = part * LANES; first < n_keys; first += bag_lanes) {
-      const int count = min(LANES, n_keys - first);
-      const u64 mine = lane < count ? (u64)row_of(tab, bag_rows[first + lane]) : 0ull;
-      for (int k0 = 0; k0 < count; k0 += KEYS_IN_FLIGHT) {
-        float4 v[KEYS_IN_FLIGHT][POOL_VECS];
-#pragma unroll
-        for (int kk = 0; kk < KEYS_IN_FLIGHT; ++kk) {
-          const int k = k0 + kk;
-          const float* src = reinterpret_cast<const float*>(
-              __shfl_sync(mask, mine, shift + (k < count ? k : 0)));
-#pragma unroll
-          for (int u = 0; u < POOL_VECS; ++u) {
-            const int d = pass + lane + u * LANES;
-            float4 x = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-            if (k < count && d < n) {
-              if (!src) {
-                x = vec ? make_float4(fill, fill, fill, fill) : make_float4(fill, 0.0f, 0.0f, 0.0f);
-              } else if (vec) {
-                x = reinterpret_cast<const float4*>(src)[d];
-              } else {
-                x.x = src[d];
-              }
-            }
-            v[kk][u] = x;
-          }
-        }
-#pragma unroll
-        for (int kk = 0; kk < KEYS_IN_FLIGHT; ++kk) {
-          if (k0 + kk < count) {
-#pragma unroll
-            for (int u = 0; u < POOL_VECS; ++u) add4(acc[u], v[kk][u]);
-          }
-        }
-      }
-    }
-    for (int other = LANES; other < bag_lanes; other <<= 1) {
-#pragma unroll
-      for (int u = 0; u < POOL_VECS; ++u) {
-        acc[u].x += __shfl_xor_sync(bag_mask, acc[u].x, other);
-        acc[u].y += __shfl_xor_sync(bag_mask, acc[u].y, other);
-        acc[u].z += __shfl_xor_sync(bag_mask, acc[u].z, other);
-        acc[u].w += __shfl_xor_sync(bag_mask, acc[u].w, other);
-      }
-    }
-    if (part != 0) continue;
-#pragma unroll
-    for (int u = 0; u < POOL_VECS; ++u) {
-      const int d = pass + lane + u * LANES;
-      if (d >= n) continue;
-      if (vec) {
-        reinterpret_cast<float4*>(dst)[d] = make_float4(acc[u].x * scale, acc[u].y * scale,
-                                                        acc[u].z * scale, acc[u].w * scale);
-      } else {
-        dst[d] = acc[u].x * scale;
-      }
-    }
+  switch (tab.storage) {  // the same for every lane of a bag
+    case STORAGE_FP16:
+      pool_bag<STORAGE_FP16>(tab, bag_rows, n_keys, dst, lane, part, split, shift, mask, bag_mask);
+      break;
+    case STORAGE_INT8:
+      pool_bag<STORAGE_INT8>(tab, bag_rows, n_keys, dst, lane, part, split, shift, mask, bag_mask);
+      break;
+    case STORAGE_FP8:
+      pool_bag<STORAGE_FP8>(tab, bag_rows, n_keys, dst, lane, part, split, shift, mask, bag_mask);
+      break;
+    default:
+      pool_bag<STORAGE_FP32>(tab, bag_rows, n_keys, dst, lane, part, split, shift, mask, bag_mask);
   }
 }
 
@@ -589,18 +622,18 @@ extern "C" __global__ void bank_insert(const Table* __restrict__ tables,
           way = lru_way(stamp_lo, stamp_hi, lane);
           evicted = true;
         }
-        float* row = const_cast<float*>(tab.cache_values) + (first + way) * tab.dim;
-        for (int base = lane; base < tab.dim; base += WARP * COPY_UNROLL) {
-          float v[COPY_UNROLL];
+        unsigned* row = const_cast<unsigned*>(tab.cache_values) + (first + way) * tab.row_words;
+        for (int base = lane; base < tab.row_words; base += WARP * COPY_UNROLL) {
+          unsigned v[COPY_UNROLL];
 #pragma unroll
           for (int u = 0; u < COPY_UNROLL; ++u) {
-            const int d = base + u * WARP;
-            if (d < tab.dim) v[u] = m.src[d];
+            const int w = base + u * WARP;
+            if (w < tab.row_words) v[u] = m.src[w];
           }
 #pragma unroll
           for (int u = 0; u < COPY_UNROLL; ++u) {
-            const int d = base + u * WARP;
-            if (d < tab.dim) __stcg(row + d, v[u]);
+            const int w = base + u * WARP;
+            if (w < tab.row_words) __stcg(row + w, v[u]);
           }
         }
       }

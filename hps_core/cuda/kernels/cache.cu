@@ -15,30 +15,23 @@
 // warp per work item, lane l holding slots l and l + 32 of a set, with one item per run of a
 // hps_core.cache.layout.RunPlan, and walk the run in batch order, so no two warps touch the
 // same set and no locks are needed.
+//
+// Rows are stored as hps_core/quant/rows.py lays them out (row_words 32-bit words each):
+// cache_replace and cache_update copy stored rows word for word, cache_query and static_query
+// decode them to float32 (row_codec.cuh) for the storage type they are given.
 
 #include "cache_set.cuh"
+#include "row_codec.cuh"
 
 // All lanes of a warp share one work item index.
 __device__ __forceinline__ i64 warp_item() {
   return ((i64)blockIdx.x * blockDim.x + threadIdx.x) / WARP;
 }
 
-__device__ __forceinline__ void copy_row(float* dst, const float* src, const int dim,
+// A stored row of `words` 32-bit words copied by a warp.
+__device__ __forceinline__ void copy_row(unsigned* dst, const unsigned* src, const int words,
                                          const int lane) {
-  for (int d = lane; d < dim; d += WARP) dst[d] = src[d];
-}
-
-// A row copied by the LANES lanes of a key's group; `vectorized` (16-byte accesses)
-// needs a width of whole float4s and 16-byte aligned rows (a dim-128 row: 4 per lane).
-__device__ __forceinline__ void copy_row_in_group(float* dst, const float* src, const int dim,
-                                                  const int lane, const bool vectorized) {
-  if (vectorized) {
-    float4* d4 = reinterpret_cast<float4*>(dst);
-    const float4* s4 = reinterpret_cast<const float4*>(src);
-    for (int d = lane; d < dim / 4; d += LANES) d4[d] = __ldg(s4 + d);
-  } else {
-    for (int d = lane; d < dim; d += LANES) dst[d] = src[d];
-  }
+  for (int w = lane; w < words; w += WARP) dst[w] = src[w];
 }
 
 // Set of a key: mix64(key) % num_sets, the same function as hps_core.cache.layout.set_of.
@@ -70,9 +63,9 @@ __device__ __forceinline__ i64 static_row(const i64 key, const u64* __restrict__
 extern "C" __global__ void cache_query(
     const i64* __restrict__ keys, const i64 n, const u64 num_sets,
     const i64* __restrict__ slot_keys, u64* __restrict__ slot_stamps,
-    const float* __restrict__ slot_values, const int dim, const u64 clock,
-    float* __restrict__ out, bool* __restrict__ hit, i64* __restrict__ counters,
-    const bool vectorized) {
+    const unsigned* __restrict__ slot_values, const int dim, const int words, const int storage,
+    const u64 clock, float* __restrict__ out, bool* __restrict__ hit,
+    i64* __restrict__ counters, const bool vectorized) {
   const i64 item = ((i64)blockIdx.x * blockDim.x + threadIdx.x) / LANES;
   const int lane = threadIdx.x % LANES;
   const int group_shift = (threadIdx.x % WARP) / LANES * LANES;
@@ -97,7 +90,9 @@ extern "C" __global__ void cache_query(
     if (way >= 0) atomicMax(&slot_stamps[first + way], clock + (u64)item);
   }
   if (way >= 0) {
-    copy_row_in_group(out + item * dim, slot_values + (first + way) * dim, dim, lane, vectorized);
+    // `vectorized` (16-byte stores) needs a width of whole float4s and aligned rows.
+    decode_row_as(storage, out + item * dim, slot_values + (first + way) * words, dim, lane,
+                  LANES, vectorized);
   }
   const int hits = __syncthreads_count(valid && lane == 0 && way >= 0);
   const int misses = __syncthreads_count(valid && lane == 0 && way < 0);
@@ -113,10 +108,10 @@ extern "C" __global__ void cache_query(
 // applies the run's keys in batch order: a stored key gets a new stamp; a new key takes the
 // lowest empty way, else evicts the LRU way, and its vector is copied in.
 extern "C" __global__ void cache_replace(
-    const i64* __restrict__ keys, const float* __restrict__ values,
+    const i64* __restrict__ keys, const unsigned* __restrict__ values,
     const i64* __restrict__ order, const i64* __restrict__ bounds, const i64 runs,
     const i64* __restrict__ sets, i64* __restrict__ slot_keys, u64* __restrict__ slot_stamps,
-    float* __restrict__ slot_values, const int dim, const u64 clock,
+    unsigned* __restrict__ slot_values, const int words, const u64 clock,
     i64* __restrict__ counters) {
   const i64 run = warp_item();
   if (run >= runs) return;
@@ -142,7 +137,7 @@ extern "C" __global__ void cache_replace(
         ++evicted;
       }
       ++inserted;
-      copy_row(slot_values + (first + way) * dim, values + pos * dim, dim, lane);
+      copy_row(slot_values + (first + way) * words, values + pos * words, words, lane);
     }
     if (lane == way % WARP) {
       if (way < WARP) {
@@ -167,10 +162,10 @@ extern "C" __global__ void cache_replace(
 // One warp per run (one set): overwrite the vectors of stored keys in batch order, so the
 // last occurrence of a duplicated key wins. Stamps are not touched.
 extern "C" __global__ void cache_update(
-    const i64* __restrict__ keys, const float* __restrict__ values,
+    const i64* __restrict__ keys, const unsigned* __restrict__ values,
     const i64* __restrict__ order, const i64* __restrict__ bounds, const i64 runs,
     const i64* __restrict__ sets, const i64* __restrict__ slot_keys,
-    float* __restrict__ slot_values, const int dim, i64* __restrict__ counters) {
+    unsigned* __restrict__ slot_values, const int words, i64* __restrict__ counters) {
   const i64 run = warp_item();
   if (run >= runs) return;
   const int lane = threadIdx.x % WARP;
@@ -184,7 +179,7 @@ extern "C" __global__ void cache_update(
     const i64 pos = order[i];
     const int way = find_way(key_lo, key_hi, keys[pos]);
     if (way >= 0) {
-      copy_row(slot_values + (first + way) * dim, values + pos * dim, dim, lane);
+      copy_row(slot_values + (first + way) * words, values + pos * words, words, lane);
       ++updated;
     }
   }
@@ -195,15 +190,17 @@ extern "C" __global__ void cache_update(
 // once) and copy the row; counters summed per block. Miss rows of `out` are not written.
 extern "C" __global__ void static_query(
     const i64* __restrict__ keys, const i64 n, const u64* __restrict__ hashes,
-    const i64* __restrict__ starts, const int bits, const float* __restrict__ values,
-    const int dim, float* __restrict__ out, bool* __restrict__ hit,
-    i64* __restrict__ counters, const bool vectorized) {
+    const i64* __restrict__ starts, const int bits, const unsigned* __restrict__ values,
+    const int dim, const int words, const int storage, float* __restrict__ out,
+    bool* __restrict__ hit, i64* __restrict__ counters, const bool vectorized) {
   const i64 item = ((i64)blockIdx.x * blockDim.x + threadIdx.x) / LANES;
   const int lane = threadIdx.x % LANES;
   const bool valid = item < n;
   const i64 row = valid ? static_row(keys[item], hashes, starts, bits) : -1;
   if (valid && lane == 0) hit[item] = row >= 0;
-  if (row >= 0) copy_row_in_group(out + item * dim, values + row * dim, dim, lane, vectorized);
+  if (row >= 0) {
+    decode_row_as(storage, out + item * dim, values + row * words, dim, lane, LANES, vectorized);
+  }
   const int hits = __syncthreads_count(valid && lane == 0 && row >= 0);
   const int misses = __syncthreads_count(valid && lane == 0 && row < 0);
   if (threadIdx.x == 0) {

@@ -26,6 +26,7 @@ import cupy
 import numpy as np
 
 from hps_core.cache.cupy_cache import CupyDynamicCache
+from hps_core.cache.kernel_consts import storage_code
 from hps_core.cache.layout import EMPTY_KEY, WAYS
 from hps_core.cache.order import StreamOrder
 from hps_core.cache.static_table import StaticTable
@@ -44,6 +45,7 @@ from hps_core.infer.gpu.placement import TablePlacement
 from hps_core.infer.gpu.structs import TABLE_DTYPE
 from hps_core.lookup.model_lookup import ModelLookup
 from hps_core.lookup.table_lookup import CachedTableLookup, TableCounters
+from hps_core.quant import RowFormat
 
 
 @dataclass
@@ -59,7 +61,8 @@ class _TableState:
     default_value: float
     dim: int
     lower: bool  # the table has tiers below its host tier
-    staging: Any = None  # [staging_rows, dim] float32: GPU copies of a batch's missed rows
+    row_format: RowFormat | None = None  # how the table's rows are stored, in every tier
+    staging: Any = None  # [staging_rows, row_words] stored rows: GPU copies of missed rows
     miss_keys: Any = None  # the miss set's keys (a power of two of them), EMPTY_KEY when free
     miss_rows: Any = None  # per entry of the miss set: the row its key's lookups read
 
@@ -113,17 +116,18 @@ class CacheBank:
                     cache.order = self.order
         locks = cupy.zeros(2 * cache.num_sets if cache is not None else 1, dtype=cupy.int32)
         lower = bool(getattr(host, "has_lower_tiers", False))
+        fmt = host.row_format
         if static is not None:
             return _TableState(
                 None, static, host, None, static.values_ptr, False, locks,
-                static.bucket_bits, float(host.default_value), host.dim, lower,
+                static.bucket_bits, float(host.default_value), host.dim, lower, fmt,
             )  # fmt: skip
         hashes, starts = host.index_arrays()
         index = (cupy.asarray(hashes), cupy.asarray(starts))
         values_ptr = map_host_table(host, self.device_id)
         return _TableState(
             cache, None, host, index, values_ptr, True, locks, host.layout.bucket_bits,
-            float(host.default_value), host.dim, lower,
+            float(host.default_value), host.dim, lower, fmt,
         )  # fmt: skip
 
     @property
@@ -138,16 +142,18 @@ class CacheBank:
         return any(state.lower and state.host.lower_may_answer() for state in self._states)
 
     def lookup_lower(self, position: int, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Rows of ``keys`` from the tiers below the host tier of the bank's table ``position``.
+        """Rows of ``keys`` from the tiers below the host tier of the bank's table ``position``,
+        stored in the table's precision (what its cache and kernels hold).
 
         Args:
             position: the table's index in :attr:`tables`.
             keys: unique int64 keys its cache and host tier lack.
 
         Returns:
-            float32 ``[n, dim]`` rows and the bool mask of the keys found.
+            Stored rows ``[n, row_words]`` (float32 ``[n, dim]`` for fp32) and the bool mask
+            of the keys found.
         """
-        return self._states[position].host.lookup_lower(keys)
+        return self._states[position].host.lookup_lower_stored(keys)
 
     @property
     def shared(self) -> bool:
@@ -182,7 +188,10 @@ class CacheBank:
                     continue
                 want = min(state.cache.num_sets * WAYS, samples * place.keys_cap)
                 if state.staging is None or state.staging.shape[0] < want:
-                    state.staging = cupy.empty((max(want, 1), state.dim), dtype=cupy.float32)
+                    fmt = state.row_format
+                    state.staging = cupy.empty(
+                        (max(want, 1), fmt.row_words), dtype=fmt.stored_dtype
+                    )
                     slots = _power_of_two(2 * max(want, 1))
                     state.miss_keys = cupy.full(slots, EMPTY_KEY, dtype=cupy.int64)
                     state.miss_rows = cupy.zeros(slots, dtype=cupy.uint64)
@@ -225,6 +234,8 @@ class CacheBank:
             row["bucket_bits"] = state.bucket_bits
             row["default_value"] = state.default_value
             row["dim"] = state.dim
+            row["row_words"] = state.row_format.row_words
+            row["storage"] = storage_code(state.row_format.precision)
             row["lower"] = int(state.lower)
             for name in ("slot_num", "combiner", "keys_at", "offsets_at", "out_at", "keys_cap"):
                 row[name] = getattr(place, name)

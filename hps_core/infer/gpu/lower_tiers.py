@@ -99,29 +99,30 @@ class LowerTierFetch:
         insert has run), or None when no key was found."""
         key_parts: list[np.ndarray] = []
         value_parts: list[np.ndarray] = []
-        spans = []  # (position, first key, first float, count)
-        at_key = at_float = 0
+        spans = []  # (position, first key, first word, count)
+        at_key = at_word = 0
         for position in np.unique(pending["table"]).tolist():
             table_keys = np.unique(pending["key"][pending["table"] == position])
             values, found = bank.lookup_lower(position, table_keys)
             count = int(found.sum())
             if count == 0:
                 continue
-            dim = int(rows[position]["dim"])
-            block = np.zeros(-(-count * dim // 4) * 4, np.float32)
-            block[: count * dim] = values[found].reshape(-1)
+            # Stored rows as 32-bit words (the bits of float32 rows, or encoded words).
+            words = int(rows[position]["row_words"])
+            block = np.zeros(-(-count * words // 4) * 4, np.uint32)
+            block[: count * words] = values[found].view(np.uint32).reshape(-1)
             key_parts.append(table_keys[found])
             value_parts.append(block)
-            spans.append((position, at_key, at_float, count))
+            spans.append((position, at_key, at_word, count))
             at_key += count
-            at_float += block.shape[0]
+            at_word += block.shape[0]
         if not spans:
             return None
         with self._cache:  # before the lookup that reads them, on its stream
             keys_d = cupy.asarray(np.concatenate(key_parts))
             values_d = cupy.asarray(np.concatenate(value_parts))
-        for position, first_key, first_float, count in spans:
+        for position, first_key, first_word, count in spans:
             rows[position]["extra_keys"] = keys_d.data.ptr + 8 * first_key
-            rows[position]["extra_values"] = values_d.data.ptr + 4 * first_float
+            rows[position]["extra_values"] = values_d.data.ptr + 4 * first_word
             rows[position]["extra_count"] = count
         return keys_d, values_d

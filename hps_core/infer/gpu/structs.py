@@ -41,6 +41,8 @@ TABLE_DTYPE = np.dtype(
         ("default_value", "<f4"),
         ("keys_cap", "<i4"),
         ("lower", "<i4"),
+        ("row_words", "<i4"),
+        ("storage", "<i4"),
         ("pad", "<i4"),
     ]
 )

@@ -17,6 +17,7 @@ import numpy as np
 from hps_core.cache.dynamic import DynamicCache
 from hps_core.cache.layout import EMPTY_KEY, WAYS, RunPlan, last_of_each, set_of
 from hps_core.cache.stats import EVICTIONS, HITS, INSERTS, MISSES, RESERVED_KEY_MISSES, UPDATED
+from hps_core.quant import StoragePrecision
 
 # Keys looked up per vectorised step: bounds the [chunk, WAYS] temporaries to a few MiB.
 _CHUNK = 1 << 14
@@ -31,8 +32,15 @@ class NumpyDynamicCache(DynamicCache):
         name: label used in error messages.
     """
 
-    def __init__(self, num_sets: int, dim: int, *, name: str = "cache") -> None:
-        super().__init__(num_sets, dim, np, name)
+    def __init__(
+        self,
+        num_sets: int,
+        dim: int,
+        *,
+        name: str = "cache",
+        precision: StoragePrecision = StoragePrecision.FP32,
+    ) -> None:
+        super().__init__(num_sets, dim, np, name, precision=precision)
 
     def _find(self, keys: np.ndarray, sets: np.ndarray) -> np.ndarray:
         """Flat slot of each key, or -1 when it is not stored."""
@@ -54,7 +62,10 @@ class NumpyDynamicCache(DynamicCache):
         self._counters[MISSES] += len(keys) - hits
         self._counters[RESERVED_KEY_MISSES] += int(np.count_nonzero(keys == EMPTY_KEY))
         positions = np.flatnonzero(hit)
-        out[positions] = self._values[slots[positions]]
+        hit_rows = self._values[slots[positions]]
+        if not self.row_format.is_identity:
+            hit_rows = self.row_format.decode_stored(hit_rows)
+        out[positions] = hit_rows
         # A key hit twice keeps its later (larger) stamp, like the kernel's atomicMax.
         np.maximum.at(
             self._stamps.reshape(-1), slots[positions], clock + positions.astype(np.uint64)
