@@ -13,6 +13,11 @@ import itertools
 import ml_dtypes
 import numpy as np
 import pytest
+from quant_reference import (
+    e4m3_reference,
+    reference,
+    reference_int8,
+)
 
 import hps_core.quant
 import hps_core.quant.e4m3
@@ -46,81 +51,6 @@ def mixed_rows(rng: np.random.Generator, n: int, dim: int) -> np.ndarray:
 
 def poisoned(n: int, row_bytes: int) -> np.ndarray:
     return np.full((n, row_bytes), POISON, dtype=np.uint8)
-
-
-def f32_bytes(value: float) -> bytes:
-    return np.array([value], dtype="<f4").tobytes()
-
-
-def padded(values: bytes, fmt: RowFormat) -> bytes:
-    return values + bytes(-len(values) % 4)
-
-
-# ---------------------------------------------------------------------------- references
-
-
-def reference_fp16(fmt: RowFormat, rows: np.ndarray) -> tuple[bytes, np.ndarray]:
-    with np.errstate(over="ignore"):
-        half = rows.astype("<f2")
-    encoded = b"".join(padded(row.tobytes(), fmt) for row in half)
-    return encoded, half.astype(np.float32)
-
-
-def reference_int8_row(row: np.ndarray) -> tuple[np.ndarray, np.float32, np.float32]:
-    """FBGEMM's row-wise formula in float64 Python scalars, one row at a time."""
-    lo, hi = float(row.min()), float(row.max())
-    scale = np.float32((hi - lo) / 255.0)
-    if scale == 0:
-        codes = np.zeros(row.size, dtype=np.uint8)
-    else:
-        exact = [(float(x) - lo) / float(scale) for x in row]
-        codes = np.clip(np.rint(exact), 0, 255).astype(np.uint8)
-    return codes, scale, np.float32(lo)
-
-
-def reference_int8(fmt: RowFormat, rows: np.ndarray) -> tuple[bytes, np.ndarray]:
-    encoded, decoded = [], []
-    for row in rows:
-        codes, scale, bias = reference_int8_row(row)
-        encoded.append(padded(codes.tobytes(), fmt) + f32_bytes(scale) + f32_bytes(bias))
-        decoded.append(
-            np.array([float(q) * float(scale) + float(bias) for q in codes], dtype=np.float32)
-        )
-    return b"".join(encoded), np.array(decoded, dtype=np.float32).reshape(rows.shape)
-
-
-def reference_fp8_scale(row: np.ndarray) -> np.float32:
-    amax = np.float32(np.abs(row).max())
-    if amax == 0:
-        return np.float32(1.0)
-    return max(amax / np.float32(448.0), np.float32(F32_TINY))
-
-
-def e4m3_reference(values: np.ndarray) -> np.ndarray:
-    """ml_dtypes' cast, made saturating: it turns overflow into NaN (E4M3fn has no inf), so
-    clip first (clipping to 448 before rounding gives the same as saturating after)."""
-    return np.clip(values, -448.0, 448.0).astype(ml_dtypes.float8_e4m3fn).view(np.uint8)
-
-
-def reference_fp8(fmt: RowFormat, rows: np.ndarray) -> tuple[bytes, np.ndarray]:
-    encoded, decoded = [], []
-    for row in rows:
-        scale = reference_fp8_scale(row)
-        codes = e4m3_reference(row / scale)
-        encoded.append(padded(codes.tobytes(), fmt) + f32_bytes(scale))
-        decoded.append(codes.view(ml_dtypes.float8_e4m3fn).astype(np.float32) * scale)
-    return b"".join(encoded), np.array(decoded, dtype=np.float32).reshape(rows.shape)
-
-
-def reference(fmt: RowFormat, rows: np.ndarray) -> tuple[bytes, np.ndarray]:
-    """(encoded bytes of all rows, decoded float32 rows) by the reference of the precision."""
-    if fmt.precision is FP32:
-        return rows.astype("<f4").tobytes(), rows.copy()
-    if fmt.precision is FP16:
-        return reference_fp16(fmt, rows)
-    if fmt.precision is INT8:
-        return reference_int8(fmt, rows)
-    return reference_fp8(fmt, rows)
 
 
 def scales(fmt: RowFormat, encoded: np.ndarray) -> np.ndarray:

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from quant_reference import reference_decoded, reference_stored
 from tiers_testdata import (
     EXTREME_KEYS,
     expected_rows,
@@ -21,6 +22,7 @@ import hps_core.tiers.host_table as host_table_module
 from hps_core.errors import ModelFileError
 from hps_core.formats.sparse import KEY_FILE, VECTOR_FILE
 from hps_core.formats.sparse_writer import write_sparse_table
+from hps_core.quant import RowFormat, StoragePrecision
 from hps_core.tiers.host_table import SharedHostTable, segment_name
 
 
@@ -235,3 +237,93 @@ def test_segment_name_covers_dim_and_file_identity(
     st = (folder / VECTOR_FILE).stat()
     os.utime(folder / VECTOR_FILE, ns=(st.st_atime_ns, st.st_mtime_ns + 1))
     assert segment_name(folder, 2) != name
+
+
+# ---------------------------------------------------------------- compressed storage
+
+COMPRESSED = [StoragePrecision.FP16, StoragePrecision.INT8, StoragePrecision.FP8]
+
+
+def small_chunks(monkeypatch: pytest.MonkeyPatch, rows: int) -> None:
+    """Stream the sparse files in chunks of ``rows`` rows while a segment is built."""
+    original = host_table_module._iter_sparse_table
+
+    def chunked(path, dim, progress=None):
+        return original(path, dim, chunk_rows=rows, progress=progress)
+
+    monkeypatch.setattr(host_table_module, "_iter_sparse_table", chunked)
+
+
+@pytest.mark.parametrize("precision", COMPRESSED, ids=str)
+@pytest.mark.parametrize(("rows", "dim"), [(0, 4), (7, 3), (1000, 33), (5000, 128)], ids=str)
+def test_compressed_table_answers_its_quantised_rows(
+    tmp_path: Path,
+    shm_path: Path,
+    rng: np.random.Generator,
+    monkeypatch: pytest.MonkeyPatch,
+    precision: StoragePrecision,
+    rows: int,
+    dim: int,
+) -> None:
+    """Built chunk by chunk (7 rows at a time), a compressed table holds the reference
+    quantiser's bytes for each file row, answers them decoded, and takes less memory."""
+    keys, vectors = write_table(tmp_path / "t", rng, rows, dim)
+    # Rows of every scale, and the edge rows of each codec: constant, zero, huge.
+    vectors *= (10.0 ** rng.uniform(-3, 3, (rows, 1))).astype(np.float32)
+    if rows >= 7:
+        vectors[1] = 0.0
+        vectors[2] = 3.5
+        vectors[3, 0] = 3e38
+    write_sparse_table(tmp_path / "t", keys, vectors, overwrite=True)
+    small_chunks(monkeypatch, 7)
+    fmt = RowFormat(precision, dim)
+    default = float(rng.uniform(-2, 2))
+    table = SharedHostTable(tmp_path / "t", dim, default_value=default, precision=precision)
+    fp32 = SharedHostTable(tmp_path / "t", dim, default_value=default)
+    assert table.row_format == fmt and table.segment_path != fp32.segment_path
+    assert table.nbytes <= fp32.nbytes  # equal only where the row is not smaller (int8, dim 3)
+    queries = mixed_queries(rng, keys, max(64, rows))
+    file_rows = expected_rows(row_reference(keys), queries)
+    known = file_rows >= 0
+    want_stored = np.empty((len(queries), fmt.row_words), fmt.stored_dtype)
+    want_stored[known] = reference_stored(fmt, vectors[file_rows[known]])
+    want_stored[~known] = reference_stored(fmt, np.full((1, dim), default, np.float32))
+    want = np.full((len(queries), dim), default, np.float32)
+    want[known] = reference_decoded(fmt, vectors[file_rows[known]])
+
+    stored, found = table.lookup_stored(queries)
+    np.testing.assert_array_equal(found, known)
+    assert stored.dtype == fmt.stored_dtype
+    np.testing.assert_array_equal(stored, want_stored)
+    out = np.full((len(queries), dim), np.nan, np.float32)  # poisoned: every row is written
+    values, found = table.lookup(queries, out=out)
+    assert values is out
+    np.testing.assert_array_equal(found, known)
+    np.testing.assert_array_equal(values, want)
+    np.testing.assert_array_equal(table.read_rows(table.find(queries[known])), want[known])
+    keys_held, decoded = table.contents()
+    order = expected_rows(row_reference(keys), keys_held)
+    np.testing.assert_array_equal(decoded, reference_decoded(fmt, vectors[order]))
+    np.testing.assert_array_equal(table.stored_contents()[1], reference_stored(fmt, vectors[order]))
+    table.close()
+    fp32.close()
+
+
+@pytest.mark.parametrize("precision", COMPRESSED, ids=str)
+def test_compressed_rows_written_in_place_are_quantised(
+    tmp_path: Path, rng: np.random.Generator, precision: StoragePrecision
+) -> None:
+    keys, _ = write_table(tmp_path / "t", rng, 300, 12)
+    fmt = RowFormat(precision, 12)
+    table = SharedHostTable(tmp_path / "t", 12, writable=True, precision=precision)
+    rows = table.find(keys[:50])
+    update = (rng.standard_normal((50, 12)) * 7).astype(np.float32)
+    table.write_rows(rows, update)
+    np.testing.assert_array_equal(table.read_stored(rows), reference_stored(fmt, update))
+    np.testing.assert_array_equal(table.lookup(keys[:50])[0], reference_decoded(fmt, update))
+    before = table.read_stored(rows[:5])
+    table.write_stored(rows[:5], table.read_stored(rows[5:10]))
+    np.testing.assert_array_equal(table.read_stored(rows[:5]), table.read_stored(rows[5:10]))
+    table.write_stored(rows[:5], before)  # an undo puts the bytes back exactly
+    np.testing.assert_array_equal(table.read_stored(rows[:5]), before)
+    table.close()
