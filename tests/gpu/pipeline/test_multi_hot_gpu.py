@@ -217,3 +217,40 @@ def test_long_bags_pool_alike_in_one_group_or_shared_by_several(
         got = gpu.predict(parsed)
         np.testing.assert_allclose(got, cpu.predict(parsed), rtol=1e-5, atol=1e-6)
         model.check(got, dense, keys)
+
+
+COMPRESSED = {
+    "fp16-dynamic": {"gpucacheper": 0.5, "storage_precision": "fp16"},
+    "int8-tiny": {"gpucacheper": 0.01, "storage_precision": "int8"},
+    "fp8-static": {"embedding_cache_type": "static", "fp8_quant": True},
+    "int8-host": {"gpucache": False, "storage_precision": "int8"},
+}
+
+
+@pytest.mark.parametrize("kind", COMPRESSED)
+def test_compressed_tables_pool_their_quantised_rows(repo: Path, kind: str) -> None:
+    """Tables stored in fp16, int8 or fp8: the GPU pipeline (rows decoded in the pooling
+    kernel, from the cache, the host tier in place, the staged misses, or static tables)
+    scores what the NumPy path scores from the same quantised host tier; both stay near the
+    FP32 model."""
+    model = ZooModel(repo, NAME)
+    ps = json.loads((repo / NAME / "ps.json").read_text())
+    ps["models"][0].update(COMPRESSED[kind])
+    path = repo / NAME / f"ps_{kind}.json"
+    path.write_text(json.dumps(ps))
+    gpu = RankingSession.open(path, NAME, device_id=0)
+    cpu = RankingSession.open(path, NAME)
+    fp32 = RankingSession.open(variant(repo, "host", "_fp32_" + kind), NAME)
+    precision = kind.split("-")[0]
+    assert {t.storage.value for t in gpu.lookup.model.tables} == {precision}
+    samples, hugectr = SamplesContract(gpu.layout), HugeCTRContract(gpu.layout)
+    rng = np.random.default_rng(57)
+    for batch in (1, 64, 200, 64):
+        dense, keys = model.samples(rng, batch)
+        parsed = samples.parse(*encode_samples(dense, keys))
+        want = cpu.predict(parsed)
+        for form in (parsed, hugectr.parse(*encode_hugectr(dense, keys)), on_gpu(parsed)):
+            np.testing.assert_allclose(gpu.predict(form), want, rtol=1e-5, atol=1e-6)
+        # Quantisation moves the scores a little, not a lot (the accuracy benchmark measures
+        # how little).
+        np.testing.assert_allclose(want, fp32.predict(parsed), atol=0.05)

@@ -10,6 +10,10 @@ the scores before the update, and the updated rows must be in the GPU cache with
 values (dynamic cache: rows it held overwritten, nothing inserted by the update; static
 table: rows overwritten in GPU memory, new keys answered through the overlay). No Kafka here:
 the updater is called as the consumer would call it.
+
+Tables stored compressed (fp16, int8) get the update quantised once: the GPU cache, the shared
+tier and the NumPy path all answer the reference quantiser's rows (tests/quant_reference.py)
+of the message's FP32 vectors.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ cupy = pytest.importorskip("cupy")
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "unit" / "infer"))
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "integration"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from quant_reference import reference_decoded  # noqa: E402
 from ranking_reference import encode_hugectr  # noqa: E402
 from test_ranking_models import Model  # noqa: E402
 
@@ -34,6 +39,7 @@ from hps_core.hps import HPS  # noqa: E402
 from hps_core.infer import RankingSession, SparseBatch  # noqa: E402
 from hps_core.infer.contracts import HugeCTRContract  # noqa: E402
 from hps_core.lookup.table_lookup import CachedTableLookup  # noqa: E402
+from hps_core.quant import RowFormat  # noqa: E402
 from hps_core.tiers.backing import table_tag  # noqa: E402
 from hps_core.triton_repo import InstanceGroup, ServingOptions  # noqa: E402
 from hps_core.updates.apply import ModelUpdater  # noqa: E402
@@ -54,19 +60,23 @@ def repo(tmp_path_factory: pytest.TempPathFactory):
     HPS.close_all()
 
 
-def with_updates(repo: Path, cache: str) -> Path:
+def with_updates(repo: Path, cache: str, precision: str) -> Path:
     ps = json.loads((repo / NAME / "ps.json").read_text())
     ps["models"][0].update(CACHES[cache], hit_rate_threshold=2.0)  # above 1: inserts inline
+    ps["models"][0]["storage_precision"] = precision
     # Never reached: the test applies messages itself, no consumer is started.
     ps["update_source"] = {"type": "kafka_message_queue", "brokers": "127.0.0.1:9"}
-    path = repo / NAME / f"ps_updates_{cache}.json"
+    path = repo / NAME / f"ps_updates_{cache}_{precision}.json"
     path.write_text(json.dumps(ps))
     return path
 
 
+@pytest.mark.parametrize("precision", ["fp32", "fp16", "int8"])
 @pytest.mark.parametrize("cache", CACHES)
-def test_updates_reach_the_gpu_cache_and_the_next_predictions(repo: Path, cache: str) -> None:
-    ps = with_updates(repo, cache)
+def test_updates_reach_the_gpu_cache_and_the_next_predictions(
+    repo: Path, cache: str, precision: str
+) -> None:
+    ps = with_updates(repo, cache, precision)
     model = Model(repo, NAME)
     gpu = RankingSession.open(ps, NAME, device_id=0)
     cpu = RankingSession.open(ps, NAME)
@@ -76,6 +86,7 @@ def test_updates_reach_the_gpu_cache_and_the_next_predictions(repo: Path, cache:
     # Vectors of the update differ per variant: the variants share the host tier's segment,
     # and an update of the same rows with the same values would change nothing.
     vector_rng = np.random.default_rng(list(CACHES).index(cache) + 100)
+    formats = [RowFormat(precision, table.dim) for table in gpu.lookup.model.tables]
     batch = contract.parse(*encode_hugectr(dense, keys))
     for _ in range(3):  # warm-up: the batch's rows are in the GPU cache afterwards
         before = gpu.predict(batch)
@@ -117,7 +128,13 @@ def test_updates_reach_the_gpu_cache_and_the_next_predictions(repo: Path, cache:
         was = cached_before[t]
         assert was.any() and (hit[:existing] == was).all()
         assert not hit[existing:].any()
-        np.testing.assert_array_equal(got[:existing][was], vectors[:existing][was])
+        quantised = reference_decoded(formats[t], vectors)
+        np.testing.assert_array_equal(got[:existing][was], quantised[:existing][was])
+        # The shared tier holds the same quantised rows (the NumPy path reads them).
+        shared = lookup.host.shared
+        np.testing.assert_array_equal(
+            shared.read_rows(shared.find(message_keys[:existing])), quantised[:existing]
+        )
 
     after = gpu.predict(batch)
     np.testing.assert_allclose(after, cpu.predict(batch), rtol=1e-5, atol=1e-6)
