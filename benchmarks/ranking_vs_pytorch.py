@@ -25,7 +25,9 @@ keys; torch tensors on the GPU for the peer), so no host copy is timed.
 
 Precisions (``--precisions``): ``fp32`` (large products as 3xTF32, see
 :mod:`hps_core.cuda.linear`), ``fp32-sgemm`` (every FP32 product on SGEMM), ``tf32``; the peer
-runs strict FP32 for both FP32 rows.
+runs strict FP32 for both FP32 rows. Storage (``--storage``): the precision hps-triton stores
+its tables in (every tier; ps.json ``storage_precision``); the peer always holds FP32 tables
+on the GPU, and the miss bytes count stored rows.
 
 Per (batch, precision): median over ``--runs`` calls on fresh batches; ms, samples/s, ratio
 to the eager and to the graphed peer (and to the peer given the same kind of inputs),
@@ -64,6 +66,7 @@ from torch_dlrm import TorchDlrm, torch_peer
 from hps_core.config import load_ps_config
 from hps_core.hps import HPS
 from hps_core.infer import RankingLayout, RankingSession, SparseBatch, load_ranking_graph
+from hps_core.quant import RowFormat
 from hps_core.workload import zipf_keys
 
 WARMUP_BATCH = 16384
@@ -162,16 +165,17 @@ def pcie_rate(nbytes: int = 1 << 28, runs: int = 5) -> float:
     return nbytes / statistics.median(times[1:])
 
 
-def variant(ps_json: Path, cache: str) -> Path:
+def variant(ps_json: Path, cache: str, storage: str = "fp32") -> Path:
     ps = json.loads(ps_json.read_text())
     model = ps["models"][0]
+    model["storage_precision"] = storage
     if cache == "static":
         model["embedding_cache_type"] = "static"
     else:
         model["gpucacheper"] = float(cache)
         model["embedding_cache_type"] = "dynamic"
     model["max_batch_size"] = max(model.get("max_batch_size", 0), 65536)
-    path = ps_json.parent / f"ps_bench_{cache}.json"
+    path = ps_json.parent / f"ps_bench_{cache}_{storage}.json"
     path.write_text(json.dumps(ps))
     return path
 
@@ -264,6 +268,9 @@ def main() -> None:
     parser.add_argument("--batches", default="1,64,1024,16384,65536")
     parser.add_argument("--precisions", default="fp32,tf32")
     parser.add_argument("--caches", default="0.2,0.5,static")
+    parser.add_argument(
+        "--storage", default="fp32", help="storage precisions of the tables (fp32,fp16,int8,fp8)"
+    )
     parser.add_argument("--alpha", type=float, default=1.05)
     parser.add_argument("--warmup", type=int, default=40)
     parser.add_argument("--runs", type=int, default=10)
@@ -276,7 +283,7 @@ def main() -> None:
     name = config.name
     rows = [(t.sparse_file / "key").stat().st_size // 8 for t in config.tables]
     _, layout = load_ranking_graph(config)
-    row_bytes = [4 * t.dim for t in config.tables]
+    storages = args.storage.split(",")
     pcie = pcie_rate()
     print(f"pinned host-to-device copy: {pcie / 1e9:.1f} GB/s")
     print(f"model {name}: {len(rows)} tables, {sum(rows):,} rows, GPU "
@@ -315,15 +322,18 @@ def main() -> None:
             results.append(dict(system="pytorch-eager", cache="all on GPU", inputs="gpu",
                                 precision=precision, batch=batch, ms=1e3 * ms))  # fmt: skip
             torch.cuda.empty_cache()
-        for cache in args.caches.split(","):
-            ps = variant(args.ps_json, cache)
+        settings = [(c, s) for s in storages for c in args.caches.split(",")]
+        for cache, storage in settings:
+            ps = variant(args.ps_json, cache, storage)
+            row_bytes = [RowFormat(storage, t.dim).row_bytes for t in config.tables]
             session = RankingSession.open(
                 ps, name, device_id=0, precision=precision.removesuffix("-sgemm")
             )
             started = time.perf_counter()
             for _ in range(args.warmup):
                 session.predict(make_batch(rng, rows, WARMUP_BATCH, args.alpha, layout)[2])
-            print(f"{precision} cache {cache}: warmed in {time.perf_counter() - started:.1f} s")
+            print(f"{precision} cache {cache} storage {storage}: warmed in "
+                  f"{time.perf_counter() - started:.1f} s")  # fmt: skip
             for batch in batches:
                 inputs = [make_batch(rng, rows, batch, args.alpha, layout) for _ in range(4)]
                 want = PeerRunner(net, graphs=False)(inputs[0][0], inputs[0][1])
@@ -355,24 +365,25 @@ def main() -> None:
                 steps = [session.pipeline.profile(f) for f in fresh]
                 split = {k: statistics.median(s[k] for s in steps) for k in steps[0]}
                 profiled = [int(b) for b in args.profile_batches.split(",") if b]
-                if batch in profiled and cache == args.caches.split(",")[0]:
+                first = (cache, storage) == settings[0]
+                if batch in profiled and first:
                     profile(session, rng, rows, batch, args, layout, precision)
-                if cache == args.caches.split(",")[0]:
+                if first:
                     # Keys and dense features already on the GPU (lookup_fromdlpack's case).
                     on_gpu = [(device_batch(s),) for _, _, s in inputs]
                     for (b,) in on_gpu[:2]:
                         session.predict(b)
                     device_ms = timed(session.predict, on_gpu, runs=args.runs)
                     results.append(dict(
-                        system="hps-triton", cache=cache, inputs="gpu", precision=precision,
-                        batch=batch, ms=1e3 * device_ms,
+                        system="hps-triton", cache=cache, storage=storage, inputs="gpu",
+                        precision=precision, batch=batch, ms=1e3 * device_ms,
                     ))  # fmt: skip
                     peer_gpu = peer_ms[("eager-gpu-inputs", batch)]
                     print(f"  batch {batch}, inputs on the GPU: {1e3 * device_ms:.3f} ms (peer "
                           f"with GPU inputs {peer_gpu:.3f})")  # fmt: skip
                 results.append(dict(
-                    system="hps-triton", cache=cache, inputs="host", precision=precision,
-                    batch=batch,
+                    system="hps-triton", cache=cache, storage=storage, inputs="host",
+                    precision=precision, batch=batch,
                     ms=1e3 * ms, key_hit_rate=hits / keys if keys else 0.0,
                     unique_hit_rate=unique, max_abs_diff_vs_peer=error,
                     gpu_lookup_ms=lookup_ms, gpu_insert_ms=insert_ms, gpu_dense_ms=dense_ms,
@@ -394,7 +405,7 @@ def main() -> None:
                 r["x_peer_graph"] = peer_ms[("graph", r["batch"])] / r["ms"]
                 same = "eager-gpu-inputs" if r["inputs"] == "gpu" else "eager"
                 r["x_peer_same_inputs"] = peer_ms[(same, r["batch"])] / r["ms"]
-    columns = ["system", "cache", "inputs", "precision", "batch", "ms", "samples_per_s",
+    columns = ["system", "cache", "storage", "inputs", "precision", "batch", "ms", "samples_per_s",
                "x_peer_eager", "x_peer_graph", "x_peer_same_inputs",
                "key_hit_rate", "unique_hit_rate", "gpu_lookup_ms", "gpu_insert_ms", "gpu_dense_ms",
                "host_rows_per_batch", "miss_mb_per_batch", "pcie_floor_ms", "gpu_mib",

@@ -7,7 +7,9 @@ is the flat slot ``t * WAYS + s``; three arrays are indexed by it:
 
 - ``slot_keys``   int64   ``[num_sets, WAYS]``  the key held, or ``EMPTY_KEY``;
 - ``slot_stamps`` uint64  ``[num_sets, WAYS]``  when the slot was last touched (LRU order);
-- ``slot_values`` float32 ``[num_sets * WAYS, dim]`` the embedding vectors.
+- ``slot_values`` ``[num_sets * WAYS, row_words]`` the embedding vectors as the table stores
+  them (float32 ``[.., dim]`` for fp32; the uint32 words of encoded rows otherwise, see
+  :mod:`hps_core.quant`).
 
 A key lives in set ``mix64(key) % num_sets`` (:func:`hps_core.hashing.mix64`) and may take any
 slot of that set. Slots are never freed one by one (only :meth:`clear` empties them), so the
