@@ -2,10 +2,14 @@
 
 Used by ``hps check`` (per table and per model) and by the Triton models' metrics
 (``hps_tier_bytes``). Every number comes from the sizing function the tier itself allocates
-with, so the report and the allocation cannot drift:
+with, so the report and the allocation cannot drift. The tiers in this process store each
+table's rows in its storage precision (``TableConfig.storage``, from ``storage_precision``,
+``storage_precision_per_table`` or ``fp8_quant``; :class:`~hps_core.quant.rows.RowFormat`
+gives the bytes of a row):
 
 - ``host``: the shared host tier's segment in ``/dev/shm``, once per machine whatever the
-  number of processes: :func:`hps_core.tiers.host_table.host_layout` (hashes, bucket
+  number of processes: the :class:`~hps_core.tiers.hash_layout.HashLayout` of
+  :func:`hps_core.tiers.host_table.host_layout` in the table's precision (hashes, bucket
   directory, rows of the first ``initial_cache_rate`` of the files' rows below RocksDB, none
   below Redis, every row otherwise).
 - ``gpu_cache``: a dynamic GPU cache, per GPU instance (one per GPU when instances share
@@ -20,8 +24,9 @@ with, so the report and the allocation cannot drift:
   ``network_file`` (ranking models) run that pipeline.
 - ``redis_cluster`` / ``rocks_db``: the FP32 payload HugeCTR's layout stores there (an 8-byte
   key and ``dim`` float32 per row, for the rows loaded when the table opens,
-  :func:`~hps_core.tiers.factory.tier_plan`); these live outside this process, and the
-  databases' own overhead is not counted.
+  :func:`~hps_core.tiers.factory.tier_plan`), whatever the table's storage precision: these
+  databases keep HugeCTR's layout, so HugeCTR and this project can share them. They live
+  outside this process, and the databases' own overhead is not counted.
 
 Not counted: per-cache counters and insert locks (a few bytes per set), the rows a batch's
 misses are staged in (sized by the batch, not the table), the update overlay (bounded by
@@ -36,14 +41,14 @@ from dataclasses import dataclass
 
 from hps_core.cache.layout import WAYS, cache_capacity_rows, num_sets_for, slot_bytes
 from hps_core.cache.static_table import static_table_nbytes
-from hps_core.config import EmbeddingCacheType, ModelConfig, PSConfig, TableConfig
+from hps_core.config import ModelConfig, PSConfig, TableConfig
 from hps_core.formats.sparse import inspect_sparse_table
-from hps_core.quant import StoragePrecision
 from hps_core.tiers.factory import tier_plan
-from hps_core.tiers.host_table import held_rows, host_layout
+from hps_core.tiers.hash_layout import HashLayout
+from hps_core.tiers.host_table import held_rows
 
-PRECISION = StoragePrecision.FP32.value
-"""The storage precision of every tier today."""
+MIXED = "mixed"
+"""A model's precision when its tables are stored in different precisions."""
 
 IN_PROCESS_TIERS = ("host", "gpu_cache", "gpu_static", "gpu_index")
 """Tiers held in this machine's memory (``host``) or a GPU's (the others)."""
@@ -72,7 +77,8 @@ class TableFootprint:
         name: table name.
         rows: rows of the sparse files.
         dim: embedding width.
-        precision: storage precision of the values (``"fp32"``).
+        precision: storage precision of the rows in this process's tiers (``"fp32"``,
+            ``"fp16"``, ``"int8"``, ``"fp8"``); Redis and RocksDB hold FP32 whatever it is.
         host: shared host tier, per machine.
         host_rows: rows the host tier holds (``initial_cache_rate`` below a persistent tier).
         gpu_cache: dynamic GPU cache, per GPU instance (0: none).
@@ -149,6 +155,17 @@ class ModelFootprint:
         """GPU bytes of every table, per GPU instance."""
         return sum(t.gpu for t in self.tables)
 
+    @property
+    def precision(self) -> str:
+        """The tables' storage precision when they share one, else ``"mixed"``.
+
+        Example:
+            >>> ModelFootprint("m", 1, ()).precision
+            'fp32'
+        """
+        precisions = {t.precision for t in self.tables} or {"fp32"}
+        return precisions.pop() if len(precisions) == 1 else MIXED
+
     def tier_bytes(self) -> dict[str, int]:
         """Sum over the tables of each tier that any table has."""
         totals: dict[str, int] = {}
@@ -161,7 +178,7 @@ class ModelFootprint:
         """JSON-ready fields (exact byte counts)."""
         return {
             "model": self.model,
-            "precision": PRECISION,
+            "precision": self.precision,
             "gpus": self.gpus,
             "bytes": self.tier_bytes(),
             "tables": [t.to_dict() for t in self.tables],
@@ -180,18 +197,26 @@ def table_footprint(
         rows: rows of its sparse files (:func:`~hps_core.formats.sparse.inspect_sparse_table`).
 
     Returns:
-        The footprint.
+        The footprint, in the table's storage precision.
+
+    Example:
+        >>> # A 1000-row table of dim 128 with "storage_precision": "fp16", no lower tier.
+        >>> fp = table_footprint(config, model, model.tables[0], 1000)  # doctest: +SKIP
+        >>> fp.precision, fp.host  # doctest: +SKIP
+        ('fp16', 265152)
     """
     plan = tier_plan(config)
     dim = table.dim
-    layout = host_layout(rows, dim, plan.host_fraction)
+    precision = table.storage
+    # host_layout's HashLayout, built here to size it in the table's precision.
+    layout = HashLayout(held_rows(rows, plan.host_fraction), dim, precision)
     gpu_cache = gpu_cache_rows = gpu_static = 0
-    static = model.gpucache and model.embedding_cache_type == EmbeddingCacheType.STATIC
+    static = model.static_tables
     if static:
-        gpu_static = static_table_nbytes(rows, dim)
+        gpu_static = static_table_nbytes(rows, dim, precision)
     elif model.gpucache:
         num_sets = num_sets_for(cache_capacity_rows(model.gpucacheper, rows))
-        gpu_cache = slot_bytes(num_sets, dim).nbytes
+        gpu_cache = slot_bytes(num_sets, dim, precision).nbytes
         gpu_cache_rows = num_sets * WAYS
     ranking = model.network_file is not None
     return TableFootprint(
@@ -199,7 +224,7 @@ def table_footprint(
         name=table.name,
         rows=rows,
         dim=dim,
-        precision=PRECISION,
+        precision=precision.value,
         host=layout.nbytes,
         host_rows=layout.rows,
         gpu_cache=gpu_cache,

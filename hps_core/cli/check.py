@@ -7,7 +7,7 @@ import json
 import sys
 
 from hps_core.cli.text import plural
-from hps_core.footprint import PRECISION, ModelFootprint, TableFootprint
+from hps_core.footprint import ModelFootprint, TableFootprint
 from hps_core.model_check import CheckReport, check_ps_json
 
 
@@ -49,9 +49,10 @@ def table_bytes_line(table: TableFootprint) -> str:
 
 
 def model_bytes_line(footprint: ModelFootprint) -> str:
-    """The ``hps check`` line of a model's total tier bytes."""
+    """The ``hps check`` line of a model's total tier bytes, in its tables' precision
+    (``mixed`` when they differ)."""
     return (
-        f"  total bytes ({PRECISION}): host {tier_mib(footprint.host)} per machine"
+        f"  total bytes ({footprint.precision}): host {tier_mib(footprint.host)} per machine"
         f" | {tier_mib(footprint.gpu)} per GPU instance, {plural(footprint.gpus, 'GPU')}"
         f"{_outside(footprint.tier_bytes())}"
     )

@@ -3,20 +3,26 @@
 HugeCTR's ps.json parser accepts them, so hps-triton does too (a user's file loads
 unchanged); a value other than HugeCTR's default asks for something this project does not do
 (or does anyway), which :func:`inert_settings` says, one line per field, for ``hps check`` and
-the model's load log.
+the model's load log. ``fp8_quant`` acts on models with static GPU tables, as in HugeCTR, and
+is listed only for the others; on a static model, the tables it leaves in FP32 (``dim`` 1 and
+2) get a line each.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import fields
 from typing import Any
 
 from hps_core.config.schema import ModelConfig, PSConfig
+from hps_core.quant import RowFormat, StoragePrecision
 
 _MODEL_FIELDS: dict[str, str] = {
     "fp8_quant": (
-        "HugeCTR stores the static tables' vectors in FP8 with per-row scales and dequantises "
-        "them in the lookup; here every table stays FP32"
+        'it applies to static tables only (embedding_cache_type "static" or '
+        "use_static_table, with gpucache), as in HugeCTR, which quantises them to FP8 with "
+        'per-row scales; this model has none. "storage_precision" is this project\'s way to '
+        "compress the tables of a dynamic cache"
     ),
     "use_hctr_cache_implementation": (
         "false selects HugeCTR's lock-free dynamic GPU cache instead of its original one; here "
@@ -49,19 +55,44 @@ _TOP_FIELDS: dict[str, str] = {
 }
 
 
+# Model fields that act here on some models: no warning for a model they act on.
+_ACTS_ON: dict[str, Callable[[ModelConfig], bool]] = {
+    "fp8_quant": lambda model: model.static_tables,
+}
+
+
 def _non_default(config: Any, names: dict[str, str]) -> list[tuple[str, Any, str]]:
     defaults = {f.name: f.default for f in fields(config)}
     return [
         (name, getattr(config, name), meaning)
         for name, meaning in names.items()
         if getattr(config, name) != defaults[name]
+        and not (name in _ACTS_ON and _ACTS_ON[name](config))
+    ]
+
+
+def _fp8_kept_fp32(model: ModelConfig) -> list[str]:
+    """Tables ``fp8_quant`` leaves in FP32 on a static model (dim 1 and 2: an FP8 row, the
+    codes padded to 4 bytes and a 4-byte scale, would not be smaller; HugeCTR quantises them
+    anyway), when no extension field decides their precision instead."""
+    if not (model.fp8_quant and model.static_tables):
+        return []
+    if model.storage_precision is not None or model.storage_precision_per_table is not None:
+        return []
+    fp8 = StoragePrecision.FP8
+    return [
+        f"table '{t.name}' (dim {t.dim}) stays FP32: its FP8 row would take "
+        f"{RowFormat(fp8, t.dim).row_bytes} bytes, its FP32 row takes {4 * t.dim}"
+        for t in model.tables
+        if t.storage is StoragePrecision.FP32
     ]
 
 
 def inert_settings(config: PSConfig, model: ModelConfig | None = None) -> list[str]:
     """One line per field of ``config`` (and of ``model``, or of every model) set to a value
     other than HugeCTR's default although it has no effect here, naming where it is set and
-    what HugeCTR would do with it.
+    what HugeCTR would do with it; and one line per table of a static model that
+    ``fp8_quant`` leaves in FP32.
 
     Args:
         config: the parsed ps.json.
@@ -72,7 +103,7 @@ def inert_settings(config: PSConfig, model: ModelConfig | None = None) -> list[s
 
     Example:
         >>> inert_settings(config)  # doctest: +SKIP
-        ["models[0].fp8_quant = true: accepted without effect: HugeCTR stores ..."]
+        ["models[0].fp8_quant = true (model 'wdl'): accepted without effect: HugeCTR ..."]
     """
     lines = [
         f"{name} = {_json(value)}: accepted without effect: {meaning}"
@@ -85,6 +116,10 @@ def inert_settings(config: PSConfig, model: ModelConfig | None = None) -> list[s
             f"models[{index}].{name} = {_json(value)} (model '{entry.name}'): accepted without "
             f"effect: {meaning}"
             for name, value, meaning in _non_default(entry, _MODEL_FIELDS)
+        ]
+        lines += [
+            f"models[{index}].fp8_quant = true (model '{entry.name}'): {note}"
+            for note in _fp8_kept_fp32(entry)
         ]
     return lines
 

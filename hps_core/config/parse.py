@@ -69,9 +69,24 @@ Differences from the docs (HugeCTR's parser is followed; the docs are
     - ``use_hctr_cache_implementation``, ``init_ec``, ``enable_pagelock``, ``fp8_quant``,
       ``thread_pool_size`` and the ``stochastic`` cache type are v24.06 ``InferenceParams``
       fields; they are read with the defaults of HugeCTR's Python binding. ``init_ec``
-      switches the initial cache fill as in HugeCTR; the others that change nothing here are
-      listed with what HugeCTR does with them by :mod:`hps_core.config.inert`.
+      switches the initial cache fill as in HugeCTR; ``fp8_quant`` stores the tables of a
+      model with static GPU tables in fp8 as in HugeCTR (tables of ``dim`` 1 and 2, whose
+      FP8 row would not be smaller, stay FP32); the others that change nothing here, and
+      ``fp8_quant`` without static tables, are listed with what HugeCTR does with them by
+      :mod:`hps_core.config.inert`.
     - ``fuse_embedding_table`` is a top-level key applying to every model, as in the parser.
+
+Extensions (keys HugeCTR does not have; its parser ignores them, so a file using them serves
+FP32 tables there; ``to_dict`` writes them only when given):
+    - ``storage_precision`` (model entry): ``"fp32"``, ``"fp16"``, ``"int8"`` or ``"fp8"``,
+      how every tier in this process stores the model's tables
+      (:class:`~hps_core.quant.rows.RowFormat`); Redis and RocksDB keep HugeCTR's FP32 layout.
+    - ``storage_precision_per_table`` (model entry): one of those per table; it wins over
+      ``storage_precision``.
+    Problems: an unknown value; a per-table list of the wrong length; with ``fp8_quant: true``
+    on a static model, a precision other than fp8 for a table ``fp8_quant`` stores in fp8 (a
+    contradiction: remove one of the two); a precision whose row would not be smaller than
+    the table's FP32 row (int8 below ``dim`` 4, fp8 below 3, fp16 at 1).
 """
 
 from __future__ import annotations
@@ -99,8 +114,18 @@ from hps_core.config.parse_tiers import (
     volatile_db,
     volatile_defaults,
 )
-from hps_core.config.schema import ModelConfig, PSConfig, VolatileDBConfig
+from hps_core.config.schema import (
+    ModelConfig,
+    PSConfig,
+    VolatileDBConfig,
+    default_table_name,
+    storage_problems,
+)
 from hps_core.errors import ConfigError, Problem
+from hps_core.quant import StoragePrecision
+
+# Spellings of the storage precision extension fields: the values themselves, exactly.
+_STORAGE_PRECISION_NAMES = {member.value: member for member in StoragePrecision}
 
 # Keys HugeCTR accepts in a models entry without using them: parameters of the hugectr
 # backend's config.pbtxt and InferenceParams flags the JSON parser never reads.
@@ -332,6 +357,10 @@ def _model(c: Collector, value: Any, where: str) -> ModelConfig | None:
             "enable_pagelock": c.boolean,
             "fp8_quant": c.boolean,
             "thread_pool_size": c.int_in(),
+            "storage_precision": partial(c.choice, names=_STORAGE_PRECISION_NAMES),
+            "storage_precision_per_table": c.list_of(
+                partial(c.choice, names=_STORAGE_PRECISION_NAMES)
+            ),
         },
         dataclass_defaults(ModelConfig),
         _MISSING_HINTS,
@@ -340,6 +369,7 @@ def _model(c: Collector, value: Any, where: str) -> ModelConfig | None:
     _check_cache_type(c, r, obj, values)
     _check_devices(c, r, obj)
     _check_tables(c, r, obj, values)
+    _check_storage(c, r, obj, values)
     if len(c.problems) > start:
         return None
     return ModelConfig(**values, ignored_keys=ignored)
@@ -407,6 +437,7 @@ def _check_tables(
         "embedding_vecsize_per_table",
         "maxnum_catfeature_query_per_table_per_sample",
         "embedding_table_names",
+        "storage_precision_per_table",
     ):
         given = obj.get(key)
         if isinstance(given, list) and len(given) != n:
@@ -429,3 +460,34 @@ def _check_tables(
         )
     elif values["default_value_for_each_table"] is not None:
         values["default_value_for_each_table"] += (0.0,) * (n - len(defaults))
+
+
+def _check_storage(
+    c: Collector, r: ObjectReader, obj: Mapping[str, Any], values: dict[str, Any]
+) -> None:
+    """Check the storage precision against ``fp8_quant`` and each table's dim
+    (:func:`~hps_core.config.schema.storage_problems`), once the values it depends on were
+    read without problems (their own problems are reported already)."""
+    dims = values["embedding_vecsize_per_table"]
+    per_table = values["storage_precision_per_table"]
+    sparse_files = obj.get("sparse_files")
+    if dims is None or not isinstance(sparse_files, list) or len(dims) != len(sparse_files):
+        return
+    if "storage_precision_per_table" in obj and (per_table is None or len(per_table) != len(dims)):
+        return
+    if "storage_precision" in obj and values["storage_precision"] is None:
+        return
+    deciding = ("fp8_quant", "gpucache", "use_static_table", "embedding_cache_type")
+    if any(values[key] is None for key in deciding):
+        return
+    names = values["embedding_table_names"]
+    if names is None or len(names) != len(dims):
+        names = ()  # bad names are reported already; name the tables as HugeCTR would
+    names = names or tuple(default_table_name(i) for i in range(len(dims)))
+    static = values["gpucache"] and (
+        values["use_static_table"] or values["embedding_cache_type"] is EmbeddingCacheType.STATIC
+    )
+    for problem in storage_problems(
+        dims, values["storage_precision"], per_table, values["fp8_quant"], static, names
+    ):
+        c.add(r.path_of(problem.where), problem.message)

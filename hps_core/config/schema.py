@@ -61,7 +61,8 @@ class TableConfig:
         max_query_per_sample: ``maxnum_catfeature_query_per_table_per_sample[index]``.
         storage: how every tier in this process stores the table's rows (the shared host
             tier, the GPU caches and static tables, the update overlay); Redis and RocksDB
-            keep HugeCTR's FP32 layout.
+            keep HugeCTR's FP32 layout. :class:`ModelConfig` resolves it from the ps.json's
+            ``storage_precision_per_table``, ``storage_precision`` and ``fp8_quant``.
     """
 
     index: int
@@ -78,6 +79,142 @@ class TableConfig:
         return RowFormat(self.storage, self.dim)
 
 
+def row_is_smaller(precision: StoragePrecision, dim: int) -> bool:
+    """Whether a row of ``dim`` values stored in ``precision`` takes fewer bytes than its FP32
+    row (``4 * dim``). A compressed precision that is not smaller only adds rounding error:
+    int8's scale and bias take 8 bytes, and every row is padded to 4 bytes.
+
+    Args:
+        precision: the storage precision (fp32 is never smaller than itself).
+        dim: values per row, at least 1.
+
+    Returns:
+        True when :attr:`RowFormat.row_bytes` is below ``4 * dim``.
+
+    Example:
+        >>> row_is_smaller(StoragePrecision.INT8, 3), row_is_smaller(StoragePrecision.INT8, 4)
+        (False, True)
+    """
+    return RowFormat(precision, dim).row_bytes < 4 * dim
+
+
+def fp8_quant_storage(dim: int) -> StoragePrecision:
+    """The storage ``fp8_quant: true`` gives a static table of width ``dim``: FP8, as in
+    HugeCTR, except where an FP8 row (values padded to 4 bytes, and a 4-byte scale) would not
+    be smaller than the FP32 row (``dim`` 1 and 2), which then stays FP32. HugeCTR quantises
+    those too; refusing them instead would reject a HugeCTR file (a Wide&Deep model's wide
+    table has ``dim`` 1) that cannot be fixed without dropping ``fp8_quant``.
+
+    Args:
+        dim: values per row, at least 1.
+
+    Returns:
+        ``StoragePrecision.FP8`` or ``StoragePrecision.FP32``.
+
+    Example:
+        >>> fp8_quant_storage(1).value, fp8_quant_storage(16).value
+        ('fp32', 'fp8')
+    """
+    fp8 = StoragePrecision.FP8
+    return fp8 if row_is_smaller(fp8, dim) else StoragePrecision.FP32
+
+
+def storage_problems(
+    dims: tuple[int, ...],
+    storage_precision: StoragePrecision | None,
+    storage_precision_per_table: tuple[StoragePrecision, ...] | None,
+    fp8_quant: bool,
+    static_tables: bool,
+    table_names: tuple[str, ...],
+) -> list[Problem]:
+    """Problems of a model's storage fields, each at its ps.json key within the model entry
+    (``storage_precision``, ``storage_precision_per_table[1]``).
+
+    The precision that decides (the per-table list's entry when there is a list, else
+    ``storage_precision``) is a problem where it contradicts ``fp8_quant: true`` on a static
+    model (it names something other than fp8 for a table that ``fp8_quant`` stores in fp8,
+    :func:`fp8_quant_storage`), or where a table's stored row would not be smaller than its
+    FP32 row (:func:`row_is_smaller`). ``dims``, the per-table list and ``table_names`` must
+    have one entry per table.
+
+    Args:
+        dims: ``embedding_vecsize_per_table``.
+        storage_precision: the model-wide precision, if named.
+        storage_precision_per_table: the per-table precisions, if named (they win over
+            ``storage_precision``, which is then not checked).
+        fp8_quant: HugeCTR's ``fp8_quant``.
+        static_tables: whether the model's GPU instances hold static tables
+            (:attr:`ModelConfig.static_tables`).
+        table_names: ``embedding_table_names``.
+
+    Returns:
+        The problems, empty when the fields are consistent.
+
+    Example:
+        >>> [str(p) for p in storage_problems((1,), StoragePrecision.INT8, None, False, False,
+        ...                                   ("wide",))]  # doctest: +ELLIPSIS
+        ['storage_precision: int8 would store table "wide" (dim 1) in 12 bytes per row, ...']
+    """
+    named: list[tuple[str, StoragePrecision, tuple[int, ...]]]
+    if storage_precision_per_table is not None:
+        named = [
+            (f"storage_precision_per_table[{i}]", precision, (i,))
+            for i, precision in enumerate(storage_precision_per_table)
+        ]
+    elif storage_precision is not None:
+        named = [("storage_precision", storage_precision, tuple(range(len(dims))))]
+    else:
+        return []
+    problems: list[Problem] = []
+    for key, precision, tables in named:
+        field_name = key.partition("[")[0]
+        quantised = [i for i in tables if fp8_quant_storage(dims[i]) is StoragePrecision.FP8]
+        if fp8_quant and static_tables and precision is not StoragePrecision.FP8 and quantised:
+            problems.append(
+                Problem(
+                    key,
+                    f'"{precision.value}" contradicts "fp8_quant": true, which stores the tables '
+                    f'of a static model in fp8 as HugeCTR does; remove "fp8_quant" to store '
+                    f"{_tables_text(quantised, table_names)} in {precision.value}, or remove "
+                    f'"{field_name}" to keep fp8',
+                )
+            )
+            continue
+        if precision is StoragePrecision.FP32:
+            continue
+        for i in tables:
+            if not row_is_smaller(precision, dims[i]):
+                problems.append(
+                    Problem(
+                        key,
+                        f'{precision.value} would store table "{table_names[i]}" (dim '
+                        f"{dims[i]}) in {RowFormat(precision, dims[i]).row_bytes} bytes per row, "
+                        f"not fewer than its {4 * dims[i]} bytes in fp32 (rows are padded to 4 "
+                        f"bytes{_scale_note(precision)}); {_fp32_hint(key)}",
+                    )
+                )
+    return problems
+
+
+def _fp32_hint(key: str) -> str:
+    if key == "storage_precision":
+        return 'keep it in fp32 with "storage_precision_per_table", one precision per table'
+    return 'write "fp32" for it'
+
+
+def _tables_text(tables: list[int], names: tuple[str, ...]) -> str:
+    shown = ", ".join(f'"{names[i]}"' for i in tables)
+    return f"table {shown}" if len(tables) == 1 else f"tables {shown}"
+
+
+def _scale_note(precision: StoragePrecision) -> str:
+    if precision is StoragePrecision.INT8:
+        return ", and a 4-byte scale and a 4-byte bias follow the values"
+    if precision is StoragePrecision.FP8:
+        return ", and a 4-byte scale follows the values"
+    return ""
+
+
 @dataclass(frozen=True, kw_only=True)
 class ModelConfig:
     """One entry of ``models`` in ps.json.
@@ -87,6 +224,12 @@ class ModelConfig:
     effective cache type: ``static`` whenever ``use_static_table`` is true, as in HugeCTR.
     ``ignored_keys`` lists keys HugeCTR accepts in ps.json but does not use (they are not
     written back by ``to_dict``).
+
+    Storage precision of the tables (each ``TableConfig.storage``), first that applies:
+    ``storage_precision_per_table`` (an extension of this project), ``storage_precision`` (an
+    extension), fp8 when ``fp8_quant`` is true on a model with :attr:`static_tables` (as in
+    HugeCTR; :func:`fp8_quant_storage` keeps ``dim`` 1 and 2 in fp32), else fp32. Both
+    extension fields are ``None`` when not given, and ``to_dict`` then leaves them out.
     """
 
     model: str
@@ -119,6 +262,8 @@ class ModelConfig:
     enable_pagelock: bool = False
     fp8_quant: bool = False
     thread_pool_size: int = 16
+    storage_precision: StoragePrecision | None = None
+    storage_precision_per_table: tuple[StoragePrecision, ...] | None = None
     ignored_keys: tuple[str, ...] = field(default=(), compare=False)
     tables: tuple[TableConfig, ...] = field(init=False, repr=False, compare=False)
 
@@ -130,6 +275,7 @@ class ModelConfig:
             )
         if self.use_static_table:
             object.__setattr__(self, "embedding_cache_type", EmbeddingCacheType.STATIC)
+        self._parse_storage_fields()
         per_table = {
             "embedding_table_names": self.embedding_table_names,
             "embedding_vecsize_per_table": self.embedding_vecsize_per_table,
@@ -138,11 +284,23 @@ class ModelConfig:
                 self.maxnum_catfeature_query_per_table_per_sample
             ),
         }
+        if self.storage_precision_per_table is not None:
+            per_table["storage_precision_per_table"] = self.storage_precision_per_table
         problems = [
             Problem(key, f"has {len(values)} entries but sparse_files lists {n} tables")
             for key, values in per_table.items()
             if len(values) != n
         ]
+        if problems:
+            raise ConfigError(problems)
+        problems = storage_problems(
+            self.embedding_vecsize_per_table,
+            self.storage_precision,
+            self.storage_precision_per_table,
+            self.fp8_quant,
+            self.static_tables,
+            self.embedding_table_names,
+        )
         if problems:
             raise ConfigError(problems)
         tables = tuple(
@@ -153,10 +311,48 @@ class ModelConfig:
                 dim=self.embedding_vecsize_per_table[i],
                 default_value=self.default_value_for_each_table[i],
                 max_query_per_sample=self.maxnum_catfeature_query_per_table_per_sample[i],
+                storage=self._table_storage(i),
             )
             for i in range(n)
         )
         object.__setattr__(self, "tables", tables)
+
+    def _parse_storage_fields(self) -> None:
+        """Accept precision names (``"fp16"``) as well as members when built in code."""
+        problems = []
+        if self.storage_precision is not None:
+            try:
+                precision = StoragePrecision.parse(self.storage_precision)
+                object.__setattr__(self, "storage_precision", precision)
+            except ValueError as exc:
+                problems.append(Problem("storage_precision", str(exc)))
+        if self.storage_precision_per_table is not None:
+            parsed = []
+            for i, value in enumerate(self.storage_precision_per_table):
+                try:
+                    parsed.append(StoragePrecision.parse(value))
+                except ValueError as exc:
+                    problems.append(Problem(f"storage_precision_per_table[{i}]", str(exc)))
+            object.__setattr__(self, "storage_precision_per_table", tuple(parsed))
+        if problems:
+            raise ConfigError(problems)
+
+    def _table_storage(self, index: int) -> StoragePrecision:
+        if self.storage_precision_per_table is not None:
+            return self.storage_precision_per_table[index]
+        if self.storage_precision is not None:
+            return self.storage_precision
+        if self.fp8_quant and self.static_tables:
+            return fp8_quant_storage(self.embedding_vecsize_per_table[index])
+        return StoragePrecision.FP32
+
+    @property
+    def static_tables(self) -> bool:
+        """Whether the model's GPU instances hold static tables rather than dynamic caches:
+        ``gpucache`` with ``embedding_cache_type`` ``"static"`` (or ``use_static_table``).
+        Without ``gpucache`` there is no GPU table to be static, so ``fp8_quant`` has no
+        effect then either."""
+        return self.gpucache and self.embedding_cache_type == EmbeddingCacheType.STATIC
 
     @property
     def name(self) -> str:
@@ -214,6 +410,11 @@ class ModelConfig:
                 "thread_pool_size": self.thread_pool_size,
             }
         )
+        # Extensions of this project, written only when given: HugeCTR's files stay unchanged.
+        if self.storage_precision is not None:
+            out["storage_precision"] = self.storage_precision.value
+        if self.storage_precision_per_table is not None:
+            out["storage_precision_per_table"] = [p.value for p in self.storage_precision_per_table]
         return out
 
 

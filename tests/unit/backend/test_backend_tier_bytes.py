@@ -5,6 +5,7 @@ the served metrics are tested in tests/integration)."""
 from __future__ import annotations
 
 import importlib
+import json
 import sys
 import types
 from pathlib import Path
@@ -127,3 +128,25 @@ def test_without_the_gpu_pipeline_no_row_index_is_published(metrics: Any, wdl: P
     assert sum(n for _, n in published.values) == footprint.host + sum(
         t.gpu_cache for t in footprint.tables
     )
+
+
+def test_each_table_is_labelled_with_its_storage_precision(metrics: Any, wdl: Path) -> None:
+    """The deep table stored in int8 and the wide one in fp32 (storage_precision_per_table):
+    each gauge carries its table's precision and its bytes in that precision."""
+    before = load_ps_config(wdl)
+    fp32 = model_footprint(before, before.models[0])
+    doc = json.loads(wdl.read_text())
+    doc["models"][0]["storage_precision_per_table"] = ["fp32", "int8"]
+    wdl.write_text(json.dumps(doc))
+    config = load_ps_config(wdl)
+    footprint = model_footprint(config, config.models[0])
+    metrics.TierBytesMetrics("wdl", "gpu0", footprint)
+    wide, deep = footprint.tables
+    assert (wide.precision, deep.precision) == ("fp32", "int8")
+    assert deep.host < fp32.tables[1].host and deep.gpu_cache < fp32.tables[1].gpu_cache
+    assert gauges() == {
+        ("wdl", "wide_embedding", "host", "fp32", "host"): wide.host,
+        ("wdl", "wide_embedding", "gpu_cache", "fp32", "gpu0"): wide.gpu_cache,
+        ("wdl", "deep_embedding", "host", "int8", "host"): deep.host,
+        ("wdl", "deep_embedding", "gpu_cache", "int8", "gpu0"): deep.gpu_cache,
+    }

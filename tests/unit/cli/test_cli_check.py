@@ -255,8 +255,10 @@ def test_fields_without_effect_are_warned_about_one_line_each(
         "models[0].use_context_stream",
     ]  # fmt: skip
     assert warnings[1] == (
-        "warning: models[0].fp8_quant = true (model 'wdl'): accepted without effect: HugeCTR "
-        "stores the static tables' vectors in FP8 with per-row scales and dequantises them in "
-        "the lookup; here every table stays FP32"
+        "warning: models[0].fp8_quant = true (model 'wdl'): accepted without effect: it applies "
+        'to static tables only (embedding_cache_type "static" or use_static_table, with '
+        "gpucache), as in HugeCTR, which quantises them to FP8 with per-row scales; this model "
+        'has none. "storage_precision" is this project\'s way to compress the tables of a '
+        "dynamic cache"
     )
     assert out.splitlines()[-1].startswith("ok: 1 model")
