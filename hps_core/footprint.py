@@ -44,8 +44,7 @@ from hps_core.cache.static_table import static_table_nbytes
 from hps_core.config import ModelConfig, PSConfig, TableConfig
 from hps_core.formats.sparse import inspect_sparse_table
 from hps_core.tiers.factory import tier_plan
-from hps_core.tiers.hash_layout import HashLayout
-from hps_core.tiers.host_table import held_rows
+from hps_core.tiers.host_table import held_rows, host_layout
 
 MIXED = "mixed"
 """A model's precision when its tables are stored in different precisions."""
@@ -208,8 +207,7 @@ def table_footprint(
     plan = tier_plan(config)
     dim = table.dim
     precision = table.storage
-    # host_layout's HashLayout, built here to size it in the table's precision.
-    layout = HashLayout(held_rows(rows, plan.host_fraction), dim, precision)
+    layout = host_layout(rows, dim, plan.host_fraction, precision)
     gpu_cache = gpu_cache_rows = gpu_static = 0
     static = model.static_tables
     if static:
