@@ -7,7 +7,9 @@
 //   STORAGE_FP8   dim E4M3fn codes, zero padding, float scale: e4m3(q) * scale
 // Every decoded value is bit for bit what RowFormat.decode gives: int8 rounds q * scale + bias
 // once from double (q * scale is exact there, so a contracted fma rounds the same), fp8
-// multiplies in float with __fmul_rn so that no caller's addition contracts into it.
+// multiplies in float without contraction. CuPy compiles every kernel with -ftz=true (it
+// cannot be turned off), which would flush subnormal scales, biases and results to zero; the
+// conversions and the fp8 product are therefore written as PTX without .ftz.
 //
 // hps_core/cuda/kernels.py puts this text in place of `#include "row_codec.cuh"`; STORAGE_FP32 ...
 // STORAGE_FP8 come from hps_core/cache/kernel_consts.py (shared_defines).
@@ -37,6 +39,24 @@ __device__ __forceinline__ float e4m3_to_float(const unsigned b) {
   return __int_as_float(__float_as_int(v) | sign);
 }
 
+__device__ __forceinline__ double f32_to_f64(const float x) {
+  double d;
+  asm("cvt.f64.f32 %0, %1;" : "=d"(d) : "f"(x));
+  return d;
+}
+
+__device__ __forceinline__ float f64_to_f32(const double x) {
+  float f;
+  asm("cvt.rn.f32.f64 %0, %1;" : "=f"(f) : "d"(x));
+  return f;
+}
+
+__device__ __forceinline__ float mul_keep_subnormals(const float a, const float b) {
+  float f;
+  asm("mul.rn.f32 %0, %1, %2;" : "=f"(f) : "f"(a), "f"(b));
+  return f;
+}
+
 template <int S>
 __device__ __forceinline__ RowScale row_scale(const unsigned* row, const int dim) {
   RowScale r;
@@ -53,9 +73,9 @@ __device__ __forceinline__ RowScale row_scale(const unsigned* row, const int dim
 template <int S>
 __device__ __forceinline__ float decode_code(const unsigned q, const RowScale r) {
   if (S == STORAGE_INT8) {
-    return (float)__dadd_rn(__dmul_rn((double)q, (double)r.scale), (double)r.bias);
+    return f64_to_f32(__dadd_rn(__dmul_rn((double)q, f32_to_f64(r.scale)), f32_to_f64(r.bias)));
   }
-  return __fmul_rn(e4m3_to_float(q), r.scale);  // STORAGE_FP8
+  return mul_keep_subnormals(e4m3_to_float(q), r.scale);  // STORAGE_FP8
 }
 
 // Value d of a row.
