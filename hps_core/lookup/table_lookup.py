@@ -549,9 +549,6 @@ class CachedTableLookup:
             # A static cache holds the whole file: a miss is a key the file lacks, which
             # online updates may have added (the overlay below the shared tier).
             values, found = self.host.lookup_lower(miss_keys)
-            fmt = self.cache.row_format
-            if not fmt.is_identity:  # answered as the quantised tiers would
-                values = fmt.decode_stored(fmt.encode_stored(values))
             resolved.fill = values
             resolved.unknown = misses - int(np.count_nonzero(found))
         elif self._static:

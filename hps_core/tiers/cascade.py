@@ -39,7 +39,10 @@ model has lower tiers, else the :class:`~hps_core.tiers.host_table.SharedHostTab
   the key) and a bool mask; counted in the cascade's counters like host-side lookups.
   ``lookup_lower_stored`` gives the same rows stored in the table's precision: the lower
   tiers hold FP32 rows (HugeCTR's layout, and the update overlay the vectors updates
-  brought), encoded here once, as the shared tier encoded its rows from the files.
+  brought), encoded here once, as the shared tier encoded its rows from the files. A table
+  stored compressed answers those rows quantised in ``lookup`` and ``lookup_lower`` too
+  (decoded from the same encoding), so that its answer for a key never depends on the tier
+  that held it, nor on whether a GPU cache held it.
 - ``table.tier_counters()``: a snapshot of the per-tier counters (:class:`TierCounters`).
 """
 
@@ -301,7 +304,7 @@ class TieredTable:
             ``(stored, found)``: ``row_format.stored_dtype`` ``[len(keys), row_words]`` (the
             default vector, encoded, where no lower tier holds the key) and a bool mask.
         """
-        values, found = self.lookup_lower(keys)
+        values, found = self._lookup_below(keys)
         if self.row_format.is_identity:
             return values, found
         return self.row_format.encode_stored(values), found
@@ -309,7 +312,9 @@ class TieredTable:
     def lookup_lower(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Vectors of ``keys`` from the tiers below the shared host tier only.
 
-        What the GPU pipeline calls for the keys its probe of the shared tier missed.
+        What the GPU pipeline calls for the keys its probe of the shared tier missed. For a
+        table stored compressed the rows are quantised as every tier of this process stores
+        them (:meth:`lookup_lower_stored`, decoded).
 
         Args:
             keys: int64 host keys, any order, duplicates allowed (looked up once each).
@@ -318,6 +323,15 @@ class TieredTable:
             ``(values, found)``: float32 ``[len(keys), dim]`` (the default vector where no
             lower tier holds the key) and a bool mask.
         """
+        values, found = self._lookup_below(keys)
+        fmt = self.row_format
+        if fmt.is_identity:
+            return values, found
+        return fmt.decode_stored(fmt.encode_stored(values)), found
+
+    def _lookup_below(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The FP32 rows the tiers below the shared one hold for ``keys`` (the work of
+        :meth:`lookup_lower`, before any quantisation), counted."""
         start = time.perf_counter()
         keys = np.ascontiguousarray(keys, dtype=np.int64).ravel()
         unique, inverse, counts = np.unique(keys, return_inverse=True, return_counts=True)

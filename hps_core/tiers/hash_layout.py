@@ -50,6 +50,9 @@ class HashLayout:
     dim: int
     precision: StoragePrecision = StoragePrecision.FP32
 
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "precision", StoragePrecision.parse(self.precision))
+
     @property
     def row_format(self) -> RowFormat:
         """Layout and codec of one stored row."""

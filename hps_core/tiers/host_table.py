@@ -129,6 +129,7 @@ def segment_name(
     ]
     if fraction < 1.0:
         parts.append(f"fraction={fraction!r}")
+    precision = StoragePrecision.parse(precision)
     if precision is not StoragePrecision.FP32:
         parts.append(f"precision={precision.value}")
     return hashlib.sha256("|".join(parts).encode()).hexdigest()[:32]
@@ -172,6 +173,7 @@ class SharedHostTable:
         precision: StoragePrecision = StoragePrecision.FP32,
     ) -> None:
         self.sparse_dir = model_path(sparse_dir)
+        precision = StoragePrecision.parse(precision)
         info = inspect_sparse_table(self.sparse_dir, dim)
         self.dim = dim
         self.table_rows = info.rows

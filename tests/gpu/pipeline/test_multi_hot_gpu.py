@@ -227,6 +227,9 @@ COMPRESSED = {
 }
 
 
+NEAR_FP32 = {"fp16": 2e-3, "int8": 2e-2, "fp8": 1e-1}  # bounds of the relative L2 change
+
+
 @pytest.mark.parametrize("kind", COMPRESSED)
 def test_compressed_tables_pool_their_quantised_rows(repo: Path, kind: str) -> None:
     """Tables stored in fp16, int8 or fp8: the GPU pipeline (rows decoded in the pooling
@@ -251,6 +254,7 @@ def test_compressed_tables_pool_their_quantised_rows(repo: Path, kind: str) -> N
         want = cpu.predict(parsed)
         for form in (parsed, hugectr.parse(*encode_hugectr(dense, keys)), on_gpu(parsed)):
             np.testing.assert_allclose(gpu.predict(form), want, rtol=1e-5, atol=1e-6)
-        # Quantisation moves the scores a little, not a lot (the accuracy benchmark measures
-        # how little).
-        np.testing.assert_allclose(want, fp32.predict(parsed), atol=0.05)
+        # Quantisation moves the scores a little, not a lot (benchmarks/storage_accuracy.py
+        # measures how little: relative L2 4e-4, 6e-3 and 4e-2 on this model).
+        exact = fp32.predict(parsed)
+        assert np.linalg.norm(want - exact) <= NEAR_FP32[precision] * np.linalg.norm(exact)

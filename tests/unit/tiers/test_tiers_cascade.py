@@ -15,11 +15,13 @@ from typing import Any
 
 import numpy as np
 import pytest
+from quant_reference import reference_decoded, reference_stored
 from tiers_testdata import make_keys, mixed_queries, one_model_ps, random_vectors
 
 from hps_core.config import PSConfig, parse_ps_config
 from hps_core.errors import ModelFileError, TierUnavailableError
 from hps_core.formats.sparse_writer import write_sparse_table
+from hps_core.quant import RowFormat
 from hps_core.tiers.backing import table_tag
 from hps_core.tiers.cascade import LowerTier, TierCounters, TieredTable
 from hps_core.tiers.factory import (
@@ -218,6 +220,41 @@ def test_only_missed_keys_go_below_once_each_and_the_highest_tier_answers(
     assert found.tolist() == [True] * 200 + [False] * 3
     c = table.tier_counters()
     assert (c.host_hits, c.redis_cluster_hits, c.rocks_db_hits, c.default_keys) == (100, 100, 0, 3)
+    table.close()
+
+
+@pytest.mark.parametrize("precision", ["fp16", "int8", "fp8"])
+def test_a_compressed_table_answers_lower_tier_rows_quantised(
+    tmp_path: Path, rng: np.random.Generator, precision: str
+) -> None:
+    """Redis and RocksDB hold FP32 rows; a table stored compressed answers them as its own
+    tiers store them (quantised once, by the reference quantiser's rule), whether asked
+    through lookup, lookup_lower or their stored forms, so that a key's answer never depends
+    on the tier that held it."""
+    dim = 8
+    fmt = RowFormat(precision, dim)
+    keys = make_keys(rng, 100, "wide")
+    from_files = random_vectors(rng, 100, dim)
+    write_sparse_table(tmp_path / "t0", keys, from_files, overwrite=True)
+    shared = SharedHostTable(tmp_path / "t0", dim, DEFAULT, fraction=0.5, precision=precision)
+    below = {int(k): (rng.standard_normal(dim) * 3).astype(np.float32) for k in keys}
+    table = TieredTable(shared, [LowerTier(DictStore("rocks_db", below), TAG)])
+    queries = np.concatenate([keys, [10**13]]).astype(np.int64)
+    in_shared = shared.find(keys) >= 0
+    want = np.full((len(queries), dim), DEFAULT, np.float32)
+    want[:-1][in_shared] = reference_decoded(fmt, from_files[in_shared])
+    rocks = np.stack([below[int(k)] for k in keys[~in_shared]])
+    want[:-1][~in_shared] = reference_decoded(fmt, rocks)
+    values, found = table.lookup(queries)
+    np.testing.assert_array_equal(values, want)
+    assert found.tolist() == [True] * 100 + [False]
+    stored, found = table.lookup_stored(queries)
+    np.testing.assert_array_equal(stored[:-1][~in_shared], reference_stored(fmt, rocks))
+    np.testing.assert_array_equal(fmt.decode_stored(stored[:-1]), want[:-1])
+    lower, _ = table.lookup_lower(keys[~in_shared])
+    np.testing.assert_array_equal(lower, reference_decoded(fmt, rocks))
+    lower_stored, _ = table.lookup_lower_stored(keys[~in_shared])
+    np.testing.assert_array_equal(lower_stored, reference_stored(fmt, rocks))
     table.close()
 
 
