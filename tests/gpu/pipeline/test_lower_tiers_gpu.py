@@ -32,6 +32,7 @@ from hps_core.demo import DEMO_MODELS  # noqa: E402
 from hps_core.hps import HPS  # noqa: E402
 from hps_core.infer import RankingSession  # noqa: E402
 from hps_core.infer.contracts import HugeCTRContract  # noqa: E402
+from hps_core.quant import RowFormat  # noqa: E402
 from hps_core.triton_repo import InstanceGroup, ServingOptions  # noqa: E402
 
 CACHES = {
@@ -55,7 +56,14 @@ def repo(tmp_path_factory: pytest.TempPathFactory):
 def tiered(repo: Path, name: str, cache: str, tmp: Path) -> Path:
     """The model's ps.json with 30% of each table in the host tier and all of it in RocksDB."""
     ps = json.loads((repo / name / "ps.json").read_text())
-    ps["models"][0].update(CACHES[cache], hit_rate_threshold=0.5)
+    model = ps["models"][0]
+    model.update(CACHES[cache], hit_rate_threshold=0.5)
+    if "storage_precision" in model:  # W&D's wide table (dim 1) is smaller in FP32
+        precision = model.pop("storage_precision")
+        model["storage_precision_per_table"] = [
+            precision if RowFormat(precision, dim).row_bytes < 4 * dim else "fp32"
+            for dim in model["embedding_vecsize_per_table"]
+        ]
     ps["volatile_db"] = {"type": "hash_map", "initial_cache_rate": 0.3}
     ps["persistent_db"] = {"type": "rocks_db", "path": str(tmp / "rocksdb")}
     path = repo / name / f"ps_lower_{cache}_{tmp.name}.json"
