@@ -37,12 +37,12 @@ model has lower tiers, else the :class:`~hps_core.tiers.host_table.SharedHostTab
 - ``table.lookup_lower(keys) -> (values, found)``: int64 host keys the shared tier lacks (any
   order, repeats allowed), float32 ``[n, dim]`` vectors (default where no lower tier holds
   the key) and a bool mask; counted in the cascade's counters like host-side lookups.
-  ``lookup_lower_stored`` gives the same rows stored in the table's precision: the lower
-  tiers hold FP32 rows (HugeCTR's layout, and the update overlay the vectors updates
-  brought), encoded here once, as the shared tier encoded its rows from the files. A table
-  stored compressed answers those rows quantised in ``lookup`` and ``lookup_lower`` too
-  (decoded from the same encoding), so that its answer for a key never depends on the tier
-  that held it, nor on whether a GPU cache held it.
+  ``lookup_lower_stored`` gives the same rows stored in the table's precision: Redis and
+  RocksDB hold FP32 rows (HugeCTR's layout), encoded here once, as the shared tier encoded
+  its rows from the files; the update overlay stores its rows encoded already and hands them
+  over as they are. A table stored compressed answers every lower tier's rows quantised in
+  ``lookup`` and ``lookup_lower`` too (decoded from those stored rows), so that its answer for
+  a key never depends on the tier that held it, nor on whether a GPU cache held it.
 - ``table.tier_counters()``: a snapshot of the per-tier counters (:class:`TierCounters`).
 """
 
@@ -304,10 +304,7 @@ class TieredTable:
             ``(stored, found)``: ``row_format.stored_dtype`` ``[len(keys), row_words]`` (the
             default vector, encoded, where no lower tier holds the key) and a bool mask.
         """
-        values, found = self._lookup_below(keys)
-        if self.row_format.is_identity:
-            return values, found
-        return self.row_format.encode_stored(values), found
+        return self._lookup_below(keys)
 
     def lookup_lower(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Vectors of ``keys`` from the tiers below the shared host tier only.
@@ -323,19 +320,26 @@ class TieredTable:
             ``(values, found)``: float32 ``[len(keys), dim]`` (the default vector where no
             lower tier holds the key) and a bool mask.
         """
-        values, found = self._lookup_below(keys)
+        stored, found = self._lookup_below(keys)
         fmt = self.row_format
         if fmt.is_identity:
-            return values, found
-        return fmt.decode_stored(fmt.encode_stored(values)), found
+            return stored, found
+        values = fmt.decode_stored(stored)
+        values[~found] = self.default_value  # exactly, not its encoding
+        return values, found
 
     def _lookup_below(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """The FP32 rows the tiers below the shared one hold for ``keys`` (the work of
-        :meth:`lookup_lower`, before any quantisation), counted."""
+        """The stored rows the tiers below the shared one hold for ``keys`` (FP32 tiers'
+        rows encoded here), the encoded default vector for the others, and the found mask;
+        counted. For an fp32 table: the rows themselves."""
         start = time.perf_counter()
+        fmt = self.row_format
         keys = np.ascontiguousarray(keys, dtype=np.int64).ravel()
         unique, inverse, counts = np.unique(keys, return_inverse=True, return_counts=True)
-        values = np.full((len(unique), self.dim), self.default_value, np.float32)
+        default = np.full((1, self.dim), self.default_value, np.float32)
+        if not fmt.is_identity:
+            default = fmt.encode_stored(default)
+        values = np.repeat(default, len(unique), axis=0)
         found = np.zeros(len(unique), dtype=bool)
         remaining = np.arange(len(unique))
         hits: dict[str, int] = {}
@@ -347,7 +351,16 @@ class TieredTable:
             asked = unique[remaining]
             before = tier.store.errors
             try:
-                got, got_found = tier.store.lookup(tier.table, asked, self.dim, self.default_value)
+                if fmt.is_identity:
+                    got, got_found = tier.store.lookup(
+                        tier.table, asked, self.dim, self.default_value
+                    )
+                elif kind == "overlay":  # stores its rows encoded already
+                    got, got_found = tier.store.lookup_stored(tier.table, asked, self.dim)
+                else:
+                    floats, got_found = tier.store.lookup(
+                        tier.table, asked, self.dim, self.default_value
+                    )
             except Exception as exc:  # any failure of a tier: its keys fall through
                 got_found = None
                 self._log_error(kind, exc)
@@ -356,12 +369,20 @@ class TieredTable:
             errors[kind] = errors.get(kind, 0) + failed
             if got_found is None or not got_found.any():
                 continue
+            if not fmt.is_identity and kind != "overlay":
+                # Redis and RocksDB keep FP32 rows: write those up, store them encoded.
+                if i in self._elevate_to:
+                    self._elevate(
+                        self.lower[self._elevate_to[i]], asked[got_found], floats[got_found]
+                    )
+                got = np.zeros((len(asked), fmt.row_words), fmt.stored_dtype)
+                got[got_found] = fmt.encode_stored(floats[got_found])
+            elif i in self._elevate_to:
+                self._elevate(self.lower[self._elevate_to[i]], asked[got_found], got[got_found])
             rows = remaining[got_found]
             values[rows] = got[got_found]
             found[rows] = True
             hits[kind] = hits.get(kind, 0) + int(counts[rows].sum())
-            if i in self._elevate_to:
-                self._elevate(self.lower[self._elevate_to[i]], asked[got_found], got[got_found])
             remaining = remaining[~got_found]
         with self._lock:
             c = self.counters

@@ -251,6 +251,7 @@ def open_table_tiers(
             policy=volatile.overflow_policy,
             target=volatile.overflow_resolution_target,
             partitions=volatile.resolved_num_partitions,
+            precision=table.storage,
         )
         lower.append(LowerTier(overlay, tag))
     try:

@@ -10,6 +10,11 @@ tier first below the shared one, so that the host path and the GPU pipeline (thr
 The overlay is per process and starts empty: what it held is rebuilt by replaying the update
 stream (see :mod:`hps_core.updates.apply`).
 
+A table stored compressed (``row_format``, :mod:`hps_core.quant`) keeps its overlay rows
+compressed too: an update's FP32 vectors are encoded once when inserted, :meth:`OverlayStore.lookup`
+answers them decoded and :meth:`OverlayStore.lookup_stored` hands out the stored rows (what the
+GPU caches take, never re-encoded from decoded values).
+
 Bounds: as HugeCTR's host hash map (``HugeCTR/src/hps/hash_map_backend.cpp``), a table is
 split into ``partitions`` by HugeCTR's key hash
 (:func:`~hps_core.hashing.partition_of`), and ``margin`` bounds each partition, so
@@ -60,6 +65,7 @@ import numpy as np
 from hps_core.config import OverflowPolicy
 from hps_core.errors import RequestError
 from hps_core.hashing import partition_of
+from hps_core.quant import RowFormat, StoragePrecision
 from hps_core.tiers.backing import copy_sparse_folder
 
 _INITIAL_ROWS = 1024
@@ -82,8 +88,9 @@ class _Table:
     before fresh ones; ``used`` rows of the arrays have ever held a key.
     """
 
-    def __init__(self, dim: int, partitions: int, limit: int | None) -> None:
-        self.dim = dim
+    def __init__(self, fmt: RowFormat, partitions: int, limit: int | None) -> None:
+        self.fmt = fmt
+        self.dim = fmt.dim
         self.limit = limit
         self.index: dict[int, int] = {}
         self.free: list[int] = []
@@ -93,7 +100,7 @@ class _Table:
         self._allocate(_INITIAL_ROWS if limit is None else max(1, min(_INITIAL_ROWS, limit)))
 
     def _allocate(self, capacity: int) -> None:
-        self.values = np.empty((capacity, self.dim), np.float32)
+        self.values = np.empty((capacity, self.fmt.row_words), self.fmt.stored_dtype)
         self.keys = np.zeros(capacity, np.int64)
         self.part = np.full(capacity, _FREE, np.int32)
         self.stamp = np.zeros(capacity, np.int64)
@@ -137,6 +144,8 @@ class OverlayStore:
             (``volatile_db.overflow_resolution_target``).
         partitions: partitions of each table (``volatile_db.num_partitions``, resolved).
         seed: seed of the ``evict_random`` draws (``None``: fresh entropy).
+        precision: how the rows of its tables are stored (each table's width comes with its
+            first insert).
 
     Raises:
         ValueError: ``margin`` or ``partitions`` below 1, or ``target`` outside (0, 1].
@@ -152,6 +161,7 @@ class OverlayStore:
         target: float = 0.8,
         partitions: int = 1,
         seed: int | None = None,
+        precision: StoragePrecision = StoragePrecision.FP32,
     ) -> None:
         if margin is not None and margin < 1:
             raise ValueError(f"overlay: overflow_margin must be at least 1, got {margin}")
@@ -160,6 +170,7 @@ class OverlayStore:
         if not 0.0 < target <= 1.0:
             raise ValueError(f"overlay: overflow_resolution_target must be in (0, 1], got {target}")
         self.margin = margin
+        self.precision = StoragePrecision.parse(precision)
         self.policy = OverflowPolicy(policy)
         self.partitions = partitions
         # HugeCTR's resolution margin: margin * target, rounded half up.
@@ -215,7 +226,7 @@ class OverlayStore:
         Args:
             table: the table's tag.
             keys: int64 ``[n]``.
-            vectors: float32 ``[n, dim]``.
+            vectors: float32 ``[n, dim]``, encoded here in the store's precision.
 
         Raises:
             RequestError: the shapes disagree, or ``dim`` differs from the table's.
@@ -226,14 +237,40 @@ class OverlayStore:
             raise RequestError(
                 f"overlay {table}: {len(keys)} keys but vectors of shape {vectors.shape}"
             )
+        fmt = RowFormat(self.precision, vectors.shape[1])
+        self._insert(table, keys, vectors if fmt.is_identity else fmt.encode_stored(vectors), fmt)
+
+    def insert_stored(self, table: str, keys: np.ndarray, stored: np.ndarray, dim: int) -> None:
+        """:meth:`insert` of rows already stored in the store's precision (what
+        :meth:`lookup_stored` gave: an undo puts them back byte for byte).
+
+        Args:
+            table: the table's tag.
+            keys: int64 ``[n]``.
+            stored: ``[n, row_words]`` stored rows (float32 ``[n, dim]`` for fp32).
+            dim: the table's width.
+
+        Raises:
+            RequestError: the shapes disagree with the table's.
+        """
+        keys = np.ascontiguousarray(keys, dtype=np.int64).ravel()
+        fmt = RowFormat(self.precision, dim)
+        stored = np.asarray(stored, dtype=fmt.stored_dtype)
+        if stored.shape != (len(keys), fmt.row_words):
+            raise RequestError(
+                f"overlay {table}: {len(keys)} keys but stored rows of shape {stored.shape}"
+            )
+        self._insert(table, keys, stored, fmt)
+
+    def _insert(self, table: str, keys: np.ndarray, stored: np.ndarray, fmt: RowFormat) -> None:
         with self._lock:
             held = self._tables.get(table)
             if held is None:
                 limit = None if self.margin is None else self.margin * self.partitions
-                held = _Table(vectors.shape[1], self.partitions, limit)
-            if held.dim != vectors.shape[1]:
+                held = _Table(fmt, self.partitions, limit)
+            if held.dim != fmt.dim:
                 raise RequestError(
-                    f"overlay {table}: rows of {vectors.shape[1]} floats, the table has {held.dim}"
+                    f"overlay {table}: rows of {fmt.dim} floats, the table has {held.dim}"
                 )
             # Plan every row before writing any, so an insert is applied whole. New keys
             # (once each) take free rows first, then fresh ones.
@@ -258,7 +295,7 @@ class OverlayStore:
             # Writes (none can fail).
             del held.free[len(held.free) - reused :]
             held.used += fresh
-            held.values[rows] = vectors  # repeated rows: NumPy keeps the last assignment
+            held.values[rows] = stored  # repeated rows: NumPy keeps the last assignment
             held.keys[new_rows] = new_keys
             held.part[new_rows] = new_parts
             held.sizes += np.bincount(new_parts, minlength=self.partitions)
@@ -337,20 +374,53 @@ class OverlayStore:
         Returns:
             ``(values, found)``.
         """
+        values = np.full((len(np.ravel(keys)), dim), default, np.float32)
+        stored, found = self._lookup(table, keys, dim, count)
+        if found.any():
+            fmt = RowFormat(self.precision, dim)
+            hits = stored[found]
+            values[found] = hits if fmt.is_identity else fmt.decode_stored(hits)
+        return values, found
+
+    def lookup_stored(
+        self, table: str, keys: np.ndarray, dim: int, *, count: bool = True
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """The stored rows of ``keys`` (as :meth:`lookup`, undecoded).
+
+        Args:
+            table: the table's tag.
+            keys: int64 keys, any order, repeats allowed.
+            dim: the table's width.
+            count: as for :meth:`lookup`.
+
+        Returns:
+            ``(stored, found)``: ``[n, row_words]`` rows in the store's precision (float32
+            ``[n, dim]`` for fp32; zero where missing) and the bool found mask.
+        """
+        return self._lookup(table, keys, dim, count)
+
+    def _lookup(
+        self, table: str, keys: np.ndarray, dim: int, count: bool
+    ) -> tuple[np.ndarray, np.ndarray]:
         keys = np.ascontiguousarray(keys, dtype=np.int64).ravel()
-        values = np.full((len(keys), dim), default, np.float32)
+        fmt = RowFormat(self.precision, dim)
+        stored = np.zeros((len(keys), fmt.row_words), fmt.stored_dtype)
         with self._lock:
             held = self._tables.get(table)
             if held is None or not held.index or not len(keys):
-                return values, np.zeros(len(keys), bool)
+                return stored, np.zeros(len(keys), bool)
+            if held.dim != dim:
+                raise RequestError(
+                    f"overlay {table}: asked for dim {dim}, the table has {held.dim}"
+                )
             rows = _rows_of(held.index, keys)
             found = rows >= 0
             if found.any():
                 hits = rows[found]
-                values[found] = held.values[hits, :dim]
+                stored[found] = held.values[hits]
                 if count and self.margin is not None:
                     self._count_hits(held, hits)
-        return values, found
+        return stored, found
 
     def _count_hits(self, held: _Table, hits: np.ndarray) -> None:
         if self.policy is OverflowPolicy.EVICT_LEAST_USED:

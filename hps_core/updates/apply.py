@@ -247,7 +247,9 @@ class ModelUpdater:
         new_keys, new_vectors = keys[new], vectors[new]
         # What the writes replace, for the undo.
         old_shared = shared.read_stored(held_rows)  # restored byte for byte
-        old_overlay, in_overlay = overlay.store.lookup(overlay.table, new_keys, dim, count=False)
+        old_overlay, in_overlay = overlay.store.lookup_stored(
+            overlay.table, new_keys, dim, count=False
+        )
         # A step is marked before it runs: one that fails may have written part of its rows,
         # and undoing a step that wrote nothing is harmless.
         done: list[str] = []
@@ -272,7 +274,9 @@ class ModelUpdater:
                 shared.write_stored(held_rows, old_shared)
             if "overlay" in done:
                 overlay.store.remove(overlay.table, new_keys[~in_overlay])
-                overlay.store.insert(overlay.table, new_keys[in_overlay], old_overlay[in_overlay])
+                overlay.store.insert_stored(
+                    overlay.table, new_keys[in_overlay], old_overlay[in_overlay], dim
+                )
             if "cache" in done:
                 self._restore_cache(target, keys)
             raise
@@ -287,22 +291,18 @@ class ModelUpdater:
         # The cache update may have run before the failure: put the tiers' (restored) rows back.
         try:
             stored, found = target.host.lookup_stored(keys)
-            self.lookup.update_cached_rows(
-                target.table_id, keys[found], stored[found], stored=True
-            )
+            self.lookup.update_cached_rows(target.table_id, keys[found], stored[found], stored=True)
         except Exception as exc:  # the cache is broken; the settling pass tries again
             logger.error("%s: cached rows not restored after a failed update: %s", target, exc)
 
     def _current(self, target: _Target, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """The keys' rows as the shared tier and the overlay hold them now (no counters),
-        stored in the table's precision: the shared tier's own bytes, the overlay's FP32
-        vectors quantised as every tier quantises them."""
+        stored in the table's precision (both tiers' own bytes)."""
         shared, overlay = target.host.shared, target.overlay
         rows = shared.find(keys) if shared.rows else np.full(len(keys), -1, np.int64)
         held = rows >= 0
-        values, found = overlay.store.lookup(overlay.table, keys, target.host.dim, count=False)
-        if not shared.row_format.is_identity:
-            values = shared.row_format.encode_stored(values)
+        dim = target.host.dim
+        values, found = overlay.store.lookup_stored(overlay.table, keys, dim, count=False)
         values[held] = shared.read_stored(rows[held])
         return values, found | held
 

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from quant_reference import reference_decoded, reference_stored
 from updates_testlib import make_consumer, rows
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "cache"))
@@ -22,6 +23,7 @@ from hps_core.cache import make_cache, num_sets_for
 from hps_core.config import PSConfig, parse_ps_config
 from hps_core.formats.sparse_writer import write_sparse_table
 from hps_core.lookup import CachedTableLookup, ModelLookup
+from hps_core.quant import RowFormat
 from hps_core.tiers.backing import table_tag
 from hps_core.tiers.cascade import TieredTable
 from hps_core.tiers.host_table import SharedHostTable
@@ -33,7 +35,9 @@ pytestmark = pytest.mark.timeout(120)
 ROWS, DIM, DEFAULT = 2000, 8, -0.5
 
 
-def updated_config(root: Path, brokers: str = "127.0.0.1:9", model: str = "m") -> PSConfig:
+def updated_config(
+    root: Path, brokers: str = "127.0.0.1:9", model: str = "m", storage: str = "fp32"
+) -> PSConfig:
     """A one-table ps.json (whole shared tier) with a Kafka update source."""
     keys, vectors = rows(ROWS, DIM, seed=3)
     write_sparse_table(root / "t0", keys, vectors)
@@ -54,6 +58,7 @@ def updated_config(root: Path, brokers: str = "127.0.0.1:9", model: str = "m") -
                 "default_value_for_each_table": [DEFAULT],
                 "maxnum_catfeature_query_per_table_per_sample": [4],
                 "embedding_vecsize_per_table": [DIM],
+                "storage_precision": storage,
             }
         ],
     }
@@ -326,4 +331,57 @@ def test_without_replay_a_restart_resumes_from_the_committed_offsets(
         assert session.lookup(0, more).tolist() == [[2.0] * DIM] * len(more)
     finally:
         updates.stop()
+        session.close()
+
+
+@pytest.mark.parametrize("storage", ["fp16", "int8", "fp8"])
+def test_a_compressed_table_answers_its_updates_quantised_and_undoes_them_exactly(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, storage: str
+) -> None:
+    """Updates of a table stored compressed are quantised once, by the reference quantiser's
+    rule, in the shared tier (existing keys) and the overlay (new keys), which stores them
+    compressed; a failed message is undone byte for byte."""
+    cfg = updated_config(tmp_path, storage=storage)
+    session = ModelLookup(cfg, cfg.models[0])
+    fmt = RowFormat(storage, DIM)
+    try:
+        reference = file_rows()
+        known = np.array(list(reference), np.int64)
+        updater = ModelUpdater(session, settle_s=0)
+        rng = np.random.default_rng(12)
+        for _ in range(5):
+            keys = np.concatenate([rng.choice(known, 50), rng.integers(1, 5000, 25) * 2 + 1])
+            keys = np.unique(keys.astype(np.int64))  # one row per key: no repeat to resolve
+            vectors = (rng.standard_normal((len(keys), DIM)) * 4).astype(np.float32)
+            updater.apply(TAG, keys, vectors)
+            reference.update(zip(keys.tolist(), vectors, strict=True))
+        everything = np.array(list(reference), np.int64)
+        want = reference_decoded(fmt, np.stack([reference[k] for k in everything.tolist()]))
+        np.testing.assert_array_equal(session.lookup(0, everything), want)
+        host = session.table(0).host
+        overlay = host.lower_store("overlay").store
+        new = everything[host.shared.find(everything) < 0]
+        stored, found = overlay.lookup_stored(TAG, new, DIM)
+        assert found.all() and stored.dtype == fmt.stored_dtype
+        np.testing.assert_array_equal(
+            stored, reference_stored(fmt, np.stack([reference[k] for k in new.tolist()]))
+        )
+        np.testing.assert_array_equal(
+            host.lookup_stored(everything)[0],
+            reference_stored(fmt, np.stack([reference[k] for k in everything.tolist()])),
+        )
+        # A message failing after the overlay wrote its rows is undone byte for byte.
+        before = host.lookup_stored(everything)[0]
+        real_insert = overlay.insert
+
+        def insert_then_fail(table, keys, vectors):
+            real_insert(table, keys, vectors)
+            raise OSError("overlay failed after writing (test)")
+
+        monkeypatch.setattr(overlay, "insert", insert_then_fail)
+        message = np.concatenate([everything[:20], [10**9 + 1]]).astype(np.int64)
+        with pytest.raises(UpdateApplyError, match="undone"):
+            updater.apply(TAG, message, np.full((len(message), DIM), 9.0, np.float32))
+        np.testing.assert_array_equal(host.lookup_stored(everything)[0], before)
+    finally:
         session.close()
