@@ -75,7 +75,8 @@ def new_bucket(
     lower: bool,
 ) -> Bucket:
     """A bucket of ``size`` samples, its buffers zeroed (no samples, empty bags: what its
-    graphs are recorded with), on the current device.
+    graphs are recorded with), on the current device; the zeroing is queued on the current
+    stream, so make that the stream the bucket's uploads go to.
 
     Args:
         size: samples (a power of two).

@@ -187,6 +187,9 @@ class GpuRankingPipeline:
                 self._slot_table_d = cupy.asarray(self.placement.slot_table)
                 self._slot_local_d = cupy.asarray(self.placement.slot_local)
                 self._key_table_d = cupy.asarray(self.placement.key_table)
+                # Those fills and copies ran on the caller's stream, which the pipeline's
+                # non-blocking streams do not wait for: finish them before the first lookup.
+                cupy.cuda.get_current_stream().synchronize()
             self._bank = bank
         return self._bank
 
@@ -541,9 +544,14 @@ class GpuRankingPipeline:
         bucket = buckets.get(size)
         if bucket is None:
             started = time.perf_counter()
-            bucket = new_bucket(
-                size, self.layout, self.placement, self._concat, self._tops, self._lower
-            )
+            # Its buffers are zeroed on the main stream, before the uploads into them: on the
+            # caller's stream (the legacy default one, which the pipeline's non-blocking
+            # streams do not wait for) an eager first batch could have its inputs zeroed
+            # after they were copied (graphs synchronise first, eager launches do not).
+            with self._stream:
+                bucket = new_bucket(
+                    size, self.layout, self.placement, self._concat, self._tops, self._lower
+                )
             buckets[size] = bucket
             if self.graphs:
                 self._record(bucket)
