@@ -6,7 +6,9 @@ evicts. Here the table uses the host tier's layout (:mod:`hps_core.tiers.hash_la
 mixed keys sorted, a bucket directory on their top bits, and the rows in the same order, so
 a lookup reads a bucket of 2-4 hashes and then the row. Any int64 key is served (no reserved
 value). On CuPy a query is one kernel (probe and row copy, ``static_query``); on NumPy it is
-:func:`~hps_core.tiers.hash_layout.find_rows`, the same function.
+:func:`~hps_core.tiers.hash_layout.find_rows`, the same function. The rows are kept as the
+table stores them (:mod:`hps_core.quant`: FP32, or FP16/int8/FP8 as HugeCTR's ``fp8_quant``
+keeps its static tables) and decoded in the query.
 """
 
 from __future__ import annotations
