@@ -7,7 +7,10 @@ times looking up the same random keys (all present) with:
   gather into a new [n, dim] array);
 - ``shared+out``: the same, gathering into a reused output array, as a server does;
 - ``dict-vector``: a dict key -> row vector, ``np.stack([d[k] for k in keys])``;
-- ``dict-index``: a dict key -> row number, then one NumPy gather (a stronger baseline).
+- ``dict-index``: a dict key -> row number, then one NumPy gather (a stronger baseline);
+- ``shared-<precision>`` for each of ``--storage`` (``fp16``, ``int8``, ``fp8``): the shared
+  table stored compressed, gathering and decoding into a reused output array (checked equal to
+  the FP32 rows quantised once).
 
 Each method runs ``--repeats`` times; the table reports the median. Also reported: the shared
 table's size against the sparse files' size, and its build time.
@@ -32,6 +35,7 @@ from pathlib import Path
 import numpy as np
 
 from hps_core.formats.sparse_writer import SparseTableWriter
+from hps_core.quant import RowFormat
 from hps_core.tiers.host_table import SharedHostTable
 
 
@@ -75,7 +79,13 @@ def _dict_baselines(
 
 
 def bench_table(
-    rows: int, dim: int, num_keys: int, repeats: int, workdir: Path, rng: np.random.Generator
+    rows: int,
+    dim: int,
+    num_keys: int,
+    repeats: int,
+    workdir: Path,
+    rng: np.random.Generator,
+    storages: tuple[str, ...] = (),
 ) -> list[dict[str, object]]:
     """Measure one table shape; returns one result row per method."""
     folder = workdir / f"table_{rows}x{dim}"
@@ -99,6 +109,15 @@ def bench_table(
     # Every method must return the same vectors, or the timing means nothing.
     for out in (reuse_out, *outputs):
         np.testing.assert_array_equal(shared_out, out)
+    sizes = {name: table.nbytes for name, _ in results}
+    for storage in storages:
+        fmt = RowFormat(storage, dim)
+        compressed = SharedHostTable(folder, dim, precision=storage)
+        times, got = _time(lambda t=compressed: t.lookup(queries, out=buffer)[0], repeats)
+        np.testing.assert_array_equal(got, fmt.decode_stored(fmt.encode_stored(shared_out)))
+        results.append((f"shared-{storage}", times))
+        sizes[f"shared-{storage}"] = compressed.nbytes
+        compressed.close()
 
     medians = {name: statistics.median(t) for name, t in results}
     out_bytes = num_keys * dim * 4
@@ -117,7 +136,7 @@ def bench_table(
                 "gb_per_s": round(out_bytes / med / 1e9, 3),
                 "speedup_vs_dict_vector": round(medians["dict-vector"] / med, 1),
                 "speedup_vs_dict_index": round(medians["dict-index"] / med, 1),
-                "shared_bytes_over_file_bytes": round(table.nbytes / file_bytes, 3),
+                "shared_bytes_over_file_bytes": round(sizes[name] / file_bytes, 3),
                 "build_s": round(build_s, 2),
             }
         )
@@ -145,7 +164,11 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--out", default="bench_results", help="folder for the CSV and plot")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--storage", default="fp16,int8,fp8", help="compressed precisions to time too ('' none)"
+    )
     args = parser.parse_args()
+    storages = tuple(s for s in args.storage.split(",") if s)
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -155,7 +178,7 @@ def main() -> None:
         os.environ["HPS_SHM_DIR"] = str(Path(tmp) / "shm")  # keep /dev/shm out of it
         for spec in args.tables.split(","):
             rows, dim = (int(x) for x in spec.lower().split("x"))
-            results += bench_table(rows, dim, args.keys, args.repeats, Path(tmp), rng)
+            results += bench_table(rows, dim, args.keys, args.repeats, Path(tmp), rng, storages)
     print(
         f"host: {platform.node()} ({os.cpu_count()} cores), numpy {np.__version__}, "
         f"{args.keys} random keys per lookup (all present), median of {args.repeats}"
@@ -176,9 +199,9 @@ def _plot(results: list[dict[str, object]], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     tables = sorted({str(r["table"]) for r in results}, key=str)
-    methods = ["shared", "shared+out", "dict-index", "dict-vector"]
+    methods = list(dict.fromkeys(str(r["method"]) for r in results))
     fig, ax = plt.subplots(figsize=(7, 4))
-    width = 0.2
+    width = 0.8 / len(methods)
     for i, method in enumerate(methods):
         values = [
             next(
@@ -189,7 +212,7 @@ def _plot(results: list[dict[str, object]], path: Path) -> None:
             for t in tables
         ]
         ax.bar(np.arange(len(tables)) + i * width, values, width, label=method)
-    ax.set_xticks(np.arange(len(tables)) + 1.5 * width, tables)
+    ax.set_xticks(np.arange(len(tables)) + (len(methods) - 1) / 2 * width, tables)
     ax.set_ylabel("million keys / s")
     ax.set_title("host-tier lookup, 1 thread")
     ax.legend()
