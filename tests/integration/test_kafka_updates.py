@@ -8,7 +8,12 @@ overlay is rebuilt by the replay); the update counters reach the metrics endpoin
 On GPU instances (where CUDA is usable) each server's GPU cache holds the whole table once
 the first requests have run; after the update, both answer the changed rows from their GPU
 caches (the cache-hit counters rise by every key asked, the miss counters not at all):
-updates reach the GPU caches, which HugeCTR's never do."""
+updates reach the GPU caches, which HugeCTR's never do.
+
+With the table stored in int8 (``storage_precision``) every answer is the reference
+quantiser's row of the published FP32 vector (tests/quant_reference.py): in the shared tier
+rewritten in place, in each server's overlay (rebuilt compressed by the replay) and in the GPU
+caches alike."""
 
 from __future__ import annotations
 
@@ -22,9 +27,11 @@ import pytest
 import tritonclient.http as httpclient
 from instance_kinds import INSTANCE_KINDS
 from kafka_broker import FAST_GROUP_OPTIONS, kafka_broker
+from quant_reference import reference_decoded
 
 from hps_core.cli.main import main as hps_main
 from hps_core.formats.sparse_writer import write_sparse_table
+from hps_core.quant import RowFormat
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
@@ -41,9 +48,11 @@ def broker():
     yield from kafka_broker()
 
 
-def _repository(root: Path, data: Path, brokers: str, kind: str) -> Path:
+def _repository(root: Path, data: Path, brokers: str, kind: str, storage: str, table: str) -> Path:
     """A repository of its own (own ps.json: own consumer group) over the shared files; on
-    GPU instances a GPU cache for the whole table, filled by the first lookups."""
+    GPU instances a GPU cache for the whole table, filled by the first lookups. The table's
+    name (and so its topic, ``hps_et.<model>.<table>``) is the test case's own: a server
+    replays its topic from the start, and must not meet another case's updates there."""
     root.mkdir(parents=True)
     ps = {
         "supportlonglong": True,
@@ -57,7 +66,7 @@ def _repository(root: Path, data: Path, brokers: str, kind: str) -> Path:
             {
                 "model": MODEL,
                 "sparse_files": [str(data)],
-                "embedding_table_names": ["t0"],
+                "embedding_table_names": [table],
                 "embedding_vecsize_per_table": [DIM],
                 "default_value_for_each_table": [DEFAULT],
                 "maxnum_catfeature_query_per_table_per_sample": [MAX_QUERY],
@@ -65,6 +74,7 @@ def _repository(root: Path, data: Path, brokers: str, kind: str) -> Path:
                 "deployed_device_list": [0],
                 "gpucacheper": 1.0,
                 "hit_rate_threshold": 2.0,  # above 1: misses inserted before the answer
+                "storage_precision": storage,
             }
         ],
     }
@@ -93,6 +103,12 @@ def _infer(server, keys: np.ndarray) -> np.ndarray:
     return client.infer(MODEL, inputs).as_numpy("OUTPUT0")[0].reshape(len(keys), DIM)
 
 
+def _quantised(reference: dict[int, np.ndarray], storage: str) -> dict[int, np.ndarray]:
+    """What a table stored in ``storage`` answers for rows holding ``reference``."""
+    rows = reference_decoded(RowFormat(storage, DIM), np.stack(list(reference.values())))
+    return dict(zip(reference, rows, strict=True))
+
+
 def _answers(server, reference: dict[int, np.ndarray], keys: np.ndarray) -> bool:
     want = np.stack([reference.get(k, np.full(DIM, DEFAULT, np.float32)) for k in keys.tolist()])
     got = np.concatenate(
@@ -112,8 +128,8 @@ def _wait_for(servers, reference, keys) -> float:
     return time.monotonic() - start
 
 
-def _publish(broker: str, old: Path, new: Path) -> None:
-    args = ["publish", "--brokers", broker, "--model", MODEL, "--table", "t0", "--linger-ms", "5"]
+def _publish(broker: str, table: str, old: Path, new: Path) -> None:
+    args = ["publish", "--brokers", broker, "--model", MODEL, "--table", table, "--linger-ms", "5"]
     assert hps_main([*args, "--changed", str(old), str(new)]) == 0
 
 
@@ -134,22 +150,25 @@ def _cache_counts(server, key: np.ndarray) -> np.ndarray:
     )
 
 
+@pytest.mark.parametrize("storage", ["fp32", "int8"])
 @pytest.mark.parametrize("kind", INSTANCE_KINDS)
 def test_two_servers_serve_published_updates_and_resume_after_a_restart(
-    broker: str, tmp_path: Path, triton_server, kind: str
+    broker: str, tmp_path: Path, triton_server, kind: str, storage: str
 ) -> None:
     rng = np.random.default_rng(23)
     keys = rng.choice(np.arange(-(10**12), 10**12, 7919), ROWS, replace=False).astype(np.int64)
     vectors = rng.standard_normal((ROWS, DIM)).astype(np.float32)
     write_sparse_table(tmp_path / "data" / "t0", keys, vectors)
     reference = dict(zip(keys.tolist(), vectors, strict=True))
+    table = f"t0_{kind.lower()}_{storage}"
     repos = [
-        _repository(tmp_path / f"server{i}", tmp_path / "data" / "t0", broker, kind) for i in (0, 1)
+        _repository(tmp_path / f"server{i}", tmp_path / "data" / "t0", broker, kind, storage, table)
+        for i in (0, 1)
     ]
     servers = [triton_server(repo, startup_timeout_s=180) for repo in repos]
     probe = np.concatenate([keys[:300], np.arange(1, 601, 2, dtype=np.int64)])
-    for server in servers:
-        assert _answers(server, reference, probe)  # the files; new keys get the default
+    for server in servers:  # the files; new keys get the default
+        assert _answers(server, _quantised(reference, storage), probe)
 
     # Update 1: 200 changed rows and 300 new keys (odd numbers, never multiples of 7919).
     new_keys = np.arange(1, 601, 2, dtype=np.int64)
@@ -161,14 +180,15 @@ def test_two_servers_serve_published_updates_and_resume_after_a_restart(
         np.array(list(after1), np.int64),
         np.stack(list(after1.values())).astype(np.float32),
     )
-    _publish(broker, tmp_path / "data" / "t0", tmp_path / "v1")
-    delay = _wait_for(servers, after1, probe)
+    _publish(broker, table, tmp_path / "data" / "t0", tmp_path / "v1")
+    served1 = _quantised(after1, storage)
+    delay = _wait_for(servers, served1, probe)
     assert delay < VISIBLE_WITHIN_S
     if kind == "KIND_GPU":  # the changed rows come from each server's GPU cache
         existing = keys[:300]  # 200 changed, 100 not; all cached by the probes above
         for server in servers:
             before = _cache_counts(server, keys[:1])
-            assert _answers(server, after1, existing)
+            assert _answers(server, served1, existing)
             hits, misses = _cache_counts(server, keys[:1]) - before
             assert (hits, misses) == (len(existing) + 1, 0)
 
@@ -182,13 +202,14 @@ def test_two_servers_serve_published_updates_and_resume_after_a_restart(
         np.array(list(after2), np.int64),
         np.stack(list(after2.values())).astype(np.float32),
     )
-    _publish(broker, tmp_path / "v1", tmp_path / "v2")
+    _publish(broker, table, tmp_path / "v1", tmp_path / "v2")
     restarted = triton_server(repos[1], startup_timeout_s=180)
     everything = np.concatenate([probe, more_new])
-    _wait_for([servers[0], restarted], after2, everything)
+    served2 = _quantised(after2, storage)
+    _wait_for([servers[0], restarted], served2, everything)
     time.sleep(1.0)  # counters are published at most twice a second, after an execute
     for server in (servers[0], restarted):
-        assert _answers(server, after2, everything)  # an execute publishes the counters
+        assert _answers(server, served2, everything)  # an execute publishes the counters
     assert _metric(servers[0], "hps_update_keys_total") >= len(changed) + 300
     assert _metric(servers[0], "hps_update_errors_total") == 0
     assert _metric(restarted, "hps_update_messages_total") >= 2  # replayed update 1 too
