@@ -249,24 +249,7 @@ class TieredTable:
         Raises:
             TypeError: the keys are not int64.
         """
-        keys = np.asarray(keys)
-        if keys.dtype != np.int64:
-            raise TypeError(f"keys must be int64, got {keys.dtype}")
-        keys = keys.ravel()
-        if self.shared.rows:
-            values, found = self.shared.lookup(keys, out)
-            host_hits = int(np.count_nonzero(found))
-        else:  # the volatile level is Redis: nothing to probe here
-            values = np.empty((len(keys), self.dim), np.float32) if out is None else out
-            found = np.zeros(len(keys), dtype=bool)
-            host_hits = 0
-        if host_hits:
-            with self._lock:
-                self.counters.host_hits += host_hits
-        if host_hits < len(keys):
-            miss = np.flatnonzero(~found)
-            values[miss], found[miss] = self.lookup_lower(keys[miss])
-        return values, found
+        return self._cascade(keys, stored=False, out=out)
 
     def lookup_stored(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """:meth:`lookup`, the rows stored in the table's precision (what its GPU caches hold).
@@ -278,21 +261,37 @@ class TieredTable:
             ``(stored, found)``: ``row_format.stored_dtype`` ``[len(keys), row_words]`` and
             a bool mask of the keys some tier holds.
         """
-        if self.row_format.is_identity:
-            return self.lookup(keys)
+        return self._cascade(keys, stored=True)
+
+    def _cascade(
+        self, keys: np.ndarray, stored: bool, out: np.ndarray | None = None
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """The shared tier, then the tiers below for the keys it lacks: float32 vectors, or
+        with ``stored`` the rows as the table stores them."""
         keys = np.asarray(keys)
         if keys.dtype != np.int64:
             raise TypeError(f"keys must be int64, got {keys.dtype}")
         keys = keys.ravel()
-        stored, found = self.shared.lookup_stored(keys)
-        host_hits = int(np.count_nonzero(found))
+        fmt = self.row_format
+        if self.shared.rows:
+            if stored:
+                values, found = self.shared.lookup_stored(keys)
+            else:
+                values, found = self.shared.lookup(keys, out)
+            host_hits = int(np.count_nonzero(found))
+        else:  # the volatile level is Redis: nothing to probe here
+            width, dtype = (fmt.row_words, fmt.stored_dtype) if stored else (self.dim, np.float32)
+            values = np.empty((len(keys), width), dtype) if out is None else out
+            found = np.zeros(len(keys), dtype=bool)
+            host_hits = 0
         if host_hits:
             with self._lock:
                 self.counters.host_hits += host_hits
         if host_hits < len(keys):
             miss = np.flatnonzero(~found)
-            stored[miss], found[miss] = self.lookup_lower_stored(keys[miss])
-        return stored, found
+            lower = self.lookup_lower_stored if stored else self.lookup_lower
+            values[miss], found[miss] = lower(keys[miss])
+        return values, found
 
     def lookup_lower_stored(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """:meth:`lookup_lower`, the rows encoded in the table's precision.
@@ -336,10 +335,7 @@ class TieredTable:
         fmt = self.row_format
         keys = np.ascontiguousarray(keys, dtype=np.int64).ravel()
         unique, inverse, counts = np.unique(keys, return_inverse=True, return_counts=True)
-        default = np.full((1, self.dim), self.default_value, np.float32)
-        if not fmt.is_identity:
-            default = fmt.encode_stored(default)
-        values = np.repeat(default, len(unique), axis=0)
+        values = np.repeat(self.shared.default_stored[None], len(unique), axis=0)
         found = np.zeros(len(unique), dtype=bool)
         remaining = np.arange(len(unique))
         hits: dict[str, int] = {}
@@ -351,14 +347,13 @@ class TieredTable:
             asked = unique[remaining]
             before = tier.store.errors
             try:
-                if fmt.is_identity:
-                    got, got_found = tier.store.lookup(
-                        tier.table, asked, self.dim, self.default_value
-                    )
-                elif kind == "overlay":  # stores its rows encoded already
+                # The overlay stores a compressed table's rows encoded already; Redis and
+                # RocksDB hold FP32 rows, encoded below once they are written up.
+                encoded = kind == "overlay" and not fmt.is_identity
+                if encoded:
                     got, got_found = tier.store.lookup_stored(tier.table, asked, self.dim)
                 else:
-                    floats, got_found = tier.store.lookup(
+                    got, got_found = tier.store.lookup(
                         tier.table, asked, self.dim, self.default_value
                     )
             except Exception as exc:  # any failure of a tier: its keys fall through
@@ -369,18 +364,13 @@ class TieredTable:
             errors[kind] = errors.get(kind, 0) + failed
             if got_found is None or not got_found.any():
                 continue
-            if not fmt.is_identity and kind != "overlay":
-                # Redis and RocksDB keep FP32 rows: write those up, store them encoded.
-                if i in self._elevate_to:
-                    self._elevate(
-                        self.lower[self._elevate_to[i]], asked[got_found], floats[got_found]
-                    )
-                got = np.zeros((len(asked), fmt.row_words), fmt.stored_dtype)
-                got[got_found] = fmt.encode_stored(floats[got_found])
-            elif i in self._elevate_to:
-                self._elevate(self.lower[self._elevate_to[i]], asked[got_found], got[got_found])
+            hit_rows = got[got_found]
+            if i in self._elevate_to:  # FP32 rows of RocksDB, written up to Redis
+                self._elevate(self.lower[self._elevate_to[i]], asked[got_found], hit_rows)
+            if not (encoded or fmt.is_identity):
+                hit_rows = fmt.encode_stored(hit_rows)
             rows = remaining[got_found]
-            values[rows] = got[got_found]
+            values[rows] = hit_rows
             found[rows] = True
             hits[kind] = hits.get(kind, 0) + int(counts[rows].sum())
             remaining = remaining[~got_found]

@@ -183,6 +183,10 @@ class SharedHostTable:
         self.default_value = np.float32(default_value)
         self.layout = host_layout(info.rows, dim, fraction, precision)
         self.row_format = self.layout.row_format
+        #: The default vector as one stored row (what a stored lookup gives unknown keys).
+        self.default_stored = np.full(dim, self.default_value, np.float32)
+        if not self.row_format.is_identity:
+            self.default_stored = self.row_format.encode_stored(self.default_stored[None])[0]
         self._progress = progress
         started = time.perf_counter()
         self._segment = SharedSegment.open(
@@ -331,7 +335,7 @@ class SharedHostTable:
         else:
             stored = self._values[np.where(found, rows, 0)]
         if not found.all():
-            stored[~found] = self._default_stored()
+            stored[~found] = self.default_stored
         return stored, found
 
     def _find_checked(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -340,11 +344,6 @@ class SharedHostTable:
             raise TypeError(f"keys must be int64, got {keys.dtype}")
         rows = self.find(keys.ravel())
         return rows, rows >= 0
-
-    def _default_stored(self) -> np.ndarray:
-        """The default vector as one stored row."""
-        row = np.full((1, self.dim), self.default_value, np.float32)
-        return self.row_format.encode_stored(row)[0]
 
     def read_rows(self, rows: np.ndarray) -> np.ndarray:
         """Copies of the vectors at ``rows`` (rows from :meth:`find`, all ``>= 0``), decoded.
