@@ -64,6 +64,7 @@ def main() -> None:
     parser.add_argument("--batches", default="16384,65536")
     parser.add_argument("--precisions", default="fp32,tf32")
     parser.add_argument("--cache", default="0.2")
+    parser.add_argument("--storage", default="fp32", help="storage precision of the tables")
     parser.add_argument("--alpha", type=float, default=1.05)
     parser.add_argument("--warmup", type=int, default=40)
     parser.add_argument("--batches-profiled", type=int, default=2)
@@ -95,7 +96,7 @@ def main() -> None:
 
     for precision in args.precisions.split(","):
         torch.backends.cuda.matmul.allow_tf32 = precision == "tf32"
-        ps = variant(args.ps_json, args.cache)
+        ps = variant(args.ps_json, args.cache, args.storage)
         session = RankingSession.open(ps, name, device_id=0, precision=precision)
         for _ in range(args.warmup):
             session.predict(make_batch(rng, rows, WARMUP_BATCH, args.alpha, layout)[2])
