@@ -18,6 +18,7 @@ Usage:
 from __future__ import annotations
 
 import argparse
+import functools
 import statistics
 import time
 from pathlib import Path
@@ -70,6 +71,9 @@ def main() -> None:
     parser.add_argument("--batches-profiled", type=int, default=2)
     parser.add_argument(
         "--variant-rounds", type=int, default=3, help="rounds alternating the VARIANTS settings"
+    )
+    parser.add_argument(
+        "--profile-variants", default="", help="also profile under these VARIANTS (comma list)"
     )
     parser.add_argument("--out", type=Path, default=Path("bench_results"))
     parser.add_argument(
@@ -158,19 +162,39 @@ def main() -> None:
                     continue
                 log(f"  {label}: predict {1e3 * statistics.median(samples):.3f} ms "
                     f"(median of {len(samples)} fresh batches)")  # fmt: skip
-            for who in ("hps-triton", "pytorch"):
+            cases = [("hps-triton", "default"), ("pytorch", "")]
+            cases += [("hps-triton", label) for label in args.profile_variants.split(",") if label]
+            for who, label in cases:
+                settings = VARIANTS.get(label, {})
+                saved = {k: getattr(gpu_pipeline, k) for k in settings}
+                for key, value in settings.items():
+                    setattr(gpu_pipeline, key, value)
+                if settings:
+                    rebuild(pipe)
+                ours = who == "hps-triton"
+                calls = [
+                    functools.partial(session.predict, sparse)
+                    if ours
+                    else functools.partial(peer, dense, keys)
+                    for dense, keys, sparse in inputs[: args.batches_profiled]
+                ]
+                for call in calls:  # the buckets record their graphs outside the profile
+                    call()
                 torch.cuda.synchronize()
                 with profile(activities=activities) as prof:
-                    for dense, keys, sparse in inputs[: args.batches_profiled]:
-                        if who == "hps-triton":
-                            session.predict(sparse)
-                        else:
-                            peer(dense, keys)
+                    for call in calls:
+                        call()
                     torch.cuda.synchronize()
+                for key, value in saved.items():
+                    setattr(gpu_pipeline, key, value)
+                if settings:
+                    rebuild(pipe)
+                tag = f"{who} {label}".strip().replace(" ", "_").replace("(", "").replace(")", "")
                 if args.trace:
-                    trace = args.out / f"trace_{who}_{precision}_{batch}.json"
+                    trace = args.out / f"trace_{tag}_{precision}_{batch}.json"
                     prof.export_chrome_trace(str(trace))
-                log(f"==== {who} {precision} batch {batch} ({args.batches_profiled} batches)")
+                log(f"==== {who} {label} {precision} batch {batch} ({args.batches_profiled} "
+                    "batches, after as many unprofiled)")  # fmt: skip
                 log(prof.key_averages().table(sort_by="cuda_time_total", row_limit=25,
                                               max_name_column_width=70))  # fmt: skip
         HPS(ps).close()

@@ -7,9 +7,10 @@ Each pattern gathers ``--rows`` random rows of ``--dim`` float32 from a pinned b
 16-byte words before storing them, with 2 to 32 blocks of 256 threads per SM. Then, with 8
 lanes x 4 words, how the memory was pinned and where the rows lie: ``cudaHostAlloc``, or
 ``cudaHostRegister`` of anonymous pages with and without transparent huge pages, or of a file in
-``/dev/shm`` (as the host tier is); rows random over the whole buffer, random inside 64 MiB, or
-in order. The GPU translates host addresses page by page: if random rows over gigabytes read
-slower than rows inside a few megabytes, its translation of host pages, not PCIe, sets the rate.
+``/dev/shm`` (as the host tier is); rows random over the whole buffer, random inside 64 MiB to
+1 GiB, the random rows in address order, or rows in order. The GPU translates host addresses
+page by page: if random rows over gigabytes read slower than rows inside a few megabytes, its
+translation of host pages, not PCIe, sets the rate.
 Medians of ``--runs`` launches, CUDA events; rows are checked against their index.
 
 Usage:
@@ -61,7 +62,6 @@ BLOCKS_PER_SM = (2, 8, 32)
 _REGISTER_MAPPED = 2  # cudaHostRegisterMapped
 _REGISTER_READ_ONLY = 8  # cudaHostRegisterReadOnly
 _HUGE = 2 << 20  # bytes of a transparent huge page (x86-64)
-_WINDOW = 64 << 20  # bytes of the "inside 64 MiB" placement
 
 
 @contextmanager
@@ -94,14 +94,18 @@ def registered(kind: str, nbytes: int) -> Iterator[np.ndarray]:
 
 
 def placements(total: int, rows: int, row_bytes: int) -> dict[str, Callable[[], np.ndarray]]:
-    """Row indices of the gather: random over the buffer, random inside 64 MiB, in order."""
+    """Row indices of the gather: random over the buffer, random inside 64 MiB to 1 GiB, random
+    but sorted, in order."""
     rng = np.random.default_rng(0)
-    window = min(total, _WINDOW // row_bytes)
-    return {
-        "random": lambda: rng.integers(0, total, rows),
-        "random in 64 MiB": lambda: rng.integers(0, window, rows),
-        "in order": lambda: np.arange(rows) % total,
-    }
+    places = {"random": lambda: rng.integers(0, total, rows)}
+    for mib in (64, 256, 1024):
+        window = min(total, (mib << 20) // row_bytes)
+        places[f"random in {mib} MiB"] = lambda w=window: rng.integers(0, w, rows)
+    # The same rows as "random", read in address order: sparse, but each launch's reads in
+    # flight at a time lie close together (as misses sorted by row would be read).
+    places["random, sorted"] = lambda: np.sort(rng.integers(0, total, rows))
+    places["in order"] = lambda: np.arange(rows) % total
+    return places
 
 
 def huge_pages_of(raw: np.ndarray) -> str:
