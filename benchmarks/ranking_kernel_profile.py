@@ -44,7 +44,6 @@ VARIANTS = {
     "insert beside the dense network": {"_INSERT_AFTER_SCORES": False},
     "whole batches (no chunks)": {"_CHUNKED_KEY_BYTES": 1 << 62},
     "chunks with dynamic caches": {"_CHUNKS_WITH_DYNAMIC_CACHES": True},
-    "misses read as met (not deferred)": {"_DEFER_MISSES_RATIO": 0},
 }
 """Settings of :mod:`hps_core.infer.gpu.pipeline` timed beside the default (the median predict of
 fresh batches, the settings alternating)."""

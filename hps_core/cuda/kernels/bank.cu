@@ -34,9 +34,6 @@
 //    misses), copies its row once into the table's staging rows in GPU memory, and lists it for
 //    bank_insert; every other occurrence of the key in the batch refers to the claim and reads
 //    the staged row. So a row crosses PCIe once per batch however often the batch repeats it.
-//    With `defer` (large batches), the claim only records where the row is, and
-// 1b. bank_stage, one warp per WARP entries of the miss sets, copies the claimed rows in the
-//    order of their entries, which is their order in host memory (faster over PCIe).
 // 2. bank_pool, one group per bag: the bag's rows pooled (sum or mean, in key order) in
 //    registers and written once, straight into the dense network's input.
 // 3. bank_insert, one warp per listed miss: the staged row goes into the cache (set lock, a
@@ -110,9 +107,6 @@ struct Pending {
 // bank_find's result for an occurrence of a key claimed by another group: the claim's entry,
 // tagged in the low bit (rows are 4-byte aligned), resolved by bank_pool through miss_rows.
 #define CLAIM_TAG 1ull
-// miss_rows' entry of a key claimed with `defer`: the row to stage (host tier or lower-tier
-// rows), tagged in the low bit until bank_stage has staged it.
-#define PENDING_TAG 1ull
 
 __device__ __forceinline__ u64 now_ns() {
   u64 t;
@@ -251,11 +245,8 @@ __device__ __forceinline__ i64 claim_miss(const Table& t, const i64 key, const i
   i64 slot = -1;
   int made = 0;
   if (lane == 0) {
-    // The entry starts at the top bits of the key's hash, as does its row's place in the index
-    // order of the host tier: entries in order are rows in address order (see bank_stage).
     const u64 wrap = (u64)t.miss_slots - 1;
-    const int bits = 63 - __clzll((long long)t.miss_slots);  // miss_slots is 2^bits
-    u64 at = bits > 0 ? mix64(key) >> (64 - bits) : 0ull;
+    u64 at = mix64(key) & wrap;
     for (int probe = 0; probe < MISS_PROBES; ++probe, at = (at + 1) & wrap) {
       const i64 seen = (i64)atomicCAS((unsigned long long*)(t.miss_keys + at),
                                       (unsigned long long)EMPTY_KEY, (unsigned long long)key);
@@ -271,55 +262,12 @@ __device__ __forceinline__ i64 claim_miss(const Table& t, const i64 key, const i
   return slot;
 }
 
-// Stages the row `src` of `key`, claimed at entry `slot` of table t's miss set: copies it into
-// the table's next staging row (while one is left; else its bags read it in place and it is not
-// cached), enters the row in miss_rows for every occurrence of the key, and lists the miss for
-// bank_insert. Returns the row the key's bags read. Every lane of the group calls it; its lane
-// 0 (`leader` as a lane of the warp) makes the list's entries.
-__device__ __forceinline__ const unsigned* stage_miss(
-    const Table& tab, const int t, const i64 key, const i64 slot, const unsigned* src,
-    const int lane, const unsigned mask, const int leader, Miss* __restrict__ misses,
-    u64* __restrict__ state, const u64 miss_capacity) {
-  u64 staged = 0;
-  if (lane == 0) staged = atomicAdd(state + STATE_STAGED + t, 1ull);
-  staged = __shfl_sync(mask, staged, leader);
-  const unsigned* row = src;
-  bool insert = false;
-  if (staged < (u64)tab.staging_rows) {
-    unsigned* copy = tab.staging + (i64)staged * tab.row_words;
-    copy_row(copy, src, tab.row_words, lane, tab.row_words % 4 == 0);
-    row = copy;
-    // A set takes at most WAYS new keys per batch (more would only evict each other): the
-    // rank of a miss in its set caps the inserts, and with them the warps that queue for one
-    // set's lock in bank_insert.
-    if (lane == 0) {
-      const i64 set = (i64)(mix64(key) % tab.cache_sets);
-      insert = atomicAdd(tab.locks + tab.cache_sets + set, 1) < WAYS;
-    }
-  }
-  if (lane == 0) {
-    tab.miss_rows[slot] = row;
-    const u64 at = atomicAdd(state + STATE_MISSES, 1ull);
-    if (at < miss_capacity) {
-      Miss m;
-      m.key = key;
-      m.src = row;
-      m.slot = slot;
-      m.table = t;
-      m.insert = insert ? 1 : 0;
-      misses[at] = m;
-    }
-  }
-  return row;
-}
-
 extern "C" __global__ void bank_find(
     const Table* __restrict__ tables, const int* __restrict__ key_table, const int col_begin,
     const int col_end, const i64 sample_begin, const i64 sample_end, const int key_room,
     const i64 batch, const i64* __restrict__ keys, const int* __restrict__ header,
     const int* __restrict__ offsets, u64* __restrict__ rows, Miss* __restrict__ misses,
-    u64* __restrict__ state, const u64 miss_capacity, u64* __restrict__ counters,
-    const int defer) {
+    u64* __restrict__ state, const u64 miss_capacity, u64* __restrict__ counters) {
   // Counts per table of the block's keys, added to `counters` once per block: a block's keys
   // (one sample's, sample-major) may come from several tables.
   __shared__ unsigned block_counts[BLOCK_TABLES * NUM_COUNTERS];
@@ -384,15 +332,38 @@ extern "C" __global__ void bank_find(
         const int leader = shift;  // lane 0 of the group, as a lane of the warp
         bool fresh;
         const i64 slot = claim_miss(tab, key, lane, mask, leader, fresh);
-        if (slot >= 0 && fresh && defer) {
-          // Read later, in host-tier order, by bank_stage; this occurrence too reads the claim.
-          if (lane == 0) {
-            tab.miss_rows[slot] = reinterpret_cast<const unsigned*>((u64)src | PENDING_TAG);
+        if (slot >= 0 && fresh) {
+          u64 staged = 0;
+          if (lane == 0) staged = atomicAdd(state + STATE_STAGED + t, 1ull);
+          staged = __shfl_sync(mask, staged, leader);
+          const unsigned* row = src;
+          bool insert = false;
+          if (staged < (u64)tab.staging_rows) {
+            unsigned* copy = tab.staging + (i64)staged * tab.row_words;
+            copy_row(copy, src, tab.row_words, lane, tab.row_words % 4 == 0);
+            row = copy;
+            // A set takes at most WAYS new keys per batch (more would only evict each
+            // other): the rank of a miss in its set caps the inserts, and with them the
+            // warps that queue for one set's lock in bank_insert.
+            if (lane == 0) {
+              const i64 set = (i64)(mix64(key) % tab.cache_sets);
+              insert = atomicAdd(tab.locks + tab.cache_sets + set, 1) < WAYS;
+            }
           }
-          where = ((u64)slot << 2) | CLAIM_TAG;
-        } else if (slot >= 0 && fresh) {
-          where = (u64)stage_miss(tab, t, key, slot, src, lane, mask, leader, misses, state,
-                                  miss_capacity);
+          if (lane == 0) {
+            tab.miss_rows[slot] = row;
+            const u64 at = atomicAdd(state + STATE_MISSES, 1ull);
+            if (at < miss_capacity) {
+              Miss m;
+              m.key = key;
+              m.src = row;
+              m.slot = slot;
+              m.table = t;
+              m.insert = insert ? 1 : 0;
+              misses[at] = m;
+            }
+          }
+          where = (u64)row;
         } else if (slot >= 0) {
           where = ((u64)slot << 2) | CLAIM_TAG;
           over_pcie = false;  // read by the claim's group (or, staging rows full, in place)
@@ -419,52 +390,6 @@ extern "C" __global__ void bank_find(
   __syncthreads();
   for (int i = threadIdx.x; i < BLOCK_TABLES * NUM_COUNTERS; i += blockDim.x) {
     if (block_counts[i] != 0) atomicAdd(counters + i, (u64)block_counts[i]);
-  }
-}
-
-// Run between bank_find and bank_pool when bank_find was told to `defer`: stages the rows of
-// the keys claimed in the miss sets of tables part_tables[blockIdx.y], in the order of their
-// entries, which is the order of their rows in host memory (see claim_miss). The GPU reads
-// host memory in place at about half the DMA rate when the reads in flight are spread over
-// gigabytes, and at about the DMA rate when they lie close together (the GPU's translation of
-// host pages: benchmarks/zero_copy_rows.py), so a large batch's misses cross PCIe about twice
-// as fast in entry order as in key order. Each warp loads WARP entries at a time (grid-stride,
-// so the warps in flight cover neighbouring entries) and its groups of LANES lanes stage the
-// pending ones among them in turn.
-extern "C" __global__ void bank_stage(const Table* __restrict__ tables,
-                                      const int* __restrict__ part_tables,
-                                      Miss* __restrict__ misses, u64* __restrict__ state,
-                                      const u64 miss_capacity) {
-  __shared__ u64 entry_rows[THREADS];
-  __shared__ i64 entry_keys[THREADS];
-  const int t = part_tables[blockIdx.y];
-  const Table& tab = tables[t];
-  const int lane = threadIdx.x % WARP;
-  const int group = lane / LANES;
-  const int shift = group * LANES;
-  const unsigned mask = GROUP_MASK << shift;
-  const int warp_at = threadIdx.x - lane;  // the warp's first place in the shared arrays
-  const i64 stride = (i64)gridDim.x * blockDim.x;
-  for (i64 first = (i64)blockIdx.x * blockDim.x + warp_at; first < tab.miss_slots;
-       first += stride) {
-    const i64 entry = first + lane;
-    const bool inside = entry < tab.miss_slots;
-    const i64 key = inside ? tab.miss_keys[entry] : EMPTY_KEY;
-    const u64 tagged = inside ? (u64)tab.miss_rows[entry] : 0ull;
-    entry_rows[threadIdx.x] = tagged;
-    entry_keys[threadIdx.x] = key;
-    unsigned todo = __ballot_sync(0xffffffffu, key != EMPTY_KEY && (tagged & PENDING_TAG));
-    __syncwarp();
-    for (int skip = 0; skip < group && todo != 0u; ++skip) todo &= todo - 1u;  // group's first
-    while (todo != 0u) {
-      const int at = __ffs(todo) - 1;
-      const unsigned* src = reinterpret_cast<const unsigned*>(entry_rows[warp_at + at] &
-                                                              ~PENDING_TAG);
-      stage_miss(tab, t, entry_keys[warp_at + at], first + at, src, lane % LANES, mask, shift,
-                 misses, state, miss_capacity);
-      for (int skip = 0; skip < WARP / LANES && todo != 0u; ++skip) todo &= todo - 1u;
-    }
-    __syncwarp();
   }
 }
 

@@ -5,9 +5,9 @@ Data flow of one batch (:mod:`~hps_core.infer.gpu.pipeline`)::
     SparseBatch (host) -> pinned staging (staging, uploads) -> copies to the GPU (uploads)
       (a batch of CuPy arrays: copied in place on the GPU)
       (keys below the host tier: fetched through the host, lower_tiers)
-      -> bank_find / (bank_stage) / bank_pool: every table at once (bank, kernels/bank.cu):
-         GPU cache, host tier read in place (host_mapping; a large batch's misses in
-         host-memory order), default vectors; pooled into the dense network's input
+      -> bank_find / bank_pool: every table at once (bank, kernels/bank.cu): GPU cache, host
+         tier read in place (host_mapping), default vectors; pooled into the dense network's
+         input
       -> bank_insert: misses into the dynamic caches
       -> dense network (hps_core.nn on hps_core.cuda's products and fused kernels)
       -> one copy of the scores to the host

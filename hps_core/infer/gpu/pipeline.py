@@ -16,9 +16,7 @@ Per batch the host validates nothing on the device and waits for the GPU once:
    after its group's copy, so the lookup of a group overlaps the filling and copying of the
    next): ``bank_find`` finds each key's row, key by key (cache probe, host-tier row index,
    default vector for unknown keys; each missed row copied once per batch into GPU staging
-   rows, however often the batch repeats its key: by ``bank_find`` as it meets the key, or, in
-   a large batch, by ``bank_stage`` afterwards in host-memory order, which PCIe serves about
-   twice as fast), then ``bank_pool`` pools each bag's rows
+   rows, however often the batch repeats its key), then ``bank_pool`` pools each bag's rows
    in registers straight into the dense network's input (the output of the Concat of all
    embeddings when the network has one);
 4. ``bank_insert``: the staged misses go into the dynamic caches, on the GPU (see below for
@@ -90,22 +88,17 @@ _CHUNKED_KEY_BYTES = 8 << 20
 """From this many bytes of keys on, a host batch runs as chunks of samples, pipelined: the
 host stages the next chunk while the GPU scores the last one (see :meth:`_predict_chunks`)..."""
 _CHUNKS_WITH_DYNAMIC_CACHES = False
-"""... unless a table has a dynamic cache: then each chunk looks up, inserts and reads its
-misses alone, and whole batches were faster (H200, ``gpucacheper`` 0.2, one-hot DLRM at 65,536
-samples 9.9 ms whole against 11.9 in chunks of 16,384; DLRM-v2 at 16,384, TF32, 12.3 against
-13.4 in chunks of 4,096; ``benchmarks/ranking_kernel_profile.py``)."""
+"""... unless a table has a dynamic cache: each chunk then looks up, reads its misses and
+inserts them alone, and the one-hot DLRM's batch of 65,536 took 11.7-11.9 ms in chunks of 16,384
+against 9.9 whole (H200, ``gpucacheper`` 0.2, FP16 storage, FP32 dense, two runs of
+``benchmarks/ranking_kernel_profile.py``; DLRM-v2 at 16,384 samples, TF32, was within the
+runs' noise either way)."""
 _CHUNK_KEY_BYTES = 4 << 20
 """About this many bytes of keys per chunk (a power of two samples)..."""
 _MIN_CHUNK_SAMPLES = 4096
 """...and at least this many samples, so that the dense network's products stay efficient."""
 _CHUNK_LANES = 2
 """Buckets per chunk size: a chunk is staged into one while the GPU works on the other's."""
-_DEFER_MISSES_RATIO = 16
-"""A batch whose key room is at least 1/16 of the miss sets' entries defers its misses: its
-``bank_find`` only claims them and ``bank_stage`` then reads their rows in host-memory order,
-scanning every entry (8 bytes each) of the sets; smaller batches copy a row when they meet it."""
-_STAGE_BLOCKS_PER_SM = 4
-"""Blocks of ``bank_stage`` per SM, over all the tables it stages."""
 _POOL_SPLIT = 4
 """Groups of ``kernel_consts.LANES`` lanes that share a bag in ``bank_pool`` (a warp) ..."""
 _POOL_SPLIT_BAGS = 65536
@@ -152,8 +145,7 @@ class GpuRankingPipeline:
         self.placement = Placement.of(layout, self.feeds, self._concat is not None, STAGING_GROUPS)
         self._bank: CacheBank | None = None
         self._misses: Any = None  # the batch's miss list (MISS_DTYPE), made with the bank
-        self._miss_entries = 0  # entries of every miss set (bank_stage scans them)
-        self._stage_tables: dict[tuple[int, int], Any] = {}  # key columns: their tables
+        self._has_dynamic_caches = False  # set with the bank
         self._state: Any = None  # its count, and each table's staged rows (uint64)
         self._lower = False  # a table has tiers below its host tier (set with the bank)
         # Buckets by size, per lane: lane 0 serves every batch, the others chunked ones.
@@ -195,7 +187,7 @@ class GpuRankingPipeline:
             with cupy.cuda.Device(self.device_id):
                 samples = bucket_for(self.layout.max_batch_size)
                 capacity = bank.reserve_misses(self.placement.tables, samples)
-                self._miss_entries = capacity
+                self._has_dynamic_caches = capacity > 0  # miss sets: tables with a cache
                 self._misses = cupy.zeros(max(capacity, 1) * MISS_DTYPE.itemsize, cupy.uint8)
                 self._state = cupy.zeros(STATE_STAGED + len(self.feeds), cupy.uint64)
                 self._descriptor_rows = bank.descriptor_rows(self.placement.tables)
@@ -203,13 +195,6 @@ class GpuRankingPipeline:
                 self._slot_table_d = cupy.asarray(self.placement.slot_table)
                 self._slot_local_d = cupy.asarray(self.placement.slot_local)
                 self._key_table_d = cupy.asarray(self.placement.key_table)
-                columns = ((0, self.placement.keys_per_sample), *self.placement.group_keys)
-                self._stage_tables = {
-                    (first, stop): cupy.asarray(
-                        np.unique(self.placement.key_table[first:stop]).astype(np.int32)
-                    )
-                    for first, stop in columns
-                }
                 # Those fills and copies ran on the caller's stream, which the pipeline's
                 # non-blocking streams do not wait for: finish them before the first lookup.
                 cupy.cuda.get_current_stream().synchronize()
@@ -281,7 +266,7 @@ class GpuRankingPipeline:
         samples = batch.batch_size
         if (
             self.executor.batch_dependent
-            or (self._miss_entries > 0 and not _CHUNKS_WITH_DYNAMIC_CACHES)
+            or (self._has_dynamic_caches and not _CHUNKS_WITH_DYNAMIC_CACHES)
             or key_bytes < _CHUNKED_KEY_BYTES
             or samples < 2 * _MIN_CHUNK_SAMPLES
         ):
@@ -455,23 +440,13 @@ class GpuRankingPipeline:
         threads, room, size = THREADS, np.int32(lay.keys_per_sample), np.int64(lay.size)
         rows = (np.int64(first_row), np.int64(stop_row))
         positions = (stop_row - first_row) * (stop_col - first_col)
-        defer = self._defers_misses(lay.size * lay.keys_per_sample)
         if positions:
             self._bank_kernels.get_function("bank_find")(
                 (-(-positions * LANES // threads),), (threads,),
                 (self._descriptors, self._key_table_d, np.int32(first_col), np.int32(stop_col),
                  *rows, room, size, keys, header, offsets, bucket.rows, self._misses,
-                 self._state, np.uint64(self._miss_capacity), self._bank.counters,
-                 np.int32(defer)),
+                 self._state, np.uint64(self._miss_capacity), self._bank.counters),
             )  # fmt: skip
-            if defer:
-                tables = self._tables_of_columns(first_col, stop_col)
-                blocks = -(-kernels.sm_count(self.device_id) * _STAGE_BLOCKS_PER_SM // tables.size)
-                self._bank_kernels.get_function("bank_stage")(
-                    (blocks, tables.size), (threads,),
-                    (self._descriptors, tables, self._misses, self._state,
-                     np.uint64(self._miss_capacity)),
-                )  # fmt: skip
         bags = (stop_row - first_row) * (stop - first)
         if bags:
             # Few bags, some long: a warp per bag (see bank_pool), the batch's lookup being
@@ -483,16 +458,6 @@ class GpuRankingPipeline:
                  np.int32(stop), *rows, room, size, header, offsets, bucket.rows,
                  bucket.embeddings, np.int32(split)),
             )  # fmt: skip
-
-    def _defers_misses(self, keys: int) -> bool:
-        """Whether a batch of ``keys`` key positions reads its misses in host-memory order
-        (``bank_stage``) rather than as ``bank_find`` meets them."""
-        return self._miss_entries > 0 and keys * _DEFER_MISSES_RATIO >= self._miss_entries
-
-    def _tables_of_columns(self, first: int, stop: int) -> Any:
-        """The bank positions of the tables of key columns ``[first, stop)`` (a part of a
-        batch: all columns or a group's), device int32, made with the bank."""
-        return self._stage_tables[first, stop]
 
     def _insert(self, bucket: Bucket) -> None:
         if bucket.layout.size * bucket.layout.slots == 0:

@@ -6,8 +6,7 @@ The same samples reach the pipeline in every form a batch can take: the request'
 key matrix (staged sample-major, in one copy), per-table keys without offsets (table-major),
 HugeCTR's CSR offsets, and CuPy arrays already on the GPU; with a dynamic cache, a cache too
 small for a batch's misses (rows read in place beyond its staging rows), static tables and
-no cache; misses read as bank_find meets them or deferred and read in host-memory order. A
-batch's repeated missed keys cross PCIe once and are inserted once.
+no cache. A batch's repeated missed keys cross PCIe once and are inserted once.
 """
 
 from __future__ import annotations
@@ -130,49 +129,6 @@ def test_a_repeated_miss_crosses_pcie_once_and_is_inserted_once(repo: Path) -> N
         assert a.cache_hits - b.cache_hits == b.keys and a.host_rows == b.host_rows
 
 
-@pytest.mark.parametrize("kind", ["dynamic", "tiny"])
-def test_misses_read_in_host_order_answer_as_misses_read_when_met(
-    repo: Path, kind: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Every batch defers its misses here (``bank_stage`` reads the claimed rows in the order of
-    their miss-set entries): the scores equal the NumPy path's in every form, with a cache too
-    small for a batch's misses too, and each distinct missed row is read and inserted once."""
-    from hps_core.infer.gpu import pipeline as gpu_pipeline
-
-    monkeypatch.setattr(gpu_pipeline, "_DEFER_MISSES_RATIO", 1 << 40)
-    model = ZooModel(repo, NAME)
-    ps = variant(repo, kind, "_deferred")
-    gpu = RankingSession.open(ps, NAME, device_id=0)
-    cpu = RankingSession.open(ps, NAME)
-    samples, hugectr = SamplesContract(gpu.layout), HugeCTRContract(gpu.layout)
-    rng = np.random.default_rng(67)
-    for batch in (1, 64, 200):
-        dense, keys = model.samples(rng, batch)
-        parsed = samples.parse(*encode_samples(dense, keys))
-        want = cpu.predict(parsed)
-        model.check(want, dense, keys)
-        for form in (parsed, table_major(parsed), on_gpu(parsed)):
-            np.testing.assert_allclose(gpu.predict(form), want, rtol=1e-5, atol=1e-6)
-        ragged = hugectr.parse(*encode_hugectr(dense, uneven(keys, rng)))
-        np.testing.assert_allclose(gpu.predict(ragged), cpu.predict(ragged), rtol=1e-5, atol=1e-6)
-    assert gpu.pipeline._defers_misses(1)
-    if kind == "tiny":
-        return
-    gpu = RankingSession.open(variant(repo, kind, "_deferred_fresh"), NAME, device_id=0)
-    few = [rng.choice(sorted(table), 6, replace=False) for table in model.tables]
-    dense, keys = model.samples(rng, 100)
-    for sample in keys:
-        for t, table in enumerate(sample):
-            for slot in table:
-                slot[:] = [int(k) for k in rng.choice(few[t], len(slot))]
-    parsed = samples.parse(*encode_samples(dense, keys))
-    model.check(gpu.predict(parsed), dense, keys)
-    for t, counters in enumerate(gpu.lookup.counters()):
-        distinct = len(np.unique(parsed.flat_keys(t)))
-        assert counters.cache_misses == counters.keys == parsed.keys[t].size
-        assert counters.host_rows == counters.inserted_keys == distinct
-
-
 @pytest.mark.parametrize("threaded", [False, True])
 def test_large_sample_major_batches_staged_in_parts(
     repo: Path, threaded: bool, monkeypatch: pytest.MonkeyPatch
@@ -239,6 +195,28 @@ def test_large_host_batches_run_as_pipelined_chunks(
     assert set(pipe._lanes[1]) == {16} and max(pipe._buckets) == 16
     np.testing.assert_allclose(gpu.predict(on_gpu(parsed)), want, rtol=1e-5, atol=1e-6)
     assert max(pipe._buckets) == 128  # on the GPU: the batch of 100 whole
+
+
+def test_host_batches_of_a_model_with_dynamic_caches_run_whole(
+    repo: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With the chunk thresholds lowered as above, a model whose tables have dynamic caches
+    still runs a large host batch whole (chunks each read and insert their own misses), and
+    its scores equal the NumPy path's."""
+    from hps_core.infer.gpu import pipeline as gpu_pipeline
+
+    monkeypatch.setattr(gpu_pipeline, "_CHUNKED_KEY_BYTES", 0)
+    monkeypatch.setattr(gpu_pipeline, "_CHUNK_KEY_BYTES", 1)
+    monkeypatch.setattr(gpu_pipeline, "_MIN_CHUNK_SAMPLES", 16)
+    model = ZooModel(repo, NAME)
+    ps = variant(repo, "dynamic", "_whole")
+    gpu = RankingSession.open(ps, NAME, device_id=0)
+    cpu = RankingSession.open(ps, NAME)
+    dense, keys = model.samples(np.random.default_rng(60), 100)
+    parsed = SamplesContract(gpu.layout).parse(*encode_samples(dense, keys))
+    np.testing.assert_allclose(gpu.predict(parsed), cpu.predict(parsed), rtol=1e-5, atol=1e-6)
+    assert gpu.pipeline._chunk_samples(parsed) is None
+    assert not gpu.pipeline._lanes[1] and max(gpu.pipeline._buckets) == 128
 
 
 @pytest.mark.parametrize("split", [1, 2, 4])
