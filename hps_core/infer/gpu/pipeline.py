@@ -261,7 +261,7 @@ class GpuRankingPipeline:
         """Samples per chunk of a host batch run as chunks, or None to run it whole: a batch
         with many keys (their staging, a host memory copy, takes as long as the GPU's work),
         of a network whose layers see each sample alone (DIN's Dice takes statistics over
-        the batch)."""
+        the batch), whose tables have no dynamic cache (see ``_CHUNKS_WITH_DYNAMIC_CACHES``)."""
         key_bytes = sum(int(k.nbytes) for k in batch.keys)
         samples = batch.batch_size
         if (
