@@ -78,20 +78,21 @@ def main() -> None:
     device = {"auto": "auto", "cpu": None}.get(args.device, args.device)
     device = int(device) if isinstance(device, str) and device.isdigit() else device
     work = Path(tempfile.mkdtemp(prefix="hps_accuracy_"))
-    models: list[tuple[str, Path]] = []
+    models: list[tuple[str, str, Path]] = []  # label, model name, ps.json
     if not args.no_zoo:
         writers = {n: w for n, w in DEMO_MODELS.items() if n != "hps_embedding"}
         writers.update(ZOO_MODELS)
         for name, write in writers.items():
             write(work, ServingOptions())
-            models.append((name, work / name / "ps.json"))
-    for ps_json in args.ps_json:
-        models.append((load_ps_config(ps_json).models[0].name, ps_json))
+            models.append((name, name, work / name / "ps.json"))
+    for ps_json in args.ps_json:  # labelled by folder too: make_large_dlrm names both "dlrm"
+        name = load_ps_config(ps_json).models[0].name
+        models.append((f"{name}:{ps_json.parent.name}", name, ps_json))
     results = []
-    for name, ps_json in models:
+    for label, name, ps_json in models:
         base, _ = with_storage(ps_json, "fp32")
         dataset = write_sample_dataset(
-            base, name, work / f"{name}.parquet", rows=args.samples, seed=1
+            base, name, work / f"{label.replace(':', '_')}.parquet", rows=args.samples, seed=1
         )
         HPS.close_all()
         want, labels = score(base, dataset, device)
@@ -101,7 +102,7 @@ def main() -> None:
             got, _ = score(ps, dataset, device)
             change = np.abs(got - want)
             row = {
-                "model": name, "storage": storage, "samples": len(want),
+                "model": label, "storage": storage, "samples": len(want),
                 "max_abs": float(change.max()),
                 "max_rel": float((change / np.maximum(np.abs(want), 1e-30)).max()),
                 "rel_l2": float(np.linalg.norm(got - want) / np.linalg.norm(want)),
@@ -110,7 +111,7 @@ def main() -> None:
             }  # fmt: skip
             row["auc_change"] = row["auc"] - auc_fp32
             results.append(row)
-            print(f"{name:>14} {storage}: max |d| {row['max_abs']:.2e} (rel {row['max_rel']:.2e}),"
+            print(f"{label:>14} {storage}: max |d| {row['max_abs']:.2e} (rel {row['max_rel']:.2e}),"
                   f" rel L2 {row['rel_l2']:.2e}, AUC {row['auc']:.5f} vs {auc_fp32:.5f} "
                   f"({row['auc_change']:+.5f})" + (f", {kept} table(s) kept FP32" if kept else ""),
                   flush=True)  # fmt: skip
