@@ -38,6 +38,7 @@ from hps_core.infer.gpu import uploads
 from hps_core.infer.gpu.staging import bucket_for
 
 WARMUP_BATCH = 16384
+BANK_KERNELS = ("bank_find", "bank_pool", "bank_insert")
 
 
 VARIANTS = {
@@ -58,6 +59,17 @@ def rebuild(pipe) -> None:
         buckets.clear()
     sms = cupy.cuda.Device().attributes["MultiProcessorCount"]
     pipe._insert_blocks = sms * gpu_pipeline._INSERT_BLOCKS_PER_SM
+
+
+def kernel_resources(module, names: tuple[str, ...]) -> str:
+    """Registers and spilled bytes per thread of each kernel of ``module`` (what bounds how
+    many of its blocks an SM holds)."""
+    parts = []
+    for name in names:
+        attrs = module.get_function(name).attributes
+        parts.append(f"{name} {attrs.get('num_regs')} registers, "
+                     f"{attrs.get('local_size_bytes')} B local")  # fmt: skip
+    return "; ".join(parts)
 
 
 def main() -> None:
@@ -106,6 +118,7 @@ def main() -> None:
         for _ in range(args.warmup):
             session.predict(make_batch(rng, rows, WARMUP_BATCH, args.alpha, layout)[2])
         pipe = session.pipeline
+        log(f"{precision}: {kernel_resources(pipe._bank_kernels, BANK_KERNELS)}")
         peer = PeerRunner(net, graphs=False)
         for batch in (int(b) for b in args.batches.split(",")):
             inputs = [make_batch(rng, rows, batch, args.alpha, layout) for _ in range(4)]
