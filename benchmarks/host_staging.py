@@ -16,13 +16,13 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
-import csv
 import statistics
 import time
 from pathlib import Path
 
 import cupy
 import numpy as np
+from result_table import write_results
 
 from hps_core.infer.gpu.staging import split_copies
 
@@ -101,15 +101,7 @@ def main() -> None:
                      gb_per_s=nbytes / ms / 1e6)
             )  # fmt: skip
     columns = ["batch", "keys", "mb", "step", "ms", "gb_per_s"]
-    with open(args.out / "host_staging.csv", "w", newline="") as f:
-        writer = csv.DictWriter(f, columns)
-        writer.writeheader()
-        writer.writerows(results)
-    print("| " + " | ".join(columns) + " |")
-    print("|" + " --- |" * len(columns))
-    for r in results:
-        print("| " + " | ".join(f"{r[c]:,.3g}" if isinstance(r[c], float) else f"{r[c]:,}"
-                                for c in columns) + " |")  # fmt: skip
+    write_results(args.out / "host_staging.csv", columns, results, ",.3g")
 
 
 if __name__ == "__main__":

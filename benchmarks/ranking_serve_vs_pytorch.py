@@ -17,13 +17,13 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import csv
 import json
 import shutil
 import tempfile
 from pathlib import Path
 
 from ranking_load import gpu_memory_mib, hit_rate, metric_sums, write_input
+from result_table import write_results
 
 from hps_core.config import load_ps_config
 from hps_core.server.perf import PerfAnalyzerError, run_perf_analyzer
@@ -140,16 +140,7 @@ def main() -> None:
           f"rate {rate:.3f}; GPU memory {memory} MiB in use while serving")  # fmt: skip
     columns = ["model", "samples", "concurrency", "samples_per_s", "infer_per_s", "p50_ms",
                "p99_ms"]  # fmt: skip
-    with open(args.out / "serve_vs_pytorch.csv", "w", newline="") as f:
-        writer = csv.DictWriter(f, columns)
-        writer.writeheader()
-        writer.writerows(results)
-    print(f"| {' | '.join(columns)} |")
-    print("|" + " --- |" * len(columns))
-    for r in results:
-        print("| " + " | ".join(
-            f"{r[c]:,.2f}" if isinstance(r[c], float) else str(r[c]) for c in columns
-        ) + " |")  # fmt: skip
+    write_results(args.out / "serve_vs_pytorch.csv", columns, results, ",.2f")
 
 
 if __name__ == "__main__":

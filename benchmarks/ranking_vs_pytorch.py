@@ -48,7 +48,6 @@ Usage:
 from __future__ import annotations
 
 import argparse
-import csv
 import itertools
 import json
 import os
@@ -61,6 +60,7 @@ from typing import Any
 import cupy
 import numpy as np
 import torch
+from result_table import write_results
 from torch_dlrm import TorchDlrm, torch_peer
 
 from hps_core.config import load_ps_config
@@ -411,18 +411,7 @@ def main() -> None:
                "host_rows_per_batch", "miss_mb_per_batch", "pcie_floor_ms", "gpu_mib",
                "max_abs_diff_vs_peer", "eager_upload_ms", "eager_lookup_ms", "eager_insert_ms",
                "eager_forward_ms", "eager_download_ms"]  # fmt: skip
-    with open(args.out / "ranking_vs_pytorch.csv", "w", newline="") as f:
-        writer = csv.DictWriter(f, columns, extrasaction="ignore")
-        writer.writeheader()
-        writer.writerows(results)
-    print(f"\n| {' | '.join(columns)} |")
-    print("|" + " --- |" * len(columns))
-    for r in results:
-        cells = []
-        for c in columns:
-            v = r.get(c, "")
-            cells.append(f"{v:,.4g}" if isinstance(v, float) else str(v))
-        print(f"| {' | '.join(cells)} |")
+    write_results(args.out / "ranking_vs_pytorch.csv", columns, results)
     plot(results, args.out / "ranking_vs_pytorch.png")
 
 

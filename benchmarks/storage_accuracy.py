@@ -19,12 +19,12 @@ Usage:
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import tempfile
 from pathlib import Path
 
 import numpy as np
+from result_table import write_results
 
 from hps_core.config import load_ps_config
 from hps_core.demo import DEMO_MODELS, ZOO_MODELS
@@ -115,15 +115,7 @@ def main() -> None:
                   f" rel L2 {row['rel_l2']:.2e}, AUC {row['auc']:.5f} vs {auc_fp32:.5f} "
                   f"({row['auc_change']:+.5f})" + (f", {kept} table(s) kept FP32" if kept else ""),
                   flush=True)  # fmt: skip
-    with open(args.out / "storage_accuracy.csv", "w", newline="") as f:
-        writer = csv.DictWriter(f, COLUMNS)
-        writer.writeheader()
-        writer.writerows(results)
-    print(f"\n| {' | '.join(COLUMNS)} |")
-    print("|" + " --- |" * len(COLUMNS))
-    for r in results:
-        cells = [f"{r[c]:.3g}" if isinstance(r[c], float) else str(r[c]) for c in COLUMNS]
-        print(f"| {' | '.join(cells)} |")
+    write_results(args.out / "storage_accuracy.csv", COLUMNS, results, ".3g")
 
 
 if __name__ == "__main__":

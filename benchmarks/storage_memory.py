@@ -27,13 +27,13 @@ Usage:
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
+from result_table import write_results
 
 from hps_core.cache.layout import WAYS, slot_bytes
 from hps_core.config import ModelConfig, load_ps_config
@@ -170,16 +170,7 @@ def main() -> None:
                   f" GiB (hps check: host {got['footprint_host'] / 2**30:.2f}, GPU "
                   f"{got['footprint_gpu'] / 2**30:.2f}), built in {got['build_s']:.1f} s",
                   flush=True)  # fmt: skip
-    with open(args.out / "storage_memory.csv", "w", newline="") as f:
-        writer = csv.DictWriter(f, COLUMNS, extrasaction="ignore")
-        writer.writeheader()
-        writer.writerows(results)
-    print(f"\n| {' | '.join(COLUMNS)} |")
-    print("|" + " --- |" * len(COLUMNS))
-    for r in results:
-        cells = [f"{r[c]:,.4g}" if isinstance(r[c], float) else f"{r[c]:,}"
-                 if isinstance(r[c], int) else str(r[c]) for c in COLUMNS]  # fmt: skip
-        print(f"| {' | '.join(cells)} |")
+    write_results(args.out / "storage_memory.csv", COLUMNS, results)
 
 
 if __name__ == "__main__":
