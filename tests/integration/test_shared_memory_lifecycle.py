@@ -1,14 +1,20 @@
 """No shared memory outlives the server: after a clean stop, and after ``kill -9``.
 
-Each test serves tables written for it, so its segments have names no other test shares.
+Each test serves tables written for it, so its segments have names no other test shares, in a
+segment folder of its own under /dev/shm: any server that opens its tiers sweeps the stale
+segments of its folder, so a server of a test running beside this one in /dev/shm itself would
+remove the ``kill -9`` leftovers before this test looks at them.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
+import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -23,6 +29,15 @@ from hps_core.tiers.host_table import segment_name
 from hps_core.tiers.shm_segment import PREFIX, shm_dir
 
 pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(autouse=True)
+def private_segment_folder(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """A folder on /dev/shm for this test's segments, given to the servers via ``HPS_SHM_DIR``."""
+    folder = Path(tempfile.mkdtemp(prefix="hps-test-", dir="/dev/shm"))
+    monkeypatch.setenv("HPS_SHM_DIR", str(folder))
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)
 
 
 def _write_repo(root: Path, seed: int) -> tuple[Path, list[str]]:
