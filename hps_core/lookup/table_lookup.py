@@ -35,6 +35,7 @@ import numpy as np
 from hps_core.arrays import module_of, to_host
 from hps_core.cache import StaticTable
 from hps_core.tiers.cascade import TieredTable
+from hps_core.tiers.hash_layout import SEARCH_KEYS
 from hps_core.tiers.host_table import SharedHostTable
 
 logger = logging.getLogger("hps_core")
@@ -174,27 +175,35 @@ class HostTableLookup:
         """
         start = time.perf_counter()
         host_keys = to_host(keys).ravel()
-        # Each distinct key is looked up once; repeats (hot keys) are copied afterwards.
-        unique, inverse = np.unique(host_keys, return_inverse=True)
-        values, found = self.host.lookup(unique)
-        if self.xp is np:
-            result = values[inverse] if out is None else np.take(values, inverse, 0, out=out)
+        if self.xp is np and not self._tiered and len(host_keys) <= SEARCH_KEYS:
+            # A few keys from the host tier alone: each looked up as it comes costs less than
+            # finding the distinct ones first (a sort and a gather); the counters count them.
+            result, found = self.host.lookup(host_keys, out)
+            distinct = _distinct_count(host_keys)
+            unknown = 0 if found.all() else _distinct_count(host_keys[~found])
         else:
-            device_rows = self.xp.asarray(values)
-            device_inverse = self.xp.asarray(inverse)
-            if out is None:
-                result = device_rows[device_inverse]
+            # Each distinct key is looked up once; repeats (hot keys) are copied afterwards.
+            unique, inverse = np.unique(host_keys, return_inverse=True)
+            values, found = self.host.lookup(unique)
+            if self.xp is np:
+                result = values[inverse] if out is None else np.take(values, inverse, 0, out=out)
             else:
-                result = self.xp.take(device_rows, device_inverse, axis=0, out=out)
-        unknown = int(len(found) - np.count_nonzero(found))
+                device_rows = self.xp.asarray(values)
+                device_inverse = self.xp.asarray(inverse)
+                if out is None:
+                    result = device_rows[device_inverse]
+                else:
+                    result = self.xp.take(device_rows, device_inverse, axis=0, out=out)
+            distinct = len(unique)
+            unknown = int(len(found) - np.count_nonzero(found))
         with self._lock:
             c = self.counters
             c.lookups += 1
             c.keys += len(host_keys)
-            c.unique_keys += len(unique)
+            c.unique_keys += distinct
             c.unknown_keys += unknown
             if not self._tiered:  # else the cascade counts its tiers itself
-                c.tier_host_hits += len(unique) - unknown
+                c.tier_host_hits += distinct - unknown
                 c.tier_default_keys += unknown
             c.seconds += time.perf_counter() - start
         return result
@@ -206,6 +215,14 @@ class HostTableLookup:
 
     def close(self) -> None:
         """Nothing to release besides the host tier, which the model lookup owns."""
+
+
+def _distinct_count(keys: np.ndarray) -> int:
+    """Number of distinct values of a 1-D array."""
+    if keys.size == 0:
+        return 0
+    ordered = np.sort(keys)
+    return int(np.count_nonzero(ordered[1:] != ordered[:-1])) + 1
 
 
 @dataclass

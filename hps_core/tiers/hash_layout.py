@@ -30,6 +30,12 @@ ALIGN = 64
 # Fewer buckets save memory, more buckets shorten the probe rounds; 2-4 rows per bucket keeps
 # the directory under 2 bytes/row, which matters for narrow tables (dim 1: 12 bytes/row on disk).
 MIN_ROWS_PER_BUCKET = 2
+# Up to this many keys, find_rows runs one binary search per key over all the sorted hashes
+# (NumPy's searchsorted, in C) instead of its probe rounds, each a dozen array operations
+# whatever the number of keys, and as many rounds as the longest bucket probed: 64 keys of a
+# 2M-row table took 33 us against 162 us, 1,024 keys 223 against 317 us, 16,384 keys 19.7 ms
+# against 3.8 ms (cache misses of the binary searches), on the 2-core CPU machine.
+SEARCH_KEYS = 1024
 
 
 def _align(n: int) -> int:
@@ -188,6 +194,10 @@ def find_rows(
         is absent.
     """
     want = mix64(np.ascontiguousarray(keys, dtype=np.int64).ravel())
+    if want.size <= SEARCH_KEYS:
+        # The hashes are sorted over the whole table (a bucket is a range of their top bits).
+        pos = np.searchsorted(hashes[: layout.rows], want)
+        return np.where((pos < layout.rows) & (hashes[pos] == want), pos, -1).astype(np.int64)
     bucket = (want >> np.uint64(64 - layout.bucket_bits)).astype(np.intp)
     pos = starts[bucket]
     end = starts[bucket + 1]

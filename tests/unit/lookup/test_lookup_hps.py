@@ -14,6 +14,7 @@ from lookup_testdata import MODELS, write_models
 
 from hps_core import HPS
 from hps_core.errors import ConfigError, RequestError
+from hps_core.tiers.hash_layout import SEARCH_KEYS
 
 
 def data_files(shm_path: Path) -> list[Path]:
@@ -158,13 +159,15 @@ def test_counters_count_lookups_and_keys(tmp_path: Path) -> None:
     assert (counters[1].lookups, counters[1].keys, counters[1].unknown_keys) == (0, 0, 0)
 
 
-def test_counters_count_distinct_and_unknown_keys_per_call(tmp_path: Path) -> None:
+# Calls of up to SEARCH_KEYS keys look each key up, longer ones their distinct keys once.
+@pytest.mark.parametrize("size", [100, SEARCH_KEYS + 500])
+def test_counters_count_distinct_and_unknown_keys_per_call(tmp_path: Path, size: int) -> None:
     ps, data = write_models(tmp_path)
     hps = HPS(ps)
     table = data["wdl"][0]
-    calls = [table.queries(np.random.default_rng(seed), 100) for seed in (13, 14)]
+    calls = [table.queries(np.random.default_rng(seed), size) for seed in (13, 14)]
     for queries in calls:
-        hps.lookup(queries, "wdl", 0)
+        np.testing.assert_array_equal(hps.lookup(queries, "wdl", 0), table.expected(queries))
     distinct = [set(q.tolist()) for q in calls]
     [counters, _] = hps.model("wdl").counters()
     assert counters.unique_keys == sum(len(d) for d in distinct)

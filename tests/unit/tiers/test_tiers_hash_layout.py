@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from collections import Counter
 
 import numpy as np
@@ -23,6 +24,7 @@ from tiers_testdata import (
 from hps_core.hashing import unmix64
 from hps_core.tiers.hash_layout import (
     ALIGN,
+    SEARCH_KEYS,
     DuplicateKeysError,
     HashLayout,
     fill_directory,
@@ -78,6 +80,23 @@ def test_find_rows_matches_dict(rows: int, kind: str, rng: np.random.Generator) 
     all_rows, all_slots = lookup_file_rows(layout, buffer, order, keys)
     np.testing.assert_array_equal(all_rows, np.arange(rows))
     assert len(np.unique(all_slots)) == rows
+
+
+@pytest.mark.parametrize("rows", ROWS)
+def test_binary_search_and_probe_rounds_find_the_same_rows(
+    rows: int, rng: np.random.Generator
+) -> None:
+    """Up to SEARCH_KEYS keys take binary searches, more take the bucket probe rounds."""
+    keys = make_keys(rng, rows, "wide")
+    layout, buffer, order = build_table(keys, np.zeros((rows, 1), np.float32), fill=0xFF)
+    queries = mixed_queries(rng, keys, 3 * SEARCH_KEYS + 5)
+    expected = expected_rows(row_reference(keys), queries)
+    whole, _ = lookup_file_rows(layout, buffer, order, queries)
+    np.testing.assert_array_equal(whole, expected)
+    cuts = [0, 1, 8, 8 + SEARCH_KEYS]
+    for at, stop in itertools.pairwise(cuts):
+        piece, _ = lookup_file_rows(layout, buffer, order, queries[at:stop])
+        np.testing.assert_array_equal(piece, expected[at:stop])
 
 
 @pytest.mark.parametrize("rows", ROWS)
