@@ -22,7 +22,7 @@ from hps_core.hps import HPS
 from hps_core.infer.inputs.batch import SparseBatch
 from hps_core.infer.inputs.layout import RankingLayout, load_ranking_graph
 from hps_core.lookup.model_lookup import DEFAULT_OPTIONS, LookupOptions, ModelLookup
-from hps_core.nn import DenseExecutor, Precision, UnpooledEmbedding, read_dense_blob
+from hps_core.nn import Combiner, DenseExecutor, Precision, UnpooledEmbedding, read_dense_blob
 
 
 def _device(xp: ModuleType, device_id: int | None) -> contextlib.AbstractContextManager:
@@ -152,25 +152,38 @@ class RankingSession:
         """Context that makes the session's GPU current (nothing on the host)."""
         return _device(self.xp, self.device_id)
 
-    def embeddings(self, batch: SparseBatch) -> dict[str, UnpooledEmbedding]:
+    def embeddings(self, batch: SparseBatch) -> dict[str, Any]:
         """Look up every key of ``batch``: one lookup per table, started together.
 
         Args:
             batch: the samples.
 
         Returns:
-            Embedding layer name -> its vectors and row offsets (in ``xp``), for the layers
-            the prediction uses. All tables are looked up in one :meth:`lookup_many` call.
+            Embedding layer name -> its input (in ``xp``), for the layers the prediction
+            uses: a table with a fixed hotness (every slot ``h`` keys) pooled here already,
+            ``[batch, slots, dim]`` (a view of the vectors for one-hot tables), the others'
+            vectors and row offsets as an :class:`~hps_core.nn.UnpooledEmbedding`. All tables
+            are looked up in one :meth:`lookup_many` call.
         """
         self._check(batch)
         xp = self.xp
-        out = {}
+        out: dict[str, Any] = {}
         with _device(xp, self.device_id):
             tables = [feed.table for feed in self._feeds]
             found = self.lookup.lookup_many(tables, [batch.flat_keys(t) for t in tables])
             for feed, values in zip(self._feeds, found, strict=True):
-                offsets = xp.asarray(batch.table_offsets(feed.table))
-                out[feed.layer] = UnpooledEmbedding(xp.asarray(values), offsets)
+                values = xp.asarray(values)
+                hot = batch.table_hotness(feed.table)
+                if hot is None:
+                    offsets = xp.asarray(batch.table_offsets(feed.table))
+                    out[feed.layer] = UnpooledEmbedding(values, offsets)
+                    continue
+                # Bags of h keys each need no offsets: their sums are a reshape (and an axis sum).
+                bags = values.reshape(batch.batch_size, feed.slot_num, hot, feed.vec_size)
+                pooled = bags[:, :, 0] if hot == 1 else bags.sum(axis=2, dtype=np.float32)
+                if hot > 1 and feed.combiner is Combiner.MEAN:
+                    pooled /= np.float32(hot)
+                out[feed.layer] = pooled
         return out
 
     def predict(self, batch: SparseBatch) -> Any:

@@ -41,6 +41,38 @@ def test_predictions_equal_the_reference(tmp_path: Path, network: Path) -> None:
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.parametrize("network", OWN.values(), ids=network_id)
+def test_fixed_hotness_batches_equal_the_reference(tmp_path: Path, network: Path) -> None:
+    """A batch whose every slot holds h keys (per table) comes without offsets and is pooled
+    by a reshape (a view for h = 1); the same keys with offsets go through pool_embeddings.
+    The networks' embeddings include sum and mean combiners (DCN's is mean)."""
+    files = write_ranking_files(tmp_path / "model", network, seed=8)
+    session = RankingSession.open(files.ps_json, files.name)
+    rng = np.random.default_rng(9)
+    for batch, hot in ((1, 1), (7, 3), (33, 2)):
+        hotness = [1 if t % 2 else hot for t in range(len(files.slot_nums))]
+        keys = random_keys(rng, batch, files.slot_nums, files.known_keys(), hotness, unknown=0.1)
+        # Every slot holds exactly its table's hotness (random_keys draws 1..max_hot keys).
+        keys = [
+            [
+                [(slot * hotness[t])[: hotness[t]] for slot in table]
+                for t, table in enumerate(sample)
+            ]
+            for sample in keys
+        ]
+        matrix = np.array([[k for table in s for slot in table for k in slot] for s in keys])
+        widths = [n * h for n, h in zip(files.slot_nums, hotness, strict=True)]
+        dense = random_dense(rng, batch, session.layout.dense_dim)
+        fixed = SparseBatch.from_sample_keys(dense, matrix, widths, hotness)
+        want = predict_reference(
+            files.network_file, files.dense_file, files.tables, files.defaults, dense, keys
+        )
+        np.testing.assert_allclose(session.predict(fixed), want, rtol=1e-4, atol=1e-5)
+        np.testing.assert_array_equal(
+            session.predict(fixed), session.predict(to_sparse_batch(dense, keys))
+        )
+
+
 def test_tables_follow_embedding_layer_file_order(tmp_path: Path) -> None:
     """The W&D file lists deep_data before wide_data but defines the wide embedding first (as
     HugeCTR's wdl_1gpu.json does): table 0 is the wide table (2 slots, vector size 1)."""
