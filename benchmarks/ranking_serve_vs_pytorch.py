@@ -17,11 +17,11 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import shutil
 import tempfile
 from pathlib import Path
 
+from ps_variant import ps_variant
 from ranking_load import gpu_memory_mib, hit_rate, metric_sums, write_input
 from result_table import write_results
 
@@ -79,14 +79,6 @@ def measure(name: str, url: str, data: Path, levels: list[int], args, extra: lis
         )  # fmt: skip
 
 
-def cache_variant(ps_json: Path, gpucacheper: float) -> Path:
-    ps = json.loads(ps_json.read_text())
-    ps["models"][0]["gpucacheper"] = gpucacheper
-    path = ps_json.parent / f"ps_serve_{gpucacheper}.json"
-    path.write_text(json.dumps(ps))
-    return path
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--ps-json", type=Path, required=True)
@@ -100,7 +92,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("bench_results"))
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
-    ps_json = cache_variant(args.ps_json.resolve(), args.gpucacheper)
+    ps_json = ps_variant(args.ps_json.resolve(), str(args.gpucacheper), tag="serve")
     model = load_ps_config(ps_json).models[0].name
     levels = [int(c) for c in args.concurrency.split(",")]
     results, logs = [], []

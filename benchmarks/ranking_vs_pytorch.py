@@ -49,7 +49,6 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import json
 import os
 import statistics
 import subprocess
@@ -60,6 +59,7 @@ from typing import Any
 import cupy
 import numpy as np
 import torch
+from ps_variant import ps_variant
 from result_table import write_results
 from torch_dlrm import TorchDlrm, torch_peer
 
@@ -166,18 +166,8 @@ def pcie_rate(nbytes: int = 1 << 28, runs: int = 5) -> float:
 
 
 def variant(ps_json: Path, cache: str, storage: str = "fp32") -> Path:
-    ps = json.loads(ps_json.read_text())
-    model = ps["models"][0]
-    model["storage_precision"] = storage
-    if cache == "static":
-        model["embedding_cache_type"] = "static"
-    else:
-        model["gpucacheper"] = float(cache)
-        model["embedding_cache_type"] = "dynamic"
-    model["max_batch_size"] = max(model.get("max_batch_size", 0), 65536)
-    path = ps_json.parent / f"ps_bench_{cache}_{storage}.json"
-    path.write_text(json.dumps(ps))
-    return path
+    """The model with ``cache`` and ``storage`` (:func:`ps_variant`), batches up to 65,536."""
+    return ps_variant(ps_json, cache, storage, min_batch_size=65536)
 
 
 def timed(fn, calls: list[tuple], runs: int) -> float:

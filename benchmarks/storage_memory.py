@@ -33,6 +33,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+from ps_variant import ps_variant
 from result_table import write_results
 
 from hps_core.cache.layout import WAYS, slot_bytes
@@ -45,20 +46,6 @@ COLUMNS = [
     "host_x_fp32", "footprint_host", "gpu_bytes", "gpu_x_fp32", "footprint_gpu",
     "cache_rows_x_fp32_slots", "cache_rows_x_fp32_rows", "build_s",
 ]  # fmt: skip
-
-
-def variant(ps_json: Path, cache: str, storage: str) -> Path:
-    ps = json.loads(ps_json.read_text())
-    model = ps["models"][0]
-    model["storage_precision"] = storage
-    if cache == "static":
-        model["embedding_cache_type"] = "static"
-    else:
-        model["embedding_cache_type"] = "dynamic"
-        model["gpucacheper"] = float(cache)
-    path = ps_json.parent / f"ps_memory_{cache}_{storage}.json"
-    path.write_text(json.dumps(ps))
-    return path
 
 
 def score_once(session: object, model: ModelConfig) -> None:
@@ -146,7 +133,7 @@ def main() -> None:
         slot = slot_bytes(1, dim, precision).nbytes / WAYS
         row = RowFormat(precision, dim).row_bytes
         for cache in args.caches.split(","):
-            ps = variant(args.ps_json, cache, storage)
+            ps = ps_variant(args.ps_json, cache, storage, tag="memory")
             child = subprocess.run(
                 [sys.executable, __file__, "--ps-json", str(args.ps_json), "--one", str(ps)],
                 capture_output=True, text=True, check=False,
