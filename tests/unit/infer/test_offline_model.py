@@ -25,6 +25,7 @@ from s3_server import SECRET, upload
 from hps_core.cli.main import main as hps_main
 from hps_core.errors import ModelFileError, RequestError
 from hps_core.offline import DatasetColumns, InferenceModel, auc
+from hps_core.offline import dataset as dataset_module
 
 NETWORKS = ["dcn", "wdl", "dlrm", "deepfm"]
 
@@ -101,6 +102,38 @@ def test_dataset_predictions_equal_the_reference_and_the_auc(tmp_path, name, one
     assert model.evaluate(tmp_path / "data.parquet") == pytest.approx(result.auc())
     # The last batch holds the last 45 - 5 * 8 = 5 samples: check_out_tensor sees those.
     assert model.check_out_tensor(model.tensor_names[-1]).shape == (5, 1)
+
+
+def test_records_read_in_several_pieces_cut_into_the_same_batches(tmp_path, monkeypatch) -> None:
+    """Files are read READ_ROWS rows at a time (here 20: 2.5 batches of 8), then cut into
+    batches; a bad value is still named by its row in the file."""
+    monkeypatch.setattr(dataset_module, "READ_ROWS", 20)
+    files = write_ranking_files(tmp_path / "m", OWN["dlrm"], seed=49, max_batch_size=8)
+    model = InferenceModel.from_ps_json(files.ps_json)
+    rng = np.random.default_rng(50)
+    n = 45
+    keys = random_keys(rng, n, files.slot_nums, files.known_keys(), 1)
+    dense = rng.standard_normal((n, model.layout.dense_dim)).astype(np.float32)
+    labels = (rng.random(n) < 0.4).astype(np.float32)
+    write_dataset(tmp_path / "data.parquet", files, dense, keys, labels, one_hot=True)
+    sizes = []
+    predict_batch = model.predict_batch
+
+    def counted(batch):
+        sizes.append(batch.batch_size)
+        return predict_batch(batch)
+
+    monkeypatch.setattr(model, "predict_batch", counted)
+    result = model.predict_dataset(tmp_path / "data.parquet", progress=False)
+    assert sizes == [8, 8, 8, 8, 8, 5]  # reads of 16 rows (two batches), the last 13
+    np.testing.assert_allclose(result.scores, reference(files, dense, keys), rtol=1e-4, atol=1e-5)
+    np.testing.assert_array_equal(result.labels[:, 0], labels)
+    table = pq.read_table(tmp_path / "data.parquet")
+    values = table.column("I2").to_pylist()
+    values[37] = None
+    pq.write_table(table.set_column(2, "I2", pa.array(values, pa.float32())), tmp_path / "n.pq")
+    with pytest.raises(ModelFileError, match=r"n.pq: column 'I2' is null at row 37"):
+        model.predict_dataset(tmp_path / "n.pq")
 
 
 def test_file_list_metadata_and_unlabelled_data(tmp_path: Path) -> None:
