@@ -45,6 +45,9 @@ VARIANTS = {
     "insert beside the dense network": {"_INSERT_AFTER_SCORES": False},
     "whole batches (no chunks)": {"_CHUNKED_KEY_BYTES": 1 << 62},
     "chunks with dynamic caches": {"_CHUNKS_WITH_DYNAMIC_CACHES": True},
+    # The insert runs after the scores (unless caches are shared), no longer beside the GEMMs
+    # that made 2 blocks per SM the default.
+    "insert 8 blocks/SM": {"_INSERT_BLOCKS_PER_SM": 8},
 }
 """Settings of :mod:`hps_core.infer.gpu.pipeline` timed beside the default (the median predict of
 fresh batches, the settings alternating)."""
