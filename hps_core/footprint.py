@@ -22,11 +22,12 @@ gives the bytes of a row):
   per GPU instance for tables without a static table (:mod:`hps_core.infer.gpu.bank`):
   :attr:`~hps_core.tiers.hash_layout.HashLayout.index_nbytes`. Only models with a
   ``network_file`` (ranking models) run that pipeline.
-- ``redis_cluster`` / ``rocks_db``: the FP32 payload HugeCTR's layout stores there (an 8-byte
-  key and ``dim`` float32 per row, for the rows loaded when the table opens,
-  :func:`~hps_core.tiers.factory.tier_plan`), whatever the table's storage precision: these
-  databases keep HugeCTR's layout, so HugeCTR and this project can share them. They live
-  outside this process, and the databases' own overhead is not counted.
+- ``redis_cluster`` / ``rocks_db``: the payload stored there, an 8-byte key and a row per row
+  loaded when the table opens (:func:`~hps_core.tiers.factory.tier_plan`): ``dim`` float32,
+  HugeCTR's layout, whatever the table's storage precision (so HugeCTR and this project can
+  share them), or with the database's ``store_compressed`` the table's stored row
+  (:mod:`hps_core.tiers.encoded_rows`). They live outside this process, and the databases'
+  own overhead is not counted.
 
 Not counted: per-cache counters and insert locks (a few bytes per set), the rows a batch's
 misses are staged in (sized by the batch, not the table), the update overlay (bounded by
@@ -43,6 +44,7 @@ from hps_core.cache.layout import WAYS, cache_capacity_rows, num_sets_for, slot_
 from hps_core.cache.static_table import static_table_nbytes
 from hps_core.config import ModelConfig, PSConfig, TableConfig
 from hps_core.formats.sparse import inspect_sparse_table
+from hps_core.quant import RowFormat, StoragePrecision
 from hps_core.tiers.factory import tier_plan
 from hps_core.tiers.host_table import held_rows, host_layout
 
@@ -56,15 +58,15 @@ OUTSIDE_TIERS = ("redis_cluster", "rocks_db")
 """Tiers held by other processes (a Redis cluster, a RocksDB database)."""
 
 
-def payload_bytes(rows: int, dim: int) -> int:
-    """FP32 payload of ``rows`` rows in HugeCTR's Redis and RocksDB layouts: per row an
-    8-byte key and ``dim`` float32.
+def payload_bytes(rows: int, dim: int, precision: StoragePrecision = StoragePrecision.FP32) -> int:
+    """Payload of ``rows`` rows in a Redis or RocksDB table: per row an 8-byte key and the
+    row, ``dim`` float32 in HugeCTR's layout (fp32), else the stored row of ``precision``.
 
     Example:
-        >>> payload_bytes(10, 4)
-        240
+        >>> payload_bytes(10, 4), payload_bytes(10, 4, StoragePrecision.FP16)
+        (240, 160)
     """
-    return rows * (8 + 4 * dim)
+    return rows * (8 + RowFormat(precision, dim).row_bytes)
 
 
 @dataclass(frozen=True)
@@ -232,9 +234,21 @@ def table_footprint(
         redis_cluster=(
             None
             if plan.redis_fraction is None
-            else payload_bytes(held_rows(rows, plan.redis_fraction), dim)
+            else payload_bytes(
+                held_rows(rows, plan.redis_fraction),
+                dim,
+                precision if config.volatile_db.store_compressed else StoragePrecision.FP32,
+            )
         ),
-        rocks_db=payload_bytes(rows, dim) if plan.rocks else None,
+        rocks_db=(
+            payload_bytes(
+                rows,
+                dim,
+                precision if config.persistent_db.store_compressed else StoragePrecision.FP32,
+            )
+            if plan.rocks
+            else None
+        ),
     )
 
 

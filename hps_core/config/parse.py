@@ -80,10 +80,18 @@ Extensions (keys HugeCTR does not have; its parser ignores them, so a file using
 FP32 tables there; ``to_dict`` writes them only when given):
     - ``storage_precision`` (model entry): ``"fp32"``, ``"fp16"``, ``"int8"`` or ``"fp8"``,
       how every tier in this process stores the model's tables
-      (:class:`~hps_core.quant.rows.RowFormat`); Redis and RocksDB keep HugeCTR's FP32 layout.
+      (:class:`~hps_core.quant.rows.RowFormat`); Redis and RocksDB keep HugeCTR's FP32 layout
+      unless ``store_compressed`` says otherwise.
     - ``storage_precision_per_table`` (model entry): one of those per table; it wins over
       ``storage_precision``.
-    Problems: an unknown value; a per-table list of the wrong length; with ``fp8_quant: true``
+    - ``store_compressed`` (``volatile_db`` of type ``redis_cluster``, ``persistent_db`` of
+      type ``rocks_db``): ``true`` stores each compressed table there in its storage precision
+      too, as the host tier holds it, under the name ``hps_et.<model>.<table>@<precision>``
+      (:mod:`hps_core.tiers.encoded_rows`), which HugeCTR does not read; fp32 tables stay
+      HugeCTR's. Default ``false``: HugeCTR's FP32 layout, rows encoded as they come up.
+    Problems: ``store_compressed`` on another database type, or different in the two
+    databases with ``cache_missed_embeddings``; an unknown precision; a per-table list of the
+    wrong length; with ``fp8_quant: true``
     on a static model, a precision other than fp8 for a table ``fp8_quant`` stores in fp8 (a
     contradiction: remove one of the two); a precision whose row would not be smaller than
     the table's FP32 row (int8 below ``dim`` 4, fp8 below 3, fp16 at 1).
@@ -107,7 +115,7 @@ from hps_core.config.checks import (
     dataclass_defaults,
     json_object_from_pairs,
 )
-from hps_core.config.enums import EMBEDDING_CACHE_TYPE_NAMES, EmbeddingCacheType
+from hps_core.config.enums import EMBEDDING_CACHE_TYPE_NAMES, DatabaseType, EmbeddingCacheType
 from hps_core.config.parse_tiers import (
     persistent_db,
     update_source,
@@ -294,6 +302,19 @@ def _root(c: Collector, obj: Any, source: str, source_path: Path) -> PSConfig | 
         }
     )
     if any(v is None for v in values.values()):
+        return None
+    volatile, persistent = values["volatile_db"], values["persistent_db"]
+    both = volatile.type is DatabaseType.REDIS_CLUSTER and persistent.type is DatabaseType.ROCKS_DB
+    if (
+        both
+        and volatile.cache_missed_embeddings
+        and (volatile.store_compressed != persistent.store_compressed)
+    ):
+        c.add(
+            "persistent_db.store_compressed",
+            "must equal volatile_db.store_compressed with cache_missed_embeddings: rows found "
+            "in RocksDB are written up to the Redis cluster as they are stored",
+        )
         return None
     return PSConfig(**values, source_path=source_path)
 

@@ -198,11 +198,20 @@ def volatile_db(c: Collector, value: Any, where: str) -> VolatileDBConfig | None
             "initial_cache_rate": c.number_in(UNIT),
             "cache_missed_embeddings": c.boolean,
             "update_filters": c.list_of(c.regex),
+            "store_compressed": c.boolean,
         },
         defaults,
         _VOLATILE_IGNORED,
         VolatileDBConfig,
     )
+    compressed = config is not None and config.store_compressed
+    if compressed and config.type is not DatabaseType.REDIS_CLUSTER:
+        c.add(
+            f"{where}.store_compressed",
+            "applies to a redis_cluster only: the host tier (type "
+            f"'{config.type.value}') holds every table in its storage_precision already",
+        )
+        return None
     if config is not None and config.type is DatabaseType.REDIS_CLUSTER:
         # HugeCTR fails on a bad port only when it connects (std::stoi); say so at load.
         try:
@@ -215,7 +224,7 @@ def volatile_db(c: Collector, value: Any, where: str) -> VolatileDBConfig | None
 
 def persistent_db(c: Collector, value: Any, where: str) -> PersistentDBConfig | None:
     """Read the ``persistent_db`` section."""
-    return _section(
+    config = _section(
         c,
         value,
         where,
@@ -227,11 +236,16 @@ def persistent_db(c: Collector, value: Any, where: str) -> PersistentDBConfig | 
             "max_batch_size": c.int_in(),
             "initialize_after_startup": c.boolean,
             "update_filters": c.list_of(c.regex),
+            "store_compressed": c.boolean,
         },
         dataclass_defaults(PersistentDBConfig),
         _PERSISTENT_IGNORED,
         PersistentDBConfig,
     )
+    if config is not None and config.store_compressed and config.type is DatabaseType.DISABLED:
+        c.add(f"{where}.store_compressed", "applies to a rocks_db only: persistent_db is disabled")
+        return None
+    return config
 
 
 def update_source(c: Collector, value: Any, where: str) -> UpdateSourceConfig | None:

@@ -449,6 +449,7 @@ class VolatileDBConfig:
     initial_cache_rate: float = 1.0
     cache_missed_embeddings: bool = False
     update_filters: tuple[str, ...] = DEFAULT_UPDATE_FILTERS
+    store_compressed: bool = False
     ignored_keys: tuple[str, ...] = field(default=(), compare=False)
 
     @property
@@ -502,6 +503,8 @@ class VolatileDBConfig:
                 "update_filters": list(self.update_filters),
             }
         )
+        if self.store_compressed:  # an extension: written only when set
+            out["store_compressed"] = True
         return out
 
 
@@ -516,6 +519,7 @@ class PersistentDBConfig:
     max_batch_size: int = 64 * 1024
     initialize_after_startup: bool = True
     update_filters: tuple[str, ...] = DEFAULT_UPDATE_FILTERS
+    store_compressed: bool = False
     ignored_keys: tuple[str, ...] = field(default=(), compare=False)
 
     def to_dict(self, relative_to: Path | None = None) -> dict[str, Any]:
@@ -527,7 +531,7 @@ class PersistentDBConfig:
         Returns:
             A JSON-serialisable dict.
         """
-        return {
+        out: dict[str, Any] = {
             "type": self.type.value,
             "path": _path_text(self.path, relative_to),
             "num_threads": self.num_threads,
@@ -536,6 +540,9 @@ class PersistentDBConfig:
             "initialize_after_startup": self.initialize_after_startup,
             "update_filters": list(self.update_filters),
         }
+        if self.store_compressed:  # an extension: written only when set
+            out["store_compressed"] = True
+        return out
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -347,9 +347,10 @@ class TieredTable:
             asked = unique[remaining]
             before = tier.store.errors
             try:
-                # The overlay stores a compressed table's rows encoded already; Redis and
-                # RocksDB hold FP32 rows, encoded below once they are written up.
-                encoded = kind == "overlay" and not fmt.is_identity
+                # The overlay stores a compressed table's rows encoded already, as Redis and
+                # RocksDB do with store_compressed; else they hold FP32 rows, encoded below
+                # once they come up.
+                encoded = getattr(tier.store, "stores_encoded", False)
                 if encoded:
                     got, got_found = tier.store.lookup_stored(tier.table, asked, self.dim)
                 else:
@@ -365,8 +366,8 @@ class TieredTable:
             if got_found is None or not got_found.any():
                 continue
             hit_rows = got[got_found]
-            if i in self._elevate_to:  # FP32 rows of RocksDB, written up to Redis
-                self._elevate(self.lower[self._elevate_to[i]], asked[got_found], hit_rows)
+            if i in self._elevate_to:  # rows of RocksDB written up to Redis as they are stored
+                self._elevate(self.lower[self._elevate_to[i]], asked[got_found], hit_rows, encoded)
             if not (encoded or fmt.is_identity):
                 hit_rows = fmt.encode_stored(hit_rows)
             rows = remaining[got_found]
@@ -398,7 +399,7 @@ class TieredTable:
 
     # --- cache_missed_embeddings ------------------------------------------------------------
 
-    def _elevate(self, tier: LowerTier, keys: np.ndarray, vectors: np.ndarray) -> None:
+    def _elevate(self, tier: LowerTier, keys: np.ndarray, rows: np.ndarray, stored: bool) -> None:
         self._pending = [f for f in self._pending if not f.done()]
         if len(self._pending) >= MAX_PENDING_ELEVATIONS:
             with self._lock:
@@ -408,13 +409,16 @@ class TieredTable:
             self._worker = concurrent.futures.ThreadPoolExecutor(
                 1, thread_name_prefix=f"hps-elevate-{self.name}"
             )
-        self._pending.append(self._worker.submit(self._write_up, tier, keys, vectors))
+        self._pending.append(self._worker.submit(self._write_up, tier, keys, rows, stored))
 
-    def _write_up(self, tier: LowerTier, keys: np.ndarray, vectors: np.ndarray) -> None:
+    def _write_up(self, tier: LowerTier, keys: np.ndarray, rows: np.ndarray, stored: bool) -> None:
         field = f"{tier.store.kind}_errors"
         before = tier.store.errors
         try:
-            tier.store.insert(tier.table, keys, vectors)
+            if stored:  # the same precision above (the config keeps the two alike)
+                tier.store.insert_stored(tier.table, keys, rows, self.dim)
+            else:
+                tier.store.insert(tier.table, keys, rows)
         except Exception as exc:
             self._log_error(tier.store.kind, exc)
             failed = max(tier.store.errors - before, 1)

@@ -77,8 +77,10 @@ from hps_core.formats.sparse import (
     iter_sparse_table,
 )
 from hps_core.formats.uris import model_path
+from hps_core.quant import StoragePrecision
 from hps_core.tiers.backing import BackingStore, table_tag
 from hps_core.tiers.cascade import LowerTier, TieredTable
+from hps_core.tiers.encoded_rows import EncodedRows, encoded_tag
 from hps_core.tiers.host_table import LAYOUT_VERSION, SharedHostTable, file_identity, held_rows
 from hps_core.tiers.overlay import OverlayStore
 from hps_core.tiers.shm_segment import file_lock, shm_dir
@@ -258,15 +260,17 @@ def open_table_tiers(
         if has_redis:
             redis = _acquire(("redis", _redis_key(volatile)), lambda: _open_redis(volatile))
             releases.append(redis)
+            rows, name = _table_rows(redis.store, volatile.store_compressed, tag, table)
             if plan.redis_fraction:
-                _fill_redis(redis.store, volatile, tag, table, plan.redis_fraction)
-            lower.append(LowerTier(redis.store, tag))
+                _fill_redis(redis.store, rows, volatile, name, table, plan.redis_fraction)
+            lower.append(LowerTier(rows, name))
         if plan.rocks:
             path = str(Path(persistent.path).resolve())
             rocks = _acquire(("rocks", path), lambda: _RocksReader(persistent))
             releases.append(rocks)
+            rows, name = _table_rows(rocks.store, persistent.store_compressed, tag, table)
             _ensure_rocks_table(rocks.store, persistent, tag, table)
-            lower.append(LowerTier(rocks.store, tag))
+            lower.append(LowerTier(rows, name))
         shared = SharedHostTable(
             table.sparse_file,
             table.dim,
@@ -285,6 +289,23 @@ def open_table_tiers(
         cache_missed_embeddings=volatile.cache_missed_embeddings,
         release=functools.partial(_release_all, releases),
     )
+
+
+def _table_rows(
+    store: BackingStore, compressed: bool, tag: str, table: TableConfig
+) -> tuple[BackingStore, str]:
+    """How a database holds the table: what reads and writes its rows, and its name there.
+    With ``store_compressed``, a compressed table's stored rows under :func:`encoded_tag`;
+    else (and for fp32 tables) FP32 vectors under HPS's tag, as HugeCTR stores them."""
+    name = _stored_name(compressed, tag, table)
+    return (store if name == tag else EncodedRows(store, table.storage)), name
+
+
+def _stored_name(compressed: bool, tag: str, table: TableConfig) -> str:
+    """The table's name in a database (see :func:`_table_rows`)."""
+    if not compressed or table.storage is StoragePrecision.FP32:
+        return tag
+    return encoded_tag(tag, table.storage)
 
 
 # --- process-wide store handles ------------------------------------------------------------
@@ -447,8 +468,9 @@ def write_marker(store: BackingStore, tag: str, digest: bytes) -> None:
 
 
 def _ensure_rocks_table(
-    reader: _RocksReader, config: PersistentDBConfig, tag: str, table: TableConfig
+    reader: _RocksReader, config: PersistentDBConfig, hps_tag: str, table: TableConfig
 ) -> None:
+    tag = _stored_name(config.store_compressed, hps_tag, table)
     if config.read_only or not config.initialize_after_startup:
         if not (reader.path / "CURRENT").is_file():
             raise ModelFileError(
@@ -476,7 +498,8 @@ def _ensure_rocks_table(
             if read_marker(writer, tag) != digest:
                 started = time.perf_counter()
                 writer.drop_table(tag)  # rows of older files must not outlive them
-                rows = writer.load_sparse(tag, table.sparse_file, table.dim)
+                target, _ = _table_rows(writer, config.store_compressed, hps_tag, table)
+                rows = target.load_sparse(tag, table.sparse_file, table.dim)
                 write_marker(writer, tag, digest)
                 writer.flush()
                 logger.info(
@@ -494,8 +517,15 @@ def _ensure_rocks_table(
 
 
 def _fill_redis(
-    store: BackingStore, config: VolatileDBConfig, tag: str, table: TableConfig, rate: float
+    store: BackingStore,
+    rows_store: BackingStore,
+    config: VolatileDBConfig,
+    tag: str,
+    table: TableConfig,
+    rate: float,
 ) -> None:
+    """Fill ``tag`` with the first ``rate`` of the table's rows through ``rows_store`` (the
+    cluster, or its :class:`EncodedRows`), unless its marker in ``store`` names them."""
     folder = model_path(table.sparse_file)
     rows = held_rows(inspect_sparse_table(folder, table.dim).rows, rate)
     digest = source_digest(table, rows)
@@ -516,7 +546,7 @@ def _fill_redis(
                 if written >= rows:
                     break
                 n = min(len(chunk.keys), rows - written)
-                store.insert(tag, chunk.keys[:n], chunk.vectors[:n])
+                rows_store.insert(tag, chunk.keys[:n], chunk.vectors[:n])
                 written += n
             write_marker(store, tag, digest)
             logger.info(

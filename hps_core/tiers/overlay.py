@@ -219,6 +219,12 @@ class OverlayStore:
             held = self._tables.get(table)
             return 0 if held is None else held.evictions
 
+    @property
+    def stores_encoded(self) -> bool:
+        """Whether :meth:`lookup_stored` gives rows in a compressed precision (for the
+        lookup cascade, which then does not encode them again)."""
+        return self.precision is not StoragePrecision.FP32
+
     def insert(self, table: str, keys: np.ndarray, vectors: np.ndarray) -> None:
         """Write rows, replacing existing ones; the last of repeated keys wins. Then shrink
         every partition left above the margin (see the module notes).

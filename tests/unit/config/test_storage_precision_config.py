@@ -377,3 +377,55 @@ def test_fp8_quant_on_a_static_model_names_the_tables_it_leaves_in_fp32() -> Non
         fp8_quant=True, use_static_table=True, storage_precision_per_table=[FP32, FP8]
     )
     assert warnings_of(named) == []  # the file names fp32 for it: nothing to tell
+
+
+# --------------------------------------------------------------- store_compressed (databases)
+
+
+def with_databases(volatile: dict[str, Any], persistent: dict[str, Any]) -> dict[str, Any]:
+    return {**two_tables(storage_precision_per_table=[FP32, FP16]), "volatile_db": volatile,
+            "persistent_db": persistent}  # fmt: skip
+
+
+REDIS = {"type": "redis_cluster", "address": "127.0.0.1:7000"}
+ROCKS = {"type": "rocks_db", "path": "/tmp/db"}
+
+
+def test_store_compressed_is_read_and_written_back_only_when_set(tmp_path: Path) -> None:
+    doc = with_databases({**REDIS, "store_compressed": True}, {**ROCKS, "store_compressed": True})
+    cfg = parse_ps_config(doc, tmp_path)
+    assert cfg.volatile_db.store_compressed and cfg.persistent_db.store_compressed
+    written = cfg.to_dict(tmp_path)
+    assert written["volatile_db"]["store_compressed"] is True
+    assert written["persistent_db"]["store_compressed"] is True
+    again = parse_ps_config(json.loads(json.dumps(written)), tmp_path)
+    assert again.volatile_db == cfg.volatile_db and again.persistent_db == cfg.persistent_db
+    plain = parse_ps_config(with_databases(REDIS, ROCKS), tmp_path).to_dict(tmp_path)
+    assert "store_compressed" not in plain["volatile_db"]
+    assert "store_compressed" not in plain["persistent_db"]
+
+
+@pytest.mark.parametrize(
+    ("volatile", "persistent", "where", "message"),
+    [
+        ({"type": "hash_map", "store_compressed": True}, ROCKS, "volatile_db.store_compressed",
+         "applies to a redis_cluster only: the host tier (type 'hash_map') holds every table"),
+        (REDIS, {"type": "disabled", "store_compressed": True}, "persistent_db.store_compressed",
+         "applies to a rocks_db only: persistent_db is disabled"),
+        ({**REDIS, "cache_missed_embeddings": True, "store_compressed": True}, ROCKS,
+         "persistent_db.store_compressed",
+         "must equal volatile_db.store_compressed with cache_missed_embeddings"),
+        (REDIS, {**ROCKS, "store_compressed": "yes"}, "persistent_db.store_compressed",
+         'expected true or false, found the string "yes"'),
+    ],
+)  # fmt: skip
+def test_store_compressed_where_it_does_not_apply_is_refused(
+    volatile: dict[str, Any], persistent: dict[str, Any], where: str, message: str
+) -> None:
+    got_where, got = only_problem(with_databases(volatile, persistent))
+    assert got_where == where and message in got
+
+
+def test_databases_may_differ_without_cache_missed_embeddings(tmp_path: Path) -> None:
+    cfg = parse_ps_config(with_databases(REDIS, {**ROCKS, "store_compressed": True}), tmp_path)
+    assert not cfg.volatile_db.store_compressed and cfg.persistent_db.store_compressed

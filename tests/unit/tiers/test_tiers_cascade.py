@@ -40,8 +40,11 @@ DEFAULT = 0.5
 TAG = table_tag("m", "t0")
 
 
-def config(root: Path, dim: int, **sections: Any) -> PSConfig:
-    return parse_ps_config(one_model_ps(dim, DEFAULT, **sections), root)
+def config(root: Path, dim: int, precision: str | None = None, **sections: Any) -> PSConfig:
+    ps = one_model_ps(dim, DEFAULT, **sections)
+    if precision is not None:
+        ps["models"][0]["storage_precision"] = precision
+    return parse_ps_config(ps, root)
 
 
 def rocks(root: Path, **fields: Any) -> dict[str, Any]:
@@ -481,6 +484,65 @@ def test_two_processes_load_the_database_and_segment_once(
     assert not (tmp_path / "db" / LOAD_LOCK).exists()
 
 
+# --- store_compressed: the databases hold the table's stored rows -----------------------------
+
+
+def file_rows(root: Path, rows_of: dict[int, int], keys: np.ndarray, dim: int) -> np.ndarray:
+    vectors = np.fromfile(root / "t0" / "emb_vector", dtype="<f4").reshape(-1, dim)
+    return vectors[[rows_of[k] for k in keys.tolist()]]
+
+
+@pytest.mark.parametrize("precision", ["fp16", "int8", "fp8", "fp32"])
+def test_rocksdb_with_store_compressed_holds_the_tables_stored_rows(
+    tmp_path: Path, shm_path: Path, rng: np.random.Generator, precision: str
+) -> None:
+    """A compressed table's rows are written to RocksDB as the host tier stores them, once,
+    under the tag with its precision (an fp32 table stays as HugeCTR stores it); every key
+    answers what it answers without store_compressed, from any tier, in any form."""
+    dim, rows = 24, 500
+    rows_of = write_table(tmp_path, rng, rows, dim)
+    keys = np.fromiter(rows_of, np.int64)
+    fmt = RowFormat(precision, dim)
+    cfg = config(
+        tmp_path, dim, precision,
+        volatile_db={"type": "hash_map", "initial_cache_rate": 0.3},
+        persistent_db=rocks(tmp_path, max_batch_size=64, store_compressed=True),
+    )  # fmt: skip
+    table = open_table_tiers(cfg, "m", cfg.models[0].tables[0])
+    name = TAG if precision == "fp32" else f"{TAG}@{precision}"
+    assert table.lower[0].table == name
+    queries = mixed_queries(rng, keys, 3 * rows)
+    known = np.array([q in rows_of for q in queries.tolist()])
+    want = np.full((len(queries), dim), DEFAULT, np.float32)
+    want[known] = reference_decoded(fmt, file_rows(tmp_path, rows_of, queries[known], dim))
+    values, found = table.lookup(queries)
+    np.testing.assert_array_equal(found, known)
+    np.testing.assert_array_equal(values, want)
+    below = keys[held_rows(rows, 0.3) :]  # the rows only RocksDB holds
+    stored, _ = table.lookup_lower_stored(below)
+    np.testing.assert_array_equal(
+        stored, reference_stored(fmt, file_rows(tmp_path, rows_of, below, dim))
+    )
+    c = table.tier_counters()
+    assert c.rocks_db_hits == int(np.count_nonzero(known)) - c.host_hits + len(below)
+    table.close()
+    written = database_files(tmp_path / "db")
+    # A restart finds the table loaded; the database holds row_bytes per key.
+    again = open_table_tiers(cfg, "m", cfg.models[0].tables[0])
+    np.testing.assert_array_equal(again.lookup(queries)[0], want)
+    again.close()
+    assert database_files(tmp_path / "db") == written
+    from rocksdict import AccessType, Options, Rdict
+
+    db = Rdict(str(tmp_path / "db"), Options(raw_mode=True), access_type=AccessType.read_only(),
+               column_families={n: Options(raw_mode=True) for n in Rdict.list_cf(
+                   str(tmp_path / "db"), Options(raw_mode=True))})  # fmt: skip
+    value = db.get_column_family(name).get(int(keys[-1]).to_bytes(8, "little", signed=True))
+    db.close()
+    assert len(value) == fmt.row_bytes
+    assert list(shm_path.iterdir()) == []
+
+
 # --- a real Redis cluster between the shared tier and RocksDB ---------------------------------
 
 
@@ -563,3 +625,45 @@ def test_redis_cache_missed_embeddings_and_a_lost_node(
         table.close()
         cluster.restart(port)
         cluster.wait_ok()
+
+
+@pytest.mark.parametrize("precision", ["int8", "fp16"])
+def test_store_compressed_redis_takes_rocksdb_rows_as_they_are_stored(
+    tmp_path: Path, rng: np.random.Generator, cluster: RedisCluster, precision: str
+) -> None:
+    """Both databases hold the table's stored rows; rows found in RocksDB are written up to
+    Redis byte for byte (never encoded again from decoded values), and Redis then answers
+    the same stored rows."""
+    dim = 12
+    rows_of = write_table(tmp_path, rng, 400, dim)
+    keys = np.fromiter(rows_of, np.int64)
+    fmt = RowFormat(precision, dim)
+    model = f"packed_{precision}"
+    cfg = config(
+        tmp_path, dim, precision,
+        volatile_db=redis_section(
+            cluster, initial_cache_rate=0.25, cache_missed_embeddings=True, store_compressed=True
+        ),
+        persistent_db=rocks(tmp_path, store_compressed=True),
+    )  # fmt: skip
+    table = open_table_tiers(cfg, model, cfg.models[0].tables[0])
+    name = f"{table_tag(model, 't0')}@{precision}"
+    assert [t.table for t in table.lower] == [name, name]
+    redis = table.lower[0].store.store
+    assert redis.count(name) == held_rows(400, 0.25)
+    want = reference_stored(fmt, file_rows(tmp_path, rows_of, keys, dim))
+    first, found = table.lookup_stored(keys)
+    assert found.all()
+    np.testing.assert_array_equal(first, want)
+    table.flush()
+    c = table.tier_counters()
+    assert c.elevated_keys == c.rocks_db_hits == 400 - held_rows(400, 0.25)
+    assert redis.count(name) == 400
+    again, _ = table.lookup_stored(keys)
+    np.testing.assert_array_equal(again, want)
+    assert table.tier_counters().redis_cluster_hits == c.redis_cluster_hits + 400
+    raw, _ = redis.lookup(name, keys[-1:], fmt.row_words)
+    assert raw.nbytes == fmt.row_bytes
+    values, _ = table.lookup(keys)
+    np.testing.assert_array_equal(values, fmt.decode_stored(want))
+    table.close()

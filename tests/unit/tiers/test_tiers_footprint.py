@@ -97,3 +97,25 @@ def test_lower_tiers_report_the_rows_they_are_filled_with(tmp_path: Path) -> Non
     config = parse_ps_config(one_model_ps(dim=dim, **sections), tmp_path)
     table = table_footprint(config, config.models[0], config.models[0].tables[0], rows)
     assert (table.redis_cluster, table.rocks_db) == (rows * (8 + 4 * dim), None)
+
+
+@pytest.mark.parametrize(("precision", "row_bytes"), [("fp16", 16), ("int8", 16), ("fp8", 12)])
+def test_store_compressed_databases_hold_the_stored_rows(
+    tmp_path: Path, precision: str, row_bytes: int
+) -> None:
+    """dim 8: fp16 16 bytes; int8 8 codes, a scale and a bias; fp8 8 codes and a scale. The
+    FP32 layout (the default) takes 32 bytes whatever the table's precision."""
+    rows, dim = 1000, 8
+    redis = {"type": "redis_cluster", "address": "127.0.0.1:7000", "initial_cache_rate": 0.3}
+    rocks = {"type": "rocks_db", "path": str(tmp_path / "rocks")}
+    for compressed, size in ((True, row_bytes), (False, 4 * dim)):
+        ps = one_model_ps(
+            dim=dim,
+            volatile_db={**redis, "store_compressed": compressed},
+            persistent_db={**rocks, "store_compressed": compressed},
+        )
+        ps["models"][0]["storage_precision"] = precision
+        config = parse_ps_config(ps, tmp_path)
+        table = table_footprint(config, config.models[0], config.models[0].tables[0], rows)
+        assert table.redis_cluster == 300 * (8 + size)
+        assert table.rocks_db == rows * (8 + size)

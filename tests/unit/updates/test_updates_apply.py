@@ -385,3 +385,40 @@ def test_a_compressed_table_answers_its_updates_quantised_and_undoes_them_exactl
         np.testing.assert_array_equal(host.lookup_stored(everything)[0], before)
     finally:
         session.close()
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    from redis_cluster import redis_cluster
+
+    yield from redis_cluster()
+
+
+def test_new_keys_reach_a_store_compressed_redis_as_stored_rows(tmp_path: Path, cluster) -> None:
+    """With a Redis cluster as the volatile tier, an update's new keys are written there too:
+    with ``store_compressed``, as the table's stored rows, quantised once (the overlay holds
+    the same bytes)."""
+    cfg = updated_config(tmp_path, storage="int8")
+    ps = cfg.to_dict(tmp_path)
+    ps["volatile_db"] = {"type": "redis_cluster", "address": cluster.address,
+                         "num_partitions": 3, "store_compressed": True}  # fmt: skip
+    cfg = parse_ps_config(ps, tmp_path)
+    session = ModelLookup(cfg, cfg.models[0])
+    fmt = RowFormat("int8", DIM)
+    try:
+        updater = ModelUpdater(session, settle_s=0)
+        keys = np.arange(1, 41, dtype=np.int64) * 7919 + 10**12  # keys the files lack
+        vectors = (np.random.default_rng(13).standard_normal((40, DIM)) * 3).astype(np.float32)
+        updater.apply(TAG, keys, vectors)
+        host = session.table(0).host
+        redis = host.lower_store("redis_cluster")
+        assert redis.table == f"{TAG}@int8"
+        stored, found = redis.store.lookup_stored(redis.table, keys, DIM)
+        assert found.all()
+        np.testing.assert_array_equal(stored, reference_stored(fmt, vectors))
+        overlay = host.lower_store("overlay")
+        np.testing.assert_array_equal(overlay.store.lookup_stored(overlay.table, keys, DIM)[0],
+                                      stored)  # fmt: skip
+        np.testing.assert_array_equal(session.lookup(0, keys), reference_decoded(fmt, vectors))
+    finally:
+        session.close()
