@@ -91,10 +91,10 @@ FP32 tables there; ``to_dict`` writes them only when given):
       HugeCTR's. Default ``false``: HugeCTR's FP32 layout, rows encoded as they come up.
     Problems: ``store_compressed`` on another database type, or different in the two
     databases with ``cache_missed_embeddings``; an unknown precision; a per-table list of the
-    wrong length; with ``fp8_quant: true``
-    on a static model, a precision other than fp8 for a table ``fp8_quant`` stores in fp8 (a
-    contradiction: remove one of the two); a precision whose row would not be smaller than
-    the table's FP32 row (int8 below ``dim`` 4, fp8 below 3, fp16 at 1).
+    wrong length; with ``fp8_quant: true`` on a static model, a precision other than fp8 for
+    a table ``fp8_quant`` stores in fp8 (a contradiction: remove one of the two); a precision
+    whose row would not be smaller than the table's FP32 row (int8 below ``dim`` 4, fp8 below
+    3, fp16 at 1).
 """
 
 from __future__ import annotations
