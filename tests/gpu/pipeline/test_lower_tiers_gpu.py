@@ -40,6 +40,8 @@ CACHES = {
     "static": {"embedding_cache_type": "static"},
     # Stored in int8: RocksDB's FP32 rows are quantised on the host before they go up.
     "int8-dynamic": {"gpucacheper": 0.2, "storage_precision": "int8"},
+    # RocksDB holds the int8 rows themselves (store_compressed): they go up as stored.
+    "int8-stored": {"gpucacheper": 0.2, "storage_precision": "int8", "store_compressed": True},
 }
 
 
@@ -57,7 +59,9 @@ def tiered(repo: Path, name: str, cache: str, tmp: Path) -> Path:
     """The model's ps.json with 30% of each table in the host tier and all of it in RocksDB."""
     ps = json.loads((repo / name / "ps.json").read_text())
     model = ps["models"][0]
-    model.update(CACHES[cache], hit_rate_threshold=0.5)
+    settings = dict(CACHES[cache])
+    compressed = settings.pop("store_compressed", False)
+    model.update(settings, hit_rate_threshold=0.5)
     if "storage_precision" in model:  # W&D's wide table (dim 1) is smaller in FP32
         precision = model.pop("storage_precision")
         model["storage_precision_per_table"] = [
@@ -65,7 +69,9 @@ def tiered(repo: Path, name: str, cache: str, tmp: Path) -> Path:
             for dim in model["embedding_vecsize_per_table"]
         ]
     ps["volatile_db"] = {"type": "hash_map", "initial_cache_rate": 0.3}
-    ps["persistent_db"] = {"type": "rocks_db", "path": str(tmp / "rocksdb")}
+    ps["persistent_db"] = {
+        "type": "rocks_db", "path": str(tmp / "rocksdb"), "store_compressed": compressed,
+    }  # fmt: skip
     path = repo / name / f"ps_lower_{cache}_{tmp.name}.json"
     path.write_text(json.dumps(ps))
     return path
