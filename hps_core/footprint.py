@@ -48,6 +48,8 @@ from hps_core.quant import RowFormat, StoragePrecision
 from hps_core.tiers.factory import tier_plan
 from hps_core.tiers.host_table import held_rows, host_layout
 
+_FP32 = StoragePrecision.FP32
+
 MIXED = "mixed"
 """A model's precision when its tables are stored in different precisions."""
 
@@ -79,7 +81,7 @@ class TableFootprint:
         rows: rows of the sparse files.
         dim: embedding width.
         precision: storage precision of the rows in this process's tiers (``"fp32"``,
-            ``"fp16"``, ``"int8"``, ``"fp8"``); Redis and RocksDB hold FP32 whatever it is.
+            ``"fp16"``, ``"int8"``, ``"fp8"``).
         host: shared host tier, per machine.
         host_rows: rows the host tier holds (``initial_cache_rate`` below a persistent tier).
         gpu_cache: dynamic GPU cache, per GPU instance (0: none).
@@ -88,6 +90,8 @@ class TableFootprint:
         gpu_index: GPU copy of the host tier's row index, per GPU instance (0: none).
         redis_cluster: payload in the Redis cluster (None: no such tier).
         rocks_db: payload in RocksDB (None: no such tier).
+        outside_precision: precision of the rows each of those tiers holds, by tier name:
+            ``"fp32"`` (HugeCTR's layout) unless the database has ``store_compressed``.
     """
 
     index: int
@@ -103,6 +107,7 @@ class TableFootprint:
     gpu_index: int
     redis_cluster: int | None
     rocks_db: int | None
+    outside_precision: dict[str, str]
 
     @property
     def gpu(self) -> int:
@@ -129,6 +134,7 @@ class TableFootprint:
             "host_rows": self.host_rows,
             "gpu_cache_rows": self.gpu_cache_rows,
             "bytes": self.tier_bytes(),
+            "outside_precision": dict(self.outside_precision),
         }
 
 
@@ -219,6 +225,21 @@ def table_footprint(
         gpu_cache = slot_bytes(num_sets, dim, precision).nbytes
         gpu_cache_rows = num_sets * WAYS
     ranking = model.network_file is not None
+    # Rows each database holds, and in which precision (FP32 unless store_compressed).
+    outside = {
+        "redis_cluster": (
+            None if plan.redis_fraction is None else held_rows(rows, plan.redis_fraction),
+            precision if config.volatile_db.store_compressed else _FP32,
+        ),
+        "rocks_db": (
+            rows if plan.rocks else None,
+            precision if config.persistent_db.store_compressed else _FP32,
+        ),
+    }
+    payload = {
+        tier: None if n is None else payload_bytes(n, dim, stored)
+        for tier, (n, stored) in outside.items()
+    }
     return TableFootprint(
         index=table.index,
         name=table.name,
@@ -231,24 +252,11 @@ def table_footprint(
         gpu_cache_rows=gpu_cache_rows,
         gpu_static=gpu_static,
         gpu_index=layout.index_nbytes if ranking and not static else 0,
-        redis_cluster=(
-            None
-            if plan.redis_fraction is None
-            else payload_bytes(
-                held_rows(rows, plan.redis_fraction),
-                dim,
-                precision if config.volatile_db.store_compressed else StoragePrecision.FP32,
-            )
-        ),
-        rocks_db=(
-            payload_bytes(
-                rows,
-                dim,
-                precision if config.persistent_db.store_compressed else StoragePrecision.FP32,
-            )
-            if plan.rocks
-            else None
-        ),
+        redis_cluster=payload["redis_cluster"],
+        rocks_db=payload["rocks_db"],
+        outside_precision={
+            tier: stored.value for tier, (n, stored) in outside.items() if n is not None
+        },
     )
 
 

@@ -26,10 +26,15 @@ def tier_mib(n: int) -> str:
     return "<0.01 MiB" if 0 < mib < 0.005 else f"{mib:.2f} MiB"
 
 
-def _outside(tiers: dict[str, int]) -> str:
-    """`` | outside this process: Redis cluster X, RocksDB Y`` for the tiers that have them."""
+def _outside(tiers: dict[str, int], layouts: dict[str, str] | None = None) -> str:
+    """`` | outside this process: Redis cluster X, RocksDB Y`` for the tiers that have them,
+    each with the precision of its rows where it is not the table's (``layouts``)."""
     names = {"redis_cluster": "Redis cluster", "rocks_db": "RocksDB"}
-    parts = [f"{label} {tier_mib(tiers[name])}" for name, label in names.items() if name in tiers]
+    parts = []
+    for name, label in names.items():
+        if name in tiers:
+            layout = (layouts or {}).get(name)
+            parts.append(f"{label} {tier_mib(tiers[name])}" + (f" ({layout})" if layout else ""))
     return f" | outside this process: {', '.join(parts)}" if parts else ""
 
 
@@ -44,8 +49,18 @@ def table_bytes_line(table: TableFootprint) -> str:
         gpu.append(f"row index {tier_mib(table.gpu_index)}")
     return (
         f"  [{table.index}] {table.name} bytes ({table.precision}): host {tier_mib(table.host)}"
-        f" | per GPU instance: {', '.join(gpu) or 'none'}{_outside(table.tier_bytes())}"
+        f" | per GPU instance: {', '.join(gpu) or 'none'}"
+        f"{_outside(table.tier_bytes(), _other_layouts(table))}"
     )
+
+
+def _other_layouts(table: TableFootprint) -> dict[str, str]:
+    """Databases whose rows are not in the table's precision (HugeCTR's FP32 layout)."""
+    return {
+        tier: precision
+        for tier, precision in table.outside_precision.items()
+        if precision != table.precision
+    }
 
 
 def model_bytes_line(footprint: ModelFootprint) -> str:

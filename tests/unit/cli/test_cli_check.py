@@ -124,6 +124,32 @@ def test_tier_bytes_of_static_tables_row_index_and_lower_tiers(
     assert table["bytes"]["rocks_db"] == 20_000 * (8 + 4 * 16)
 
 
+def test_databases_holding_another_precision_than_the_table_say_which(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An fp16 table (the dim-16 one; the dim-1 table stays fp32): RocksDB with
+    store_compressed holds fp16 rows (unlabelled, as the table), the Redis cluster HugeCTR's
+    FP32 layout (labelled)."""
+    ps, _ = write_model(tmp_path)
+    edit_ps(ps, storage_precision_per_table=["fp16", "fp32"])
+    doc = json.loads(ps.read_text())
+    doc["volatile_db"] = {"type": "redis_cluster", "address": "127.0.0.1:7000"}
+    doc["persistent_db"] = {
+        "type": "rocks_db", "path": str(tmp_path / "rocksdb"), "store_compressed": True,
+    }  # fmt: skip
+    ps.write_text(json.dumps(doc))
+    code, out, err = run_check(capsys, str(ps))
+    assert code == 0, err
+    assert out.splitlines()[3].endswith(
+        "outside this process: Redis cluster 1.37 MiB (fp32), RocksDB 0.76 MiB"
+    )
+    code, out, err = run_check(capsys, str(ps), "--json")
+    table = json.loads(out)["models"][0]["tables"][0]
+    assert table["outside_precision"] == {"redis_cluster": "fp32", "rocks_db": "fp16"}
+    assert table["bytes"]["rocks_db"] == 20_000 * (8 + 2 * 16)
+    assert table["bytes"]["redis_cluster"] == 20_000 * (8 + 4 * 16)
+
+
 def test_model_option_and_dense_files(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     ps, _ = write_model(tmp_path)
     (tmp_path / "dense.model").write_bytes(b"\0" * 16)
