@@ -61,7 +61,8 @@ class TableConfig:
         max_query_per_sample: ``maxnum_catfeature_query_per_table_per_sample[index]``.
         storage: how every tier in this process stores the table's rows (the shared host
             tier, the GPU caches and static tables, the update overlay); Redis and RocksDB
-            keep HugeCTR's FP32 layout. :class:`ModelConfig` resolves it from the ps.json's
+            keep HugeCTR's FP32 layout unless their ``store_compressed`` is set.
+            :class:`ModelConfig` resolves it from the ps.json's
             ``storage_precision_per_table``, ``storage_precision`` and ``fp8_quant``.
     """
 
