@@ -25,9 +25,12 @@ from __future__ import annotations
 
 import json
 import os
+import queue
+import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 import numpy as np
 import pyarrow as pa
@@ -246,6 +249,70 @@ def iter_dataset(
                     labels = None if read.labels is None else read.labels[first:stop]
                     yield DatasetBatch(read.samples.sample_range(first, stop), labels)
                 row += n
+
+
+T = TypeVar("T")
+
+_END = object()
+"""What :func:`read_ahead`'s thread puts after the last item (with the error, if any)."""
+
+
+def read_ahead(items: Iterator[T], depth: int = 2) -> Iterator[T]:
+    """``items``, produced by a thread of their own up to ``depth`` ahead of the consumer: the
+    next batches are read and converted (Arrow and NumPy release the GIL for most of it)
+    while the consumer scores the current one, on the GPU or the other cores.
+
+    Args:
+        items: an iterator; a generator is closed when the consumer stops early.
+        depth: most items produced and not yet consumed.
+
+    Yields:
+        The items, in order; an exception ``items`` raised is raised here, after the items
+        before it.
+
+    Example:
+        >>> list(read_ahead(iter(range(5))))
+        [0, 1, 2, 3, 4]
+    """
+    slots: queue.Queue[tuple[object, BaseException | None]] = queue.Queue(maxsize=depth)
+    stop = threading.Event()
+
+    def put(entry: tuple[object, BaseException | None]) -> bool:
+        while not stop.is_set():  # the consumer may be gone: never block for good
+            try:
+                slots.put(entry, timeout=0.05)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def produce() -> None:
+        try:
+            for item in items:
+                if not put((item, None)):
+                    return
+        except BaseException as exc:  # handed to the consumer, raised there
+            put((_END, exc))
+            return
+        finally:
+            close = getattr(items, "close", None)
+            if close is not None:
+                close()
+        put((_END, None))
+
+    thread = threading.Thread(target=produce, name="hps-read-ahead", daemon=True)
+    thread.start()
+    try:
+        while True:
+            item, error = slots.get()
+            if item is _END:
+                if error is not None:
+                    raise error
+                return
+            yield item  # type: ignore[misc]
+    finally:
+        stop.set()
+        thread.join()
 
 
 def dataset_rows(files: Sequence[ModelPath]) -> int:

@@ -29,6 +29,7 @@ from hps_core.offline.dataset import (
     dataset_files,
     dataset_rows,
     iter_dataset,
+    read_ahead,
 )
 from hps_core.offline.metrics import auc
 
@@ -255,7 +256,12 @@ class InferenceModel:
         scores, labels = [], []
         enabled = total > 1_000_000 if progress is None else progress
         with RowProgress(total, f"scoring {source}", enabled) as bar:
-            for batch in iter_dataset(files, columns, self.layout, size):
+            batches = iter_dataset(files, columns, self.layout, size)
+            if self.session.xp is not np:
+                # On a GPU the next batches are read while this one is scored (on the CPU both
+                # would take the same cores: 36.9K against 38.9K rows/s on the 2-core machine).
+                batches = read_ahead(batches)
+            for batch in batches:
                 scores.append(self.predict_batch(batch.samples))
                 if batch.labels is not None:
                     labels.append(batch.labels)

@@ -24,7 +24,7 @@ from s3_server import SECRET, upload
 
 from hps_core.cli.main import main as hps_main
 from hps_core.errors import ModelFileError, RequestError
-from hps_core.offline import DatasetColumns, InferenceModel, auc
+from hps_core.offline import DatasetColumns, InferenceModel, auc, dataset_files, iter_dataset
 from hps_core.offline import dataset as dataset_module
 
 NETWORKS = ["dcn", "wdl", "dlrm", "deepfm"]
@@ -134,6 +134,39 @@ def test_records_read_in_several_pieces_cut_into_the_same_batches(tmp_path, monk
     pq.write_table(table.set_column(2, "I2", pa.array(values, pa.float32())), tmp_path / "n.pq")
     with pytest.raises(ModelFileError, match=r"n.pq: column 'I2' is null at row 37"):
         model.predict_dataset(tmp_path / "n.pq")
+
+
+def test_batches_read_ahead_equal_the_batches_read_in_turn(tmp_path, monkeypatch) -> None:
+    """What a GPU's scoring iterates (read_ahead over iter_dataset): the same batches, and a
+    bad value of a later read raised in its turn, naming its row."""
+    monkeypatch.setattr(dataset_module, "READ_ROWS", 20)
+    files = write_ranking_files(tmp_path / "m", OWN["wdl"], seed=51, max_batch_size=8)
+    model = InferenceModel.from_ps_json(files.ps_json)
+    rng = np.random.default_rng(52)
+    keys = random_keys(rng, 45, files.slot_nums, files.known_keys(), 2)
+    dense = rng.standard_normal((45, model.layout.dense_dim)).astype(np.float32)
+    path = tmp_path / "d.parquet"
+    columns = write_dataset(path, files, dense, keys, (rng.random(45) < 0.5).astype(np.float32))
+    source = dataset_files(path)
+
+    def batches():
+        return iter_dataset(source, columns, model.layout, 8)
+
+    ahead = list(dataset_module.read_ahead(batches()))
+    in_turn = list(batches())
+    assert [b.samples.batch_size for b in ahead] == [8, 8, 8, 8, 8, 5]
+    for a, b in zip(ahead, in_turn, strict=True):
+        np.testing.assert_array_equal(a.samples.dense, b.samples.dense)
+        np.testing.assert_array_equal(a.labels, b.labels)
+        for t in range(len(files.slot_nums)):
+            np.testing.assert_array_equal(a.samples.flat_keys(t), b.samples.flat_keys(t))
+            np.testing.assert_array_equal(a.samples.table_offsets(t), b.samples.table_offsets(t))
+    table = pq.read_table(path)
+    values = table.column("I2").to_pylist()
+    values[41] = None
+    pq.write_table(table.set_column(2, "I2", pa.array(values, pa.float32())), path)
+    with pytest.raises(ModelFileError, match=r"column 'I2' is null at row 41"):
+        list(dataset_module.read_ahead(batches()))
 
 
 def test_file_list_metadata_and_unlabelled_data(tmp_path: Path) -> None:
