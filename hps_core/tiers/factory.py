@@ -479,9 +479,15 @@ def _ensure_rocks_table(
             )
         if tag not in reader.tables() and tag not in reader.reopen().tables():
             why = "read_only" if config.read_only else "initialize_after_startup=false"
+            hint = ""
+            if tag != hps_tag and hps_tag in reader.tables():
+                hint = (
+                    f"; it holds '{hps_tag}' in HugeCTR's FP32 layout, which "
+                    "store_compressed=false reads"
+                )
             raise ModelFileError(
                 f"persistent_db.path '{reader.path}': no table '{tag}' ({why}: the database "
-                f"must already hold it; it has: {', '.join(reader.tables()) or 'none'})"
+                f"must already hold it; it has: {', '.join(reader.tables()) or 'none'}){hint}"
             )
         return
     digest = source_digest(table)

@@ -376,6 +376,17 @@ def test_read_only_database_is_served_and_must_hold_the_table(
     assert f"'{tmp_path / 'db'}'" in str(info.value)
     assert "no table 'hps_et.other.t0' (read_only" in str(info.value)
     assert TAG in str(info.value)  # what it has
+    # The database holds the FP32 table; store_compressed asks for the fp16 one: say so.
+    compressed = config(
+        tmp_path, dim, "fp16", volatile_db=volatile,
+        persistent_db=rocks(tmp_path, read_only=True, store_compressed=True),
+    )  # fmt: skip
+    with pytest.raises(ModelFileError) as info:
+        open_table_tiers(compressed, "m", compressed.models[0].tables[0])
+    assert f"no table '{TAG}@fp16' (read_only" in str(info.value)
+    assert f"it holds '{TAG}' in HugeCTR's FP32 layout, which store_compressed=false reads" in (
+        str(info.value)
+    )
 
 
 def test_corrupt_database_directory_is_a_clear_load_error(
