@@ -130,6 +130,7 @@ from hps_core.config.schema import (
     storage_problems,
 )
 from hps_core.errors import ConfigError, Problem
+from hps_core.formats.json_text import json_syntax_hint
 from hps_core.quant import StoragePrecision
 
 # Spellings of the storage precision extension fields: the values themselves, exactly.
@@ -236,7 +237,7 @@ def load_ps_config(path: str | os.PathLike[str]) -> PSConfig:
     try:
         obj = json.loads(text, object_pairs_hook=json_object_from_pairs)
     except json.JSONDecodeError as exc:
-        message = f"malformed JSON: {exc.msg}{_json_hint(text, exc.pos)}"
+        message = f"malformed JSON: {exc.msg}{json_syntax_hint(text, exc.pos)}"
         raise ConfigError([Problem(f"{file}:{exc.lineno}:{exc.colno}", message)]) from None
     return parse_ps_config(obj, file.parent, source=file.name)
 
@@ -263,15 +264,6 @@ def parse_ps_config(
     if config is None or collector.problems:
         raise ConfigError(collector.problems)
     return config
-
-
-def _json_hint(text: str, pos: int) -> str:
-    if text.startswith(("//", "/*"), pos):
-        return " (JSON has no comments; remove them)"
-    before = text[:pos].rstrip()
-    if before.endswith(",") and text[pos : pos + 1] in ("}", "]"):
-        return " (trailing comma before it; remove the comma)"
-    return ""
 
 
 def _root(c: Collector, obj: Any, source: str, source_path: Path) -> PSConfig | None:

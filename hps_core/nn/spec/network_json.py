@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from hps_core.errors import ConfigError, Problem
+from hps_core.formats.json_text import json_syntax_hint
 from hps_core.formats.uris import model_path
 
 _MISSING: Any = object()
@@ -235,7 +236,8 @@ def parse_network_json(text: str, source: str = "<network>") -> NetworkSpec:
         document = json.loads(text)
     except json.JSONDecodeError as exc:
         where = f"{source}:{exc.lineno}:{exc.colno}"
-        raise ConfigError(f"invalid JSON: {exc.msg}", where=where) from None
+        hint = json_syntax_hint(text, exc.pos)
+        raise ConfigError(f"invalid JSON: {exc.msg}{hint}", where=where) from None
     if not isinstance(document, dict):
         raise ConfigError("the network file must hold a JSON object", where=source)
     if "layers" not in document and "models" in document:

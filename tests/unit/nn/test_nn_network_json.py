@@ -99,6 +99,9 @@ def test_unnamed_layers_take_their_first_top():
     ("text", "message"),
     [
         ('{"layers": [', r"net.json:1:13: invalid JSON"),
+        # HugeCTR's own dcn_ebc.json (v24.06) has a trailing comma after a list.
+        ('{"layers": [{"top": [1,],}]}', r"net.json:1:24: invalid JSON: .* \(trailing comma"),
+        ('{"layers": [// the MLP\n]}', r"invalid JSON: .* \(JSON has no comments; remove them\)"),
         ("[1, 2]", "must hold a JSON object"),
         ('{"layers": []}', "'layers' must be a non-empty array"),
         ('{"layers": [{"type": "ReLU", "bottom": "a", "top": "b"}]}', "layers\\[0\\] must be"),
