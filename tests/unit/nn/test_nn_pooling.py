@@ -126,3 +126,19 @@ def test_embedding_layer_old_integer_combiner_and_errors():
         RequestError, match=r"must be float \[batch, 5, 4\], got float32 \(2, 5, 3\)"
     ):
         embedding().forward(ComputeContext(np), [np.ones((2, 5, 3), np.float32)], ())
+
+
+@pytest.mark.parametrize("gather_bytes", [1, 300, 64 << 20])
+@pytest.mark.parametrize("combiner", list(Combiner))
+def test_bags_of_many_counts_pool_alike_in_any_gather_size(
+    rng, monkeypatch, combiner, gather_bytes
+):
+    """Variable hotness on NumPy: the bags of each key count are summed together, in pieces
+    of at most gather_bytes of rows (1: one bag at a time)."""
+    from hps_core.nn.layers import embedding
+
+    monkeypatch.setattr(embedding, "_POOL_GATHER_BYTES", gather_bytes)
+    values, offsets = random_csr(rng, 40 * 6, 30, 9, empty=0.2)
+    out = np.full((40, 6, 9), np.nan, dtype=np.float32)
+    pool_embeddings(np, values, offsets, 6, combiner, out=out)
+    np.testing.assert_allclose(out, pool(values, offsets, 6, combiner.value), rtol=1e-5, atol=1e-5)
