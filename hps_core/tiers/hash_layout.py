@@ -155,13 +155,42 @@ def sort_order(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         DuplicateKeysError: if a key occurs twice (equal hashes mean equal keys).
     """
     hashes = mix64(np.ascontiguousarray(keys, dtype=np.int64))
-    order = np.argsort(hashes, kind="stable")
+    order = _hash_order(hashes)
     sorted_hashes = hashes[order]
     dup = np.flatnonzero(sorted_hashes[1:] == sorted_hashes[:-1])
     if dup.size:
         duplicates = np.unique(keys[order[dup]])
         raise DuplicateKeysError(duplicates)
     return order, sorted_hashes
+
+
+def _hash_order(hashes: np.ndarray) -> np.ndarray:
+    """``np.argsort(hashes)`` for a table's hashes, at the cost of a value sort: each hash's
+    high bits with its row number in the low ones are sorted as one uint64 (an argsort of 5M
+    hashes took 1.04 s on the 2-core CPU machine, this 0.3 s), then the rows whose hashes
+    agree in those high bits, a handful for random keys, are put in full-hash order.
+    Equal hashes (duplicate keys) end up next to each other in some order."""
+    n = len(hashes)
+    index_bits = max(1, (n - 1).bit_length())
+    if index_bits > 40:  # too few high bits left to keep ties rare
+        return np.argsort(hashes)
+    shift = np.uint64(index_bits)
+    packed = hashes >> shift
+    packed <<= shift
+    packed |= np.arange(n, dtype=np.uint64)
+    packed.sort()
+    order = (packed & np.uint64((1 << index_bits) - 1)).astype(np.intp)
+    packed >>= shift  # the high bits, now in sorted order
+    tied = packed[1:] == packed[:-1]
+    if tied.any():
+        # Runs of equal high bits are in row order: sort their rows by the whole hash.
+        in_run = np.zeros(n, dtype=bool)
+        in_run[1:] |= tied
+        in_run[:-1] |= tied
+        where = np.flatnonzero(in_run)
+        rows = order[where]
+        order[where] = rows[np.argsort(hashes[rows])]
+    return order
 
 
 def fill_directory(layout: HashLayout, sorted_hashes: np.ndarray, starts: np.ndarray) -> None:

@@ -119,6 +119,20 @@ def test_sort_order_and_directory_invariants(rows: int, rng: np.random.Generator
     assert np.diff(starts).tolist() == [counts.get(b, 0) for b in range(layout.num_buckets)]
 
 
+@pytest.mark.parametrize("rows", [2, 4096, 50_000])
+def test_sort_order_of_hashes_sharing_their_high_bits(rows: int, rng: np.random.Generator) -> None:
+    """sort_order sorts each hash's high bits with its row number, then the rows whose high
+    bits agree: keys chosen (through unmix64) so that most hashes share them still come out
+    in exact hash order."""
+    index_bits = (rows - 1).bit_length()
+    high = rng.integers(0, 4, rows * 2, dtype=np.uint64) << np.uint64(50)
+    low = rng.integers(0, 1 << index_bits, rows * 2, dtype=np.uint64)
+    hashes = rng.permutation(np.unique(high | low))[:rows]
+    order, sorted_hashes = sort_order(unmix64(hashes))
+    np.testing.assert_array_equal(order, np.argsort(hashes, kind="stable"))
+    np.testing.assert_array_equal(sorted_hashes, np.sort(hashes))
+
+
 def test_bucket_count_stays_between_two_and_four_rows_per_bucket() -> None:
     for rows in [*range(4, 300), 1000, 4095, 4096, 100_003, 10**9]:
         per_bucket = rows / HashLayout(rows, 1).num_buckets
