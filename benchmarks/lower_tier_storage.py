@@ -29,6 +29,7 @@ import numpy as np
 from result_table import write_results
 
 from hps_core.config import DatabaseType, PersistentDBConfig, VolatileDBConfig
+from hps_core.footprint import payload_bytes
 from hps_core.formats.sparse_writer import write_sparse_table
 from hps_core.quant import RowFormat, StoragePrecision
 from hps_core.tiers.encoded_rows import EncodedRows, encoded_tag
@@ -122,8 +123,8 @@ def main() -> None:
                             np.testing.assert_array_equal(got, want[pick])
                         row[f"{label}_keys_per_s"] = args.batch / statistics.median(times)
                     row["redis_bytes"] = used_memory(cluster) - before
-                    row["payload_bytes"] = args.rows * (8 + fmt.row_bytes)
-                    redis.evict(rows_store(redis, precision, tag)[1])
+                    row["payload_bytes"] = payload_bytes(args.rows, dim, precision)
+                    redis.evict(table)  # the name both stores hold the table under
                 finally:
                     redis.close()
                     rocks.close()  # flushes: the folder then holds the table's files
