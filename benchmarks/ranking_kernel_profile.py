@@ -38,7 +38,7 @@ from hps_core.infer.gpu import uploads
 from hps_core.infer.gpu.staging import bucket_for
 
 WARMUP_BATCH = 16384
-BANK_KERNELS = ("bank_find", "bank_pool", "bank_insert")
+BANK_KERNELS = ("bank_find", "bank_pool", "bank_pool_rows", "bank_insert")
 
 
 VARIANTS = {
@@ -48,6 +48,9 @@ VARIANTS = {
     # The insert runs after the scores (unless caches are shared), no longer beside the GEMMs
     # that made 2 blocks per SM the default.
     "insert 8 blocks/SM": {"_INSERT_BLOCKS_PER_SM": 8},
+    "one-key slots pooled as bags": {"_POOL_ONE_KEY_ROWS": False},
+    "pooling after each find (one stream)": {"_POOL_BESIDE_FIND": False},
+    "pool stream of the cache stream's priority": {"_POOL_PRIORITY": 0},
 }
 """Settings of :mod:`hps_core.infer.gpu.pipeline` timed beside the default (the median predict of
 fresh batches, the settings alternating)."""
@@ -58,6 +61,11 @@ def rebuild(pipe) -> None:
     each size records them again."""
     pipe._stream.synchronize()
     pipe._cache_stream.synchronize()
+    pipe._pool_stream.synchronize()
+    # The pool stream's priority is a setting too, fixed when a stream is made.
+    priority = gpu_pipeline._POOL_PRIORITY
+    with cupy.cuda.Device(pipe.device_id):
+        pipe._pool_stream = cupy.cuda.Stream(non_blocking=True, priority=priority)
     for buckets in pipe._lanes:
         buckets.clear()
     sms = cupy.cuda.Device().attributes["MultiProcessorCount"]

@@ -201,21 +201,27 @@ def graph_times(session: RankingSession, sparse: SparseBatch) -> tuple[float, fl
     batch, run one after the other on one stream (CUDA events; the batch's misses are
     inserted, as in predict())."""
     pipe = session.pipeline
+    from hps_core.infer.gpu.buckets import grouped
     from hps_core.infer.gpu.staging import bucket_for
 
     bucket = pipe._bucket(bucket_for(sparse.batch_size))
     events = [cupy.cuda.Event() for _ in range(4)]
-    stream = pipe._stream
+    stream, cache = pipe._stream, pipe._cache_stream
     graphs = bucket.graphs
     with cupy.cuda.Device(0), stream:
         pipe._uploader.stage_and_upload(bucket, sparse)
         events[0].record(stream)
-        with pipe.bank.section():
-            for lookup in graphs.lookups:
-                lookup.launch(stream)
-            events[1].record(stream)
-            graphs.insert.launch(stream)
-        events[2].record(stream)
+        # The parts' finds and poolings as predict() launches them (cache and pool streams).
+        with cache, pipe.bank.section():
+            cache.wait_event(events[0])
+            parts = pipe.placement.parts(bucket.layout.size, grouped(bucket))
+            for index, part in enumerate(parts):
+                pipe._launch_lookup(bucket, index, part)
+            pipe._join_pools()
+            events[1].record(cache)
+            graphs.insert.launch(cache)
+            events[2].record(cache)
+        stream.wait_event(events[2])
         if graphs.prefix is not None:
             graphs.prefix.launch(stream)
         graphs.dense.launch(stream)

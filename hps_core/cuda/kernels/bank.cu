@@ -396,8 +396,10 @@ extern "C" __global__ void bank_find(
 // Floats of a row one lane accumulates per pass: POOL_VECS float4s (LANES lanes cover
 // LANES * 4 * POOL_VECS floats, 128 with 8 lanes; wider rows take several passes).
 #define POOL_VECS 4
-// Keys of a bag whose rows one lane loads before it adds any of them.
+// Keys of a bag whose rows one lane of bank_pool loads before it adds any of them.
 #define KEYS_IN_FLIGHT 4
+// Rows of one-key bags one lane of bank_pool_rows loads before it writes any of them.
+#define ROWS_IN_FLIGHT 4
 
 // The row bank_find recorded for a key: a row pointer (nullptr: the default value), or a claim
 // in the table's miss set.
@@ -410,8 +412,9 @@ __device__ __forceinline__ void add4(float4& a, const float4 v) {
   a.x += v.x; a.y += v.y; a.z += v.z; a.w += v.w;
 }
 
-// The pooled bag of `n_keys` rows of storage type S (bank_pool's work for one bag).
-template <int S>
+// The pooled bag of `n_keys` rows of storage type S (bank_pool's work for one bag), loading
+// InFlight keys' rows at a time.
+template <int S, int InFlight>
 __device__ __forceinline__ void pool_bag(const Table& tab, const u64* __restrict__ bag_rows,
                                          const int n_keys, float* __restrict__ dst,
                                          const int lane, const int part, const int split,
@@ -429,10 +432,10 @@ __device__ __forceinline__ void pool_bag(const Table& tab, const u64* __restrict
     for (int first = part * LANES; first < n_keys; first += bag_lanes) {
       const int count = min(LANES, n_keys - first);
       const u64 mine = lane < count ? (u64)row_of(tab, bag_rows[first + lane]) : 0ull;
-      for (int k0 = 0; k0 < count; k0 += KEYS_IN_FLIGHT) {
-        float4 v[KEYS_IN_FLIGHT][POOL_VECS];
+      for (int k0 = 0; k0 < count; k0 += InFlight) {
+        float4 v[InFlight][POOL_VECS];
 #pragma unroll
-        for (int kk = 0; kk < KEYS_IN_FLIGHT; ++kk) {
+        for (int kk = 0; kk < InFlight; ++kk) {
           const int k = k0 + kk;
           const unsigned* src = reinterpret_cast<const unsigned*>(
               __shfl_sync(mask, mine, shift + (k < count ? k : 0)));
@@ -454,7 +457,7 @@ __device__ __forceinline__ void pool_bag(const Table& tab, const u64* __restrict
           }
         }
 #pragma unroll
-        for (int kk = 0; kk < KEYS_IN_FLIGHT; ++kk) {
+        for (int kk = 0; kk < InFlight; ++kk) {
           if (k0 + kk < count) {
 #pragma unroll
             for (int u = 0; u < POOL_VECS; ++u) add4(acc[u], v[kk][u]);
@@ -494,8 +497,10 @@ __device__ __forceinline__ void pool_bag(const Table& tab, const u64* __restrict
 // round trips instead of 200 one after the other. With `split` > 1 (small batches of long bags,
 // whose lookup is the latency of their longest bag), `split` groups of a warp share a bag: group
 // p takes the bag's runs of LANES keys p, p + split, ...; their sums are added in a fixed order
-// through shuffles (the same result every time) and group 0 writes the bag.
-extern "C" __global__ void bank_pool(
+// through shuffles (the same result every time) and group 0 writes the bag. Two blocks per SM:
+// the compiler then keeps the keys in flight in 128 registers without spilling (164 unbounded,
+// one block per SM, an eighth of the SM's threads).
+extern "C" __global__ void __launch_bounds__(THREADS, 2) bank_pool(
     const Table* __restrict__ tables, const int* __restrict__ slot_table,
     const int* __restrict__ slot_local, const int slot_begin, const int slot_end,
     const i64 sample_begin, const i64 sample_end, const int key_room, const i64 batch,
@@ -526,16 +531,149 @@ extern "C" __global__ void bank_pool(
   float* dst = out + batch * tab.out_at + tab.out_shift + b * tab.out_stride + (i64)s * tab.dim;
   switch (tab.storage) {  // the same for every lane of a bag
     case STORAGE_FP16:
-      pool_bag<STORAGE_FP16>(tab, bag_rows, n_keys, dst, lane, part, split, shift, mask, bag_mask);
+      pool_bag<STORAGE_FP16, KEYS_IN_FLIGHT>(tab, bag_rows, n_keys, dst, lane, part, split, shift,
+                                             mask, bag_mask);
       break;
     case STORAGE_INT8:
-      pool_bag<STORAGE_INT8>(tab, bag_rows, n_keys, dst, lane, part, split, shift, mask, bag_mask);
+      pool_bag<STORAGE_INT8, KEYS_IN_FLIGHT>(tab, bag_rows, n_keys, dst, lane, part, split, shift,
+                                             mask, bag_mask);
       break;
     case STORAGE_FP8:
-      pool_bag<STORAGE_FP8>(tab, bag_rows, n_keys, dst, lane, part, split, shift, mask, bag_mask);
+      pool_bag<STORAGE_FP8, KEYS_IN_FLIGHT>(tab, bag_rows, n_keys, dst, lane, part, split, shift,
+                                             mask, bag_mask);
       break;
     default:
-      pool_bag<STORAGE_FP32>(tab, bag_rows, n_keys, dst, lane, part, split, shift, mask, bag_mask);
+      pool_bag<STORAGE_FP32, KEYS_IN_FLIGHT>(tab, bag_rows, n_keys, dst, lane, part, split, shift,
+                                             mask, bag_mask);
+  }
+}
+
+// The rows of a group's `count` one-key bags (lane r's row pointer in `mine`, bit r of `has`
+// set where bag r holds its key) decoded into dst, dst + stride, ...: each lane loads its part
+// of ROWS_IN_FLIGHT rows before it writes any. A bag without a key is zeros (as bank_pool
+// pools it), a key the table lacks its default value.
+template <int S>
+__device__ __forceinline__ void copy_rows(const Table& tab, const u64 mine, const unsigned has,
+                                          const int count, float* __restrict__ dst,
+                                          const i64 stride, const int lane, const int shift,
+                                          const unsigned mask) {
+  const float fill = tab.default_value;
+  const bool vec = tab.dim % 4 == 0;
+  const int n = vec ? tab.dim / 4 : tab.dim;
+  for (int r0 = 0; r0 < count; r0 += ROWS_IN_FLIGHT) {
+    for (int pass = 0; pass < n; pass += LANES * POOL_VECS) {
+      float4 v[ROWS_IN_FLIGHT][POOL_VECS];
+#pragma unroll
+      for (int rr = 0; rr < ROWS_IN_FLIGHT; ++rr) {
+        const int r = r0 + rr;
+        const unsigned* src = reinterpret_cast<const unsigned*>(
+            __shfl_sync(mask, mine, shift + (r < count ? r : 0)));
+        const bool key = r < count && ((has >> r) & 1u);
+        const RowScale rs = key && src ? row_scale<S>(src, tab.dim) : RowScale{1.0f, 0.0f};
+#pragma unroll
+        for (int u = 0; u < POOL_VECS; ++u) {
+          const int d = pass + lane + u * LANES;
+          float4 x = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+          if (key && d < n) {
+            if (!src) {
+              x = vec ? make_float4(fill, fill, fill, fill) : make_float4(fill, 0.0f, 0.0f, 0.0f);
+            } else if (vec) {
+              x = load_values4<S>(src, d, rs);
+            } else {
+              x.x = load_value<S>(src, d, rs);
+            }
+          }
+          v[rr][u] = x;
+        }
+      }
+#pragma unroll
+      for (int rr = 0; rr < ROWS_IN_FLIGHT; ++rr) {
+        if (r0 + rr >= count) break;
+        float* row_dst = dst + (i64)(r0 + rr) * stride;
+#pragma unroll
+        for (int u = 0; u < POOL_VECS; ++u) {
+          const int d = pass + lane + u * LANES;
+          if (d >= n) continue;
+          if (vec) {
+            reinterpret_cast<float4*>(row_dst)[d] = v[rr][u];
+          } else {
+            row_dst[d] = v[rr][u].x;
+          }
+        }
+      }
+    }
+  }
+}
+
+// bank_pool for slots whose bags hold one key (the pipeline launches it for the slots of tables
+// with at most one key per slot and sample), with the same arguments but `split`. Pooling a
+// one-key bag is copying a row, and bank_pool's group per bag leaves a lane two dependent loads
+// (the row pointer, then the row) per 16 floats it writes; here a group of LANES lanes takes
+// LANES consecutive samples of one slot: each lane resolves one bag's row pointer, then the
+// group copies ROWS_IN_FLIGHT rows at a time, and the kernel's few registers let more blocks
+// share an SM. A group meeting a bag of several keys (a request may put two keys in one slot of
+// a table of several slots) pools each of its bags as bank_pool does.
+extern "C" __global__ void __launch_bounds__(THREADS, 2) bank_pool_rows(
+    const Table* __restrict__ tables, const int* __restrict__ slot_table,
+    const int* __restrict__ slot_local, const int slot_begin, const int slot_end,
+    const i64 sample_begin, const i64 sample_end, const int key_room, const i64 batch,
+    const int* __restrict__ header, const int* __restrict__ offsets,
+    const u64* __restrict__ rows, float* __restrict__ out) {
+  const i64 samples = sample_end - sample_begin;
+  const i64 per_slot = (samples + LANES - 1) / LANES;  // groups per slot
+  const i64 q = ((i64)blockIdx.x * blockDim.x + threadIdx.x) / LANES;
+  if (q >= per_slot * (slot_end - slot_begin)) return;  // no lane of a group returns alone
+  const int lane = threadIdx.x % LANES;
+  const int shift = (threadIdx.x % WARP) / LANES * LANES;
+  const unsigned mask = GROUP_MASK << shift;
+  const int g = slot_begin + (int)(q / per_slot);
+  const i64 first = sample_begin + (q - (i64)(g - slot_begin) * per_slot) * LANES;
+  const int count = (int)min((i64)LANES, sample_end - first);
+  const int t = slot_table[g];
+  const Table& tab = tables[t];
+  const int s = slot_local[g];
+  i64 begin = 0, end = 0;
+  if (lane < count) bag_range(tab, t, s, first + lane, batch, header, offsets, begin, end);
+  const int n_keys = (int)(end - begin);
+  float* dst = out + batch * tab.out_at + tab.out_shift + first * tab.out_stride + (i64)s * tab.dim;
+  if (__any_sync(mask, n_keys > 1)) {
+    for (int r = 0; r < count; ++r) {
+      const i64 bag_begin = __shfl_sync(mask, begin, shift + r);
+      const int bag_keys = __shfl_sync(mask, n_keys, shift + r);
+      const u64* bag_rows =
+          rows + (bag_keys > 0 ? key_pos(tab, t, bag_begin, batch, header, key_room) : 0);
+      float* bag_dst = dst + (i64)r * tab.out_stride;
+      switch (tab.storage) {
+        case STORAGE_FP16:
+          pool_bag<STORAGE_FP16, 1>(tab, bag_rows, bag_keys, bag_dst, lane, 0, 1, shift, mask, mask);
+          break;
+        case STORAGE_INT8:
+          pool_bag<STORAGE_INT8, 1>(tab, bag_rows, bag_keys, bag_dst, lane, 0, 1, shift, mask, mask);
+          break;
+        case STORAGE_FP8:
+          pool_bag<STORAGE_FP8, 1>(tab, bag_rows, bag_keys, bag_dst, lane, 0, 1, shift, mask, mask);
+          break;
+        default:
+          pool_bag<STORAGE_FP32, 1>(tab, bag_rows, bag_keys, bag_dst, lane, 0, 1, shift, mask, mask);
+      }
+    }
+    return;
+  }
+  const u64 mine =
+      n_keys > 0 ? (u64)row_of(tab, rows[key_pos(tab, t, begin, batch, header, key_room)]) : 0ull;
+  const unsigned has = (__ballot_sync(mask, n_keys > 0) >> shift) & GROUP_MASK;
+  switch (tab.storage) {
+    case STORAGE_FP16:
+      copy_rows<STORAGE_FP16>(tab, mine, has, count, dst, tab.out_stride, lane, shift, mask);
+      break;
+    case STORAGE_INT8:
+      copy_rows<STORAGE_INT8>(tab, mine, has, count, dst, tab.out_stride, lane, shift, mask);
+      break;
+    case STORAGE_FP8:
+      copy_rows<STORAGE_FP8>(tab, mine, has, count, dst, tab.out_stride, lane, shift, mask);
+      break;
+    default:
+      copy_rows<STORAGE_FP32>(tab, mine, has, count, dst, tab.out_stride, lane, shift, mask);
   }
 }
 

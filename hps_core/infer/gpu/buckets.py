@@ -28,11 +28,21 @@ _GROUPED_STAGING_SAMPLES = 16384
 
 
 @dataclass(frozen=True)
+class LookupGraphs:
+    """The CUDA graphs of one part's lookup: ``bank_find`` (recorded on the cache stream) and
+    the pooling of its bags (recorded on the pool stream)."""
+
+    find: Any
+    pool: Any
+
+
+@dataclass(frozen=True)
 class Graphs:
     """The CUDA graphs of a bucket."""
 
-    lookups: tuple[Any, ...]  # one per part (per group of tables in a grouped bucket)
-    row_lookups: tuple[Any, ...]  # a grouped bucket's, per part of a sample-major batch's rows
+    lookups: tuple[LookupGraphs, ...]  # one per part (per group of tables in a grouped bucket)
+    row_lookups: tuple[LookupGraphs, ...]  # a grouped bucket's, per part of a sample-major
+    # batch's rows
     insert: Any
     prefix: Any | None  # the dense network's steps on the dense features alone, if any
     dense: Any | None  # the rest and the download; None: a batch-dependent network (eager)

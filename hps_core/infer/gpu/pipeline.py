@@ -30,18 +30,21 @@ Per batch the host validates nothing on the device and waits for the GPU once:
 
 Steps 3, 4, the dense-only steps and 5-6 are each recorded once per bucket as CUDA graphs
 (batch sizes are padded to the next power of two; padded samples have no keys and their
-scores are dropped), so a batch costs four to eleven graph launches however many tables and
-layers the model has. The graphs' intermediate tensors live in a memory pool of their own,
-which nothing else uses.
+scores are dropped), so a batch costs a few graph launches (two per part of its lookup)
+however many tables and layers the model has. The graphs' intermediate tensors live in a
+memory pool of their own, which nothing else uses.
 
 Steps 3-4 run on the pipeline's cache stream inside the caches' ordering section
 (:meth:`CacheBank.section`), so other streams and, for shared caches, other processes never
-see a half-done insert. The dense network waits for the lookup only. With caches of its own,
-the insert waits for the scores and runs while the host stages the next batch (beside the
-dense network it cost 3-13% of a batch on the H200); with caches shared between processes it
-runs at once, beside the dense network (on the main stream, of higher priority), since the
-other processes' next lookups wait for it. The next batch's lookup comes after the insert on
-the cache stream.
+see a half-done insert. Within step 3, each part's pooling runs on a pool stream of its own
+after that part's ``bank_find``, beside the next part's: the finds wait on the host's memory
+(the misses cross PCIe), the pooling on the GPU's, and the cache stream waits for the last
+pooling before it leaves the section. The dense network waits for the lookup only. With
+caches of its own, the insert waits for the scores and runs while the host stages the next
+batch (beside the dense network it cost 3-13% of a batch on the H200); with caches shared
+between processes it runs at once, beside the dense network (on the main stream, of higher
+priority), since the other processes' next lookups wait for it. The next batch's lookup
+comes after the insert on the cache stream.
 
 A model whose tables have tiers below the host tier (Redis, RocksDB, an update overlay with
 new keys) waits once more per batch while those tiers may hold rows: between steps 2 and 3,
@@ -63,7 +66,14 @@ import numpy as np
 from hps_core.cache.kernel_consts import LANES, THREADS
 from hps_core.cuda import kernels
 from hps_core.infer.gpu.bank import CacheBank
-from hps_core.infer.gpu.buckets import Bucket, Graphs, captured, grouped, new_bucket
+from hps_core.infer.gpu.buckets import (
+    Bucket,
+    Graphs,
+    LookupGraphs,
+    captured,
+    grouped,
+    new_bucket,
+)
 from hps_core.infer.gpu.constants import STATE_STAGED, bank_defines
 from hps_core.infer.gpu.lower_tiers import LowerTierFetch
 from hps_core.infer.gpu.placement import Part, Placement
@@ -104,6 +114,16 @@ _POOL_SPLIT = 4
 _POOL_SPLIT_BAGS = 65536
 """... for launches of at most this many bags, in models with bags longer than a group's
 lanes (at most 4 x 8 x 65,536 threads: two waves on an H200)."""
+_POOL_BESIDE_FIND = True
+"""Pool each part's bags on the pool stream beside the next part's ``bank_find`` (``False``:
+after it, on the cache stream)."""
+_POOL_PRIORITY = -1
+"""The pool stream's priority: above the cache stream's (0), so that as a part's ``bank_find``
+blocks retire, the previous part's pooling takes their place before the next find's blocks
+fill the GPU (below the main stream's, whose dense network comes first)."""
+_POOL_ONE_KEY_ROWS = True
+"""Pool the slots of tables with at most one key per slot and sample with ``bank_pool_rows``
+(``False``: with ``bank_pool``, as every other slot)."""
 _HIGHEST_PRIORITY = -1000  # lower is more urgent; 0 is the default and least urgent
 
 
@@ -160,12 +180,16 @@ class GpuRankingPipeline:
             self._cache_stream = cupy.cuda.Stream(non_blocking=True, priority=0)
             # The dense-only steps (a bottom MLP) run beside the lookup on a stream of their own.
             self._prefix_stream = cupy.cuda.Stream(non_blocking=True, priority=_HIGHEST_PRIORITY)
+            # Each part's pooling runs here, beside the next part's bank_find.
+            self._pool_stream = cupy.cuda.Stream(non_blocking=True, priority=_POOL_PRIORITY)
+            self._pooled = cupy.cuda.Event(disable_timing=True)
             self._prefixed = cupy.cuda.Event(disable_timing=True)
             self._dense_uploaded = cupy.cuda.Event(disable_timing=True)
             self._uploaded = [
                 cupy.cuda.Event(disable_timing=True)
                 for _ in range(max(len(self.placement.group_slots), STAGING_GROUPS))
             ]
+            self._found = [cupy.cuda.Event(disable_timing=True) for _ in self._uploaded]
             self._looked_up = cupy.cuda.Event(disable_timing=True)
             self._chunk_done = [cupy.cuda.Event(disable_timing=True) for _ in range(_CHUNK_LANES)]
             self._scored = cupy.cuda.Event(disable_timing=True)
@@ -177,6 +201,10 @@ class GpuRankingPipeline:
                 self._stream, self._cache_stream, self._uploaded[0], self._bank_kernels
             )
             self._insert_blocks = kernels.sm_count(self.device_id) * _INSERT_BLOCKS_PER_SM
+
+    @property
+    def _streams(self) -> tuple[Any, ...]:
+        return (self._stream, self._cache_stream, self._pool_stream, self._prefix_stream)
 
     @property
     def bank(self) -> CacheBank:
@@ -363,6 +391,7 @@ class GpuRankingPipeline:
                 cache.wait_event(self._uploaded[0])
                 for index, part in enumerate(parts):
                     self._launch_lookup(bucket, index, part)
+            self._join_pools()
             self._looked_up.record(cache)
             # With caches of its own, the insert waits for the scores: it then runs while the
             # host stages the next batch rather than beside the dense network. Caches shared
@@ -398,11 +427,31 @@ class GpuRankingPipeline:
             self._insert(bucket)
 
     def _launch_lookup(self, bucket: Bucket, index: int, part: Part, by_rows: bool = False) -> None:
+        """Part ``index``'s ``bank_find`` on the cache stream (the current one), then its
+        pooling, on the pool stream after the find (see the module docstring)."""
+        cache = self._cache_stream
+        graphs = None
         if bucket.graphs is not None:
-            graphs = bucket.graphs.row_lookups if by_rows else bucket.graphs.lookups
-            graphs[index].launch(self._cache_stream)
+            graphs = (bucket.graphs.row_lookups if by_rows else bucket.graphs.lookups)[index]
+            graphs.find.launch(cache)
         else:
-            self._lookup(bucket, part)
+            self._find(bucket, part)
+        pool = cache
+        if _POOL_BESIDE_FIND:
+            pool = self._pool_stream
+            self._found[index].record(cache)
+            pool.wait_event(self._found[index])
+        if graphs is not None:
+            graphs.pool.launch(pool)
+        else:
+            with pool:
+                self._pool(bucket, part)
+
+    def _join_pools(self) -> None:
+        """The cache stream waits for the poolings launched on the pool stream."""
+        if _POOL_BESIDE_FIND:
+            self._pooled.record(self._pool_stream)
+            self._cache_stream.wait_event(self._pooled)
 
     def _launch_prefix(self, bucket: Bucket, uploaded: Any) -> None:
         """The dense-only steps on the prefix stream, after the event ``uploaded`` (the main
@@ -428,12 +477,16 @@ class GpuRankingPipeline:
         self._download(bucket)
 
     def _lookup(self, bucket: Bucket, part: Part | None = None) -> None:
-        """``bank_find`` of the key columns and ``bank_pool`` of the slots of ``part``'s
-        samples (default: every table, every sample); the first part of a batch (column 0,
-        sample 0) empties the miss list first."""
+        """:meth:`_find` then :meth:`_pool` of ``part`` on the current stream."""
+        self._find(bucket, part)
+        self._pool(bucket, part)
+
+    def _find(self, bucket: Bucket, part: Part | None = None) -> None:
+        """``bank_find`` of the key columns of ``part``'s samples (default: every table, every
+        sample); the first part of a batch (column 0, sample 0) empties the miss list first."""
         lay = bucket.layout
         every = ((0, lay.keys_per_sample), (0, lay.slots), (0, lay.size))
-        (first_col, stop_col), (first, stop), (first_row, stop_row) = part or every
+        (first_col, stop_col), _, (first_row, stop_row) = part or every
         keys, header, offsets, _ = lay.views(bucket.inputs)
         if first_col == 0 and first_row == 0:
             self._state.fill(0)
@@ -447,17 +500,37 @@ class GpuRankingPipeline:
                  *rows, room, size, keys, header, offsets, bucket.rows, self._misses,
                  self._state, np.uint64(self._miss_capacity), self._bank.counters),
             )  # fmt: skip
-        bags = (stop_row - first_row) * (stop - first)
-        if bags:
+
+    def _pool(self, bucket: Bucket, part: Part | None = None) -> None:
+        """The pooling of the bags of ``part``'s slots and samples (default: all), after its
+        :meth:`_find`: ``bank_pool_rows`` for the runs of one-key slots, ``bank_pool`` for
+        the others."""
+        lay = bucket.layout
+        every = ((0, lay.keys_per_sample), (0, lay.slots), (0, lay.size))
+        _, (first, stop), (first_row, stop_row) = part or every
+        _, header, offsets, _ = lay.views(bucket.inputs)
+        threads, room, size = THREADS, np.int32(lay.keys_per_sample), np.int64(lay.size)
+        rows = (np.int64(first_row), np.int64(stop_row))
+        if stop_row == first_row:
+            return
+        for begin, end, one_key in self.placement.pool_launches(first, stop):
+            common = (
+                self._descriptors, self._slot_table_d, self._slot_local_d, np.int32(begin),
+                np.int32(end), *rows, room, size, header, offsets, bucket.rows, bucket.embeddings,
+            )  # fmt: skip
+            if one_key and _POOL_ONE_KEY_ROWS:  # a group per LANES samples of a slot
+                groups = -(-(stop_row - first_row) // LANES) * (end - begin)
+                self._bank_kernels.get_function("bank_pool_rows")(
+                    (-(-groups * LANES // threads),), (threads,), common
+                )
+                continue
             # Few bags, some long: a warp per bag (see bank_pool), the batch's lookup being
             # the latency of its longest bag.
+            bags = (stop_row - first_row) * (end - begin)
             split = _POOL_SPLIT if self.placement.long_bags and bags <= _POOL_SPLIT_BAGS else 1
             self._bank_kernels.get_function("bank_pool")(
-                (-(-bags * LANES * split // threads),), (threads,),
-                (self._descriptors, self._slot_table_d, self._slot_local_d, np.int32(first),
-                 np.int32(stop), *rows, room, size, header, offsets, bucket.rows,
-                 bucket.embeddings, np.int32(split)),
-            )  # fmt: skip
+                (-(-bags * LANES * split // threads),), (threads,), (*common, np.int32(split))
+            )
 
     def _insert(self, bucket: Bucket) -> None:
         if bucket.layout.size * bucket.layout.slots == 0:
@@ -576,14 +649,17 @@ class GpuRankingPipeline:
         its graphs (no dense one for a batch-dependent network, whose dense step runs eagerly
         on the real samples: there are none yet)."""
         self._run(bucket, dense=not self.executor.batch_dependent)
-        for stream in (self._stream, self._cache_stream, self._prefix_stream):
+        for stream in self._streams:
             stream.synchronize()
         # Free the eager run's outputs, so the captures reuse their pool blocks: a capture
         # cannot grow the pool.
         bucket.scores = bucket.prefix = None
         lookups, row_lookups = (
             tuple(
-                captured(self._cache_stream, bucket.pool, lambda p=p: self._lookup(bucket, p))
+                LookupGraphs(
+                    captured(self._cache_stream, bucket.pool, lambda p=p: self._find(bucket, p)),
+                    captured(self._pool_stream, bucket.pool, lambda p=p: self._pool(bucket, p)),
+                )
                 for p in parts
             )
             for parts in (
@@ -610,7 +686,7 @@ class GpuRankingPipeline:
         with self._lock:
             if self._bank is not None:
                 with cupy.cuda.Device(self.device_id):
-                    for stream in (self._stream, self._cache_stream, self._prefix_stream):
+                    for stream in self._streams:
                         stream.synchronize()
                 self._bank.close()
                 self._bank = None

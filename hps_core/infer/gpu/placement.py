@@ -69,6 +69,10 @@ class Placement:
         keys_per_sample: key room per sample, all tables.
         out_per_sample: floats of pooled output per sample.
         long_bags: a slot may hold more keys than a group of ``LANES`` lanes.
+        pool_runs: the slots cut into runs ``(first, stop, one_key)`` of consecutive slots
+            whose tables hold at most one key per slot and sample (``one_key``: their
+            ``max_keys_per_sample`` is at most their ``slot_num``) or not; the pipeline pools
+            the first kind with ``bank_pool_rows``, the rest with ``bank_pool``.
         sample_hotness: the hotness with which a request's ``[B, K]`` key matrix is staged as
             it is (its columns are exactly every table's key room), or None.
         table_group: per table, its group (a run of tables of about equal key room).
@@ -84,6 +88,7 @@ class Placement:
     keys_per_sample: int
     out_per_sample: int
     long_bags: bool
+    pool_runs: tuple[tuple[int, int, bool], ...]
     sample_hotness: tuple[int, ...] | None
     table_group: tuple[int, ...]
     group_keys: tuple[tuple[int, int], ...]
@@ -127,6 +132,7 @@ class Placement:
             keys_per_sample=keys_per_sample,
             out_per_sample=out_per_sample,
             long_bags=any(f.max_keys_per_sample > LANES * f.slot_num for f in feeds),
+            pool_runs=_pool_runs(feeds),
             sample_hotness=layout.hotness if every_room_filled else None,
             table_group=table_group,
             group_keys=group_keys,
@@ -150,6 +156,19 @@ class Placement:
             )
         return (((0, self.keys_per_sample), (0, self.slots), rows),)
 
+    def pool_launches(self, first: int, stop: int) -> tuple[tuple[int, int, bool], ...]:
+        """The runs of :attr:`pool_runs` within slots ``[first, stop)``, cut to that range.
+
+        Example:
+            >>> placement.pool_launches(0, 5)  # doctest: +SKIP
+            ((0, 2, False), (2, 3, True), (3, 4, False), (4, 5, True))
+        """
+        return tuple(
+            (max(a, first), min(b, stop), one_key)
+            for a, b, one_key in self.pool_runs
+            if a < stop and b > first
+        )
+
     def row_parts(self, size: int, grouped: bool) -> tuple[Part, ...]:
         """The parts of a sample-major batch in a grouped bucket: every table of a range of
         samples (``groups`` ranges), each looked up as soon as it is copied; none for a
@@ -163,6 +182,21 @@ class Placement:
 
 def _per_table(columns: list[np.ndarray]) -> np.ndarray:
     return np.concatenate(columns or [np.empty(0)]).astype(np.int32)
+
+
+def _pool_runs(feeds: tuple[TableFeed, ...]) -> tuple[tuple[int, int, bool], ...]:
+    """Consecutive slots cut where their tables change between holding at most one key per
+    slot and sample and holding more (see :attr:`Placement.pool_runs`)."""
+    runs: list[list] = []
+    at = 0
+    for f in feeds:
+        one_key = f.max_keys_per_sample <= f.slot_num
+        if runs and runs[-1][2] == one_key:
+            runs[-1][1] = at + f.slot_num
+        elif f.slot_num:
+            runs.append([at, at + f.slot_num, one_key])
+        at += f.slot_num
+    return tuple((a, b, one_key) for a, b, one_key in runs)
 
 
 def _place(feeds: tuple[TableFeed, ...], concat: bool) -> tuple[tuple[TablePlacement, ...], int]:

@@ -162,6 +162,39 @@ def test_large_sample_major_batches_staged_in_parts(
         assert samples == list(range(bucket.layout.size))  # every sample in exactly one part
 
 
+@pytest.mark.parametrize("kind", ["dynamic", "tiny"])
+def test_pooling_beside_the_next_find_equals_pooling_after_it(
+    repo: Path, kind: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Grouped buckets (lowered here to 8 samples) pool each part on the pool stream while the
+    next part's bank_find runs: the scores equal those of the pooling on the cache stream after
+    each find, bit for bit, and the NumPy path's, for parts of tables (table-major batches,
+    with misses claimed by one part and read by a later one) and parts of samples."""
+    from hps_core.infer.gpu import buckets
+    from hps_core.infer.gpu import pipeline as gpu_pipeline
+
+    monkeypatch.setattr(buckets, "_GROUPED_STAGING_SAMPLES", 8)
+    model = ZooModel(repo, NAME)
+    cpu = RankingSession.open(variant(repo, kind), NAME)
+    sessions = {}
+    for beside in (True, False):
+        monkeypatch.setattr(gpu_pipeline, "_POOL_BESIDE_FIND", beside)
+        ps = variant(repo, kind, f"_beside{beside}")
+        sessions[beside] = RankingSession.open(ps, NAME, device_id=0)
+        contract = SamplesContract(sessions[beside].layout)
+        rng = np.random.default_rng(61)
+        got = []
+        for batch in (8, 100, 256, 256):
+            dense, keys = model.samples(rng, batch)
+            parsed = contract.parse(*encode_samples(dense, keys))
+            got += [sessions[beside].predict(parsed), sessions[beside].predict(table_major(parsed))]
+            np.testing.assert_allclose(got[-1], cpu.predict(parsed), rtol=1e-5, atol=1e-6)
+            np.testing.assert_array_equal(got[-2], got[-1])
+        sessions[beside] = got
+    for a, b in zip(sessions[True], sessions[False], strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
 @pytest.mark.parametrize("kind", ["dynamic", "static"])
 def test_large_host_batches_run_as_pipelined_chunks(
     repo: Path, kind: str, monkeypatch: pytest.MonkeyPatch

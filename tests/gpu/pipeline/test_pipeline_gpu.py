@@ -168,6 +168,45 @@ def test_keys_beyond_the_per_sample_limit_take_a_larger_bucket(repo: Path) -> No
     assert max(gpu.pipeline._buckets) == 8
 
 
+@pytest.mark.parametrize("kind", VARIANTS)
+def test_one_key_slots_copied_as_rows_or_pooled_as_bags_alike(
+    repo: Path, kind: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """W&D's first table (2 slots, at most 2 keys a sample) is pooled by ``bank_pool_rows``:
+    empty slots, unknown keys, groups of fewer than 8 samples, and a sample that puts both its
+    keys in one slot (the group then pools its bags one by one) give what ``bank_pool`` and
+    the NumPy path give."""
+    from hps_core.infer.gpu import pipeline as gpu_pipeline
+
+    name = "wdl"
+    ps = variant(repo, name, kind, hit_rate_threshold=0.25)  # sessions of their own
+    model = Model(repo, name)
+    rows = RankingSession.open(ps, name, device_id=0)
+    assert rows.pipeline.placement.pool_runs == ((0, 2, True), (2, 28, False))
+    cpu = RankingSession.open(ps, name)
+    contract = HugeCTRContract(rows.layout)
+    rng = np.random.default_rng(17)
+    batches = []
+    for batch in (3, 21, 64):
+        dense, keys = model.samples(rng, batch)
+        sample = keys[batch // 2]  # [table][slot] -> keys
+        sample[0][0] = [int(k) for k in rng.choice(model.known[0], 2)]
+        sample[0][1] = []
+        batches.append((dense, keys))
+    got = []
+    for dense, keys in batches:
+        parsed = contract.parse(*encode_hugectr(dense, keys))
+        got.append(rows.predict(parsed))
+        np.testing.assert_allclose(got[-1], cpu.predict(parsed), rtol=1e-5, atol=1e-6)
+        model.check(got[-1], dense, keys)
+    monkeypatch.setattr(gpu_pipeline, "_POOL_ONE_KEY_ROWS", False)
+    ps = variant(repo, name, kind, hit_rate_threshold=0.35)
+    bags = RankingSession.open(ps, name, device_id=0)
+    for (dense, keys), want in zip(batches, got, strict=True):
+        parsed = contract.parse(*encode_hugectr(dense, keys))
+        np.testing.assert_array_equal(bags.predict(parsed), want)
+
+
 def test_shared_caches(repo: Path) -> None:
     name = "dlrm"
     ps = variant(repo, name, "dynamic", hit_rate_threshold=0.5)  # a session of its own

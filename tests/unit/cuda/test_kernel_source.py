@@ -15,7 +15,11 @@ from hps_core.infer.gpu.constants import bank_defines
 @pytest.mark.parametrize(
     ("name", "defines", "entries"),
     [
-        ("bank", bank_defines(), ("bank_find", "bank_pool", "bank_probe", "bank_insert")),
+        (
+            "bank",
+            bank_defines(),
+            ("bank_find", "bank_pool", "bank_pool_rows", "bank_probe", "bank_insert"),
+        ),
         (KERNEL_FILE, cuda_defines(), KERNEL_NAMES),
     ],
 )
@@ -28,7 +32,8 @@ def test_set_helpers_are_inlined_once_after_the_defines(
     for helper in ("find_way", "lru_way", "mix64"):
         assert len(re.findall(rf"__forceinline__ \w+ {helper}\(", text)) == 1, helper
     for entry in entries:
-        assert f'extern "C" __global__ void {entry}(' in text, entry
+        bounds = r"(__launch_bounds__\(\w+, \d+\) )?"
+        assert re.search(rf'extern "C" __global__ void {bounds}{entry}\(', text), entry
 
 
 def test_both_files_take_the_shared_constants_from_one_place() -> None:

@@ -88,3 +88,18 @@ def test_long_bags_are_bags_longer_than_a_group_of_lanes():
     long = layout_of(feed(0, 1, 8, LANES + 1))
     assert not Placement.of(short, short.tables, True, 8).long_bags
     assert Placement.of(long, long.tables, True, 8).long_bags
+
+
+def test_pool_runs_cut_slots_where_one_key_tables_meet_multi_key_ones():
+    # Slots per table 1, 2, 3, 1, 2 holding at most 1, 2 (one per slot), 6, 1, 2 keys a sample.
+    feeds = [feed(0, 1, 8, 1), feed(1, 2, 8, 2), feed(2, 3, 8, 6), feed(3, 1, 8, 1)]
+    feeds.append(feed(4, 2, 8, 2))
+    lay = layout_of(*feeds)
+    placement = Placement.of(lay, lay.tables, concat=True, groups=8)
+    assert placement.pool_runs == ((0, 3, True), (3, 6, False), (6, 9, True))
+    assert placement.pool_launches(0, 9) == placement.pool_runs
+    assert placement.pool_launches(2, 7) == ((2, 3, True), (3, 6, False), (6, 7, True))
+    assert placement.pool_launches(4, 5) == ((4, 5, False),)
+    assert placement.pool_launches(3, 3) == ()
+    every_kind = Placement.of(layout_of(feed(0, 2, 8, 5)), [feed(0, 2, 8, 5)], True, 8)
+    assert every_kind.pool_runs == ((0, 2, False),)
