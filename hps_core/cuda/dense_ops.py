@@ -17,6 +17,9 @@ with the same result up to float32 rounding order:
   spread over every SM, where cuBLAS's GEMVs read the weights at a fraction of the memory's
   rate (a batch of one sample, cuBLAS's fastest timed algorithms: 54 of its 85 us of GPU time
   on the H200, DLRM-v2 in TF32);
+- :func:`concatenate`, :func:`split_last_slot`: a Concat of ``n`` inputs, and DIN's
+  FusedReshapeConcat, in one kernel (per eight inputs) instead of a copy per input (and two
+  more copies for FusedReshapeConcat's strided history and target rows);
 - :func:`interaction`: DLRM's dot interaction (stack, Gram matrix, lower triangle, padding) in
   one kernel (``kernels/dense.cu``) instead of a batched GEMM and four copies; each thread sums
   a tile of 4 x 4 entries of the Gram matrix in registers.
@@ -25,6 +28,7 @@ with the same result up to float32 rounding order:
 from __future__ import annotations
 
 import functools
+from collections.abc import Sequence
 from typing import Any
 
 import cupy
@@ -36,7 +40,8 @@ DENSE_TEMPLATES = (
     "interaction<float>", "interaction<unsigned short>", "row_dot<float>",
     "row_dot<unsigned short>", "skinny_linear<float, 4>", "skinny_linear<float, 1>",
     "skinny_linear<unsigned short, 4>", "skinny_linear<unsigned short, 1>",
-    "skinny_finish<float>", "skinny_finish<unsigned short>",
+    "skinny_finish<float>", "skinny_finish<unsigned short>", "concat_rows<unsigned>",
+    "concat_rows<unsigned short>",
 )  # fmt: skip
 """The template instantiations ``kernels/dense.cu`` is compiled with (one module for all)."""
 SKINNY_ROWS = 8
@@ -46,6 +51,13 @@ _SKINNY_BLOCKS_PER_SM = 2
 """Blocks per SM a :func:`skinny_linear` grid aims at (its ranges of ``k`` fill the rest)."""
 _SKINNY_MIN_K_PER_WARP = 4
 _MAX_STATIC_SHARED = 48 * 1024
+_CONCAT_INPUTS = 8
+"""Inputs one ``concat_rows`` launch takes (its kernel has a pointer argument for each)."""
+CONCAT_IN_ONE_KERNEL = False
+"""Whether the Concat layers use :func:`concatenate` and :func:`split_last_slot`. Off until
+their tests (``tests/gpu/nn/test_fused_dense_gpu.py``) and the zoo's have run on a GPU: the
+kernel was written in a session whose GPU time had run out (it compiles for sm_90 without
+spills); CuPy's copies serve meanwhile."""
 _ELEMENTWISE_THREADS = 256
 
 
@@ -343,7 +355,9 @@ def _sms() -> int:
 
 def dense_function(name: str) -> Any:
     """The kernel ``name`` of ``kernels/dense.cu`` on the current device."""
-    defines = kernels.define_lines({"SKINNY_ROWS": SKINNY_ROWS, "SKINNY_WARPS": _SKINNY_WARPS})
+    defines = kernels.define_lines(
+        {"SKINNY_ROWS": SKINNY_ROWS, "SKINNY_WARPS": _SKINNY_WARPS, "CONCAT_INPUTS": _CONCAT_INPUTS}
+    )
     mod = kernels.module("dense", cupy.cuda.Device().id, DENSE_TEMPLATES, defines)
     return mod.get_function(name)
 
@@ -478,3 +492,130 @@ def dice(x: Any, alpha: float, eps: float, dtype: Any) -> Any:
         square = _mean_square()(x, axis=0)
     out = cupy.empty(x.shape, dtype=dtype)
     return _dice_kernel()(x, mean, square, np.float32(alpha), np.float32(eps), out)
+
+
+def _rows(a: Any, lead: int) -> tuple[int, int] | None:
+    """``a`` seen as rows: its first ``lead`` axes flattened into rows of the other axes.
+
+    Returns:
+        (row stride, row width) in elements, or None where a row is not contiguous or the
+        rows are not evenly spaced.
+    """
+    expect = a.itemsize
+    for axis in reversed(range(lead, a.ndim)):  # a row's own axes: C-contiguous
+        if a.shape[axis] > 1 and a.strides[axis] != expect:
+            return None
+        expect *= a.shape[axis]
+    width = expect // a.itemsize
+    stride = span = None
+    for axis in reversed(range(lead)):  # the leading axes: one even spacing
+        if a.shape[axis] == 1:
+            continue
+        if span is not None and a.strides[axis] != span:
+            return None
+        stride = a.strides[axis] if stride is None else stride
+        span = a.strides[axis] * a.shape[axis]
+    stride = width * a.itemsize if stride is None else stride
+    if stride < 0 or stride % a.itemsize:
+        return None
+    return stride // a.itemsize, width
+
+
+def _concat_rows(
+    arrays: Sequence[Any], lead: int, out: Any, per: int, group: int, first_row: int
+) -> bool:
+    """Launches of ``concat_rows`` (one per :data:`_CONCAT_INPUTS` inputs) filling the rows of
+    ``out`` (C-contiguous, ``[rows, ...]``) from the rows of ``arrays`` (their first ``lead``
+    axes flattened; row ``(o // per) * group + first_row + o % per`` for output row ``o``).
+
+    Returns:
+        False, having launched nothing, where an input's layout, dtype or alignment does not
+        allow it (the caller then copies with CuPy).
+    """
+    item = out.itemsize
+    spans: list[tuple[int, int, int]] = []  # bytes: the first row's address, stride, width
+    for a in arrays:
+        view = _rows(a, lead) if a.dtype == out.dtype else None
+        if view is None:
+            return False
+        spans.append((a.data.ptr if view[1] else 0, view[0] * item, view[1] * item))
+    # Whole 4-byte units where every address, stride and width allows them, else 2-byte ones.
+    units = [
+        u for u in (4, 2) if all(p % u == 0 and s % u == 0 and w % u == 0 for p, s, w in spans)
+    ]
+    if not units:
+        return False
+    unit = units[0]
+    dtype, name = (np.uint32, "unsigned") if unit == 4 else (np.uint16, "unsigned short")
+    rows = out.shape[0]
+    total = sum(w for _, _, w in spans) // unit
+    kernel = dense_function(f"concat_rows<{name}>")
+    blocks, threads = _rows_grid(rows)  # a warp per output row
+    first = 0
+    for start in range(0, len(spans), _CONCAT_INPUTS):
+        chunk = spans[start : start + _CONCAT_INPUTS]
+        pad = _CONCAT_INPUTS - len(chunk)
+        # Each input as a one-element array at its first row: the kernel's pointer argument
+        # (an input of no width is never read: ``out`` stands in).
+        sources = [
+            cupy.ndarray((1,), dtype, memptr=a.data) if width else out
+            for a, (_, _, width) in zip(arrays[start:], chunk, strict=False)
+        ]
+        sources += [out] * pad
+        widths = [np.int32(w // unit) for _, _, w in chunk] + [np.int32(0)] * pad
+        strides = [np.int64(s // unit) for _, s, _ in chunk] + [np.int64(0)] * pad
+        kernel(
+            (blocks,), (threads,),
+            (out, np.int64(rows), np.int64(total), np.int32(first), np.int64(per),
+             np.int64(group), np.int64(first_row), np.int32(len(chunk)), *sources, *widths,
+             *strides),
+        )  # fmt: skip
+        first += sum(w for _, _, w in chunk) // unit
+    return True
+
+
+def concatenate(arrays: Sequence[Any], axis: int) -> Any | None:
+    """``cupy.concatenate(arrays, axis)`` in one kernel per eight inputs.
+
+    Args:
+        arrays: CuPy arrays of one dtype whose shapes differ only along ``axis`` (as the
+            Concat layer checked).
+        axis: the axis to concatenate along (``>= 1``).
+
+    Returns:
+        A new C-contiguous array, or None where an input's layout does not allow the kernel
+        (each input's axes from ``axis`` on contiguous, its rows evenly spaced).
+
+    Example:
+        >>> concatenate([cupy.ones((4, 3)), cupy.zeros((4, 2))], axis=1).shape  # doctest: +SKIP
+        (4, 5)
+    """
+    first = arrays[0]
+    shape = list(first.shape)
+    shape[axis] = sum(a.shape[axis] for a in arrays)
+    out = cupy.empty(shape, dtype=first.dtype)
+    rows = int(np.prod(shape[:axis], dtype=np.int64))
+    if out.size and not _concat_rows(arrays, axis, out.reshape(rows, -1), rows, 0, 0):
+        return None
+    return out
+
+
+def split_last_slot(arrays: Sequence[Any]) -> tuple[Any, Any] | None:
+    """DIN's FusedReshapeConcat (:class:`~hps_core.nn.layers.FusedReshapeConcat`): the
+    ``[B, S, w_k]`` inputs concatenated along the width, slots ``0 .. S-2`` as rows
+    ``[B * (S - 1), W]`` and slot ``S - 1`` as ``[B, W]``, in two kernels.
+
+    Returns:
+        (history, target), new C-contiguous arrays; or None as for :func:`concatenate`.
+    """
+    batch, slots = arrays[0].shape[:2]
+    width = sum(a.shape[2] for a in arrays)
+    dtype = arrays[0].dtype
+    history = cupy.empty((batch * (slots - 1), width), dtype=dtype)
+    target = cupy.empty((batch, width), dtype=dtype)
+    if history.size == 0 and target.size == 0:
+        return history, target
+    if not _concat_rows(arrays, 2, history, slots - 1, slots, 0):
+        return None
+    _concat_rows(arrays, 2, target, 1, slots, slots - 1)
+    return history, target

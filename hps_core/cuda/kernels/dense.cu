@@ -479,3 +479,51 @@ extern "C" __global__ void column_moments_finish(const float* __restrict__ part,
   mean[c] = a / (float)rows;
   square[c] = b / (float)rows;
 }
+
+// Up to CONCAT_INPUTS inputs concatenated along their rows, in units U (4 or 2 bytes), a warp
+// per output row: output row o (out_width units apart) takes, from column `first` on, the c_k
+// units of row src(o) = (o / per) * group + first_row + o % per of each input k in turn (its
+// rows t_k units apart). A concatenation has per = rows, group = 0, first_row = 0 (row o of
+// every input); FusedReshapeConcat's history takes per = S - 1 rows of every group of S
+// (first_row 0), its target per = 1 of S (first_row S - 1). One launch replaces one copy per
+// input (and, for FusedReshapeConcat, the copies of the history's and target's strided rows).
+static_assert(CONCAT_INPUTS == 8, "concat_rows takes eight inputs' arguments");
+template <typename U>
+__global__ void concat_rows(U* __restrict__ out, const i64 rows, const i64 out_width,
+                            const int first, const i64 per, const i64 group, const i64 first_row,
+                            const int n, const U* s0, const U* s1, const U* s2, const U* s3,
+                            const U* s4, const U* s5, const U* s6, const U* s7, const int c0,
+                            const int c1, const int c2, const int c3, const int c4, const int c5,
+                            const int c6, const int c7, const i64 t0, const i64 t1, const i64 t2,
+                            const i64 t3, const i64 t4, const i64 t5, const i64 t6,
+                            const i64 t7) {
+  const U* src[CONCAT_INPUTS] = {s0, s1, s2, s3, s4, s5, s6, s7};
+  const int width[CONCAT_INPUTS] = {c0, c1, c2, c3, c4, c5, c6, c7};
+  const i64 stride[CONCAT_INPUTS] = {t0, t1, t2, t3, t4, t5, t6, t7};
+  const int lane = threadIdx.x % 32;
+  const i64 warps = (i64)gridDim.x * (blockDim.x / 32);
+  for (i64 o = (i64)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32; o < rows; o += warps) {
+    const i64 r = (o / per) * group + first_row + o % per;
+    U* dst = out + o * out_width + first;
+#pragma unroll
+    for (int k = 0; k < CONCAT_INPUTS; ++k) {  // constant indices: the arrays stay in registers
+      if (k >= n) break;
+      const U* row = src[k] + r * stride[k];
+      for (int j = lane; j < width[k]; j += 32) dst[j] = row[j];
+      dst += width[k];
+    }
+  }
+}
+
+template __global__ void concat_rows<unsigned>(
+    unsigned*, const i64, const i64, const int, const i64, const i64, const i64, const int,
+    const unsigned*, const unsigned*, const unsigned*, const unsigned*, const unsigned*,
+    const unsigned*, const unsigned*, const unsigned*, const int, const int, const int, const int,
+    const int, const int, const int, const int, const i64, const i64, const i64, const i64,
+    const i64, const i64, const i64, const i64);
+template __global__ void concat_rows<unsigned short>(
+    unsigned short*, const i64, const i64, const int, const i64, const i64, const i64, const int,
+    const unsigned short*, const unsigned short*, const unsigned short*, const unsigned short*,
+    const unsigned short*, const unsigned short*, const unsigned short*, const unsigned short*,
+    const int, const int, const int, const int, const int, const int, const int, const int,
+    const i64, const i64, const i64, const i64, const i64, const i64, const i64, const i64);

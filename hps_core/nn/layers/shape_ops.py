@@ -5,11 +5,22 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from types import ModuleType
 
 from hps_core.nn.layers.base import Array, Layer, expect_counts, expect_rank
 from hps_core.nn.spec.network_json import LayerSpec
 from hps_core.nn.spec.precision import ComputeContext
 from hps_core.nn.spec.shapes import TensorShape
+
+
+def _one_kernel_concat(ctx: ComputeContext) -> ModuleType | None:
+    """:mod:`hps_core.cuda.dense_ops` on a GPU when its one-kernel concatenations are on
+    (``CONCAT_IN_ONE_KERNEL``), else None (the array module's concatenate serves)."""
+    if not ctx.on_gpu:
+        return None
+    from hps_core.cuda import dense_ops  # needs CuPy
+
+    return dense_ops if dense_ops.CONCAT_IN_ONE_KERNEL else None
 
 
 @dataclass(frozen=True)
@@ -97,6 +108,10 @@ class Concat(Layer):
     def forward(
         self, ctx: ComputeContext, inputs: Sequence[Array], params: Sequence[Array]
     ) -> tuple[Array, ...]:
+        ops = _one_kernel_concat(ctx)
+        out = ops.concatenate(inputs, self.axis) if ops else None  # one kernel, not n copies
+        if out is not None:
+            return (out,)
         return (ctx.xp.concatenate(list(inputs), axis=self.axis),)
 
 
@@ -209,6 +224,10 @@ class FusedReshapeConcat(Layer):
     def forward(
         self, ctx: ComputeContext, inputs: Sequence[Array], params: Sequence[Array]
     ) -> tuple[Array, ...]:
+        ops = _one_kernel_concat(ctx)
+        split = ops.split_last_slot(inputs) if ops else None  # two kernels, not n + 2 copies
+        if split is not None:
+            return split
         stacked = ctx.xp.concatenate(list(inputs), axis=2)
         width = stacked.shape[2]
         history = stacked[:, : self.slots - 1, :].reshape(-1, width)
@@ -233,7 +252,10 @@ class FusedReshapeConcatGeneral(Layer):
     def forward(
         self, ctx: ComputeContext, inputs: Sequence[Array], params: Sequence[Array]
     ) -> tuple[Array, ...]:
-        stacked = ctx.xp.concatenate(list(inputs), axis=2)
+        ops = _one_kernel_concat(ctx)
+        stacked = ops.concatenate(inputs, 2) if ops else None
+        if stacked is None:
+            stacked = ctx.xp.concatenate(list(inputs), axis=2)
         return (stacked.reshape(-1, stacked.shape[2]),)
 
 

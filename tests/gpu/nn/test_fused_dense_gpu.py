@@ -1,7 +1,8 @@
 """The GPU's fused dense kernels against float64 NumPy: ``act(x @ W + b)`` in one cuBLASLt
 call (``hps_core.cuda.linear``, each of its candidate algorithms), a product of one output
 column a warp per row (``dense_ops.row_dot``) and DLRM's dot interaction in one kernel
-(``hps_core.cuda.dense_ops.interaction``).
+(``hps_core.cuda.dense_ops.interaction``); the one-kernel concatenations
+(``dense_ops.concatenate``, ``split_last_slot``) against NumPy's, element for element.
 
 Each case runs on random inputs of several sizes (odd widths, one row, strided and
 transposed operands) in FP32, TF32 and FP16; the bound is the rounding of each precision
@@ -454,3 +455,71 @@ def test_skinny_linear_rejects_operands_that_do_not_fit():
         dense_ops.skinny_linear(x, cupy.ones((8, 4), dtype=cupy.float32), None, False, False)
     with pytest.raises(ValueError, match="skinny_linear"):
         dense_ops.skinny_linear(x[:2], cupy.ones((7, 4), dtype=cupy.float32), None, False, False)
+
+
+def _shapes(case: str, rows: int) -> tuple[list[tuple[int, ...]], int]:
+    return {
+        "2d": ([(rows, 3), (rows, 1), (rows, 16), (rows, 5)], 1),
+        "3d axis 1": ([(rows, 1, 4), (rows, 2, 4), (rows, 3, 4)], 1),
+        "3d axis 2": ([(rows, 3, 2), (rows, 3, 7), (rows, 3, 1)], 2),
+        "19 inputs": ([(rows, 2)] * 19, 1),  # three launches of at most eight inputs
+        "an empty input": ([(rows, 4), (rows, 0), (rows, 3)], 1),
+    }[case]
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+@pytest.mark.parametrize("rows", [1, 37, 1000])
+@pytest.mark.parametrize("case", ["2d", "3d axis 1", "3d axis 2", "19 inputs", "an empty input"])
+def test_concatenate_equals_numpy(case, rows, dtype):
+    rng = np.random.default_rng(rows)
+    shapes, axis = _shapes(case, rows)
+    host = [rng.standard_normal(shape).astype(dtype) for shape in shapes]
+    got = dense_ops.concatenate([cupy.asarray(h) for h in host], axis)
+    assert got is not None and got.flags.c_contiguous
+    np.testing.assert_array_equal(cupy.asnumpy(got), np.concatenate(host, axis=axis))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+def test_concatenate_reads_evenly_spaced_rows_and_declines_other_layouts(dtype):
+    rng = np.random.default_rng(5)
+    wide = cupy.asarray(rng.standard_normal((50, 11)).astype(dtype))
+    other = cupy.asarray(rng.standard_normal((50, 3)).astype(dtype))
+    columns = wide[:, 2:7]  # rows 11 elements apart
+    got = dense_ops.concatenate([columns, other], 1)
+    want = np.concatenate([cupy.asnumpy(columns), cupy.asnumpy(other)], axis=1)
+    np.testing.assert_array_equal(cupy.asnumpy(got), want)
+    assert dense_ops.concatenate([wide[:, ::2], other], 1) is None  # a row not contiguous
+    assert dense_ops.concatenate([wide[:, :3], other.astype(np.float64)], 1) is None
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+@pytest.mark.parametrize(
+    ("rows", "slots", "widths"), [(1, 2, (8, 8)), (37, 5, (3, 5)), (300, 4, (16,))]
+)
+def test_split_last_slot_equals_numpy(rows, slots, widths, dtype):
+    rng = np.random.default_rng(rows + slots)
+    host = [rng.standard_normal((rows, slots, w)).astype(dtype) for w in widths]
+    history, target = dense_ops.split_last_slot([cupy.asarray(h) for h in host])
+    stacked = np.concatenate(host, axis=2)
+    np.testing.assert_array_equal(cupy.asnumpy(history), stacked[:, :-1].reshape(-1, sum(widths)))
+    np.testing.assert_array_equal(cupy.asnumpy(target), stacked[:, -1])
+
+
+def test_concatenate_is_recorded_in_a_cuda_graph():
+    """A graph of concatenate() replays on new input values (nothing during the capture
+    allocates beyond the pool's cached block or copies from the host)."""
+    a = cupy.arange(12, dtype=cupy.float32).reshape(4, 3)
+    b = cupy.arange(8, dtype=cupy.float32).reshape(4, 2)
+    stream = cupy.cuda.Stream(non_blocking=True)
+    pool = cupy.cuda.MemoryPool()
+    with stream, cupy.cuda.using_allocator(pool.malloc):
+        dense_ops.concatenate([a, b], 1)  # compiles the kernel outside the capture
+        stream.synchronize()
+        stream.begin_capture(1)  # cudaStreamCaptureModeThreadLocal, as the pipeline
+        out = dense_ops.concatenate([a, b], 1)
+        graph = stream.end_capture()
+        a += 100
+        graph.launch(stream)
+        stream.synchronize()
+    want = np.concatenate([cupy.asnumpy(a), cupy.asnumpy(b)], axis=1)
+    np.testing.assert_array_equal(cupy.asnumpy(out), want)

@@ -156,6 +156,47 @@ def test_layer_parity(case, precision, batch):
         assert_close(g, c, precision)
 
 
+CONCAT_CASES = [
+    ("Concat", ["a", "b", "c"], ["o"], {}, [(1, (3,)), (1, (16,)), (1, (5,))]),
+    ("Concat", ["a", "b"], ["o"], {"axis": 1}, [(1, (1, 4)), (1, (3, 4))]),
+    ("Concat", ["a", "b"], ["o"], {"axis": 2}, [(1, (3, 4)), (1, (3, 2))]),
+    ("Concat", list("abcdefghijk"), ["o"], {}, [(1, (2,))] * 11),  # two launches
+    ("FusedReshapeConcat", ["a", "b"], ["h", "t"], {}, [(1, (5, 3)), (1, (5, 2))]),
+    ("FusedReshapeConcatGeneral", ["a", "b"], ["o"], {}, [(1, (5, 3)), (1, (5, 2))]),
+]
+
+
+@pytest.mark.parametrize("precision", [Precision.FP32, Precision.FP16])
+@pytest.mark.parametrize("case", CONCAT_CASES, ids=lambda c: f"{c[0]}-{len(c[1])}-{c[3]}")
+@pytest.mark.parametrize("batch", [1, 37])
+def test_concat_layers_in_one_kernel_equal_numpy(case, precision, batch, monkeypatch):
+    """The Concat layers with ``dense_ops.CONCAT_IN_ONE_KERNEL`` on: NumPy's values exactly
+    (they only move data), from ``concat_rows`` launches."""
+    from hps_core.cuda import dense_ops
+
+    launches = []
+    concat_rows = dense_ops._concat_rows
+
+    def counted(*args, **kwargs):
+        launches.append(concat_rows(*args, **kwargs))
+        return launches[-1]
+
+    monkeypatch.setattr(dense_ops, "CONCAT_IN_ONE_KERNEL", True)
+    monkeypatch.setattr(dense_ops, "_concat_rows", counted)
+    layer_type, bottoms, tops, fields, raw_shapes = case
+    shapes = [TensorShape(rows, dims) for rows, dims in raw_shapes]
+    layer = DENSE_LAYERS[layer_type].build(spec(layer_type, bottoms, tops, fields), shapes)
+    rng = np.random.default_rng(batch)
+    cpu_ctx, gpu_ctx = ComputeContext(np, precision), ComputeContext(cupy, precision)
+    inputs = [rng.standard_normal(s.concrete(batch)).astype(cpu_ctx.dtype) for s in shapes]
+    cpu = layer.forward(cpu_ctx, inputs, [])
+    gpu = layer.forward(gpu_ctx, [cupy.asarray(x) for x in inputs], [])
+    assert launches and all(launches)
+    for g, c in zip(gpu, cpu, strict=True):
+        assert g.dtype == c.dtype and g.shape == c.shape
+        np.testing.assert_array_equal(cupy.asnumpy(g), c)
+
+
 @pytest.mark.parametrize("combiner", list(Combiner))
 @pytest.mark.parametrize("fixed", [True, False])
 def test_pooling_parity(combiner, fixed):
