@@ -37,14 +37,14 @@ memory pool of their own, which nothing else uses.
 Steps 3-4 run on the pipeline's cache stream inside the caches' ordering section
 (:meth:`CacheBank.section`), so other streams and, for shared caches, other processes never
 see a half-done insert. Within step 3, each part's pooling runs on a pool stream of its own
-after that part's ``bank_find``, beside the next part's: the finds wait on the host's memory
-(the misses cross PCIe), the pooling on the GPU's, and the cache stream waits for the last
-pooling before it leaves the section. The dense network waits for the lookup only. With
-caches of its own, the insert waits for the scores and runs while the host stages the next
-batch (beside the dense network it cost 3-13% of a batch on the H200); with caches shared
-between processes it runs at once, beside the dense network (on the main stream, of higher
-priority), since the other processes' next lookups wait for it. The next batch's lookup
-comes after the insert on the cache stream.
+after that part's ``bank_find``, beside the next part's (the finds wait on the host's memory,
+whose rows cross PCIe, the poolings on the GPU's; how much they overlap on the H200:
+BENCHMARKS.md), and the cache stream waits for the last pooling before it leaves the
+section. The dense network waits for the lookup only. With caches of its own, the insert waits
+for the scores and runs while the host stages the next batch (beside the dense network it
+cost 3-13% of a batch on the H200); with caches shared between processes it runs at once,
+beside the dense network (on the main stream, of higher priority), since the other processes'
+next lookups wait for it. The next batch's lookup comes after the insert on the cache stream.
 
 A model whose tables have tiers below the host tier (Redis, RocksDB, an update overlay with
 new keys) waits once more per batch while those tiers may hold rows: between steps 2 and 3,
@@ -118,9 +118,10 @@ _POOL_BESIDE_FIND = True
 """Pool each part's bags on the pool stream beside the next part's ``bank_find`` (``False``:
 after it, on the cache stream)."""
 _POOL_PRIORITY = -1
-"""The pool stream's priority: above the cache stream's (0), so that as a part's ``bank_find``
-blocks retire, the previous part's pooling takes their place before the next find's blocks
-fill the GPU (below the main stream's, whose dense network comes first)."""
+"""The pool stream's priority: above the cache stream's (0), meant to let the previous part's
+pooling take the SMs as a part's ``bank_find`` blocks retire, before the next find's blocks
+fill them (below the main stream's, whose dense network comes first). Measured at f73a47c
+against 0: within the noise either way (BENCHMARKS.md)."""
 _POOL_ONE_KEY_ROWS = True
 """Pool the slots of tables with at most one key per slot and sample with ``bank_pool_rows``
 (``False``: with ``bank_pool``, as every other slot)."""
