@@ -35,13 +35,13 @@ however many tables and layers the model has. The graphs' intermediate tensors l
 memory pool of their own, which nothing else uses.
 
 Steps 3-4 run on the pipeline's cache stream inside the caches' ordering section
-(:meth:`CacheBank.section`), so other streams and, for shared caches, other processes never
-see a half-done insert. Within step 3, each part's pooling runs on a pool stream of its own
-after that part's ``bank_find``, beside the next part's (the finds wait on the host's memory,
-whose rows cross PCIe, the poolings on the GPU's; how much they overlap on the H200:
-BENCHMARKS.md), and the cache stream waits for the last pooling before it leaves the
-section. The dense network waits for the lookup only. With caches of its own, the insert waits
-for the scores and runs while the host stages the next batch (beside the dense network it
+(:meth:`CacheBank.section`), so other streams and, for shared caches, other processes never see
+a half-done insert. Within step 3 of a batch looked up in parts, each part's pooling runs on a
+pool stream of its own after that part's ``bank_find``, beside the next part's (the finds wait
+on the host's memory, whose rows cross PCIe, the poolings on the GPU's; how much they overlap
+on the H200: BENCHMARKS.md), and the cache stream waits for the last pooling before it leaves
+the section. The dense network waits for the lookup only. With caches of its own, the insert
+waits for the scores and runs while the host stages the next batch (beside the dense network it
 cost 3-13% of a batch on the H200); with caches shared between processes it runs at once,
 beside the dense network (on the main stream, of higher priority), since the other processes'
 next lookups wait for it. The next batch's lookup comes after the insert on the cache stream.
@@ -124,7 +124,11 @@ fill them (below the main stream's, whose dense network comes first). Measured a
 against 0: within the noise either way (BENCHMARKS.md)."""
 _POOL_ONE_KEY_ROWS = True
 """Pool the slots of tables with at most one key per slot and sample with ``bank_pool_rows``
-(``False``: with ``bank_pool``, as every other slot)."""
+(``False``: with ``bank_pool``, as every other slot)..."""
+_POOL_ROWS_MIN_SAMPLES = 1024
+"""... in parts of at least this many samples when their slots mix one-key and other runs
+(smaller ones: one ``bank_pool`` launch for the part): a launch in a graph costs about 2 us,
+while a slot of 1,024 one-key bags of 512 bytes is 0.1-0.2 us of the H200's memory time."""
 _HIGHEST_PRIORITY = -1000  # lower is more urgent; 0 is the default and least urgent
 
 
@@ -184,6 +188,7 @@ class GpuRankingPipeline:
             # Each part's pooling runs here, beside the next part's bank_find.
             self._pool_stream = cupy.cuda.Stream(non_blocking=True, priority=_POOL_PRIORITY)
             self._pooled = cupy.cuda.Event(disable_timing=True)
+            self._pools_pending = False  # poolings launched there since the last join
             self._prefixed = cupy.cuda.Event(disable_timing=True)
             self._dense_uploaded = cupy.cuda.Event(disable_timing=True)
             self._uploaded = [
@@ -438,10 +443,11 @@ class GpuRankingPipeline:
         else:
             self._find(bucket, part)
         pool = cache
-        if _POOL_BESIDE_FIND:
+        if _POOL_BESIDE_FIND and grouped(bucket):  # a bucket of one part has nothing beside
             pool = self._pool_stream
             self._found[index].record(cache)
             pool.wait_event(self._found[index])
+            self._pools_pending = True
         if graphs is not None:
             graphs.pool.launch(pool)
         else:
@@ -449,10 +455,11 @@ class GpuRankingPipeline:
                 self._pool(bucket, part)
 
     def _join_pools(self) -> None:
-        """The cache stream waits for the poolings launched on the pool stream."""
-        if _POOL_BESIDE_FIND:
+        """The cache stream waits for the poolings launched on the pool stream, if any."""
+        if self._pools_pending:
             self._pooled.record(self._pool_stream)
             self._cache_stream.wait_event(self._pooled)
+            self._pools_pending = False
 
     def _launch_prefix(self, bucket: Bucket, uploaded: Any) -> None:
         """The dense-only steps on the prefix stream, after the event ``uploaded`` (the main
@@ -514,7 +521,10 @@ class GpuRankingPipeline:
         rows = (np.int64(first_row), np.int64(stop_row))
         if stop_row == first_row:
             return
-        for begin, end, one_key in self.placement.pool_launches(first, stop):
+        runs = self.placement.pool_launches(first, stop)
+        if len(runs) > 1 and stop_row - first_row < _POOL_ROWS_MIN_SAMPLES:
+            runs = ((first, stop, False),)
+        for begin, end, one_key in runs:
             common = (
                 self._descriptors, self._slot_table_d, self._slot_local_d, np.int32(begin),
                 np.int32(end), *rows, room, size, header, offsets, bucket.rows, bucket.embeddings,

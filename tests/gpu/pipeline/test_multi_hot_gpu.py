@@ -287,15 +287,22 @@ NEAR_FP32 = {"fp16": 2e-3, "int8": 2e-2, "fp8": 1e-1}  # bounds of the relative 
 
 
 @pytest.mark.parametrize("kind", COMPRESSED)
-def test_compressed_tables_pool_their_quantised_rows(repo: Path, kind: str) -> None:
+@pytest.mark.parametrize("rows_from", [0, 1024])
+def test_compressed_tables_pool_their_quantised_rows(
+    repo: Path, kind: str, rows_from: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Tables stored in fp16, int8 or fp8: the GPU pipeline (rows decoded in the pooling
-    kernel, from the cache, the host tier in place, the staged misses, or static tables)
+    kernels, from the cache, the host tier in place, the staged misses, or static tables)
     scores what the NumPy path scores from the same quantised host tier; both stay near the
-    FP32 model."""
+    FP32 model. With ``rows_from`` 0 the one-key tables' slots go to bank_pool_rows at every
+    batch size, else (below 1,024 samples) the whole batch to one bank_pool launch."""
+    from hps_core.infer.gpu import pipeline as gpu_pipeline
+
+    monkeypatch.setattr(gpu_pipeline, "_POOL_ROWS_MIN_SAMPLES", rows_from)
     model = ZooModel(repo, NAME)
     ps = json.loads((repo / NAME / "ps.json").read_text())
     ps["models"][0].update(COMPRESSED[kind])
-    path = repo / NAME / f"ps_{kind}.json"
+    path = repo / NAME / f"ps_{kind}_rows{rows_from}.json"
     path.write_text(json.dumps(ps))
     gpu = RankingSession.open(path, NAME, device_id=0)
     cpu = RankingSession.open(path, NAME)

@@ -172,12 +172,14 @@ def test_keys_beyond_the_per_sample_limit_take_a_larger_bucket(repo: Path) -> No
 def test_one_key_slots_copied_as_rows_or_pooled_as_bags_alike(
     repo: Path, kind: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """W&D's first table (2 slots, at most 2 keys a sample) is pooled by ``bank_pool_rows``:
-    empty slots, unknown keys, groups of fewer than 8 samples, and a sample that puts both its
-    keys in one slot (the group then pools its bags one by one) give what ``bank_pool`` and
-    the NumPy path give."""
+    """W&D's first table (2 slots, at most 2 keys a sample) is pooled by ``bank_pool_rows``
+    (here from the first sample on: by default a batch of fewer than 1,024 samples whose slots
+    mix kinds is one ``bank_pool`` launch): empty slots, unknown keys, groups of fewer than 8
+    samples, and a sample that puts both its keys in one slot (the group then pools its bags
+    one by one) give what ``bank_pool`` and the NumPy path give."""
     from hps_core.infer.gpu import pipeline as gpu_pipeline
 
+    monkeypatch.setattr(gpu_pipeline, "_POOL_ROWS_MIN_SAMPLES", 0)
     name = "wdl"
     ps = variant(repo, name, kind, hit_rate_threshold=0.25)  # sessions of their own
     model = Model(repo, name)
