@@ -33,7 +33,6 @@ from hps_core.config import load_ps_config
 from hps_core.infer import RankingSession, load_ranking_graph
 from hps_core.infer.gpu import pipeline as gpu_pipeline
 from hps_core.infer.gpu import uploads
-from hps_core.infer.gpu.buckets import grouped
 
 _NO_THREADS = {"_THREADED_STAGING_BYTES": 1 << 62}
 _ONE_PIECE = {"_STAGING_PIECE_BYTES": 1 << 62}
@@ -178,10 +177,7 @@ def main() -> None:
         cache = pipe._cache_stream
         with cache, pipe.bank.section():
             cache.wait_event(events[0])
-            parts = pipe.placement.parts(bucket.layout.size, grouped(bucket))
-            for index, lookup_part in enumerate(parts):
-                pipe._launch_lookup(bucket, index, lookup_part)
-            pipe._join_pools()
+            pipe._launch_lookups(bucket)
             events[1].record(cache)
         stream.wait_event(events[1])
         if graphs.prefix is not None:

@@ -201,7 +201,6 @@ def graph_times(session: RankingSession, sparse: SparseBatch) -> tuple[float, fl
     batch, run one after the other on one stream (CUDA events; the batch's misses are
     inserted, as in predict())."""
     pipe = session.pipeline
-    from hps_core.infer.gpu.buckets import grouped
     from hps_core.infer.gpu.staging import bucket_for
 
     bucket = pipe._bucket(bucket_for(sparse.batch_size))
@@ -214,10 +213,7 @@ def graph_times(session: RankingSession, sparse: SparseBatch) -> tuple[float, fl
         # The parts' finds and poolings as predict() launches them (cache and pool streams).
         with cache, pipe.bank.section():
             cache.wait_event(events[0])
-            parts = pipe.placement.parts(bucket.layout.size, grouped(bucket))
-            for index, part in enumerate(parts):
-                pipe._launch_lookup(bucket, index, part)
-            pipe._join_pools()
+            pipe._launch_lookups(bucket)
             events[1].record(cache)
             graphs.insert.launch(cache)
             events[2].record(cache)

@@ -395,8 +395,7 @@ class GpuRankingPipeline:
                 self._uploaded[0].record(main)
                 self._launch_prefix(bucket, self._uploaded[0])
                 cache.wait_event(self._uploaded[0])
-                for index, part in enumerate(parts):
-                    self._launch_lookup(bucket, index, part)
+                self._launch_lookups(bucket)
             self._join_pools()
             self._looked_up.record(cache)
             # With caches of its own, the insert waits for the scores: it then runs while the
@@ -453,6 +452,13 @@ class GpuRankingPipeline:
         else:
             with pool:
                 self._pool(bucket, part)
+
+    def _launch_lookups(self, bucket: Bucket) -> None:
+        """Every part's lookup of a batch the device holds whole, joined on the cache stream
+        (the current one)."""
+        for index, part in enumerate(self.placement.parts(bucket.layout.size, grouped(bucket))):
+            self._launch_lookup(bucket, index, part)
+        self._join_pools()
 
     def _join_pools(self) -> None:
         """The cache stream waits for the poolings launched on the pool stream, if any."""

@@ -124,6 +124,13 @@ def spec(layer_type, bottoms, tops, fields):
     return LayerSpec(1, 1, "gpu.json", tops[0], layer_type, tuple(bottoms), tuple(tops), raw)
 
 
+def build(case):
+    """The layer of a ``LAYER_CASES`` / ``CONCAT_CASES`` entry, and its input shapes."""
+    layer_type, bottoms, tops, fields, raw_shapes = case
+    shapes = [TensorShape(rows, dims) for rows, dims in raw_shapes]
+    return DENSE_LAYERS[layer_type].build(spec(layer_type, bottoms, tops, fields), shapes), shapes
+
+
 def assert_close(gpu, cpu, precision):
     tol = TOLERANCE[precision]
     np.testing.assert_allclose(cupy.asnumpy(gpu), cpu, rtol=tol, atol=tol)
@@ -133,9 +140,7 @@ def assert_close(gpu, cpu, precision):
 @pytest.mark.parametrize("case", LAYER_CASES, ids=lambda c: f"{c[0]}-{c[3]}")
 @pytest.mark.parametrize("batch", [1, 64])
 def test_layer_parity(case, precision, batch):
-    layer_type, bottoms, tops, fields, raw_shapes = case
-    shapes = [TensorShape(rows, dims) for rows, dims in raw_shapes]
-    layer = DENSE_LAYERS[layer_type].build(spec(layer_type, bottoms, tops, fields), shapes)
+    layer, shapes = build(case)
     rng = np.random.default_rng(batch)
     cpu_ctx, gpu_ctx = ComputeContext(np, precision), ComputeContext(cupy, precision)
     inputs = [rng.standard_normal(s.concrete(batch)).astype(cpu_ctx.dtype) for s in shapes]
@@ -183,9 +188,7 @@ def test_concat_layers_in_one_kernel_equal_numpy(case, precision, batch, monkeyp
 
     monkeypatch.setattr(dense_ops, "CONCAT_IN_ONE_KERNEL", True)
     monkeypatch.setattr(dense_ops, "_concat_rows", counted)
-    layer_type, bottoms, tops, fields, raw_shapes = case
-    shapes = [TensorShape(rows, dims) for rows, dims in raw_shapes]
-    layer = DENSE_LAYERS[layer_type].build(spec(layer_type, bottoms, tops, fields), shapes)
+    layer, shapes = build(case)
     rng = np.random.default_rng(batch)
     cpu_ctx, gpu_ctx = ComputeContext(np, precision), ComputeContext(cupy, precision)
     inputs = [rng.standard_normal(s.concrete(batch)).astype(cpu_ctx.dtype) for s in shapes]
