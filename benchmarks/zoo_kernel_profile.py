@@ -32,6 +32,7 @@ import cupy
 import numpy as np
 import torch
 from torch.profiler import ProfilerActivity, profile
+from zoo_batches import random_batch
 
 from hps_core.demo import ZOO_MODELS
 from hps_core.hps import HPS
@@ -52,21 +53,6 @@ def kind_of(name: str) -> str:
     if any(word in lower for word in _GEMM_WORDS):
         return "gemm"
     return "other"
-
-
-def random_batch(session: RankingSession, rng: np.random.Generator, batch: int) -> SparseBatch:
-    """``batch`` samples of known keys, as the samples contract hands them over."""
-    layout = session.layout
-    columns = []
-    for feed in layout.tables:
-        rows = session.lookup.table(feed.table).host.rows
-        columns.append(rng.integers(0, rows, (batch, feed.sample_width)))
-    keys = np.concatenate(columns, axis=1).astype(np.int64)
-    dense = rng.random((batch, layout.dense_dim), dtype=np.float32)
-    if layout.model == "bst":
-        dense[:, 0] = rng.integers(0, 7, batch)  # the sequence length
-    widths = [t.sample_width for t in layout.tables]
-    return SparseBatch.from_sample_keys(dense, keys, widths, layout.hotness)
 
 
 def device_times(

@@ -22,7 +22,14 @@ from hps_core.hps import HPS
 from hps_core.infer.inputs.batch import SparseBatch
 from hps_core.infer.inputs.layout import RankingLayout, load_ranking_graph
 from hps_core.lookup.model_lookup import DEFAULT_OPTIONS, LookupOptions, ModelLookup
-from hps_core.nn import Combiner, DenseExecutor, Precision, UnpooledEmbedding, read_dense_blob
+from hps_core.nn import (
+    Combiner,
+    DenseExecutor,
+    Precision,
+    UnpooledEmbedding,
+    pool_gathered,
+    read_dense_blob,
+)
 
 
 def _device(xp: ModuleType, device_id: int | None) -> contextlib.AbstractContextManager:
@@ -170,20 +177,24 @@ class RankingSession:
         out: dict[str, Any] = {}
         with _device(xp, self.device_id):
             tables = [feed.table for feed in self._feeds]
-            found = self.lookup.lookup_many(tables, [batch.flat_keys(t) for t in tables])
-            for feed, values in zip(self._feeds, found, strict=True):
-                values = xp.asarray(values)
+            found = self.lookup.lookup_rows_many(tables, [batch.flat_keys(t) for t in tables])
+            for feed, (rows, index) in zip(self._feeds, found, strict=True):
                 hot = batch.table_hotness(feed.table)
+                shape = (batch.batch_size, feed.slot_num, feed.vec_size)
+                if hot is not None and hot > 1:
+                    # Bags of h keys each need no offsets: summed h rows at a time, straight
+                    # from the distinct keys' rows (on the host) or from a row per key.
+                    pooled = pool_gathered(rows, index, hot).reshape(shape)
+                    if feed.combiner is Combiner.MEAN:
+                        pooled /= np.float32(hot)
+                    out[feed.layer] = pooled
+                    continue
+                values = xp.asarray(rows if index is None else rows[index])
                 if hot is None:
                     offsets = xp.asarray(batch.table_offsets(feed.table))
                     out[feed.layer] = UnpooledEmbedding(values, offsets)
-                    continue
-                # Bags of h keys each need no offsets: their sums are a reshape (and an axis sum).
-                bags = values.reshape(batch.batch_size, feed.slot_num, hot, feed.vec_size)
-                pooled = bags[:, :, 0] if hot == 1 else bags.sum(axis=2, dtype=np.float32)
-                if hot > 1 and feed.combiner is Combiner.MEAN:
-                    pooled /= np.float32(hot)
-                out[feed.layer] = pooled
+                else:  # one key per slot: the rows are the pooled tensor
+                    out[feed.layer] = values.reshape(shape)
         return out
 
     def predict(self, batch: SparseBatch) -> Any:

@@ -369,6 +369,29 @@ class ModelLookup:
                 return [table.lookup(k) for table, k in zip(tables, keys, strict=True)]
             return lookup_cached_tables(tables, keys, self.xp, self._section)
 
+    def lookup_rows_many(
+        self, table_ids: Sequence[int], keys: Sequence[Any]
+    ) -> list[tuple[Any, np.ndarray | None]]:
+        """Look up several tables at once, each distinct key's row once where the tables are
+        read on the host (:meth:`HostTableLookup.lookup_distinct`): for pooling straight from
+        those rows.
+
+        Args:
+            table_ids: the tables.
+            keys: one int64 key array per entry of ``table_ids``.
+
+        Returns:
+            One ``(rows, index)`` per entry: ``rows[index]`` is what :meth:`lookup_many`
+            returns for it; ``index`` None where ``rows`` holds a row per key (on a GPU, or a
+            few keys).
+        """
+        tables = [self.table(t) for t in table_ids]
+        if self.device_id is None and all(
+            isinstance(t, HostTableLookup) and t.xp is np for t in tables
+        ):
+            return [t.lookup_distinct(k) for t, k in zip(tables, keys, strict=True)]
+        return [(rows, None) for rows in self.lookup_many(table_ids, keys)]
+
     def attach(self, extension: LookupExtension) -> None:
         """Count ``extension``'s lookups with this lookup's and close it before the tables.
 

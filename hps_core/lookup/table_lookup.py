@@ -175,38 +175,71 @@ class HostTableLookup:
         """
         start = time.perf_counter()
         host_keys = to_host(keys).ravel()
-        if self.xp is np and not self._tiered and len(host_keys) <= SEARCH_KEYS:
-            # A few keys from the host tier alone: each looked up as it comes costs less than
-            # finding the distinct ones first (a sort and a gather); the counters count them.
-            result, found = self.host.lookup(host_keys, out)
-            distinct = _distinct_count(host_keys)
-            unknown = 0 if found.all() else _distinct_count(host_keys[~found])
+        rows, index, distinct, unknown = self._rows(host_keys, out if self.xp is np else None)
+        if index is None:  # a row per key, in `out` when given
+            result = rows
+        elif self.xp is np:
+            result = rows[index] if out is None else np.take(rows, index, 0, out=out)
         else:
-            # Each distinct key is looked up once; repeats (hot keys) are copied afterwards.
-            unique, inverse = np.unique(host_keys, return_inverse=True)
-            values, found = self.host.lookup(unique)
-            if self.xp is np:
-                result = values[inverse] if out is None else np.take(values, inverse, 0, out=out)
+            device_rows, device_index = self.xp.asarray(rows), self.xp.asarray(index)
+            if out is None:
+                result = device_rows[device_index]
             else:
-                device_rows = self.xp.asarray(values)
-                device_inverse = self.xp.asarray(inverse)
-                if out is None:
-                    result = device_rows[device_inverse]
-                else:
-                    result = self.xp.take(device_rows, device_inverse, axis=0, out=out)
-            distinct = len(unique)
-            unknown = int(len(found) - np.count_nonzero(found))
+                result = self.xp.take(device_rows, device_index, axis=0, out=out)
+        self._count(start, len(host_keys), distinct, unknown)
+        return result
+
+    def lookup_distinct(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+        """The rows of ``keys`` without a copy of a repeated key's row (NumPy lookups): for
+        pooling straight from them (:func:`~hps_core.nn.pool_gathered`), where :meth:`lookup`
+        would first copy a row per key.
+
+        Args:
+            keys: 1-D int64 keys on the host.
+
+        Returns:
+            ``(rows, index)``: float32 rows and the position of each key's row among them, so
+            that ``rows[index]`` is what :meth:`lookup` returns; ``index`` None when ``rows``
+            holds a row per key already (a few keys, each looked up as it comes).
+
+        Example:
+            >>> rows, index = table.lookup_distinct(np.array([7, 3, 7]))  # doctest: +SKIP
+            >>> len(rows), index.tolist()  # doctest: +SKIP
+            (2, [1, 0, 1])
+        """
+        start = time.perf_counter()
+        host_keys = np.asarray(keys).ravel()
+        rows, index, distinct, unknown = self._rows(host_keys)
+        self._count(start, len(host_keys), distinct, unknown)
+        return rows, index
+
+    def _rows(
+        self, host_keys: np.ndarray, out: np.ndarray | None = None
+    ) -> tuple[np.ndarray, np.ndarray | None, int, int]:
+        """The host tier's rows of ``host_keys``: ``(rows, index, distinct, unknown)`` as
+        :meth:`lookup_distinct` returns them, with the counts of distinct and unknown keys.
+        A few keys from the host tier alone are looked up as they come (into ``out`` when
+        given), which costs less than finding the distinct ones first (a sort and a gather);
+        the others once per distinct key (repeats, hot keys, are copied by the caller)."""
+        if self.xp is np and not self._tiered and len(host_keys) <= SEARCH_KEYS:
+            rows, found = self.host.lookup(host_keys, out)
+            unknown = 0 if found.all() else _distinct_count(host_keys[~found])
+            return rows, None, _distinct_count(host_keys), unknown
+        unique, index = np.unique(host_keys, return_inverse=True)
+        rows, found = self.host.lookup(unique)
+        return rows, index, len(unique), int(len(found) - np.count_nonzero(found))
+
+    def _count(self, start: float, keys: int, distinct: int, unknown: int) -> None:
         with self._lock:
             c = self.counters
             c.lookups += 1
-            c.keys += len(host_keys)
+            c.keys += keys
             c.unique_keys += distinct
             c.unknown_keys += unknown
             if not self._tiered:  # else the cascade counts its tiers itself
                 c.tier_host_hits += distinct - unknown
                 c.tier_default_keys += unknown
             c.seconds += time.perf_counter() - start
-        return result
 
     def snapshot(self) -> TableCounters:
         """A copy of the counters (the cascade's tier counters included), safe to read while

@@ -26,7 +26,13 @@ from hps_core.nn.dense_blob import (
 )
 from hps_core.nn.executor import DenseExecutor, EmbeddingInput
 from hps_core.nn.graph import GraphNode, NetworkGraph, build_graph
-from hps_core.nn.layers import Combiner, EmbeddingLayer, UnpooledEmbedding, pool_embeddings
+from hps_core.nn.layers import (
+    Combiner,
+    EmbeddingLayer,
+    UnpooledEmbedding,
+    pool_embeddings,
+    pool_gathered,
+)
 from hps_core.nn.profile import ForwardProfile, LayerTime, layer_flops
 from hps_core.nn.spec.network_json import (
     DataSpec,
@@ -67,6 +73,7 @@ __all__ = [
     "load_network_json",
     "parse_network_json",
     "pool_embeddings",
+    "pool_gathered",
     "random_dense_params",
     "read_dense_blob",
     "round_to_tf32",

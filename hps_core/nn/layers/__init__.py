@@ -34,6 +34,7 @@ from hps_core.nn.layers.embedding import (
     EmbeddingLayer,
     UnpooledEmbedding,
     pool_embeddings,
+    pool_gathered,
 )
 from hps_core.nn.layers.interaction import FmOrder2, Interaction, MatrixMultiply
 from hps_core.nn.layers.shape_ops import (
@@ -114,4 +115,5 @@ __all__ = [
     "ParamShape",
     "UnpooledEmbedding",
     "pool_embeddings",
+    "pool_gathered",
 ]

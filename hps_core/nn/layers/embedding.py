@@ -102,6 +102,53 @@ def pool_embeddings(
     return out
 
 
+_GATHER_BLOCK_BAGS = 512
+"""Bags :func:`pool_gathered` sums at a time: their sums stay in the CPU's caches while each
+key's rows are added (a gather of every key's row first wrote a row per key to memory and
+read it back: 1.4-3x slower for 1,024 to 16,384 bags of 3 to 100 keys on the 2-core CPU
+machine)."""
+
+
+def pool_gathered(rows: np.ndarray, index: np.ndarray | None, hotness: int) -> np.ndarray:
+    """Sums of bags of ``hotness`` keys each from rows looked up once per distinct key
+    (NumPy): bag ``i`` sums ``rows[index[i * hotness + j]]`` for ``j`` in key order, in
+    float32, exactly as summing a row per key would.
+
+    Args:
+        rows: float32 ``[u, dim]`` rows (NumPy; NumPy or CuPy where ``index`` is None).
+        index: ``[bags * hotness]`` positions in ``rows`` of the keys, bag after bag; None
+            when ``rows`` holds a row per key (``u == bags * hotness``).
+        hotness: keys per bag (at least 1).
+
+    Returns:
+        float32 ``[bags, dim]``.
+
+    Example:
+        >>> rows = np.array([[1.0, 2.0], [10.0, 20.0]], np.float32)
+        >>> pool_gathered(rows, np.array([0, 1, 1, 1]), 2).tolist()
+        [[11.0, 22.0], [20.0, 40.0]]
+    """
+    dim = rows.shape[1]
+    if index is None:
+        return rows.reshape(-1, hotness, dim).sum(axis=1, dtype=np.float32)
+    keys = index.reshape(-1, hotness)
+    bags = keys.shape[0]
+    if bags < _GATHER_BLOCK_BAGS or hotness == 1:
+        return rows[keys].sum(axis=1, dtype=np.float32)
+    out = np.empty((bags, dim), np.float32)
+    added = np.empty((_GATHER_BLOCK_BAGS, dim), np.float32)
+    for first in range(0, bags, _GATHER_BLOCK_BAGS):
+        block, their = (
+            out[first : first + _GATHER_BLOCK_BAGS],
+            keys[first : first + _GATHER_BLOCK_BAGS],
+        )
+        np.take(rows, their[:, 0], axis=0, out=block)
+        for j in range(1, hotness):
+            np.take(rows, their[:, j], axis=0, out=added[: len(block)])
+            block += added[: len(block)]
+    return out
+
+
 # Most bytes of rows one gather of _pool_by_count copies (its temporary, whatever the batch).
 _POOL_GATHER_BYTES = 64 << 20
 

@@ -91,10 +91,17 @@ class RecordingLookup:
         self.inner = inner
         self.calls: list[tuple[int, list[int]]] = []
 
-    def lookup_many(self, table_ids, keys):
+    def _record(self, table_ids, keys) -> None:
         for table_id, table_keys in zip(table_ids, keys, strict=True):
             self.calls.append((table_id, table_keys.tolist()))
+
+    def lookup_many(self, table_ids, keys):
+        self._record(table_ids, keys)
         return self.inner.lookup_many(table_ids, keys)
+
+    def lookup_rows_many(self, table_ids, keys):
+        self._record(table_ids, keys)
+        return self.inner.lookup_rows_many(table_ids, keys)
 
 
 def test_batches_join_into_one_lookup_per_table(tmp_path: Path) -> None:

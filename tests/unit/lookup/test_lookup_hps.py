@@ -174,6 +174,30 @@ def test_counters_count_distinct_and_unknown_keys_per_call(tmp_path: Path, size:
     assert counters.unknown_keys == sum(len(d - table.rows.keys()) for d in distinct)
 
 
+@pytest.mark.parametrize("size", [8, SEARCH_KEYS - 4, SEARCH_KEYS + 500])
+def test_distinct_rows_index_to_what_lookup_returns_and_count_alike(
+    tmp_path: Path, size: int
+) -> None:
+    """``lookup_distinct`` (a row per distinct key, or per key for a few keys) gives
+    ``lookup``'s result through its index, unknown keys and repeats included, and counts the
+    call as ``lookup`` does."""
+    ps, data = write_models(tmp_path)
+    model = HPS(ps).model("wdl")
+    table = data["wdl"][0]
+    queries = table.queries(np.random.default_rng(size), size)  # repeats and unknown keys
+    n, distinct = len(queries), set(queries.tolist())
+    rows, index = model.lookup_rows_many([0], [queries])[0]
+    got = rows if index is None else rows[index]
+    assert (index is None) == (n <= SEARCH_KEYS)
+    assert index is None or len(rows) == len(distinct)
+    np.testing.assert_array_equal(got, table.expected(queries))
+    np.testing.assert_array_equal(got, model.lookup(0, queries))
+    [first, _] = model.counters()
+    assert (first.lookups, first.keys) == (2, 2 * n)
+    assert first.unique_keys == 2 * len(distinct)
+    assert first.unknown_keys == 2 * len(distinct - table.rows.keys())
+
+
 def test_lookup_tables_checks_the_table_count(tmp_path: Path) -> None:
     ps, data = write_models(tmp_path)
     session = HPS(ps).model("wdl")

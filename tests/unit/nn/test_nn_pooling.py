@@ -16,6 +16,7 @@ from hps_core.nn import (
     SparseInputSpec,
     UnpooledEmbedding,
     pool_embeddings,
+    pool_gathered,
 )
 
 SPARSE = SparseInputSpec("keys", 5, 3, False)
@@ -142,3 +143,21 @@ def test_bags_of_many_counts_pool_alike_in_any_gather_size(
     out = np.full((40, 6, 9), np.nan, dtype=np.float32)
     pool_embeddings(np, values, offsets, 6, combiner, out=out)
     np.testing.assert_allclose(out, pool(values, offsets, 6, combiner.value), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("hotness", [1, 2, 3, 100])
+@pytest.mark.parametrize("bags", [1, 511, 512, 513, 1500])
+def test_pool_gathered_sums_each_keys_row_in_key_order(rng, hotness, bags):
+    """Bags summed from the distinct rows (a block of 512 bags at a time from 512 on) equal,
+    bit for bit, the float32 sum of a row per key in key order; an index of None reads a row
+    per key."""
+    rows = rng.standard_normal((int(rng.integers(1, 3000)), 24)).astype(np.float32)
+    index = rng.integers(0, len(rows), bags * hotness)
+    per_key = rows[index]
+    want = np.zeros((bags, 24), np.float32)
+    for j in range(hotness):  # key order, float32 accumulation
+        want += per_key.reshape(bags, hotness, 24)[:, j]
+    got = pool_gathered(rows, index, hotness)
+    assert got.dtype == np.float32 and got.shape == (bags, 24)
+    np.testing.assert_array_equal(got, want)
+    np.testing.assert_array_equal(pool_gathered(per_key, None, hotness), want)
