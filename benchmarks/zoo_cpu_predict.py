@@ -1,12 +1,19 @@
 """The zoo on the CPU: ``RankingSession.predict`` of every ``hps prepare --zoo`` family on the
-NumPy path, multi-hot tables pooled from their distinct keys' rows against a row per key.
+NumPy path, under three ways of looking up and pooling its tables.
 
 Each family is written to a temporary folder (random weights, its tables' rows), and batches
-of random known keys (each table's fixed hotness) are scored on the NumPy path, alternating
-two ways of pooling the fixed-hotness tables: from the distinct keys' rows
-(``ModelLookup.lookup_rows_many``, the default) and from a row per key (what ``lookup_many``
-returns: a copy of each key's row, then a sum). Both give the same scores (checked). Prints
-the medians and writes ``zoo_cpu_predict.csv`` to ``--out``.
+of random known keys (each table's fixed hotness) are scored on the NumPy path, the ways
+alternating in rounds:
+
+- ``arrow``: the default: distinct keys found by pyarrow's hash table
+  (``hps_core.arrays.distinct_keys``), multi-hot tables pooled from the distinct keys' rows
+  (``ModelLookup.lookup_rows_many``);
+- ``np_unique``: the same with ``np.unique`` (a sort) finding the distinct keys;
+- ``row_per_key``: ``np.unique``, and a row copied out per key before the sums (as
+  ``lookup_many`` returns them).
+
+All give the same scores (checked). Prints the medians and writes ``zoo_cpu_predict.csv`` to
+``--out``.
 
 Usage:
     python benchmarks/zoo_cpu_predict.py --batches 64,1024 --out /tmp/zoo_cpu
@@ -27,15 +34,28 @@ from zoo_batches import random_batch
 from hps_core.demo import ZOO_MODELS
 from hps_core.hps import HPS
 from hps_core.infer import RankingSession
+from hps_core.lookup import table_lookup
 from hps_core.lookup.model_lookup import ModelLookup
 from hps_core.triton_repo import InstanceGroup, ServingOptions
 
 DISTINCT = ModelLookup.lookup_rows_many
+ARROW = table_lookup.distinct_keys
 
 
 def row_per_key(self: ModelLookup, table_ids, keys):
     """``lookup_rows_many`` as a row per key: ``lookup_many``'s rows, no index."""
     return [(rows, None) for rows in self.lookup_many(table_ids, keys)]
+
+
+def sorted_distinct(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    return np.unique(keys, return_inverse=True)
+
+
+WAYS = {
+    "arrow": (DISTINCT, ARROW),
+    "np_unique": (DISTINCT, sorted_distinct),
+    "row_per_key": (row_per_key, sorted_distinct),
+}
 
 
 def main() -> None:
@@ -56,28 +76,31 @@ def main() -> None:
             rng = np.random.default_rng(0)
             for batch in (int(b) for b in args.batches.split(",")):
                 batches = [random_batch(session, rng, batch) for _ in range(3)]
-                times: dict[str, list[float]] = {"distinct": [], "row_per_key": []}
+                times: dict[str, list[float]] = {way: [] for way in WAYS}
                 scores = {}
                 for _ in range(args.rounds):
-                    for way, lookup in (("distinct", DISTINCT), ("row_per_key", row_per_key)):
+                    for way, (lookup, distinct) in WAYS.items():
                         ModelLookup.lookup_rows_many = lookup
+                        table_lookup.distinct_keys = distinct
                         session.predict(batches[0])  # warm
                         for sparse in batches:
                             started = time.perf_counter()
                             scores[way] = session.predict(sparse)
                             times[way].append(time.perf_counter() - started)
-                ModelLookup.lookup_rows_many = DISTINCT
-                np.testing.assert_array_equal(scores["distinct"], scores["row_per_key"])
+                ModelLookup.lookup_rows_many, table_lookup.distinct_keys = DISTINCT, ARROW
+                for way in WAYS:
+                    np.testing.assert_array_equal(scores[way], scores["arrow"])
                 ms = {way: 1e3 * statistics.median(t) for way, t in times.items()}
                 rows.append({
                     "model": name, "batch": batch,
                     "hotness": "/".join(str(h) for h in sorted(set(session.layout.hotness))),
-                    "distinct_ms": ms["distinct"], "row_per_key_ms": ms["row_per_key"],
-                    "samples_per_s": batch / ms["distinct"] * 1e3,
-                    "speedup": ms["row_per_key"] / ms["distinct"],
+                    **{f"{way}_ms": ms[way] for way in WAYS},
+                    "samples_per_s": batch / ms["arrow"] * 1e3,
+                    "x_np_unique": ms["np_unique"] / ms["arrow"],
+                    "x_row_per_key": ms["row_per_key"] / ms["arrow"],
                 })  # fmt: skip
             HPS.close_all()
-    print(f"medians of {3 * args.rounds} predictions each, the two ways alternating")
+    print(f"medians of {3 * args.rounds} predictions each, the ways alternating")
     write_results(args.out / "zoo_cpu_predict.csv", list(rows[0]), rows)
 
 

@@ -64,3 +64,38 @@ def module_of(array: Any) -> Any:
 def to_host(array: Any) -> np.ndarray:
     """A NumPy copy (or view) of a NumPy or CuPy array."""
     return array.get() if hasattr(array, "get") else np.asarray(array)
+
+
+HASHED_KEYS = 4096
+"""From this many keys :func:`distinct_keys` hashes (pyarrow) rather than sorts (NumPy)."""
+
+
+def distinct_keys(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The distinct values of 1-D int64 ``keys`` and each key's position among them, so that
+    ``unique[index]`` is ``keys``; in no particular order (first appearance when hashed).
+
+    From :data:`HASHED_KEYS` keys on, a hash table (pyarrow's dictionary encoding) where
+    ``np.unique`` sorts: 1.5-2.7x less time for 6K-442K keys on the 2-core CPU machine (fewer
+    keys: within 20%, and batches of 64 samples scored no faster). For callers that need no
+    order.
+
+    Args:
+        keys: 1-D int64 keys on the host.
+
+    Returns:
+        ``(unique, index)``: int64 distinct keys and an integer array as long as ``keys``
+        (both read-only).
+
+    Example:
+        >>> unique, index = distinct_keys(np.array([7, 3, 7, 9], dtype=np.int64))
+        >>> unique[index].tolist()
+        [7, 3, 7, 9]
+    """
+    if len(keys) < HASHED_KEYS:
+        return np.unique(keys, return_inverse=True)
+    import pyarrow as pa  # a dependency; imported here so that importing hps_core stays quick
+    import pyarrow.compute as pc
+
+    encoded = pc.dictionary_encode(pa.array(np.ascontiguousarray(keys, dtype=np.int64)))
+    unique = encoded.dictionary.to_numpy(zero_copy_only=False)
+    return unique, encoded.indices.to_numpy(zero_copy_only=False)

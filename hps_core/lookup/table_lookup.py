@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from hps_core.arrays import module_of, to_host
+from hps_core.arrays import distinct_keys, module_of, to_host
 from hps_core.cache import StaticTable
 from hps_core.tiers.cascade import TieredTable
 from hps_core.tiers.hash_layout import SEARCH_KEYS
@@ -225,7 +225,7 @@ class HostTableLookup:
             rows, found = self.host.lookup(host_keys, out)
             unknown = 0 if found.all() else _distinct_count(host_keys[~found])
             return rows, None, _distinct_count(host_keys), unknown
-        unique, index = np.unique(host_keys, return_inverse=True)
+        unique, index = distinct_keys(host_keys)  # the tiers take keys in any order
         rows, found = self.host.lookup(unique)
         return rows, index, len(unique), int(len(found) - np.count_nonzero(found))
 
