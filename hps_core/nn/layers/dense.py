@@ -256,6 +256,13 @@ class MultiCross(Layer):
 
                 # Products on cuBLAS, the rest of the layer in one pass over [B, D].
                 xl = cross_combine(x0, y, p[-1], xl, bool(self.projection_dim))
+            elif self.projection_dim and y.dtype == x0.dtype:
+                # The same operations in the same order, in the product's own [B, D] array
+                # (no temporaries; a narrower product is widened as it goes, below).
+                y += ctx.widen(p[-1])
+                y *= x0
+                y += xl
+                xl = y
             elif self.projection_dim:
                 xl = x0 * (y + ctx.widen(p[-1])) + xl
             else:
