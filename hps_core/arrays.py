@@ -84,7 +84,7 @@ def distinct_keys(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
     Returns:
         ``(unique, index)``: int64 distinct keys and an integer array as long as ``keys``
-        (both read-only).
+        (read-only when hashed).
 
     Example:
         >>> unique, index = distinct_keys(np.array([7, 3, 7, 9], dtype=np.int64))
@@ -97,5 +97,6 @@ def distinct_keys(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     import pyarrow.compute as pc
 
     encoded = pc.dictionary_encode(pa.array(np.ascontiguousarray(keys, dtype=np.int64)))
-    unique = encoded.dictionary.to_numpy(zero_copy_only=False)
+    # The distinct keys go on to the tiers: a writable copy of Arrow's (read-only) buffer.
+    unique = np.array(encoded.dictionary.to_numpy(zero_copy_only=False))
     return unique, encoded.indices.to_numpy(zero_copy_only=False)
