@@ -38,7 +38,7 @@ from hps_core.infer.gpu import uploads
 from hps_core.infer.gpu.staging import bucket_for
 
 WARMUP_BATCH = 16384
-BANK_KERNELS = ("bank_find", "bank_pool", "bank_pool_rows", "bank_insert")
+BANK_KERNELS = ("bank_find", "bank_pool", "bank_insert")
 
 
 VARIANTS = {
@@ -48,7 +48,6 @@ VARIANTS = {
     # The insert runs after the scores (unless caches are shared), no longer beside the GEMMs
     # that made 2 blocks per SM the default.
     "insert 8 blocks/SM": {"_INSERT_BLOCKS_PER_SM": 8},
-    "one-key slots pooled as bags": {"_POOL_ONE_KEY_ROWS": False},
     "pooling after each find (one stream)": {"_POOL_BESIDE_FIND": False},
     "pool stream of the cache stream's priority": {"_POOL_PRIORITY": 0},
 }

@@ -53,11 +53,6 @@ _SKINNY_MIN_K_PER_WARP = 4
 _MAX_STATIC_SHARED = 48 * 1024
 _CONCAT_INPUTS = 8
 """Inputs one ``concat_rows`` launch takes (its kernel has a pointer argument for each)."""
-CONCAT_IN_ONE_KERNEL = False
-"""Whether the Concat layers use :func:`concatenate` and :func:`split_last_slot`. Off until
-their tests (``tests/gpu/nn/test_fused_dense_gpu.py``) and the zoo's have run on a GPU: the
-kernel was written in a session whose GPU time had run out (it compiles for sm_90 without
-spills); CuPy's copies serve meanwhile."""
 _ELEMENTWISE_THREADS = 256
 
 

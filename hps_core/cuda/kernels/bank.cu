@@ -34,8 +34,10 @@
 //    misses), copies its row once into the table's staging rows in GPU memory, and lists it for
 //    bank_insert; every other occurrence of the key in the batch refers to the claim and reads
 //    the staged row. So a row crosses PCIe once per batch however often the batch repeats it.
-// 2. bank_pool, one group per bag: the bag's rows pooled (sum or mean, in key order) in
-//    registers and written once, straight into the dense network's input.
+// 2. bank_pool, one launch per part of a batch, a group of lanes per bag (several groups for
+//    long bags; a group per LANES samples of a one-key slot): the bag's rows pooled (sum or
+//    mean, in key order) in registers and written once, straight into the dense network's
+//    input.
 // 3. bank_insert, one warp per listed miss: the staged row goes into the cache (set lock, a
 //    free way or the least recently used one), and the miss set is emptied for the next batch.
 // Nothing waits for the host.
@@ -396,9 +398,9 @@ extern "C" __global__ void bank_find(
 // Floats of a row one lane accumulates per pass: POOL_VECS float4s (LANES lanes cover
 // LANES * 4 * POOL_VECS floats, 128 with 8 lanes; wider rows take several passes).
 #define POOL_VECS 4
-// Keys of a bag whose rows one lane of bank_pool loads before it adds any of them.
+// Keys of a bag whose rows one lane of pool_bags loads before it adds any of them.
 #define KEYS_IN_FLIGHT 4
-// Rows of one-key bags one lane of bank_pool_rows loads before it writes any of them.
+// Rows of one-key bags one lane of pool_rows loads before it writes any of them.
 #define ROWS_IN_FLIGHT 4
 
 // The row bank_find recorded for a key: a row pointer (nullptr: the default value), or a claim
@@ -412,7 +414,7 @@ __device__ __forceinline__ void add4(float4& a, const float4 v) {
   a.x += v.x; a.y += v.y; a.z += v.z; a.w += v.w;
 }
 
-// The pooled bag of `n_keys` rows of storage type S (bank_pool's work for one bag), loading
+// The pooled bag of `n_keys` rows of storage type S (pool_bags' work for one bag), loading
 // InFlight keys' rows at a time.
 template <int S, int InFlight>
 __device__ __forceinline__ void pool_bag(const Table& tab, const u64* __restrict__ bag_rows,
@@ -489,38 +491,59 @@ __device__ __forceinline__ void pool_bag(const Table& tab, const u64* __restrict
   }
 }
 
-// A launch serves the bags of a range of slots (a group of tables) and of samples (a part of a
-// sample-major batch, looked up once copied). A bag's keys are consecutive in the key buffer
-// (and in `rows`) in either layout. The group's
-// lanes resolve LANES of the bag's row pointers at once (one lane each), then load the rows of
-// KEYS_IN_FLIGHT keys before adding them in key order: a bag of 100 keys costs about 40 memory
-// round trips instead of 200 one after the other. With `split` > 1 (small batches of long bags,
-// whose lookup is the latency of their longest bag), `split` groups of a warp share a bag: group
-// p takes the bag's runs of LANES keys p, p + split, ...; their sums are added in a fixed order
-// through shuffles (the same result every time) and group 0 writes the bag. Two blocks per SM:
-// the compiler then keeps the keys in flight in 128 registers without spilling (164 unbounded,
-// one block per SM, an eighth of the SM's threads).
-extern "C" __global__ void __launch_bounds__(THREADS, 2) bank_pool(
+// pool_bag for the table's storage type (the same for every lane of a bag).
+template <int InFlight>
+__device__ __forceinline__ void pool_stored_bag(const Table& tab, const u64* __restrict__ bag_rows,
+                                                const int n_keys, float* __restrict__ dst,
+                                                const int lane, const int part, const int split,
+                                                const int shift, const unsigned mask,
+                                                const unsigned bag_mask) {
+  switch (tab.storage) {
+    case STORAGE_FP16:
+      pool_bag<STORAGE_FP16, InFlight>(tab, bag_rows, n_keys, dst, lane, part, split, shift, mask,
+                                       bag_mask);
+      break;
+    case STORAGE_INT8:
+      pool_bag<STORAGE_INT8, InFlight>(tab, bag_rows, n_keys, dst, lane, part, split, shift, mask,
+                                       bag_mask);
+      break;
+    case STORAGE_FP8:
+      pool_bag<STORAGE_FP8, InFlight>(tab, bag_rows, n_keys, dst, lane, part, split, shift, mask,
+                                      bag_mask);
+      break;
+    default:
+      pool_bag<STORAGE_FP32, InFlight>(tab, bag_rows, n_keys, dst, lane, part, split, shift, mask,
+                                       bag_mask);
+  }
+}
+
+// The bags of a segment's slots, `split` groups of LANES lanes per bag (thread: this thread's
+// index within the segment). A bag's keys are consecutive in the key buffer (and in `rows`) in
+// either layout. The group's lanes resolve LANES of the bag's row pointers at once (one lane
+// each), then load the rows of KEYS_IN_FLIGHT keys before adding them in key order: a bag of
+// 100 keys costs about 40 memory round trips instead of 200 one after the other. With `split`
+// > 1 (the slots of long bags), `split` groups of a warp share a bag: group p takes the bag's
+// runs of LANES keys p, p + split, ...; their sums are added in a fixed order through shuffles
+// (the same result every time) and group 0 writes the bag.
+__device__ __forceinline__ void pool_bags(
     const Table* __restrict__ tables, const int* __restrict__ slot_table,
-    const int* __restrict__ slot_local, const int slot_begin, const int slot_end,
-    const i64 sample_begin, const i64 sample_end, const int key_room, const i64 batch,
-    const int* __restrict__ header, const int* __restrict__ offsets,
-    const u64* __restrict__ rows, float* __restrict__ out, const int split) {
-  // A launch serves the bags of slots [slot_begin, slot_end) of samples [sample_begin,
-  // sample_end), slot-major: bag i is sample sample_begin + i % n's slot slot_begin + i / n.
-  // split: groups per bag, 1, 2 or 4 (WARP / LANES).
-  const i64 samples = sample_end - sample_begin;
+    const int* __restrict__ slot_local, const int* __restrict__ slots, const int n_slots,
+    const int split, const i64 thread, const i64 sample_begin, const i64 samples,
+    const int key_room, const i64 batch, const int* __restrict__ header,
+    const int* __restrict__ offsets, const u64* __restrict__ rows, float* __restrict__ out) {
+  // Bag i is sample sample_begin + i % samples of the segment's slot i / samples.
   const int bag_lanes = LANES * split;
-  const i64 bag = ((i64)blockIdx.x * blockDim.x + threadIdx.x) / bag_lanes;
-  if (bag >= samples * (slot_end - slot_begin)) return;  // no lane of a bag returns alone
+  const i64 bag = thread / bag_lanes;
+  if (bag >= samples * n_slots) return;  // no lane of a bag returns alone
   const int lane = threadIdx.x % LANES;
   const int part = (threadIdx.x / LANES) % split;
   const int shift = (threadIdx.x % WARP) / LANES * LANES;
   const unsigned mask = GROUP_MASK << shift;
   const int bag_shift = (threadIdx.x % WARP) / bag_lanes * bag_lanes;
   const unsigned bag_mask = (unsigned)((1ull << bag_lanes) - 1ull) << bag_shift;
-  const int g = slot_begin + (int)(bag / samples);
-  const i64 b = sample_begin + (bag - (i64)(g - slot_begin) * samples);
+  const int i = (int)(bag / samples);
+  const int g = slots[i];
+  const i64 b = sample_begin + (bag - (i64)i * samples);
   const int t = slot_table[g];
   const Table& tab = tables[t];
   const int s = slot_local[g];
@@ -529,28 +552,13 @@ extern "C" __global__ void __launch_bounds__(THREADS, 2) bank_pool(
   const int n_keys = (int)(end - begin);
   const u64* bag_rows = rows + (n_keys > 0 ? key_pos(tab, t, begin, batch, header, key_room) : 0);
   float* dst = out + batch * tab.out_at + tab.out_shift + b * tab.out_stride + (i64)s * tab.dim;
-  switch (tab.storage) {  // the same for every lane of a bag
-    case STORAGE_FP16:
-      pool_bag<STORAGE_FP16, KEYS_IN_FLIGHT>(tab, bag_rows, n_keys, dst, lane, part, split, shift,
-                                             mask, bag_mask);
-      break;
-    case STORAGE_INT8:
-      pool_bag<STORAGE_INT8, KEYS_IN_FLIGHT>(tab, bag_rows, n_keys, dst, lane, part, split, shift,
-                                             mask, bag_mask);
-      break;
-    case STORAGE_FP8:
-      pool_bag<STORAGE_FP8, KEYS_IN_FLIGHT>(tab, bag_rows, n_keys, dst, lane, part, split, shift,
-                                             mask, bag_mask);
-      break;
-    default:
-      pool_bag<STORAGE_FP32, KEYS_IN_FLIGHT>(tab, bag_rows, n_keys, dst, lane, part, split, shift,
-                                             mask, bag_mask);
-  }
+  pool_stored_bag<KEYS_IN_FLIGHT>(tab, bag_rows, n_keys, dst, lane, part, split, shift, mask,
+                                  bag_mask);
 }
 
 // The rows of a group's `count` one-key bags (lane r's row pointer in `mine`, bit r of `has`
 // set where bag r holds its key) decoded into dst, dst + stride, ...: each lane loads its part
-// of ROWS_IN_FLIGHT rows before it writes any. A bag without a key is zeros (as bank_pool
+// of ROWS_IN_FLIGHT rows before it writes any. A bag without a key is zeros (as pool_bags
 // pools it), a key the table lacks its default value.
 template <int S>
 __device__ __forceinline__ void copy_rows(const Table& tab, const u64 mine, const unsigned has,
@@ -605,30 +613,29 @@ __device__ __forceinline__ void copy_rows(const Table& tab, const u64 mine, cons
   }
 }
 
-// bank_pool for slots whose bags hold one key (the pipeline launches it for the slots of tables
-// with at most one key per slot and sample), with the same arguments but `split`. Pooling a
-// one-key bag is copying a row, and bank_pool's group per bag leaves a lane two dependent loads
+// The bags of a segment's one-key slots (tables with at most one key per slot and sample).
+// Pooling a one-key bag is copying a row, and a group per bag leaves a lane two dependent loads
 // (the row pointer, then the row) per 16 floats it writes; here a group of LANES lanes takes
 // LANES consecutive samples of one slot: each lane resolves one bag's row pointer, then the
-// group copies ROWS_IN_FLIGHT rows at a time, and the kernel's few registers let more blocks
-// share an SM. A group meeting a bag of several keys (a request may put two keys in one slot of
-// a table of several slots) pools each of its bags as bank_pool does.
-extern "C" __global__ void __launch_bounds__(THREADS, 2) bank_pool_rows(
+// group copies ROWS_IN_FLIGHT rows at a time. A group meeting a bag of several keys (a request
+// may put two keys in one slot of a table of several slots) pools each of its bags as
+// pool_bags does.
+__device__ __forceinline__ void pool_rows(
     const Table* __restrict__ tables, const int* __restrict__ slot_table,
-    const int* __restrict__ slot_local, const int slot_begin, const int slot_end,
-    const i64 sample_begin, const i64 sample_end, const int key_room, const i64 batch,
-    const int* __restrict__ header, const int* __restrict__ offsets,
+    const int* __restrict__ slot_local, const int* __restrict__ slots, const int n_slots,
+    const i64 thread, const i64 sample_begin, const i64 samples, const int key_room,
+    const i64 batch, const int* __restrict__ header, const int* __restrict__ offsets,
     const u64* __restrict__ rows, float* __restrict__ out) {
-  const i64 samples = sample_end - sample_begin;
   const i64 per_slot = (samples + LANES - 1) / LANES;  // groups per slot
-  const i64 q = ((i64)blockIdx.x * blockDim.x + threadIdx.x) / LANES;
-  if (q >= per_slot * (slot_end - slot_begin)) return;  // no lane of a group returns alone
+  const i64 q = thread / LANES;
+  if (q >= per_slot * n_slots) return;  // no lane of a group returns alone
   const int lane = threadIdx.x % LANES;
   const int shift = (threadIdx.x % WARP) / LANES * LANES;
   const unsigned mask = GROUP_MASK << shift;
-  const int g = slot_begin + (int)(q / per_slot);
-  const i64 first = sample_begin + (q - (i64)(g - slot_begin) * per_slot) * LANES;
-  const int count = (int)min((i64)LANES, sample_end - first);
+  const int i = (int)(q / per_slot);
+  const int g = slots[i];
+  const i64 first = sample_begin + (q - (i64)i * per_slot) * LANES;
+  const int count = (int)min((i64)LANES, sample_begin + samples - first);
   const int t = slot_table[g];
   const Table& tab = tables[t];
   const int s = slot_local[g];
@@ -642,20 +649,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, 2) bank_pool_rows(
       const int bag_keys = __shfl_sync(mask, n_keys, shift + r);
       const u64* bag_rows =
           rows + (bag_keys > 0 ? key_pos(tab, t, bag_begin, batch, header, key_room) : 0);
-      float* bag_dst = dst + (i64)r * tab.out_stride;
-      switch (tab.storage) {
-        case STORAGE_FP16:
-          pool_bag<STORAGE_FP16, 1>(tab, bag_rows, bag_keys, bag_dst, lane, 0, 1, shift, mask, mask);
-          break;
-        case STORAGE_INT8:
-          pool_bag<STORAGE_INT8, 1>(tab, bag_rows, bag_keys, bag_dst, lane, 0, 1, shift, mask, mask);
-          break;
-        case STORAGE_FP8:
-          pool_bag<STORAGE_FP8, 1>(tab, bag_rows, bag_keys, bag_dst, lane, 0, 1, shift, mask, mask);
-          break;
-        default:
-          pool_bag<STORAGE_FP32, 1>(tab, bag_rows, bag_keys, bag_dst, lane, 0, 1, shift, mask, mask);
-      }
+      pool_stored_bag<1>(tab, bag_rows, bag_keys, dst + (i64)r * tab.out_stride, lane, 0, 1,
+                         shift, mask, mask);
     }
     return;
   }
@@ -677,11 +672,51 @@ extern "C" __global__ void __launch_bounds__(THREADS, 2) bank_pool_rows(
   }
 }
 
+// The pooling of a part of a batch (its slots `plan` lists, samples [sample_begin,
+// sample_end)) in one launch, whatever its tables' hotness. `plan` (int32, from
+// hps_core/infer/gpu/placement.py's PoolPlan) cuts the slots into segments:
+//   plan[0] segments; segment k: plan[1 + 3k] its split (POOL_ROWS: one-key slots, copied by
+//   pool_rows; else groups of LANES lanes per bag in pool_bags), plan[2 + 3k] its slot count,
+//   plan[3 + 3k] where its slots are listed in plan.
+// Segments take consecutive runs of whole blocks, in plan order (the longest bags first, so
+// that the shorter segments' blocks fill the SMs while the long bags' blocks finish). One
+// launch instead of one per run of alike slots: the small launches of a part (a few slots of
+// a few thousand samples each) left the GPU idle between them. Two blocks per SM: the compiler
+// then keeps the keys in flight in 128 registers without spilling (164 unbounded, one block
+// per SM, an eighth of the SM's threads).
+extern "C" __global__ void __launch_bounds__(THREADS, 2) bank_pool(
+    const Table* __restrict__ tables, const int* __restrict__ slot_table,
+    const int* __restrict__ slot_local, const int* __restrict__ plan, const i64 sample_begin,
+    const i64 sample_end, const int key_room, const i64 batch, const int* __restrict__ header,
+    const int* __restrict__ offsets, const u64* __restrict__ rows, float* __restrict__ out) {
+  const i64 samples = sample_end - sample_begin;
+  i64 first_block = 0;
+  for (int k = 0; k < plan[0]; ++k) {
+    const int split = plan[1 + 3 * k], n_slots = plan[2 + 3 * k];
+    const i64 lanes = split == POOL_ROWS ? (samples + LANES - 1) / LANES * LANES * n_slots
+                                         : samples * n_slots * LANES * split;
+    const i64 blocks = (lanes + THREADS - 1) / THREADS;
+    if ((i64)blockIdx.x < first_block + blocks) {
+      const i64 thread = ((i64)blockIdx.x - first_block) * THREADS + threadIdx.x;
+      const int* slots = plan + plan[3 + 3 * k];
+      if (split == POOL_ROWS) {
+        pool_rows(tables, slot_table, slot_local, slots, n_slots, thread, sample_begin, samples,
+                  key_room, batch, header, offsets, rows, out);
+      } else {
+        pool_bags(tables, slot_table, slot_local, slots, n_slots, split, thread, sample_begin,
+                  samples, key_room, batch, header, offsets, rows, out);
+      }
+      return;
+    }
+    first_block += blocks;
+  }
+}
+
 // Run before bank_find only when a table has tiers below its host tier: records each key of
 // such a table that neither its cache nor its host tier holds (repeats included; the host
 // deduplicates), so that the host fetches them from the lower tiers in one round trip per
-// batch and bank_find finds them among the table's extra rows. Bags map to lanes as in
-// bank_pool.
+// batch and bank_find finds them among the table's extra rows. A group of LANES lanes per bag,
+// slot-major.
 extern "C" __global__ void bank_probe(
     const Table* __restrict__ tables, const int* __restrict__ slot_table,
     const int* __restrict__ slot_local, const int slot_begin, const int slot_end,

@@ -1,6 +1,6 @@
-"""Constants only the ranking pipeline shares with ``kernels/bank.cu`` (combiners, positions in
-a batch's device state), and the ``#define`` lines it is compiled with (written by
-:func:`hps_core.cuda.kernels.define_lines`).
+"""Constants only the ranking pipeline shares with ``kernels/bank.cu`` (combiners, the one-key
+segment of a pooling plan, positions in a batch's device state), and the ``#define`` lines it
+is compiled with (written by :func:`hps_core.cuda.kernels.define_lines`).
 
 What ``bank.cu`` shares with the cache's ``kernels/cache.cu`` (ways, empty key, ``LANES``,
 ``THREADS``, counter positions) comes from :func:`hps_core.cache.kernel_consts.shared_defines`,
@@ -14,6 +14,10 @@ from hps_core.cuda.kernels import define_lines
 
 COMBINER_SUM = 0
 COMBINER_MEAN = 1
+
+POOL_ROWS = 0
+"""The split of a pooling segment (``PoolPlan``) whose one-key slots ``bank_pool`` copies as
+rows, a group of lanes per ``LANES`` samples (other segments: groups of lanes per bag)."""
 
 STATE_MISSES = 0
 """Position, in a batch's device state (uint64), of the number of listed misses."""
@@ -33,6 +37,7 @@ def bank_defines() -> str:
         | {
             "COMBINER_SUM": COMBINER_SUM,
             "COMBINER_MEAN": COMBINER_MEAN,
+            "POOL_ROWS": POOL_ROWS,
             "STATE_MISSES": STATE_MISSES,
             "STATE_STAGED": STATE_STAGED,
         }

@@ -18,7 +18,8 @@ Per batch the host validates nothing on the device and waits for the GPU once:
    default vector for unknown keys; each missed row copied once per batch into GPU staging
    rows, however often the batch repeats its key), then ``bank_pool`` pools each bag's rows
    in registers straight into the dense network's input (the output of the Concat of all
-   embeddings when the network has one);
+   embeddings when the network has one), one launch for a part's slots whatever their
+   hotness (:class:`~hps_core.infer.gpu.placement.PoolPlan`);
 4. ``bank_insert``: the staged misses go into the dynamic caches, on the GPU (see below for
    when);
 5. the dense network (:meth:`~hps_core.nn.DenseExecutor.forward_given`: cuBLASLt products
@@ -76,7 +77,7 @@ from hps_core.infer.gpu.buckets import (
 )
 from hps_core.infer.gpu.constants import STATE_STAGED, bank_defines
 from hps_core.infer.gpu.lower_tiers import LowerTierFetch
-from hps_core.infer.gpu.placement import Part, Placement
+from hps_core.infer.gpu.placement import Part, Placement, PoolPlan
 from hps_core.infer.gpu.staging import bucket_for
 from hps_core.infer.gpu.structs import MISS_DTYPE
 from hps_core.infer.gpu.uploads import DENSE_FEATURES, STAGING_GROUPS, BatchUploader, copy_all
@@ -109,11 +110,6 @@ _MIN_CHUNK_SAMPLES = 4096
 """...and at least this many samples, so that the dense network's products stay efficient."""
 _CHUNK_LANES = 2
 """Buckets per chunk size: a chunk is staged into one while the GPU works on the other's."""
-_POOL_SPLIT = 4
-"""Groups of ``kernel_consts.LANES`` lanes that share a bag in ``bank_pool`` (a warp) ..."""
-_POOL_SPLIT_BAGS = 65536
-"""... for launches of at most this many bags, in models with bags longer than a group's
-lanes (at most 4 x 8 x 65,536 threads: two waves on an H200)."""
 _POOL_BESIDE_FIND = True
 """Pool each part's bags on the pool stream beside the next part's ``bank_find`` (``False``:
 after it, on the cache stream)."""
@@ -122,13 +118,6 @@ _POOL_PRIORITY = -1
 pooling take the SMs as a part's ``bank_find`` blocks retire, before the next find's blocks
 fill them (below the main stream's, whose dense network comes first). Measured at f73a47c
 against 0: within the noise either way (BENCHMARKS.md)."""
-_POOL_ONE_KEY_ROWS = True
-"""Pool the slots of tables with at most one key per slot and sample with ``bank_pool_rows``
-(``False``: with ``bank_pool``, as every other slot)..."""
-_POOL_ROWS_MIN_SAMPLES = 1024
-"""... in parts of at least this many samples when their slots mix one-key and other runs
-(smaller ones: one ``bank_pool`` launch for the part): a launch in a graph costs about 2 us,
-while a slot of 1,024 one-key bags of 512 bytes is 0.1-0.2 us of the H200's memory time."""
 _HIGHEST_PRIORITY = -1000  # lower is more urgent; 0 is the default and least urgent
 
 
@@ -170,6 +159,7 @@ class GpuRankingPipeline:
         self.placement = Placement.of(layout, self.feeds, self._concat is not None, STAGING_GROUPS)
         self._bank: CacheBank | None = None
         self._misses: Any = None  # the batch's miss list (MISS_DTYPE), made with the bank
+        self._pool_plans: dict[tuple[int, int], tuple[PoolPlan, Any]] = {}  # by slot range
         self._has_dynamic_caches = False  # set with the bank
         self._state: Any = None  # its count, and each table's staged rows (uint64)
         self._lower = False  # a table has tiers below its host tier (set with the bank)
@@ -229,6 +219,10 @@ class GpuRankingPipeline:
                 self._slot_table_d = cupy.asarray(self.placement.slot_table)
                 self._slot_local_d = cupy.asarray(self.placement.slot_local)
                 self._key_table_d = cupy.asarray(self.placement.key_table)
+                # Each part's pooling plan (its slots: a group's, or every slot), on the device.
+                for slots in {*self.placement.group_slots, (0, self.placement.slots)}:
+                    plan = self.placement.pool_plan(*slots)
+                    self._pool_plans[slots] = (plan, cupy.asarray(plan.words()))
                 # Those fills and copies ran on the caller's stream, which the pipeline's
                 # non-blocking streams do not wait for: finish them before the first lookup.
                 cupy.cuda.get_current_stream().synchronize()
@@ -517,37 +511,21 @@ class GpuRankingPipeline:
 
     def _pool(self, bucket: Bucket, part: Part | None = None) -> None:
         """The pooling of the bags of ``part``'s slots and samples (default: all), after its
-        :meth:`_find`: ``bank_pool_rows`` for the runs of one-key slots, ``bank_pool`` for
-        the others."""
+        :meth:`_find`: one ``bank_pool`` launch, as the slots' plan says."""
         lay = bucket.layout
         every = ((0, lay.keys_per_sample), (0, lay.slots), (0, lay.size))
-        _, (first, stop), (first_row, stop_row) = part or every
+        _, slots, (first_row, stop_row) = part or every
         _, header, offsets, _ = lay.views(bucket.inputs)
-        threads, room, size = THREADS, np.int32(lay.keys_per_sample), np.int64(lay.size)
-        rows = (np.int64(first_row), np.int64(stop_row))
-        if stop_row == first_row:
+        plan, words = self._pool_plans[slots]
+        blocks = plan.blocks(stop_row - first_row)
+        if blocks == 0:
             return
-        runs = self.placement.pool_launches(first, stop)
-        if len(runs) > 1 and stop_row - first_row < _POOL_ROWS_MIN_SAMPLES:
-            runs = ((first, stop, False),)
-        for begin, end, one_key in runs:
-            common = (
-                self._descriptors, self._slot_table_d, self._slot_local_d, np.int32(begin),
-                np.int32(end), *rows, room, size, header, offsets, bucket.rows, bucket.embeddings,
-            )  # fmt: skip
-            if one_key and _POOL_ONE_KEY_ROWS:  # a group per LANES samples of a slot
-                groups = -(-(stop_row - first_row) // LANES) * (end - begin)
-                self._bank_kernels.get_function("bank_pool_rows")(
-                    (-(-groups * LANES // threads),), (threads,), common
-                )
-                continue
-            # Few bags, some long: a warp per bag (see bank_pool), the batch's lookup being
-            # the latency of its longest bag.
-            bags = (stop_row - first_row) * (end - begin)
-            split = _POOL_SPLIT if self.placement.long_bags and bags <= _POOL_SPLIT_BAGS else 1
-            self._bank_kernels.get_function("bank_pool")(
-                (-(-bags * LANES * split // threads),), (threads,), (*common, np.int32(split))
-            )
+        self._bank_kernels.get_function("bank_pool")(
+            (blocks,), (THREADS,),
+            (self._descriptors, self._slot_table_d, self._slot_local_d, words,
+             np.int64(first_row), np.int64(stop_row), np.int32(lay.keys_per_sample),
+             np.int64(lay.size), header, offsets, bucket.rows, bucket.embeddings),
+        )  # fmt: skip
 
     def _insert(self, bucket: Bucket) -> None:
         if bucket.layout.size * bucket.layout.slots == 0:
@@ -609,9 +587,10 @@ class GpuRankingPipeline:
 
             def upload(b: Bucket) -> None:
                 if not on_device:
-                    self._uploader.upload(b, 0, b.layout.nbytes)
+                    used = b.layout.used_bytes(self._uploader.has_offsets(batch))
+                    self._uploader.upload(b, 0, used)
                     return
-                self._uploader.upload(b, b.layout.header_at, b.layout.nbytes)
+                self._uploader.upload_head(b, batch)
                 for copies in (head, *groups):
                     copy_all(copies)
 

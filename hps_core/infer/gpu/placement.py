@@ -18,13 +18,86 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from hps_core.cache.kernel_consts import LANES
-from hps_core.infer.gpu.constants import COMBINER_MEAN
+from hps_core.cache.kernel_consts import LANES, THREADS
+from hps_core.infer.gpu.constants import COMBINER_MEAN, POOL_ROWS
 from hps_core.infer.inputs.layout import RankingLayout, TableFeed
 from hps_core.nn import Combiner
 
 Part = tuple[tuple[int, int], tuple[int, int], tuple[int, int]]
 """Key columns, slots and samples ``[first, stop)`` of one ``bank_find`` + ``bank_pool``."""
+
+_MAX_SPLIT = 4
+"""Most groups of ``LANES`` lanes that share a bag in ``bank_pool`` (a warp)..."""
+_KEYS_PER_GROUP = 2 * LANES
+"""... one more group (doubling) per this many keys a bag of the slot holds: a bag of 100 keys
+takes 4 groups, one of 27 two, one of 12 one, so that the longest bags of a part do not keep
+one group busy while the others are done."""
+
+
+def pool_split(feed: TableFeed) -> int:
+    """How ``bank_pool`` pools the slots of a table: ``POOL_ROWS`` when it holds at most one
+    key per slot and sample (its bags are copied as rows), else the groups of ``LANES`` lanes
+    that share a bag (1, 2 or 4, from the keys of an average bag).
+
+    Example:
+        >>> [pool_split(f) for f in layout.tables]  # doctest: +SKIP
+        [0, 1, 4]
+    """
+    if feed.max_keys_per_sample <= feed.slot_num:
+        return POOL_ROWS
+    keys = -(-feed.max_keys_per_sample // max(feed.slot_num, 1))
+    split = 1
+    while split < _MAX_SPLIT and keys > split * _KEYS_PER_GROUP:
+        split *= 2
+    return split
+
+
+@dataclass(frozen=True)
+class PoolPlan:
+    """The pooling of a range of slots in one ``bank_pool`` launch: the slots in segments of
+    alike slots (each pooled one way), the longest bags first.
+
+    Args:
+        segments: ``(split, slots)`` per segment, in launch order (``split`` as
+            :func:`pool_split`).
+    """
+
+    segments: tuple[tuple[int, tuple[int, ...]], ...]
+
+    @classmethod
+    def of(cls, splits: Sequence[int], first: int, stop: int) -> PoolPlan:
+        """The plan of slots ``[first, stop)`` given each slot's split: segments by split,
+        the largest first and the one-key slots last, each listing its slots in order."""
+        by_split: dict[int, list[int]] = {}
+        for slot in range(first, stop):
+            by_split.setdefault(int(splits[slot]), []).append(slot)
+        order = sorted(by_split, key=lambda split: -split if split != POOL_ROWS else 1)
+        return cls(tuple((split, tuple(by_split[split])) for split in order))
+
+    def words(self) -> np.ndarray:
+        """The plan as ``bank_pool`` reads it (int32): the number of segments, per segment its
+        split, slot count and where its slots are listed, then the lists."""
+        head = 1 + 3 * len(self.segments)
+        words = [len(self.segments)]
+        at = head
+        for split, slots in self.segments:
+            words += [split, len(slots), at]
+            at += len(slots)
+        for _, slots in self.segments:
+            words += slots
+        return np.asarray(words, dtype=np.int32)
+
+    def blocks(self, samples: int) -> int:
+        """Blocks of ``THREADS`` threads of a launch over ``samples`` samples (as ``bank_pool``
+        cuts them: every segment's threads start a block)."""
+        total = 0
+        for split, slots in self.segments:
+            if split == POOL_ROWS:
+                lanes = -(-samples // LANES) * LANES * len(slots)
+            else:
+                lanes = samples * len(slots) * LANES * split
+            total += -(-lanes // THREADS)
+        return total
 
 
 @dataclass(frozen=True)
@@ -68,11 +141,7 @@ class Placement:
         key_table: per key column of a sample, its table's position (int32).
         keys_per_sample: key room per sample, all tables.
         out_per_sample: floats of pooled output per sample.
-        long_bags: a slot may hold more keys than a group of ``LANES`` lanes.
-        pool_runs: the slots cut into runs ``(first, stop, one_key)`` of consecutive slots
-            whose tables hold at most one key per slot and sample (``one_key``: their
-            ``max_keys_per_sample`` is at most their ``slot_num``) or not; the pipeline pools
-            the first kind with ``bank_pool_rows``, the rest with ``bank_pool``.
+        slot_split: per slot, how ``bank_pool`` pools it (:func:`pool_split` of its table).
         sample_hotness: the hotness with which a request's ``[B, K]`` key matrix is staged as
             it is (its columns are exactly every table's key room), or None.
         table_group: per table, its group (a run of tables of about equal key room).
@@ -87,8 +156,7 @@ class Placement:
     key_table: np.ndarray
     keys_per_sample: int
     out_per_sample: int
-    long_bags: bool
-    pool_runs: tuple[tuple[int, int, bool], ...]
+    slot_split: tuple[int, ...]
     sample_hotness: tuple[int, ...] | None
     table_group: tuple[int, ...]
     group_keys: tuple[tuple[int, int], ...]
@@ -131,8 +199,7 @@ class Placement:
             key_table=_per_table([np.full(f.max_keys_per_sample, u) for u, f in enumerate(feeds)]),
             keys_per_sample=keys_per_sample,
             out_per_sample=out_per_sample,
-            long_bags=any(f.max_keys_per_sample > LANES * f.slot_num for f in feeds),
-            pool_runs=_pool_runs(feeds),
+            slot_split=tuple(pool_split(f) for f in feeds for _ in range(f.slot_num)),
             sample_hotness=layout.hotness if every_room_filled else None,
             table_group=table_group,
             group_keys=group_keys,
@@ -156,18 +223,14 @@ class Placement:
             )
         return (((0, self.keys_per_sample), (0, self.slots), rows),)
 
-    def pool_launches(self, first: int, stop: int) -> tuple[tuple[int, int, bool], ...]:
-        """The runs of :attr:`pool_runs` within slots ``[first, stop)``, cut to that range.
+    def pool_plan(self, first: int, stop: int) -> PoolPlan:
+        """The ``bank_pool`` plan of slots ``[first, stop)`` (a part's slots).
 
         Example:
-            >>> placement.pool_launches(0, 5)  # doctest: +SKIP
-            ((0, 2, False), (2, 3, True), (3, 4, False), (4, 5, True))
+            >>> placement.pool_plan(0, 5).segments  # doctest: +SKIP
+            ((4, (4,)), (1, (0, 1)), (0, (2, 3)))
         """
-        return tuple(
-            (max(a, first), min(b, stop), one_key)
-            for a, b, one_key in self.pool_runs
-            if a < stop and b > first
-        )
+        return PoolPlan.of(self.slot_split, first, stop)
 
     def row_parts(self, size: int, grouped: bool) -> tuple[Part, ...]:
         """The parts of a sample-major batch in a grouped bucket: every table of a range of
@@ -182,21 +245,6 @@ class Placement:
 
 def _per_table(columns: list[np.ndarray]) -> np.ndarray:
     return np.concatenate(columns or [np.empty(0)]).astype(np.int32)
-
-
-def _pool_runs(feeds: tuple[TableFeed, ...]) -> tuple[tuple[int, int, bool], ...]:
-    """Consecutive slots cut where their tables change between holding at most one key per
-    slot and sample and holding more (see :attr:`Placement.pool_runs`)."""
-    runs: list[list] = []
-    at = 0
-    for f in feeds:
-        one_key = f.max_keys_per_sample <= f.slot_num
-        if runs and runs[-1][2] == one_key:
-            runs[-1][1] = at + f.slot_num
-        elif f.slot_num:
-            runs.append([at, at + f.slot_num, one_key])
-        at += f.slot_num
-    return tuple((a, b, one_key) for a, b, one_key in runs)
 
 
 def _place(feeds: tuple[TableFeed, ...], concat: bool) -> tuple[tuple[TablePlacement, ...], int]:

@@ -10,9 +10,11 @@ A batch of ``size`` samples (the size bucket: the next power of two) is one buff
 - a header (int32): the number of real samples, 1 if the keys are sample-major (else 0),
   then per table its hotness ``h`` when every slot of the batch holds ``h`` keys (its batch
   has no offsets: key ``i`` fills bag ``i // h``), else 0;
+- the dense features (float32) ``[size, dense_dim]``;
 - the CSR row offsets of every table that has them (int32), table ``t``'s ``size * S_t + 1``
-  entries at ``size * offsets_at[t] + t``; the bags of padded samples are empty;
-- the dense features (float32) ``[size, dense_dim]``.
+  entries at ``size * offsets_at[t] + t``; the bags of padded samples are empty. They come
+  last, so that a batch without offsets (every table of a fixed hotness: the samples
+  contract, one-hot models) is copied without them (:meth:`BatchLayout.used_bytes`).
 
 Each region starts on a 256-byte boundary. The host fills the pinned twin; one copy moves it.
 """
@@ -50,8 +52,10 @@ class BatchLayout:
 
     Example:
         >>> lay = BatchLayout(size=4, keys_per_sample=3, slots=3, tables=2, dense_dim=13)
-        >>> lay.header_at, lay.offsets_at, lay.offsets_len, lay.dense_at, lay.nbytes
-        (256, 512, 14, 768, 1024)
+        >>> lay.header_at, lay.dense_at, lay.offsets_at, lay.offsets_len, lay.nbytes
+        (256, 512, 768, 14, 1024)
+        >>> lay.used_bytes(offsets=False)
+        768
     """
 
     size: int
@@ -71,14 +75,19 @@ class BatchLayout:
         return _aligned(self.keys_bytes)
 
     @property
-    def offsets_at(self) -> int:
-        """Byte offset of the row offsets."""
-        return self.header_at + _aligned(4 * self.header_len)
-
-    @property
     def header_len(self) -> int:
         """Entries of the header (int32)."""
         return 2 + self.tables
+
+    @property
+    def dense_at(self) -> int:
+        """Byte offset of the dense features."""
+        return self.header_at + _aligned(4 * self.header_len)
+
+    @property
+    def offsets_at(self) -> int:
+        """Byte offset of the row offsets."""
+        return self.dense_at + _aligned(self.size * self.dense_dim * 4)
 
     @property
     def offsets_len(self) -> int:
@@ -86,14 +95,14 @@ class BatchLayout:
         return self.size * self.slots + self.tables
 
     @property
-    def dense_at(self) -> int:
-        """Byte offset of the dense features."""
-        return self.offsets_at + _aligned(self.offsets_len * 4)
-
-    @property
     def nbytes(self) -> int:
         """Size of the whole buffer."""
-        return self.dense_at + _aligned(self.size * self.dense_dim * 4)
+        return self.offsets_at + _aligned(self.offsets_len * 4)
+
+    def used_bytes(self, offsets: bool) -> int:
+        """Bytes from the start that a batch uses: all, or (``offsets`` False: no table of the
+        batch has row offsets) up to the row offsets."""
+        return self.nbytes if offsets else self.offsets_at
 
     def views(self, buffer: Any) -> tuple[Any, Any, Any, Any]:
         """``(keys, header, offsets, dense)`` views of a uint8 buffer (NumPy or CuPy) of

@@ -124,7 +124,7 @@ class BatchUploader:
                 self._stream.wait_event(caller.record())
             # Header and padded offsets from the host, then the batch's own arrays over the
             # rest of their regions, in stream order.
-            self.upload(bucket, lay.header_at, lay.nbytes)
+            self.upload_head(bucket, batch)
             with self._stream:
                 self._gather_on_device([c for copies in (head, *groups) for c in copies])
             return
@@ -136,13 +136,14 @@ class BatchUploader:
         copy_all(head)
         keys = [c for copies in groups for c in copies]
         nbytes = sum(t.nbytes for t, _ in keys)
+        used = lay.used_bytes(self.has_offsets(batch))
         if nbytes < _THREADED_STAGING_BYTES or not threaded:
             copy_all(keys)
-            self.upload(bucket, 0, lay.nbytes)
+            self.upload(bucket, 0, used)
             return
         # Many keys: threads fill the staging buffer part by part, each part's copy to the
         # device queued as soon as it is filled (a sample-major batch is one run of bytes).
-        self.upload(bucket, lay.header_at, lay.nbytes)
+        self.upload(bucket, lay.header_at, used)
         for part in split_copies(keys, max(1, nbytes // _STAGING_PIECE_BYTES)):
             list(self._copier().map(copy_all, split_copies(part, _STAGING_THREADS)))
             for target, _ in part:
@@ -190,7 +191,7 @@ class BatchUploader:
         lay = bucket.layout
         head, groups = self.stage(bucket, batch, bucket.staging)
         (target, source), samples = groups[0][0], batch.batch_size
-        self.upload(bucket, lay.header_at, lay.dense_at)
+        self.upload(bucket, lay.header_at, lay.dense_at)  # sample-major: no offsets
         row_bytes = lay.keys_per_sample * 8
         parts = self._placement.row_parts(bucket.layout.size, grouped(bucket))
         for index, (_, _, (first, stop)) in enumerate(parts):
@@ -204,12 +205,12 @@ class BatchUploader:
                 self.upload(bucket, a * row_bytes, b * row_bytes)
             yield index
         copy_all(head)
-        self.upload(bucket, lay.dense_at, lay.nbytes)
+        self.upload(bucket, lay.dense_at, lay.offsets_at)
         yield DENSE_FEATURES
 
     def upload_groups(self, bucket: Bucket, batch: SparseBatch) -> Iterator[int]:
         """Stage and copy a table-major host batch in the order the GPU needs it: the header
-        and row offsets (one copy), each group's keys (filled by threads), then the dense
+        and the row offsets if any, each group's keys (filled by threads), then the dense
         features, which the lookups do not read.
 
         Args:
@@ -224,7 +225,7 @@ class BatchUploader:
         head, groups = self.stage(bucket, batch, bucket.staging)
         dense, offsets = head[:1], head[1:]
         copy_all(offsets)
-        self.upload(bucket, lay.header_at, lay.dense_at)
+        self.upload_head(bucket, batch)
         threaded = sum(t.nbytes for g in groups for t, _ in g) >= _THREADED_STAGING_BYTES
         for group, ((first, last), copies) in enumerate(
             zip(self._placement.group_keys, groups, strict=True)
@@ -240,7 +241,7 @@ class BatchUploader:
             self.upload(bucket, lay.size * 8 * first, lay.size * 8 * last)
             yield group
         copy_all(dense)
-        self.upload(bucket, lay.dense_at, lay.nbytes)
+        self.upload(bucket, lay.dense_at, lay.offsets_at)
         yield DENSE_FEATURES
 
     def stage(
@@ -299,6 +300,17 @@ class BatchUploader:
             # Padded samples: empty bags after the last key.
             host_offsets[at + bags + 1 : at + lay.size * f.slot_num + 1] = table_keys.size
         return head, groups
+
+    def has_offsets(self, batch: SparseBatch) -> bool:
+        """Whether a table of the batch has row offsets (else none are copied)."""
+        return any(batch.row_offsets[f.table] is not None for f in self._placement.feeds)
+
+    def upload_head(self, bucket: Bucket, batch: SparseBatch) -> None:
+        """Copy the header, and the row offsets if the batch has any, to the device."""
+        lay = bucket.layout
+        self.upload(bucket, lay.header_at, lay.dense_at)
+        if self.has_offsets(batch):
+            self.upload(bucket, lay.offsets_at, lay.nbytes)
 
     def upload(self, bucket: Bucket, start: int, stop: int) -> None:
         """Copy bytes ``[start, stop)`` of the staging buffer to the device (main stream)."""

@@ -14,13 +14,13 @@ from hps_core.nn.spec.shapes import TensorShape
 
 
 def _one_kernel_concat(ctx: ComputeContext) -> ModuleType | None:
-    """:mod:`hps_core.cuda.dense_ops` on a GPU when its one-kernel concatenations are on
-    (``CONCAT_IN_ONE_KERNEL``), else None (the array module's concatenate serves)."""
+    """:mod:`hps_core.cuda.dense_ops` on a GPU (its concatenations take one kernel, not a copy
+    per input), else None (NumPy's concatenate serves)."""
     if not ctx.on_gpu:
         return None
     from hps_core.cuda import dense_ops  # needs CuPy
 
-    return dense_ops if dense_ops.CONCAT_IN_ONE_KERNEL else None
+    return dense_ops
 
 
 @dataclass(frozen=True)

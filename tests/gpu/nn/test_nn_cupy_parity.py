@@ -175,8 +175,8 @@ CONCAT_CASES = [
 @pytest.mark.parametrize("case", CONCAT_CASES, ids=lambda c: f"{c[0]}-{len(c[1])}-{c[3]}")
 @pytest.mark.parametrize("batch", [1, 37])
 def test_concat_layers_in_one_kernel_equal_numpy(case, precision, batch, monkeypatch):
-    """The Concat layers with ``dense_ops.CONCAT_IN_ONE_KERNEL`` on: NumPy's values exactly
-    (they only move data), from ``concat_rows`` launches."""
+    """The Concat layers on CuPy: NumPy's values exactly (they only move data), from
+    ``concat_rows`` launches."""
     from hps_core.cuda import dense_ops
 
     launches = []
@@ -186,7 +186,6 @@ def test_concat_layers_in_one_kernel_equal_numpy(case, precision, batch, monkeyp
         launches.append(concat_rows(*args, **kwargs))
         return launches[-1]
 
-    monkeypatch.setattr(dense_ops, "CONCAT_IN_ONE_KERNEL", True)
     monkeypatch.setattr(dense_ops, "_concat_rows", counted)
     layer, shapes = build(case)
     rng = np.random.default_rng(batch)

@@ -256,15 +256,16 @@ def test_host_batches_of_a_model_with_dynamic_caches_run_whole(
 def test_long_bags_pool_alike_in_one_group_or_shared_by_several(
     repo: Path, split: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """``bank_pool`` pools a bag in one group of lanes, or (small batches of long bags) in
+    """``bank_pool`` pools a bag in one group of lanes, or (slots of long bags) in up to
     ``split`` groups that add their sums: the scores equal the NumPy path's either way."""
-    from hps_core.infer.gpu import pipeline as gpu_pipeline
+    from hps_core.infer.gpu import placement as gpu_placement
 
-    monkeypatch.setattr(gpu_pipeline, "_POOL_SPLIT", split)
+    monkeypatch.setattr(gpu_placement, "_MAX_SPLIT", split)
     model = ZooModel(repo, NAME)
     gpu = RankingSession.open(variant(repo, "dynamic", f"_split{split}"), NAME, device_id=0)
     cpu = RankingSession.open(variant(repo, "dynamic", f"_split{split}"), NAME)
-    assert gpu.pipeline.placement.long_bags  # DLRM-v2's table of 100 keys per sample
+    # DLRM-v2's table of 100 keys per sample is shared by `split` groups.
+    assert max(gpu.pipeline.placement.slot_split) == split
     contract = SamplesContract(gpu.layout)
     rng = np.random.default_rng(61 + split)
     for batch in (1, 37, 200):
@@ -287,22 +288,24 @@ NEAR_FP32 = {"fp16": 2e-3, "int8": 2e-2, "fp8": 1e-1}  # bounds of the relative 
 
 
 @pytest.mark.parametrize("kind", COMPRESSED)
-@pytest.mark.parametrize("rows_from", [0, 1024])
+@pytest.mark.parametrize("as_bags", [False, True])
 def test_compressed_tables_pool_their_quantised_rows(
-    repo: Path, kind: str, rows_from: int, monkeypatch: pytest.MonkeyPatch
+    repo: Path, kind: str, as_bags: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Tables stored in fp16, int8 or fp8: the GPU pipeline (rows decoded in the pooling
     kernels, from the cache, the host tier in place, the staged misses, or static tables)
     scores what the NumPy path scores from the same quantised host tier; both stay near the
-    FP32 model. With ``rows_from`` 0 the one-key tables' slots go to bank_pool_rows at every
-    batch size, else (below 1,024 samples) the whole batch to one bank_pool launch."""
-    from hps_core.infer.gpu import pipeline as gpu_pipeline
+    FP32 model. The one-key tables' slots are copied as rows, or (``as_bags``) pooled as bags
+    of a group of lanes each."""
+    from hps_core.infer.gpu import placement as gpu_placement
 
-    monkeypatch.setattr(gpu_pipeline, "_POOL_ROWS_MIN_SAMPLES", rows_from)
+    if as_bags:
+        split = gpu_placement.pool_split
+        monkeypatch.setattr(gpu_placement, "pool_split", lambda feed: max(split(feed), 1))
     model = ZooModel(repo, NAME)
     ps = json.loads((repo / NAME / "ps.json").read_text())
     ps["models"][0].update(COMPRESSED[kind])
-    path = repo / NAME / f"ps_{kind}_rows{rows_from}.json"
+    path = repo / NAME / f"ps_{kind}_bags{as_bags}.json"
     path.write_text(json.dumps(ps))
     gpu = RankingSession.open(path, NAME, device_id=0)
     cpu = RankingSession.open(path, NAME)

@@ -31,6 +31,7 @@ from hps_core.errors import RequestError  # noqa: E402
 from hps_core.hps import HPS  # noqa: E402
 from hps_core.infer import RankingSession, SparseBatch  # noqa: E402
 from hps_core.infer.contracts import HugeCTRContract, SamplesContract  # noqa: E402
+from hps_core.infer.gpu.constants import POOL_ROWS  # noqa: E402
 from hps_core.lookup import LookupOptions  # noqa: E402
 from hps_core.triton_repo import InstanceGroup, ServingOptions  # noqa: E402
 
@@ -172,19 +173,19 @@ def test_keys_beyond_the_per_sample_limit_take_a_larger_bucket(repo: Path) -> No
 def test_one_key_slots_copied_as_rows_or_pooled_as_bags_alike(
     repo: Path, kind: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """W&D's first table (2 slots, at most 2 keys a sample) is pooled by ``bank_pool_rows``
-    (here from the first sample on: by default a batch of fewer than 1,024 samples whose slots
-    mix kinds is one ``bank_pool`` launch): empty slots, unknown keys, groups of fewer than 8
-    samples, and a sample that puts both its keys in one slot (the group then pools its bags
-    one by one) give what ``bank_pool`` and the NumPy path give."""
-    from hps_core.infer.gpu import pipeline as gpu_pipeline
+    """W&D's first table (2 slots, at most 2 keys a sample) is pooled as rows (a group of
+    lanes per 8 samples of a slot; its plan's last segment): empty slots, unknown keys, groups
+    of fewer than 8 samples, and a sample that puts both its keys in one slot (the group then
+    pools its bags one by one) give what pooling them as bags (a group per bag) and the NumPy
+    path give."""
+    from hps_core.infer.gpu import placement as gpu_placement
 
-    monkeypatch.setattr(gpu_pipeline, "_POOL_ROWS_MIN_SAMPLES", 0)
     name = "wdl"
     ps = variant(repo, name, kind, hit_rate_threshold=0.25)  # sessions of their own
     model = Model(repo, name)
     rows = RankingSession.open(ps, name, device_id=0)
-    assert rows.pipeline.placement.pool_runs == ((0, 2, True), (2, 28, False))
+    plan = rows.pipeline.placement.pool_plan(0, 28)
+    assert plan.segments == ((1, tuple(range(2, 28))), (POOL_ROWS, (0, 1)))
     cpu = RankingSession.open(ps, name)
     contract = HugeCTRContract(rows.layout)
     rng = np.random.default_rng(17)
@@ -201,9 +202,11 @@ def test_one_key_slots_copied_as_rows_or_pooled_as_bags_alike(
         got.append(rows.predict(parsed))
         np.testing.assert_allclose(got[-1], cpu.predict(parsed), rtol=1e-5, atol=1e-6)
         model.check(got[-1], dense, keys)
-    monkeypatch.setattr(gpu_pipeline, "_POOL_ONE_KEY_ROWS", False)
+    split = gpu_placement.pool_split
+    monkeypatch.setattr(gpu_placement, "pool_split", lambda feed: max(split(feed), 1))
     ps = variant(repo, name, kind, hit_rate_threshold=0.35)
     bags = RankingSession.open(ps, name, device_id=0)
+    assert bags.pipeline.placement.pool_plan(0, 28).segments == ((1, tuple(range(28))),)
     for (dense, keys), want in zip(batches, got, strict=True):
         parsed = contract.parse(*encode_hugectr(dense, keys))
         np.testing.assert_array_equal(bags.predict(parsed), want)

@@ -18,7 +18,7 @@ from hps_core.infer.gpu.constants import bank_defines
         (
             "bank",
             bank_defines(),
-            ("bank_find", "bank_pool", "bank_pool_rows", "bank_probe", "bank_insert"),
+            ("bank_find", "bank_pool", "bank_probe", "bank_insert"),
         ),
         (KERNEL_FILE, cuda_defines(), KERNEL_NAMES),
     ],

@@ -8,9 +8,9 @@ import itertools
 import numpy as np
 import pytest
 
-from hps_core.cache.kernel_consts import LANES
-from hps_core.infer.gpu.constants import COMBINER_MEAN
-from hps_core.infer.gpu.placement import Placement
+from hps_core.cache.kernel_consts import LANES, THREADS
+from hps_core.infer.gpu.constants import COMBINER_MEAN, POOL_ROWS
+from hps_core.infer.gpu.placement import Placement, PoolPlan, pool_split
 from hps_core.infer.inputs.layout import RankingLayout, TableFeed
 from hps_core.nn import Combiner
 
@@ -83,23 +83,63 @@ def test_sample_rows_are_cut_only_for_requests_that_fill_every_room(hotness, sam
     assert placement.row_parts(16, grouped=False) == ()
 
 
-def test_long_bags_are_bags_longer_than_a_group_of_lanes():
-    short = layout_of(feed(0, 2, 8, 2 * LANES))
-    long = layout_of(feed(0, 1, 8, LANES + 1))
-    assert not Placement.of(short, short.tables, True, 8).long_bags
-    assert Placement.of(long, long.tables, True, 8).long_bags
+@pytest.mark.parametrize(
+    ("slots", "keys", "split"),
+    [(1, 1, POOL_ROWS), (2, 2, POOL_ROWS), (2, 3, 1), (1, 2 * LANES, 1), (1, 2 * LANES + 1, 2),
+     (1, 27, 2), (1, 4 * LANES, 2), (1, 100, 4), (2, 200, 4), (1, 10_000, 4), (3, 6, 1)],
+)  # fmt: skip
+def test_pool_split_grows_with_the_keys_of_a_bag(slots: int, keys: int, split: int):
+    assert pool_split(feed(0, slots, 8, keys)) == split
 
 
-def test_pool_runs_cut_slots_where_one_key_tables_meet_multi_key_ones():
-    # Slots per table 1, 2, 3, 1, 2 holding at most 1, 2 (one per slot), 6, 1, 2 keys a sample.
+def test_pool_plans_put_alike_slots_in_segments_longest_bags_first():
+    # Slots per table 1, 2, 3, 1, 2, 1 holding at most 1, 2 (one per slot), 6, 1, 2, 100 keys.
     feeds = [feed(0, 1, 8, 1), feed(1, 2, 8, 2), feed(2, 3, 8, 6), feed(3, 1, 8, 1)]
-    feeds.append(feed(4, 2, 8, 2))
+    feeds += [feed(4, 2, 8, 2), feed(5, 1, 8, 100)]
     lay = layout_of(*feeds)
     placement = Placement.of(lay, lay.tables, concat=True, groups=8)
-    assert placement.pool_runs == ((0, 3, True), (3, 6, False), (6, 9, True))
-    assert placement.pool_launches(0, 9) == placement.pool_runs
-    assert placement.pool_launches(2, 7) == ((2, 3, True), (3, 6, False), (6, 7, True))
-    assert placement.pool_launches(4, 5) == ((4, 5, False),)
-    assert placement.pool_launches(3, 3) == ()
-    every_kind = Placement.of(layout_of(feed(0, 2, 8, 5)), [feed(0, 2, 8, 5)], True, 8)
-    assert every_kind.pool_runs == ((0, 2, False),)
+    assert placement.slot_split == (0, 0, 0, 1, 1, 1, 0, 0, 0, 4)
+    assert placement.pool_plan(0, 10).segments == (
+        (4, (9,)), (1, (3, 4, 5)), (POOL_ROWS, (0, 1, 2, 6, 7, 8)),
+    )  # fmt: skip
+    assert placement.pool_plan(2, 7).segments == ((1, (3, 4, 5)), (POOL_ROWS, (2, 6)))
+    assert placement.pool_plan(3, 3).segments == ()
+    plan = placement.pool_plan(2, 7)
+    # segments, then (split, count, where its slots are listed) each, then the lists
+    np.testing.assert_array_equal(plan.words(), [2, 1, 3, 7, POOL_ROWS, 2, 10, 3, 4, 5, 2, 6])
+    assert plan.words().dtype == np.int32
+
+
+def covered_bags(plan: PoolPlan, samples: int) -> list[tuple[int, int]]:
+    """The (slot, sample) bags that ``bank_pool``'s threads serve, read from the plan's words
+    as the kernel reads them (each segment's threads start a block of THREADS)."""
+    words = plan.words()
+    bags = []
+    first_block = 0
+    for k in range(words[0]):
+        split, count, at = (int(w) for w in words[1 + 3 * k : 4 + 3 * k])
+        slots = words[at : at + count]
+        if split == POOL_ROWS:
+            groups_per_slot = -(-samples // LANES)
+            lanes = groups_per_slot * LANES * count
+            for group in range(groups_per_slot * count):
+                first = (group % groups_per_slot) * LANES
+                for sample in range(first, min(first + LANES, samples)):
+                    bags.append((int(slots[group // groups_per_slot]), sample))
+        else:
+            lanes = samples * count * LANES * split
+            bags += [(int(slots[b // samples]), b % samples) for b in range(samples * count)]
+        first_block += -(-lanes // THREADS)
+    assert first_block == plan.blocks(samples)
+    return bags
+
+
+@pytest.mark.parametrize("samples", [1, 7, 8, 9, 100, 2048])
+@pytest.mark.parametrize(("first", "stop"), [(0, 10), (2, 7), (9, 10), (4, 4)])
+def test_a_pool_plan_serves_every_bag_of_its_slots_once(samples: int, first: int, stop: int):
+    feeds = [feed(0, 1, 8, 1), feed(1, 2, 8, 2), feed(2, 3, 8, 6), feed(3, 1, 8, 1)]
+    feeds += [feed(4, 2, 8, 2), feed(5, 1, 8, 100)]
+    lay = layout_of(*feeds)
+    plan = Placement.of(lay, lay.tables, concat=True, groups=8).pool_plan(first, stop)
+    got = sorted(covered_bags(plan, samples))
+    assert got == [(s, b) for s in range(first, stop) for b in range(samples)]

@@ -33,7 +33,20 @@ def test_regions_are_aligned_disjoint_and_cover_the_buffer(size: int) -> None:
     # Writing one region leaves the others intact: no overlap.
     assert (keys == -1).all() and (header == -4).all()
     assert (offsets == -2).all() and (dense == -3.0).all()
-    assert dense.ctypes.data + dense.nbytes <= buffer.ctypes.data + lay.nbytes
+    end = buffer.ctypes.data + lay.nbytes
+    assert dense.ctypes.data + dense.nbytes <= end and offsets.ctypes.data + offsets.nbytes <= end
+
+
+@pytest.mark.parametrize("size", [1, 3, 1000])
+def test_a_batch_without_offsets_uses_every_region_but_the_offsets(size: int) -> None:
+    lay = BatchLayout(size=size, keys_per_sample=29, slots=27, tables=3, dense_dim=13)
+    base = np.zeros(lay.nbytes, np.uint8)
+    keys, header, offsets, dense = lay.views(base)
+    used = lay.used_bytes(offsets=False)
+    for region in (keys, header, dense):
+        assert region.ctypes.data + region.nbytes <= base.ctypes.data + used
+    assert offsets.ctypes.data - base.ctypes.data >= used
+    assert lay.used_bytes(offsets=True) == lay.nbytes
 
 
 @pytest.mark.parametrize("parts", [1, 3, 4, 7, 100])
