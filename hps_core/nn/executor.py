@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -25,7 +25,7 @@ from hps_core.nn.dense_blob import read_dense_blob
 from hps_core.nn.graph import GraphNode, NetworkGraph, build_graph
 from hps_core.nn.layers import Array, EmbeddingLayer, InnerProduct, Layer, UnpooledEmbedding
 from hps_core.nn.layers.activation import ReLU
-from hps_core.nn.layers.shape_ops import Concat
+from hps_core.nn.layers.shape_ops import Concat, Reshape
 from hps_core.nn.profile import ForwardProfile, LayerTime, StepClock, layer_flops, step_clock
 from hps_core.nn.spec.network_json import load_network_json
 from hps_core.nn.spec.precision import ComputeContext, Precision
@@ -49,6 +49,29 @@ class _Step:
     covers: tuple[str, ...]
     layer_type: str
     input_shapes: tuple[TensorShape, ...]
+
+
+@dataclass(frozen=True)
+class PooledConcat:
+    """A Concat of ``[B, w]`` tensors, one of which is the embedding Concat's output flattened
+    by a Reshape (DLRM-v2's embeddings beside the bottom MLP's output): a caller that pools
+    the embeddings straight into the columns ``[at, at + S * D)`` of that Concat's output
+    gives the output (see :meth:`DenseExecutor.forward_given`), and the executor copies only
+    the other inputs into their columns, not every pooled vector once more.
+
+    Args:
+        output: the Concat's output.
+        width: its columns per sample.
+        at: the first column of the embeddings.
+        flat: the Reshape's output (the embeddings as ``[B, S * D]``).
+        copied: the Concat's other inputs and their columns ``[first, stop)``.
+    """
+
+    output: str
+    width: int
+    at: int
+    flat: str
+    copied: tuple[tuple[str, int, int], ...]
 
 
 class DenseExecutor:
@@ -172,6 +195,55 @@ class DenseExecutor:
                     return step.outputs[0]
         return None
 
+    @functools.cached_property
+    def pooled_concat(self) -> PooledConcat | None:
+        """The Concat a caller can pool the embeddings into (see :class:`PooledConcat`): when
+        the output of :meth:`embedding_concat` feeds one Reshape to ``[B, S * D]`` alone, and
+        that feeds one Concat of 2-D tensors alone; else ``None``."""
+        stacked = self.embedding_concat()
+        if stacked is None:
+            return None
+        reshape = self._sole_reader(stacked)
+        if reshape is None or not isinstance(reshape.layer, Reshape) or reshape.layer.selected:
+            return None
+        flat = reshape.outputs[0]
+        concat = self._sole_reader(flat)
+        if concat is None or not isinstance(concat.layer, Concat) or concat.layer.axis != 1:
+            return None
+        shapes = concat.input_shapes
+        if concat.inputs.count(flat) != 1 or any(
+            s.rank != 2 or s.rows_per_sample != 1 for s in shapes
+        ):
+            return None
+        columns, at = {}, 0
+        for name, shape in zip(concat.inputs, shapes, strict=True):
+            columns[name] = (at, at + shape.dims[0])
+            at += shape.dims[0]
+        copied = tuple((n, a, b) for n, (a, b) in columns.items() if n != flat)
+        return PooledConcat(concat.outputs[0], at, columns[flat][0], flat, copied)
+
+    def reads_of_given(self, names: Collection[str]) -> frozenset[str]:
+        """Which of the tensors ``names``, given to :meth:`forward_given`, the pass reads
+        (the others only stand for the steps that would make them).
+
+        Example:
+            >>> executor.reads_of_given({"sparse_embedding1", "concat1"})  # doctest: +SKIP
+            frozenset({'concat1'})
+        """
+        given, read = set(names), set()
+        pooled = self.pooled_concat
+        for step in self._steps:
+            if pooled is not None and step.outputs[0] == pooled.output and pooled.output in given:
+                read.add(pooled.output)  # its other inputs are copied into it
+            elif not all(name in given for name in step.outputs):
+                read.update(name for name in step.inputs if name in given)
+        return frozenset(read)
+
+    def _sole_reader(self, name: str) -> _Step | None:
+        """The one step that reads tensor ``name``, if exactly one does (once)."""
+        readers = [step for step in self._steps if name in step.inputs]
+        return readers[0] if len(readers) == 1 and readers[0].inputs.count(name) == 1 else None
+
     def forward_given(
         self, dense: Array, given: Mapping[str, Array], prefix_done: bool = False
     ) -> Array:
@@ -179,9 +251,10 @@ class DenseExecutor:
 
         A step whose outputs are all in ``given`` is skipped; so a caller that pools the
         embeddings itself passes each embedding layer's output (``[B, S_t, D]``), or the
-        output of :meth:`embedding_concat` (then that Concat is skipped too). Nothing is
-        checked against the host's data, so the pass never waits for the GPU and can be
-        recorded in a CUDA graph.
+        output of :meth:`embedding_concat` (then that Concat is skipped too), or the output
+        of :attr:`pooled_concat` holding the embeddings in their columns (then that Concat
+        only copies its other inputs into theirs). Nothing is checked against the host's data,
+        so the pass never waits for the GPU and can be recorded in a CUDA graph.
 
         Args:
             dense: ``[batch, dense_dim]`` dense features.
@@ -201,8 +274,16 @@ class DenseExecutor:
         tensors = dict(given)
         tensors[data.dense_name] = self.ctx.cast(xp.asarray(dense))
         skipped = self._dense_prefix if prefix_done else frozenset()
+        pooled = self.pooled_concat
         for step in self._steps:
-            if step.name in skipped or all(name in given for name in step.outputs):
+            if step.name in skipped:
+                continue
+            if pooled is not None and step.outputs[0] == pooled.output and pooled.output in given:
+                wide = tensors[pooled.output]
+                for name, first, stop in pooled.copied:
+                    wide[:, first:stop] = tensors[name]
+                continue
+            if all(name in given for name in step.outputs):
                 continue
             missing = [name for name in step.inputs if name not in tensors]
             if missing or isinstance(step.layer, EmbeddingLayer):

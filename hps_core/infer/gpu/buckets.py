@@ -21,6 +21,7 @@ from hps_core.infer.gpu.placement import Placement
 from hps_core.infer.gpu.staging import BatchLayout
 from hps_core.infer.gpu.structs import PENDING_DTYPE
 from hps_core.infer.inputs.layout import RankingLayout
+from hps_core.nn.executor import PooledConcat
 
 _CAPTURE_THREAD_LOCAL = 1  # cudaStreamCaptureModeThreadLocal
 _GROUPED_STAGING_SAMPLES = 16384
@@ -83,6 +84,7 @@ def new_bucket(
     concat: str | None,
     tops: Mapping[str, str],
     lower: bool,
+    pooled: PooledConcat | None = None,
 ) -> Bucket:
     """A bucket of ``size`` samples, its buffers zeroed (no samples, empty bags: what its
     graphs are recorded with), on the current device; the zeroing is queued on the current
@@ -95,6 +97,8 @@ def new_bucket(
         concat: the output of the dense network's Concat of every embedding, if it has one.
         tops: the output tensor of each embedding layer, by layer name.
         lower: a table has tiers below its host tier (the bucket gets room for their keys).
+        pooled: the later Concat the embeddings are pooled into (``placement`` was made with
+            its ``concat_row``), if any.
 
     Returns:
         The bucket, without graphs.
@@ -108,7 +112,7 @@ def new_bucket(
     scores_host = pinned(size * layout.label_dim, np.float32).reshape(size, -1)
     inputs = cupy.zeros(lay.nbytes, dtype=cupy.uint8)
     embeddings = cupy.zeros(size * placement.out_per_sample, dtype=cupy.float32)
-    given = _given(embeddings, size, placement, concat, tops)
+    given = _given(embeddings, size, placement, concat, tops, pooled)
     capacity = size * placement.keys_per_sample
     rows = cupy.zeros(max(capacity, 1), dtype=cupy.uint64)
     bucket = Bucket(
@@ -121,15 +125,27 @@ def new_bucket(
 
 
 def _given(
-    embeddings: Any, size: int, placement: Placement, concat: str | None, tops: Mapping[str, str]
+    embeddings: Any,
+    size: int,
+    placement: Placement,
+    concat: str | None,
+    tops: Mapping[str, str],
+    pooled: PooledConcat | None,
 ) -> dict[str, Any]:
     """The executor's inputs that live in ``embeddings`` (float32 views): each table's
-    ``[B, S_t, D_t]`` output (a strided view when a Concat of all of them is fed instead)
-    and that Concat's output."""
+    ``[B, S_t, D_t]`` output (a strided view when a Concat of all of them is fed instead),
+    that Concat's output, and the later Concat's output it is pooled into, if any (with the
+    flat ``[B, S * D]`` view of the embeddings that Concat reads)."""
     given = {}
     if concat is not None:
         dim = placement.feeds[0].vec_size
-        stacked = embeddings.reshape(size, -1, dim)
+        if pooled is not None:
+            wide = embeddings.reshape(size, pooled.width)
+            flat = wide[:, pooled.at : pooled.at + placement.slots * dim]
+            given[pooled.output], given[pooled.flat] = wide, flat
+            stacked = flat.reshape(size, -1, dim)
+        else:
+            stacked = embeddings.reshape(size, -1, dim)
         given[concat] = stacked
         at = 0
         for f in placement.feeds:

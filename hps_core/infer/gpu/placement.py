@@ -165,7 +165,12 @@ class Placement:
 
     @classmethod
     def of(
-        cls, layout: RankingLayout, feeds: Sequence[TableFeed], concat: bool, groups: int
+        cls,
+        layout: RankingLayout,
+        feeds: Sequence[TableFeed],
+        concat: bool,
+        groups: int,
+        concat_row: tuple[int, int] | None = None,
     ) -> Placement:
         """The placement of ``feeds`` (the tables of ``layout`` the dense network reads).
 
@@ -175,6 +180,10 @@ class Placement:
             concat: the network reads one Concat of every embedding (one ``[B, S, D]``
                 output; each table a column range of it) rather than one output per table.
             groups: cut large batches into at most this many parts.
+            concat_row: ``(width, at)``: that Concat's ``[B, S * D]`` output is columns
+                ``[at, at + S * D)`` of a ``[B, width]`` tensor (a later Concat's output the
+                embeddings are pooled into, ``DenseExecutor.pooled_concat``); both multiples
+                of 4, so that every pooled row stays 16-byte aligned.
 
         Example:
             >>> placement = Placement.of(layout, layout.tables, True, 8)  # doctest: +SKIP
@@ -182,7 +191,7 @@ class Placement:
             ((0, 3), (0, 3), (0, 16384))
         """
         feeds = tuple(feeds)
-        tables, out_per_sample = _place(feeds, concat)
+        tables, out_per_sample = _place(feeds, concat, concat_row)
         keys_per_sample = sum(f.max_keys_per_sample for f in feeds)
         table_group, group_keys = _groups(feeds, tables, keys_per_sample, groups)
         # A batch keeping its request's [B, K] keys is staged as it is when its K columns are
@@ -247,19 +256,25 @@ def _per_table(columns: list[np.ndarray]) -> np.ndarray:
     return np.concatenate(columns or [np.empty(0)]).astype(np.int32)
 
 
-def _place(feeds: tuple[TableFeed, ...], concat: bool) -> tuple[tuple[TablePlacement, ...], int]:
+def _place(
+    feeds: tuple[TableFeed, ...], concat: bool, concat_row: tuple[int, int] | None
+) -> tuple[tuple[TablePlacement, ...], int]:
     """Each table's placement, and the floats of pooled output per sample.
 
-    With a Concat of all embeddings the output is that Concat's ``[B, S, D]`` tensor;
-    otherwise each table has its own ``[B, S_t, D_t]`` region, regions padded to whole
-    16-byte units so every row stays aligned for vector loads.
+    With a Concat of all embeddings the output is that Concat's ``[B, S, D]`` tensor (or its
+    columns of a wider ``concat_row``); otherwise each table has its own ``[B, S_t, D_t]``
+    region, regions padded to whole 16-byte units so every row stays aligned for vector loads.
     """
     placements = []
     keys_at = offsets_at = out_at = slot_at = 0
     total_slots = sum(f.slot_num for f in feeds)
+    stacked = total_slots * feeds[0].vec_size if feeds else 0
+    width, first = concat_row or (stacked, 0)
+    if concat_row is not None and (width % 4 or first % 4 or first + stacked > width):
+        raise ValueError(f"cannot pool {stacked} floats per sample into {concat_row}")
     for f in feeds:
         if concat:
-            shift, stride, at = slot_at * f.vec_size, total_slots * f.vec_size, 0
+            shift, stride, at = first + slot_at * f.vec_size, width, 0
         else:
             shift, stride, at = 0, f.slot_num * f.vec_size, out_at
         combiner = COMBINER_MEAN if f.combiner is Combiner.MEAN else 0
@@ -273,7 +288,7 @@ def _place(feeds: tuple[TableFeed, ...], concat: bool) -> tuple[tuple[TablePlace
         offsets_at += f.slot_num
         out_at += -(-f.slot_num * f.vec_size // 4) * 4
         slot_at += f.slot_num
-    out_per_sample = total_slots * feeds[0].vec_size if concat and feeds else out_at
+    out_per_sample = width if concat and feeds else out_at
     return tuple(placements), out_per_sample
 
 

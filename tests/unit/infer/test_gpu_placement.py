@@ -51,6 +51,18 @@ def test_a_concat_of_every_embedding_is_one_output_each_table_a_column_range():
     assert placement.out_per_sample == 5 * 16
 
 
+def test_a_concat_pooled_into_a_wider_row_keeps_its_columns_there():
+    lay = layout_of(feed(0, 2, 16, 2), feed(1, 3, 16, 3))
+    placement = Placement.of(lay, lay.tables, concat=True, groups=8, concat_row=(128, 44))
+    t0, t1 = placement.tables
+    assert (t0.out_at, t0.out_shift, t0.out_stride) == (0, 44, 128)
+    assert (t1.out_at, t1.out_shift, t1.out_stride) == (0, 44 + 2 * 16, 128)
+    assert placement.out_per_sample == 128
+    for row in [(128, 2), (126, 44), (100, 44)]:  # unaligned, or too narrow for 80 floats
+        with pytest.raises(ValueError, match="cannot pool 80 floats"):
+            Placement.of(lay, lay.tables, concat=True, groups=8, concat_row=row)
+
+
 def test_groups_cut_tables_by_key_room_and_every_slot_is_in_one_group():
     feeds = [feed(t, 1, 8, keys) for t, keys in enumerate([1, 1, 1, 1, 100, 1, 1, 1])]
     lay = layout_of(*feeds)

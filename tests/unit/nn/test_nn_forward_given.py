@@ -3,13 +3,18 @@
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 from network_files import HUGECTR, OWN, network_id, requires_hugectr
 from nn_testdata import FIXTURES, graph_inputs, graph_of
 
+from hps_core.demo.zoo_networks import dlrm_v2_network
 from hps_core.errors import RequestError
 from hps_core.nn import DenseExecutor, build_graph, load_network_json, random_dense_params
+from hps_core.nn.executor import PooledConcat
+from hps_core.nn.spec.network_json import parse_network_json
 
 
 def executor_of(path) -> DenseExecutor:
@@ -54,6 +59,79 @@ def test_a_concat_of_all_embeddings_is_found_and_skipped() -> None:
     # Only the Concat's output: the embedding steps and the Concat are skipped.
     got = executor.forward_given(dense, {concat: stacked} | _tops_as_garbage(executor))
     np.testing.assert_array_equal(got, want)
+
+
+def _wide_network(order: tuple[str, ...], extra_reader: bool = False) -> DenseExecutor:
+    """Two tables stacked and flattened ([B, 20]), concatenated with the dense input ([B, 4])
+    and an MLP of it ([B, 8]) in ``order``; ``extra_reader``: one more layer reads the flat
+    embeddings."""
+    layers = [
+        _embedding("emb_a", "keys_a"),
+        _embedding("emb_b", "keys_b"),
+        {"name": "cat", "type": "Concat", "bottom": ["emb_a", "emb_b"], "top": "cat"},
+        {"name": "flat", "type": "Reshape", "bottom": "cat", "top": "flat", "leading_dim": 20},
+        {"name": "mlp", "type": "InnerProduct", "bottom": "dense", "top": "mlp",
+         "fc_param": {"num_output": 8}},
+        {"name": "wide", "type": "Concat", "bottom": list(order), "top": "wide"},
+        {"name": "fc", "type": "InnerProduct", "bottom": "wide", "top": "fc",
+         "fc_param": {"num_output": 1}},
+    ]  # fmt: skip
+    if extra_reader:
+        layers[-1]["bottom"] = ["wide", "side"]
+        layers[-1]["type"] = "Concat"
+        layers[-1].pop("fc_param")
+        layers.insert(-1, {"name": "side", "type": "InnerProduct", "bottom": "flat",
+                           "top": "side", "fc_param": {"num_output": 4}})  # fmt: skip
+    graph = graph_of(layers, sparse=(("keys_a", 2, 1), ("keys_b", 3, 2)))
+    return DenseExecutor(graph, random_dense_params(graph.dense_layout(), seed=3))
+
+
+@pytest.mark.parametrize(
+    "order", [("flat", "dense", "mlp"), ("mlp", "flat", "dense"), ("dense", "mlp", "flat")]
+)
+@pytest.mark.parametrize("batch", [1, 5])
+def test_embeddings_pooled_into_a_later_concat_equal_forward(order, batch) -> None:
+    """The Concat of the flattened embeddings with 2-D tensors: a caller that writes the
+    embeddings into their columns of its output (the rest poisoned) gets forward's answer;
+    the executor copies the other inputs into their columns and reads nothing else given."""
+    executor = _wide_network(order)
+    widths = {"flat": 20, "dense": 4, "mlp": 8}
+    at = sum(widths[n] for n in order[: order.index("flat")])
+    copied = tuple(
+        (n, sum(widths[m] for m in order[: order.index(n)]),
+         sum(widths[m] for m in order[: order.index(n) + 1]))
+        for n in order if n != "flat"
+    )  # fmt: skip
+    assert executor.pooled_concat == PooledConcat("wide", 32, at, "flat", copied)
+    dense, pooled = graph_inputs(executor.graph, batch, np.random.default_rng(batch))
+    want = executor.forward(dense, {n: pooled[n] for n in executor.embedding_names})
+    wide = np.full((batch, 32), np.nan, np.float32)
+    stacked = np.concatenate([pooled[n] for n in executor.embedding_names], axis=1)
+    wide[:, at : at + 20] = stacked.reshape(batch, 20)
+    flat = wide[:, at : at + 20]
+    given = {"wide": wide, "flat": flat, "cat": flat.reshape(batch, -1, 4)}
+    given |= _tops_as_garbage(executor)
+    assert executor.reads_of_given(given) == {"wide"}
+    np.testing.assert_array_equal(executor.forward_given(dense, given), want)
+    # With the dense-only steps run first (the MLP), as the GPU pipeline does.
+    prefix = executor.forward_dense_prefix(dense)
+    wide[:, [c for c in range(32) if not at <= c < at + 20]] = np.nan
+    np.testing.assert_array_equal(
+        executor.forward_given(dense, given | prefix, prefix_done=True), want
+    )
+
+
+def test_no_pooled_concat_when_another_layer_reads_the_embeddings() -> None:
+    assert _wide_network(("flat", "dense"), extra_reader=True).pooled_concat is None
+    assert _wide_network(("flat", "dense")).pooled_concat is not None
+
+
+def test_the_zoo_dlrm_v2_pools_into_its_concat() -> None:
+    network = dlrm_v2_network(dim=8, hotness=(3, 1, 2), bottom=(16, 8))
+    graph = build_graph(parse_network_json(json.dumps(network)))
+    executor = DenseExecutor(graph, random_dense_params(graph.dense_layout(), seed=3))
+    assert executor.pooled_concat == PooledConcat("concat1", 32, 0, "embeddings_flat",
+                                                  (("mlp1", 24, 32),))  # fmt: skip
 
 
 def _tops_as_garbage(executor: DenseExecutor) -> dict[str, np.ndarray]:
