@@ -545,7 +545,6 @@ def _concat_rows(
     rows = out.shape[0]
     total = sum(w for _, _, w in spans) // unit
     kernel = dense_function(f"concat_rows<{name}>")
-    blocks, threads = _rows_grid(rows)  # a warp per output row
     first = 0
     for start in range(0, len(spans), _CONCAT_INPUTS):
         chunk = spans[start : start + _CONCAT_INPUTS]
@@ -559,8 +558,10 @@ def _concat_rows(
         sources += [out] * pad
         widths = [np.int32(w // unit) for _, _, w in chunk] + [np.int32(0)] * pad
         strides = [np.int64(s // unit) for _, s, _ in chunk] + [np.int64(0)] * pad
+        units = rows * int(sum(widths))  # a thread per output unit (grid-stride)
+        blocks = max(1, min(-(-units // _ELEMENTWISE_THREADS), _sms() * 32))
         kernel(
-            (blocks,), (threads,),
+            (blocks,), (_ELEMENTWISE_THREADS,),
             (out, np.int64(rows), np.int64(total), np.int32(first), np.int64(per),
              np.int64(group), np.int64(first_row), np.int32(len(chunk)), *sources, *widths,
              *strides),

@@ -480,14 +480,45 @@ extern "C" __global__ void column_moments_finish(const float* __restrict__ part,
   square[c] = b / (float)rows;
 }
 
-// Up to CONCAT_INPUTS inputs concatenated along their rows, in units U (4 or 2 bytes), a warp
-// per output row: output row o (out_width units apart) takes, from column `first` on, the c_k
+// Up to CONCAT_INPUTS inputs concatenated along their rows, in units U (4 or 2 bytes), a thread
+// per output unit: output row o (out_width units apart) takes, from column `first` on, the c_k
 // units of row src(o) = (o / per) * group + first_row + o % per of each input k in turn (its
 // rows t_k units apart). A concatenation has per = rows, group = 0, first_row = 0 (row o of
 // every input); FusedReshapeConcat's history takes per = S - 1 rows of every group of S
 // (first_row 0), its target per = 1 of S (first_row S - 1). One launch replaces one copy per
 // input (and, for FusedReshapeConcat, the copies of the history's and target's strided rows).
+// A thread per unit rather than a warp per row: DIN's rows are 8 units per input, which left a
+// warp three quarters idle and a row's inputs one after the other. Index arithmetic in I
+// (32-bit when every index fits: 64-bit divisions cost tens of instructions per unit).
 static_assert(CONCAT_INPUTS == 8, "concat_rows takes eight inputs' arguments");
+template <typename U, typename I>
+__device__ __forceinline__ void concat_units(U* __restrict__ out, const I rows, const I out_width,
+                                             const I first, const I per, const I group,
+                                             const I first_row, const int n,
+                                             const U* const (&src)[CONCAT_INPUTS],
+                                             const int (&width)[CONCAT_INPUTS],
+                                             const i64 (&stride)[CONCAT_INPUTS]) {
+  I chunk = 0;  // units per row this launch writes
+#pragma unroll
+  for (int k = 0; k < CONCAT_INPUTS; ++k) chunk += k < n ? (I)width[k] : (I)0;
+  const I total = rows * chunk;
+  const I step = (I)gridDim.x * blockDim.x;
+  for (I e = (I)blockIdx.x * blockDim.x + threadIdx.x; e < total; e += step) {
+    const I o = e / chunk;
+    I c = e - o * chunk;
+    const I r = (o / per) * group + first_row + o % per;
+    U* dst = out + (i64)o * out_width + first + c;
+#pragma unroll
+    for (int k = 0; k < CONCAT_INPUTS; ++k) {  // constant indices: the arrays stay in registers
+      if (k < n && c < (I)width[k]) {
+        *dst = src[k][(i64)r * stride[k] + c];
+        break;
+      }
+      c -= (I)width[k];
+    }
+  }
+}
+
 template <typename U>
 __global__ void concat_rows(U* __restrict__ out, const i64 rows, const i64 out_width,
                             const int first, const i64 per, const i64 group, const i64 first_row,
@@ -497,21 +528,18 @@ __global__ void concat_rows(U* __restrict__ out, const i64 rows, const i64 out_w
                             const int c6, const int c7, const i64 t0, const i64 t1, const i64 t2,
                             const i64 t3, const i64 t4, const i64 t5, const i64 t6,
                             const i64 t7) {
-  const U* src[CONCAT_INPUTS] = {s0, s1, s2, s3, s4, s5, s6, s7};
+  const U* const src[CONCAT_INPUTS] = {s0, s1, s2, s3, s4, s5, s6, s7};
   const int width[CONCAT_INPUTS] = {c0, c1, c2, c3, c4, c5, c6, c7};
   const i64 stride[CONCAT_INPUTS] = {t0, t1, t2, t3, t4, t5, t6, t7};
-  const int lane = threadIdx.x % 32;
-  const i64 warps = (i64)gridDim.x * (blockDim.x / 32);
-  for (i64 o = (i64)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32; o < rows; o += warps) {
-    const i64 r = (o / per) * group + first_row + o % per;
-    U* dst = out + o * out_width + first;
-#pragma unroll
-    for (int k = 0; k < CONCAT_INPUTS; ++k) {  // constant indices: the arrays stay in registers
-      if (k >= n) break;
-      const U* row = src[k] + r * stride[k];
-      for (int j = lane; j < width[k]; j += 32) dst[j] = row[j];
-      dst += width[k];
-    }
+  // Every unit index and row fits 32 bits when the output's units and the source rows do.
+  const i64 last_row = (rows / (per > 0 ? per : 1) + 1) * group + first_row + per;
+  if (rows * out_width < 0x7fffffffLL && last_row < 0x7fffffffLL) {
+    concat_units<U, unsigned>(out, (unsigned)rows, (unsigned)out_width, (unsigned)first,
+                              (unsigned)per, (unsigned)group, (unsigned)first_row, n, src, width,
+                              stride);
+  } else {
+    concat_units<U, i64>(out, rows, out_width, (i64)first, per, group, first_row, n, src, width,
+                         stride);
   }
 }
 
