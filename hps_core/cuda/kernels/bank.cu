@@ -414,6 +414,26 @@ __device__ __forceinline__ void add4(float4& a, const float4 v) {
   a.x += v.x; a.y += v.y; a.z += v.z; a.w += v.w;
 }
 
+// Unit d of a stored row of type S decoded (a float4 of it, or where the row's width is not a
+// multiple of 4 one float in .x): zeros where `present` is false or d is past the row's n units,
+// the table's default value `fill` for a key the table lacks (src null).
+template <int S>
+__device__ __forceinline__ float4 row_unit(const unsigned* src, const RowScale r, const int d,
+                                           const int n, const bool vec, const bool present,
+                                           const float fill) {
+  float4 x = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  if (present && d < n) {
+    if (!src) {
+      x = vec ? make_float4(fill, fill, fill, fill) : make_float4(fill, 0.0f, 0.0f, 0.0f);
+    } else if (vec) {
+      x = load_values4<S>(src, d, r);
+    } else {
+      x.x = load_value<S>(src, d, r);
+    }
+  }
+  return x;
+}
+
 // The pooled bag of `n_keys` rows of storage type S (pool_bags' work for one bag), loading
 // InFlight keys' rows at a time.
 template <int S, int InFlight>
@@ -444,18 +464,7 @@ __device__ __forceinline__ void pool_bag(const Table& tab, const u64* __restrict
           const RowScale r = src && k < count ? row_scale<S>(src, tab.dim) : RowScale{1.0f, 0.0f};
 #pragma unroll
           for (int u = 0; u < POOL_VECS; ++u) {
-            const int d = pass + lane + u * LANES;
-            float4 x = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-            if (k < count && d < n) {
-              if (!src) {
-                x = vec ? make_float4(fill, fill, fill, fill) : make_float4(fill, 0.0f, 0.0f, 0.0f);
-              } else if (vec) {
-                x = load_values4<S>(src, d, r);
-              } else {
-                x.x = load_value<S>(src, d, r);
-              }
-            }
-            v[kk][u] = x;
+            v[kk][u] = row_unit<S>(src, r, pass + lane + u * LANES, n, vec, k < count, fill);
           }
         }
 #pragma unroll
@@ -580,18 +589,7 @@ __device__ __forceinline__ void copy_rows(const Table& tab, const u64 mine, cons
         const RowScale rs = key && src ? row_scale<S>(src, tab.dim) : RowScale{1.0f, 0.0f};
 #pragma unroll
         for (int u = 0; u < POOL_VECS; ++u) {
-          const int d = pass + lane + u * LANES;
-          float4 x = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-          if (key && d < n) {
-            if (!src) {
-              x = vec ? make_float4(fill, fill, fill, fill) : make_float4(fill, 0.0f, 0.0f, 0.0f);
-            } else if (vec) {
-              x = load_values4<S>(src, d, rs);
-            } else {
-              x.x = load_value<S>(src, d, rs);
-            }
-          }
-          v[rr][u] = x;
+          v[rr][u] = row_unit<S>(src, rs, pass + lane + u * LANES, n, vec, key, fill);
         }
       }
 #pragma unroll
