@@ -5,7 +5,8 @@ capture is currently unsupported"), although cuBLAS itself supports capture once
 a workspace of its own. So the products of the GPU pipeline call ``cublasGemmEx`` and
 ``cublasGemmStridedBatchedEx`` through nvmath-python's bindings (``nvmath.bindings.cublas``:
 NVIDIA's maintained declarations and enums, on the cuBLAS CuPy loads), on a handle per thread
-and device with a fixed workspace, on the caller's current CuPy stream.
+and device, on the caller's current CuPy stream, with that stream's workspace
+(:func:`workspace`).
 
 The compute type is passed per call, so TF32 needs no process-wide switch:
 
@@ -26,6 +27,7 @@ Fully connected layers with their bias and ReLU use cuBLASLt instead (:mod:`hps_
 from __future__ import annotations
 
 import threading
+import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, TypeVar
@@ -87,22 +89,64 @@ _local = threading.local()
 
 
 class _Handle:
-    """A cuBLAS handle of one thread on one device, with its own workspace."""
+    """A cuBLAS handle of one thread on one device."""
 
     def __init__(self, device_id: int) -> None:
         with cupy.cuda.Device(device_id), checked("cublasCreate"):
             self.handle = cublas.create()
-            self.workspace = cupy.empty(WORKSPACE_BYTES, dtype=np.uint8)
-        self.stream: int | None = None
+        self.bound: tuple[int, int] | None = None  # (stream, workspace) the handle is set to
 
-    def bind(self, stream_ptr: int) -> None:
+    def bind(self, stream_ptr: int, workspace_ptr: int) -> None:
         # cublasSetStream resets the workspace to cuBLAS's own pool, which would allocate
-        # during a capture: set ours again after every stream change.
-        if stream_ptr != self.stream:
+        # during a capture: set the stream's own again after every change.
+        if (stream_ptr, workspace_ptr) != self.bound:
             with checked("cublasSetStream"):
                 cublas.set_stream(self.handle, stream_ptr)
-                cublas.set_workspace(self.handle, self.workspace.data.ptr, WORKSPACE_BYTES)
-            self.stream = stream_ptr
+                cublas.set_workspace(self.handle, workspace_ptr, WORKSPACE_BYTES)
+            self.bound = (stream_ptr, workspace_ptr)
+
+
+_workspaces: weakref.WeakKeyDictionary[Any, dict[int, Any]] = weakref.WeakKeyDictionary()
+_workspaces_lock = threading.Lock()
+
+
+def workspace() -> int:
+    """Address of the current stream's workspace for cuBLAS and cuBLASLt: :data:`WORKSPACE_BYTES`
+    of device memory for that stream alone (per thread for the per-thread default stream).
+
+    Two streams running products at once on one workspace would overwrite each other's split-K
+    partial sums, and a CUDA graph keeps the address it was recorded with: so each stream has
+    its own, allocated outside every CuPy memory pool (whose blocks go to other arrays once
+    their pool is dropped, while graphs recorded on them still write there) and freed with the
+    stream object. A workspace that came from a bucket's pool, as the first product of a thread
+    allocated it, gave wrong scores and then illegal addresses once that pool was dropped.
+
+    Returns:
+        The device pointer.
+
+    Raises:
+        BlasError: the stream's first product is being recorded in a CUDA graph (a workspace
+            cannot be allocated during a capture: run a product on the stream before).
+
+    Example:
+        >>> ptr = workspace()  # doctest: +SKIP
+    """
+    stream = cupy.cuda.get_current_stream()
+    device_id = cupy.cuda.Device().id
+    if stream.ptr == cupy.cuda.Stream.ptds.ptr:  # one object, a stream per thread
+        owned = _local.__dict__.setdefault("ptds_workspaces", {})
+    else:
+        with _workspaces_lock:
+            owned = _workspaces.setdefault(stream, {})
+    memory = owned.get(device_id)
+    if memory is None:
+        if stream.is_capturing():
+            raise BlasError(
+                "the first cuBLAS product on this stream is being recorded in a CUDA graph, "
+                "and its workspace cannot be allocated during a capture: run one eagerly first"
+            )
+        memory = owned[device_id] = cupy.cuda.Memory(WORKSPACE_BYTES)
+    return memory.ptr
 
 
 def per_thread_and_device(local: threading.local, make: Callable[[int], T]) -> T:
@@ -119,7 +163,7 @@ def per_thread_and_device(local: threading.local, make: Callable[[int], T]) -> T
 
 def _handle() -> _Handle:
     handle = per_thread_and_device(_local, _Handle)
-    handle.bind(cupy.cuda.get_current_stream().ptr)
+    handle.bind(cupy.cuda.get_current_stream().ptr, workspace())
     return handle
 
 

@@ -13,10 +13,6 @@ with the same result up to float32 rounding order:
 - :func:`dice`: DIN's Dice in two reductions over the batch and one pass (from ten kernels);
 - :func:`row_dot`: a product with one output per row (a model's last layer) with its bias
   and ReLU, a warp per row, where cuBLAS took a split-K GEMV, a reduction and a bias pass;
-- :func:`skinny_linear`: a product of at most :data:`SKINNY_ROWS` rows with its bias and ReLU,
-  spread over every SM, where cuBLAS's GEMVs read the weights at a fraction of the memory's
-  rate (a batch of one sample, cuBLAS's fastest timed algorithms: 54 of its 85 us of GPU time
-  on the H200, DLRM-v2 in TF32);
 - :func:`concatenate`, :func:`split_last_slot`: a Concat of ``n`` inputs, and DIN's
   FusedReshapeConcat, in one kernel (per eight inputs) instead of a copy per input (and two
   more copies for FusedReshapeConcat's strided history and target rows);
@@ -38,18 +34,9 @@ from hps_core.cuda import kernels
 
 DENSE_TEMPLATES = (
     "interaction<float>", "interaction<unsigned short>", "row_dot<float>",
-    "row_dot<unsigned short>", "skinny_linear<float, 4>", "skinny_linear<float, 1>",
-    "skinny_linear<unsigned short, 4>", "skinny_linear<unsigned short, 1>",
-    "skinny_finish<float>", "skinny_finish<unsigned short>", "concat_rows<unsigned>",
-    "concat_rows<unsigned short>",
+    "row_dot<unsigned short>", "concat_rows<unsigned>", "concat_rows<unsigned short>",
 )  # fmt: skip
 """The template instantiations ``kernels/dense.cu`` is compiled with (one module for all)."""
-SKINNY_ROWS = 8
-"""Most rows of a :func:`skinny_linear` product (buckets of 1 to 8 samples)."""
-_SKINNY_WARPS = 8
-_SKINNY_BLOCKS_PER_SM = 2
-"""Blocks per SM a :func:`skinny_linear` grid aims at (its ranges of ``k`` fill the rest)."""
-_SKINNY_MIN_K_PER_WARP = 4
 _MAX_STATIC_SHARED = 48 * 1024
 _CONCAT_INPUTS = 8
 """Inputs one ``concat_rows`` launch takes (its kernel has a pointer argument for each)."""
@@ -260,83 +247,6 @@ def row_dot(x: Any, weight: Any, bias: Any | None, relu: bool, tf32: bool) -> An
     return out
 
 
-def skinny_linear(x: Any, weight: Any, bias: Any | None, relu: bool, tf32: bool) -> Any:
-    """``relu(x @ weight + bias)`` for at most :data:`SKINNY_ROWS` rows, reading ``weight``
-    once with every SM (``kernels/dense.cu``: ``skinny_linear``, then ``skinny_finish`` when
-    the inner dimension is split into ranges).
-
-    Each output is summed in float32, in an order fixed by the shapes alone, after rounding
-    both operands to TF32 when ``tf32``; the bias is added in float32 and the result rounded
-    once to the operands' dtype.
-
-    Args:
-        x: CuPy ``[R, K]`` float32 or float16, ``R <= SKINNY_ROWS``, unit column stride.
-        weight: ``[K, N]`` of the same dtype.
-        bias: ``[N]`` (or ``[1, N]``) of the same dtype, or None.
-        relu: apply the ReLU.
-        tf32: round the operands to TF32 first.
-
-    Returns:
-        A new C-contiguous ``[R, N]`` array of ``x``'s dtype.
-
-    Example:
-        >>> y = skinny_linear(x[:1], w, b, relu=True, tf32=False)  # doctest: +SKIP
-    """
-    rows, k = x.shape
-    if (
-        rows > SKINNY_ROWS
-        or weight.ndim != 2
-        or weight.shape[0] != k
-        or weight.dtype != x.dtype
-        or (bias is not None and bias.size != weight.shape[1])
-    ):
-        raise ValueError(
-            f"skinny_linear of {x.shape} {x.dtype} and {weight.shape} {weight.dtype}"
-            + ("" if bias is None else f", bias {bias.shape}")
-        )
-    n = weight.shape[1]
-    out = cupy.empty((rows, n), dtype=x.dtype)
-    if rows == 0 or n == 0:
-        return out
-    if k == 0:
-        out[...] = 0 if bias is None else bias.reshape(1, n)
-        return cupy.maximum(out, 0) if relu else out
-    if x.strides[1] != x.itemsize:
-        x = cupy.ascontiguousarray(x)
-    if weight.strides[1] != weight.itemsize:
-        weight = cupy.ascontiguousarray(weight)
-    if bias is not None:
-        bias = cupy.ascontiguousarray(bias).reshape(-1)
-    item = x.itemsize
-    ldw = weight.strides[0] // item
-    quads = n % 4 == 0 and ldw % 4 == 0 and weight.data.ptr % (4 * item) == 0
-    per_lane = 4 if quads else 1
-    tiles = -(-n // (32 * per_lane))
-    sms = _sms()
-    ranges = max(1, min(-(-sms * _SKINNY_BLOCKS_PER_SM // tiles),
-                        -(-k // (_SKINNY_WARPS * _SKINNY_MIN_K_PER_WARP))))  # fmt: skip
-    chunk = -(-k // ranges)
-    ranges = -(-k // chunk)
-    part = cupy.empty((ranges, rows, n), dtype=cupy.float32) if ranges > 1 else out
-    storage = "float" if x.dtype == np.float32 else "unsigned short"
-    no_bias = np.uint64(0)
-    dense_function(f"skinny_linear<{storage}, {per_lane}>")(
-        (tiles, ranges), (32 * _SKINNY_WARPS,),
-        (x, np.int64(x.strides[0] // item), np.int32(rows), np.int32(k), np.int32(chunk),
-         weight, np.int64(ldw), np.int32(n), no_bias if bias is None else bias, out,
-         np.int64(n), part, np.bool_(bias is not None), np.bool_(relu), np.bool_(tf32)),
-    )  # fmt: skip
-    if ranges > 1:
-        total = rows * n
-        dense_function(f"skinny_finish<{storage}>")(
-            (min(-(-total // _ELEMENTWISE_THREADS), sms * 4),), (_ELEMENTWISE_THREADS,),
-            (part, np.int32(ranges), np.int32(rows), np.int32(n),
-             no_bias if bias is None else bias, out, np.int64(n), np.bool_(bias is not None),
-             np.bool_(relu)),
-        )  # fmt: skip
-    return out
-
-
 def _rows_grid(rows: int) -> tuple[int, int]:
     """Blocks and threads of a kernel with a warp per row (grid-stride over rows)."""
     sms = _sms()
@@ -350,9 +260,7 @@ def _sms() -> int:
 
 def dense_function(name: str) -> Any:
     """The kernel ``name`` of ``kernels/dense.cu`` on the current device."""
-    defines = kernels.define_lines(
-        {"SKINNY_ROWS": SKINNY_ROWS, "SKINNY_WARPS": _SKINNY_WARPS, "CONCAT_INPUTS": _CONCAT_INPUTS}
-    )
+    defines = kernels.define_lines({"CONCAT_INPUTS": _CONCAT_INPUTS})
     mod = kernels.module("dense", cupy.cuda.Device().id, DENSE_TEMPLATES, defines)
     return mod.get_function(name)
 

@@ -30,11 +30,11 @@ higher-level ``Matmul`` is not used: each call would cost it tens of microsecond
 where a plan here costs one binding call, and the GPU pipeline replays most products from CUDA
 graphs anyway. Each distinct call shape gets a plan once per thread and device (descriptors and
 up to :data:`CANDIDATES` algorithms of cuBLASLt's heuristic for those shapes, alignments and
-this workspace, the fastest kept after timing them on the first call outside a capture;
-``HPS_GEMM_TUNING=off`` in the environment keeps the heuristic's first choice); a
-call then sets the bias pointer and launches on the current CuPy stream, so it can be recorded
-in a CUDA graph. Shapes no cuBLASLt algorithm supports fall back to the GEMM plus the separate
-pass.
+workspace size, the fastest kept after timing them on the first call outside a capture;
+``HPS_GEMM_TUNING=off`` in the environment keeps the heuristic's first choice); a call then
+sets the bias pointer and launches on the current CuPy stream with that stream's workspace
+(:func:`hps_core.cuda.blas.workspace`), so it can be recorded in a CUDA graph. Shapes no
+cuBLASLt algorithm supports fall back to the GEMM plus the separate pass.
 """
 
 from __future__ import annotations
@@ -126,12 +126,11 @@ class _Plan:
 
 
 class _Handle:
-    """A cuBLASLt handle of one thread on one device: its workspace and its plans."""
+    """A cuBLASLt handle of one thread on one device, and its plans."""
 
     def __init__(self, device_id: int) -> None:
         with cupy.cuda.Device(device_id), blas.checked("cublasLtCreate"):
             self.handle = cublasLt.create()
-            self.workspace = cupy.empty(blas.WORKSPACE_BYTES, dtype=np.uint8)
         self.plans: dict[tuple, _Plan | None] = {}
 
     def plan(self, key: tuple, bias_ptr: int) -> _Plan | None:
@@ -331,9 +330,15 @@ class _Product:
     operands: tuple[int, int, int]  # W, x, out device pointers
     bias_ptr: int | None
 
-    def launch(self, accumulate: bool, algo: int | None = None, out: int | None = None) -> None:
-        """Queue the call on the current stream (with another candidate ``algo`` or into
-        another ``out`` when tuning)."""
+    def launch(
+        self,
+        accumulate: bool,
+        algo: int | None = None,
+        out: int | None = None,
+        workspace: int | None = None,
+    ) -> None:
+        """Queue the call on the current stream, with that stream's workspace (when tuning:
+        another candidate ``algo``, into another ``out``, with the caller's ``workspace``)."""
         if self.bias_ptr is not None:
             _set_desc(self.plan.desc, _DESC.BIAS_POINTER, self.bias_ptr)
         a, b, d = self.plan.layouts
@@ -343,8 +348,9 @@ class _Product:
             cublasLt.matmul(
                 self.handle.handle, self.plan.desc, blas.ONE, w, a, x, b,
                 blas.ONE if accumulate else blas.ZERO, target, d, target, d,
-                self.plan.algo if algo is None else algo, self.handle.workspace.data.ptr,
-                blas.WORKSPACE_BYTES, cupy.cuda.get_current_stream().ptr,
+                self.plan.algo if algo is None else algo,
+                blas.workspace() if workspace is None else workspace, blas.WORKSPACE_BYTES,
+                cupy.cuda.get_current_stream().ptr,
             )  # fmt: skip
 
     def tune(self, out_bytes: int) -> None:
@@ -355,6 +361,8 @@ class _Product:
         if len(plan.results) < 2:
             return
         caller = cupy.cuda.get_current_stream()
+        # The timing stream runs between two events of the caller's: it borrows its workspace.
+        borrowed = blas.workspace()
         scratch = cupy.empty(out_bytes, dtype=np.uint8)
         stream = cupy.cuda.Stream(non_blocking=True)
         stream.wait_event(caller.record())  # the operands are written on the caller's stream
@@ -368,7 +376,7 @@ class _Product:
                     stream.begin_capture()
                     try:
                         for _ in range(launches):
-                            self.launch(False, algo, scratch.data.ptr)
+                            self.launch(False, algo, scratch.data.ptr, borrowed)
                     finally:
                         graph = stream.end_capture()
             except (blas.BlasError, cupy.cuda.runtime.CUDARuntimeError):

@@ -282,28 +282,19 @@ def _gpu_affine(
     ctx: ComputeContext, x: Array, weight: Array, bias: Array | None, relu: bool
 ) -> Array:
     """``relu(x @ weight + bias)`` of 2-D ``x`` on a GPU: for one output column (a model's last
-    layer, DCN v1's cross weight) ``row_dot``, a warp per row; for a few rows (batches of up to
-    ``SKINNY_ROWS`` samples) ``skinny_linear``, the weights read once by every SM; both round
-    their operands as ``ComputeContext.matmul`` rounds them. Else one cuBLASLt call with the
-    bias and ReLU in its epilogue, whose large FP32 products run as 3xTF32
-    (:mod:`hps_core.cuda.linear`).
+    layer, DCN v1's cross weight) ``row_dot``, a warp per row, rounding its operands as
+    ``ComputeContext.matmul`` rounds them; else one cuBLASLt call with the bias and ReLU in its
+    epilogue, whose large FP32 products run as 3xTF32 (:mod:`hps_core.cuda.linear`).
 
-    On the H200, DLRM-v2's batch of one sample with static tables against the CUDA-graphed
-    PyTorch peer of the same run: cuBLAS's products 0.98x in FP32 and 1.33x in TF32 (953af71),
-    ``skinny_linear``'s 1.07x in FP32 and 1.09x in TF32 (c765573; its two kernels per product
-    cost more than cuBLASLt's TF32 GEMVs save). It serves every precision nonetheless: with
-    cuBLASLt's timed algorithms serving TF32 and FP16 batches of up to 8 rows (7f2d63d), two
-    runs of the GPU tests broke (wrong scores, then illegal addresses, in whichever test file
-    followed on the same worker), where every test passed with ``skinny_linear`` serving them
-    (c765573); until that is understood, the validated path serves."""
+    Batches of one to eight samples take cuBLASLt's timed algorithms too: inside a CUDA graph on
+    the H200 they ran DLRM-v2's products of one row in 1.9-8.8 us, where a kernel of our own
+    that spread the weights over every SM took 2.3-11 us (``benchmarks/few_row_products.py``)."""
     cast_bias = None if bias is None else ctx.cast(bias)
-    from hps_core.cuda.dense_ops import SKINNY_ROWS, row_dot, skinny_linear
+    from hps_core.cuda.dense_ops import row_dot
 
-    tf32 = ctx.precision is Precision.TF32
     if weight.shape[-1] == 1:
+        tf32 = ctx.precision is Precision.TF32
         return row_dot(ctx.cast(x), ctx.cast(weight), cast_bias, relu, tf32)
-    if x.shape[0] <= SKINNY_ROWS:
-        return skinny_linear(ctx.cast(x), ctx.cast(weight), cast_bias, relu, tf32)
     from hps_core.cuda.linear import linear
 
     return linear(ctx.cast(x), ctx.cast(weight), cast_bias, relu, ctx.precision.value)

@@ -12,13 +12,15 @@ result), so a wrong epilogue, a dropped bias or a misplaced triangle entry fails
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 import pytest
 
 # tests/gpu/conftest.py marks these tests and skips them without a CUDA device.
 cupy = pytest.importorskip("cupy")
 
-from hps_core.cuda import dense_ops, linear  # noqa: E402
+from hps_core.cuda import blas, dense_ops, linear  # noqa: E402
 from hps_core.nn.spec.precision import round_to_tf32  # noqa: E402
 
 UNIT = {"fp32": 2.0**-24, "tf32": 2.0**-11, "fp16": 2.0**-11}
@@ -78,8 +80,10 @@ def reference_linear(x, w, b, relu, precision):
 @pytest.mark.parametrize("relu", [False, True])
 @pytest.mark.parametrize("bias", [False, True])
 @pytest.mark.parametrize(
-    "rows,k,n", [(1, 13, 512), (3, 479, 1024), (64, 7, 5), (1000, 256, 1), (2048, 128, 33)]
-)
+    "rows,k,n",
+    [(1, 13, 512), (3, 479, 1024), (1, 3456, 512), (8, 512, 3456), (64, 7, 5), (1000, 256, 1),
+     (2048, 128, 33)],
+)  # fmt: skip
 def test_linear_equals_float64(rows, k, n, bias, relu, precision):
     rng = np.random.default_rng(rows * 7 + k + n)
     x = operand(rng, (rows, k), precision)
@@ -174,6 +178,92 @@ def test_every_candidate_algorithm_equals_float64(rows, k, n):
             assert (np.abs(got - want) <= bound).all(), f"candidate {index}"
     finally:
         plan.chosen = chosen
+
+
+def test_each_stream_has_a_workspace_of_its_own_outside_every_pool():
+    """A product's workspace belongs to its stream (two streams never share one) and comes from
+    no memory pool: the first product of a thread, run while a bucket's pool allocated, took
+    its workspace from that pool, and graphs kept writing there after the pool was dropped."""
+    results = {}
+
+    def first_products() -> None:  # a new thread: new cuBLAS and cuBLASLt handles
+        pool = cupy.cuda.MemoryPool()
+        streams = [cupy.cuda.Stream(non_blocking=True) for _ in range(2)]
+        x = cupy.ones((2, 512), dtype=np.float32)
+        w = cupy.ones((512, 3456), dtype=np.float32)
+        spaces = []
+        with cupy.cuda.using_allocator(pool.malloc):
+            for stream in streams + streams[:1]:
+                with stream:
+                    linear.linear(x, w, None, False, "tf32")
+                    blas.matmul(x, w, "fp32")
+                    spaces.append(blas.workspace())
+                stream.synchronize()
+        results["spaces"] = spaces
+        results["pool_bytes"] = pool.total_bytes()
+
+    worker = threading.Thread(target=first_products)
+    worker.start()
+    worker.join()
+    first, second, again = results["spaces"]
+    assert first != second and first == again
+    assert results["pool_bytes"] < blas.WORKSPACE_BYTES
+
+
+def test_a_first_product_inside_a_capture_says_what_to_do():
+    """A stream's workspace cannot be allocated while the stream records a CUDA graph: the
+    product says so, and the stream serves once it ran a product eagerly."""
+    x = cupy.ones((2, 64), dtype=np.float32)
+    w = cupy.ones((64, 32), dtype=np.float32)
+    linear.linear(x, w, None, False, "fp32")  # plans (per thread) exist; the new stream has none
+    stream = cupy.cuda.Stream(non_blocking=True)
+    with stream:
+        stream.begin_capture()
+        try:
+            with pytest.raises(blas.BlasError, match="eagerly"):
+                linear.linear(x, w, None, False, "fp32")
+        finally:
+            stream.end_capture()
+        got = linear.linear(x, w, None, False, "fp32")
+    stream.synchronize()
+    assert (got == 64.0).all()
+
+
+def test_products_on_concurrent_streams_equal_serial_ones():
+    """Few-row products (cuBLASLt's split-K algorithms, which use the workspace) recorded as
+    graphs on two streams and replayed at once from two threads equal the serial results."""
+    rng = np.random.default_rng(9)
+    w = cupy.asarray((rng.standard_normal((3456, 1024)) / 60).astype(np.float32))
+    b = cupy.asarray(rng.standard_normal(1024).astype(np.float32))
+    inputs = [cupy.asarray(rng.standard_normal((r, 3456)).astype(np.float32)) for r in (1, 8)]
+    want = [linear.linear(x, w, b, True, "tf32") for x in inputs]
+    graphs = []
+    for x in inputs:
+        stream = cupy.cuda.Stream(non_blocking=True)
+        with stream:
+            linear.linear(x, w, b, True, "tf32")  # plan, tune and workspace outside the capture
+            stream.synchronize()
+            stream.begin_capture()
+            out = linear.linear(x, w, b, True, "tf32")
+            graphs.append((stream, stream.end_capture(), out))
+    failures = []
+
+    def replay(index: int) -> None:
+        stream, graph, out = graphs[index]
+        for _ in range(200):
+            out.fill(np.nan)
+            graph.launch(stream)
+            stream.synchronize()
+            if not (out == want[index]).all():
+                failures.append(index)
+                return
+
+    threads = [threading.Thread(target=replay, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not failures
 
 
 def test_linear_rejects_mismatched_operands():
@@ -394,67 +484,6 @@ def test_row_dot_rejects_a_weight_of_another_width():
     x = cupy.ones((4, 8), dtype=cupy.float32)
     with pytest.raises(ValueError, match="row_dot"):
         dense_ops.row_dot(x, cupy.ones((7, 1), dtype=cupy.float32), None, False, False)
-
-
-@pytest.mark.parametrize("precision", ["fp32", "tf32", "fp16"])
-@pytest.mark.parametrize("relu", [False, True])
-@pytest.mark.parametrize("bias", [False, True])
-@pytest.mark.parametrize(
-    "rows, k, n, stride",
-    [(1, 3456, 1024, 3456), (8, 512, 3456, 520), (3, 7, 5, 7), (1, 13, 512, 13),
-     (5, 1000, 130, 1001), (2, 40000, 64, 40000)],
-)  # fmt: skip
-def test_skinny_linear_equals_float64(rows, k, n, stride, bias, relu, precision):
-    """A product of a few rows (the weights spread over every SM, the inner dimension cut
-    into ranges) against float64 NumPy of the operands it multiplies: widths that are not
-    multiples of 4 (a value per lane), aligned ones (four per lane), strided rows, one range
-    of k and many; the output is poisoned first so that an unwritten entry fails. The bound
-    is float32 accumulation over K terms plus the rounding of the result."""
-    rng = np.random.default_rng(rows * k + n + stride)
-    storage = operand(rng, (rows, stride), precision)
-    x = storage[:, :k]
-    w = (operand(rng, (k, n), precision) / np.sqrt(k)).astype(DTYPE[precision])
-    b = operand(rng, (n,), precision) if bias else None
-    pool = cupy.get_default_memory_pool()
-    pool.free_all_blocks()
-    poison = cupy.full(rows * n + 4096, np.nan, dtype=DTYPE[precision])  # reused by `out`
-    del poison
-    got = dense_ops.skinny_linear(
-        cupy.asarray(storage)[:, :k], cupy.asarray(w), None if b is None else cupy.asarray(b),
-        relu, precision == "tf32",
-    )  # fmt: skip
-    assert got.dtype == DTYPE[precision] and got.shape == (rows, n) and got.flags.c_contiguous
-    assert_float32_accumulation(got, x, w, b, relu, precision)
-    again = dense_ops.skinny_linear(
-        cupy.asarray(x), cupy.asarray(w), None if b is None else cupy.asarray(b), relu,
-        precision == "tf32",
-    )  # fmt: skip
-    assert (again == got).all()  # the order of the sums is the shapes', not the launch's
-
-
-def test_skinny_linear_serves_few_rows_of_a_layer():
-    """The fully connected layer on the GPU takes skinny_linear for a batch of up to
-    SKINNY_ROWS rows and cuBLASLt beyond: both agree with float64 within FP32 rounding."""
-    from hps_core.nn.layers.dense import _gpu_affine
-    from hps_core.nn.spec.precision import ComputeContext, Precision
-
-    ctx = ComputeContext(cupy, Precision.FP32)
-    rng = np.random.default_rng(5)
-    w = rng.standard_normal((300, 200)).astype(np.float32)
-    b = rng.standard_normal((1, 200)).astype(np.float32)
-    for rows in (1, dense_ops.SKINNY_ROWS, dense_ops.SKINNY_ROWS + 1, 64):
-        x = rng.standard_normal((rows, 300)).astype(np.float32)
-        got = _gpu_affine(ctx, cupy.asarray(x), cupy.asarray(w), cupy.asarray(b), True).get()
-        want = np.maximum(x.astype(np.float64) @ w + b, 0)
-        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-4)
-
-
-def test_skinny_linear_rejects_operands_that_do_not_fit():
-    x = cupy.ones((dense_ops.SKINNY_ROWS + 1, 8), dtype=cupy.float32)
-    with pytest.raises(ValueError, match="skinny_linear"):
-        dense_ops.skinny_linear(x, cupy.ones((8, 4), dtype=cupy.float32), None, False, False)
-    with pytest.raises(ValueError, match="skinny_linear"):
-        dense_ops.skinny_linear(x[:2], cupy.ones((7, 4), dtype=cupy.float32), None, False, False)
 
 
 def _shapes(case: str, rows: int) -> tuple[list[tuple[int, ...]], int]:
