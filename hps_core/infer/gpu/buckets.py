@@ -62,6 +62,8 @@ class Bucket:
     rows: Any  # per key position, where bank_find found its row (uint64)
     scores_host: np.ndarray  # pinned
     pool: Any
+    staging_views: tuple[Any, Any, Any, Any]  # layout.views(staging): made once, read per batch
+    input_views: tuple[Any, Any, Any, Any]  # layout.views(inputs)
     pending: Any = None  # keys for the lower tiers (PENDING_DTYPE), models with such tiers
     pending_count: Any = None
     scores: Any = None
@@ -116,8 +118,9 @@ def new_bucket(
     capacity = size * placement.keys_per_sample
     rows = cupy.zeros(max(capacity, 1), dtype=cupy.uint64)
     bucket = Bucket(
-        lay, staging, inputs, embeddings, given, rows, scores_host, cupy.cuda.MemoryPool()
-    )
+        lay, staging, inputs, embeddings, given, rows, scores_host, cupy.cuda.MemoryPool(),
+        lay.views(staging), lay.views(inputs),
+    )  # fmt: skip
     if lower:
         bucket.pending = cupy.zeros(max(capacity, 1) * PENDING_DTYPE.itemsize, cupy.uint8)
         bucket.pending_count = cupy.zeros(1, dtype=cupy.uint64)

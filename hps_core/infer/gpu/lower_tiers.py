@@ -62,7 +62,7 @@ class LowerTierFetch:
         """
         main, cache = self._main, self._cache
         lay = bucket.layout
-        keys, header, offsets, _ = lay.views(bucket.inputs)
+        keys, header, offsets, _ = bucket.input_views
         self._uploaded.record(main)
         with cache, bank.section():
             cache.wait_event(self._uploaded)

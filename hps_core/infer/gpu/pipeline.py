@@ -491,7 +491,7 @@ class GpuRankingPipeline:
         self._prefixed.record(stream)
 
     def _prefix_step(self, bucket: Bucket) -> None:
-        dense = bucket.layout.views(bucket.inputs)[3]
+        dense = bucket.input_views[3]
         # Keeping the outputs keeps their pool blocks for the graphs' later replays.
         bucket.prefix = self.executor.forward_dense_prefix(dense)
 
@@ -510,7 +510,7 @@ class GpuRankingPipeline:
         lay = bucket.layout
         every = ((0, lay.keys_per_sample), (0, lay.slots), (0, lay.size))
         (first_col, stop_col), _, (first_row, stop_row) = part or every
-        keys, header, offsets, _ = lay.views(bucket.inputs)
+        keys, header, offsets, _ = bucket.input_views
         if first_col == 0 and first_row == 0:
             self._state.fill(0)
         threads, room, size = THREADS, np.int32(lay.keys_per_sample), np.int64(lay.size)
@@ -530,7 +530,7 @@ class GpuRankingPipeline:
         lay = bucket.layout
         every = ((0, lay.keys_per_sample), (0, lay.slots), (0, lay.size))
         _, slots, (first_row, stop_row) = part or every
-        _, header, offsets, _ = lay.views(bucket.inputs)
+        _, header, offsets, _ = bucket.input_views
         plan, words = self._pool_plans[slots]
         blocks = plan.blocks(stop_row - first_row)
         if blocks == 0:
@@ -561,7 +561,7 @@ class GpuRankingPipeline:
         # A network whose layers take statistics over the batch (DIN's Dice) sees the real
         # samples only, never the bucket's padding (it has no dense-only steps).
         rows = slice(0, bucket.samples) if self.executor.batch_dependent else slice(None)
-        dense = bucket.layout.views(bucket.inputs)[3][rows]
+        dense = bucket.input_views[3][rows]
         cast = self.executor.ctx.cast  # FP16 networks take half embeddings: one pass each
         given = {
             name: cast(array[rows]) if name in self._read_given else array[rows]
@@ -596,9 +596,7 @@ class GpuRankingPipeline:
             on_device = isinstance(batch.dense, cupy.ndarray)
             if on_device:
                 self._uploader.check_device_batch(batch)
-            head, groups = self._uploader.stage(
-                bucket, batch, bucket.inputs if on_device else bucket.staging
-            )
+            head, groups = self._uploader.stage(bucket, batch, on_device)
             if not on_device:  # the host's part is not timed
                 for copies in (head, *groups):
                     copy_all(copies)

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -64,37 +65,39 @@ class BatchLayout:
     tables: int
     dense_dim: int
 
-    @property
+    # The offsets below are cached (each batch reads them a few dozen times).
+
+    @cached_property
     def keys_bytes(self) -> int:
         """Bytes of the key region."""
         return self.size * self.keys_per_sample * 8
 
-    @property
+    @cached_property
     def header_at(self) -> int:
         """Byte offset of the header (samples, sample-major flag, hotness per table)."""
         return _aligned(self.keys_bytes)
 
-    @property
+    @cached_property
     def header_len(self) -> int:
         """Entries of the header (int32)."""
         return 2 + self.tables
 
-    @property
+    @cached_property
     def dense_at(self) -> int:
         """Byte offset of the dense features."""
         return self.header_at + _aligned(4 * self.header_len)
 
-    @property
+    @cached_property
     def offsets_at(self) -> int:
         """Byte offset of the row offsets."""
         return self.dense_at + _aligned(self.size * self.dense_dim * 4)
 
-    @property
+    @cached_property
     def offsets_len(self) -> int:
         """Number of row offsets (int32)."""
         return self.size * self.slots + self.tables
 
-    @property
+    @cached_property
     def nbytes(self) -> int:
         """Size of the whole buffer."""
         return self.offsets_at + _aligned(self.offsets_len * 4)

@@ -116,7 +116,7 @@ class BatchUploader:
         """
         lay = bucket.layout
         if isinstance(batch.dense, cupy.ndarray):
-            head, groups = self.stage(bucket, batch, bucket.inputs)
+            head, groups = self.stage(bucket, batch, on_device=True)
             # The caller's stream may still be writing the arrays (DLPack's contract: the
             # consumer orders itself after the producer's stream).
             caller = cupy.cuda.get_current_stream()
@@ -132,7 +132,7 @@ class BatchUploader:
             for _ in self.upload_groups(bucket, batch):
                 pass
             return
-        head, groups = self.stage(bucket, batch, bucket.staging)
+        head, groups = self.stage(bucket, batch, on_device=False)
         copy_all(head)
         keys = [c for copies in groups for c in copies]
         nbytes = sum(t.nbytes for t, _ in keys)
@@ -189,7 +189,7 @@ class BatchUploader:
             ``DENSE_FEATURES``.
         """
         lay = bucket.layout
-        head, groups = self.stage(bucket, batch, bucket.staging)
+        head, groups = self.stage(bucket, batch, on_device=False)
         (target, source), samples = groups[0][0], batch.batch_size
         self.upload(bucket, lay.header_at, lay.dense_at)  # sample-major: no offsets
         row_bytes = lay.keys_per_sample * 8
@@ -222,7 +222,7 @@ class BatchUploader:
             ``DENSE_FEATURES``.
         """
         lay = bucket.layout
-        head, groups = self.stage(bucket, batch, bucket.staging)
+        head, groups = self.stage(bucket, batch, on_device=False)
         dense, offsets = head[:1], head[1:]
         copy_all(offsets)
         self.upload_head(bucket, batch)
@@ -245,15 +245,16 @@ class BatchUploader:
         yield DENSE_FEATURES
 
     def stage(
-        self, bucket: Bucket, batch: SparseBatch, buffer: Any
+        self, bucket: Bucket, batch: SparseBatch, on_device: bool
     ) -> tuple[list[tuple[Any, Any]], list[list[tuple[Any, Any]]]]:
         """Write the header and the padded samples' offsets into the staging buffer; return
-        the copies that fill the rest of ``buffer``.
+        the copies that fill the rest of the staging buffer, or of the device input buffer
+        for a batch on the device.
 
         Args:
             bucket: the batch's bucket (its ``samples`` is set to the batch's).
             batch: host arrays, or CuPy arrays on this GPU.
-            buffer: the staging buffer, or the device input buffer for a batch on the device.
+            on_device: the batch is on the device (its copies target the input buffer).
 
         Returns:
             ``(target, source)`` pairs for the header region (the dense features first, then
@@ -265,8 +266,8 @@ class BatchUploader:
             RequestError: the dense features are not ``[batch, dense_dim]``.
         """
         lay = bucket.layout
-        keys, _, offsets, dense = lay.views(buffer)
-        _, header, host_offsets, _ = lay.views(bucket.staging)
+        keys, _, offsets, dense = bucket.input_views if on_device else bucket.staging_views
+        _, header, host_offsets, _ = bucket.staging_views
         samples = batch.batch_size
         if batch.dense.shape != (samples, lay.dense_dim):
             raise RequestError(
