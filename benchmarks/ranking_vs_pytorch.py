@@ -230,20 +230,23 @@ def graph_times(session: RankingSession, sparse: SparseBatch) -> tuple[float, fl
 
 
 def profile(session, rng, rows, batch, args, layout, precision) -> None:
-    """cProfile of predict() on fresh batches: where the host's time goes."""
+    """cProfile of predict() on fresh batches, from the host and with the inputs already on
+    the GPU: where the host's time goes."""
     import cProfile
     import pstats
 
     batches = [make_batch(rng, rows, batch, args.alpha, layout)[2] for _ in range(50)]
-    profiler = cProfile.Profile()
-    profiler.enable()
-    for sparse in batches:
-        session.predict(sparse)
-    profiler.disable()
-    with open(args.out / f"profile_{precision}_{batch}.txt", "w") as f:
-        stats = pstats.Stats(profiler, stream=f)
-        stats.sort_stats("tottime").print_stats(30)
-        stats.sort_stats("cumulative").print_stats(30)
+    for inputs, runs in (("", batches), ("_gpu_inputs", [device_batch(b) for b in batches])):
+        session.predict(runs[0])
+        profiler = cProfile.Profile()
+        profiler.enable()
+        for sparse in runs:
+            session.predict(sparse)
+        profiler.disable()
+        with open(args.out / f"profile_{precision}_{batch}{inputs}.txt", "w") as f:
+            stats = pstats.Stats(profiler, stream=f)
+            stats.sort_stats("tottime").print_stats(30)
+            stats.sort_stats("cumulative").print_stats(30)
 
 
 def gpu_memory_mib() -> int:
