@@ -207,6 +207,7 @@ def test_each_stream_has_a_workspace_of_its_own_outside_every_pool():
     worker.join()
     first, second, again = results["spaces"]
     assert first != second and first == again
+    assert blas.workspace() == blas.workspace()  # the default stream keeps one too
     assert results["pool_bytes"] < blas.WORKSPACE_BYTES
 
 
