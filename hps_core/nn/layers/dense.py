@@ -287,7 +287,7 @@ def _gpu_affine(
     epilogue, whose large FP32 products run as 3xTF32 (:mod:`hps_core.cuda.linear`).
 
     Batches of one to eight samples take cuBLASLt's timed algorithms too: inside a CUDA graph on
-    the H200 they ran DLRM-v2's products of one row in 1.9-8.8 us, where a kernel of our own
+    the H200 they ran DLRM-v2's products of one row in 1.9-9.8 us, where a kernel of our own
     that spread the weights over every SM took 2.3-11 us (``benchmarks/few_row_products.py``)."""
     cast_bias = None if bias is None else ctx.cast(bias)
     from hps_core.cuda.dense_ops import row_dot
