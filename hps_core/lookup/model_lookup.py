@@ -32,7 +32,9 @@ from hps_core.lookup.table_lookup import (
     CachedTableLookup,
     HostTableLookup,
     TableCounters,
+    looked_up_together,
     lookup_cached_tables,
+    lookup_together,
 )
 from hps_core.tiers.factory import open_table_tiers
 
@@ -363,6 +365,8 @@ class ModelLookup:
         """
         tables = [self.table(t) for t in table_ids]
         if self.device_id is None:
+            if looked_up_together(tables, keys):
+                return lookup_together(tables, keys)
             return [table.lookup(k) for table, k in zip(tables, keys, strict=True)]
         with self.xp.cuda.Device(self.device_id):
             if not all(isinstance(table, CachedTableLookup) for table in tables):
@@ -386,6 +390,8 @@ class ModelLookup:
             few keys).
         """
         tables = [self.table(t) for t in table_ids]
+        if self.device_id is None and looked_up_together(tables, keys):
+            return [(rows, None) for rows in lookup_together(tables, keys)]
         if self.device_id is None and all(
             isinstance(t, HostTableLookup) and t.xp is np for t in tables
         ):

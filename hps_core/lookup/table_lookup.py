@@ -23,6 +23,7 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import functools
+import itertools
 import logging
 import threading
 import time
@@ -34,6 +35,7 @@ import numpy as np
 
 from hps_core.arrays import distinct_keys, module_of, to_host
 from hps_core.cache import StaticTable
+from hps_core.hashing import mix64
 from hps_core.tiers.cascade import TieredTable
 from hps_core.tiers.hash_layout import SEARCH_KEYS
 from hps_core.tiers.host_table import SharedHostTable
@@ -186,7 +188,7 @@ class HostTableLookup:
                 result = device_rows[device_index]
             else:
                 result = self.xp.take(device_rows, device_index, axis=0, out=out)
-        self._count(start, len(host_keys), distinct, unknown)
+        self._count(len(host_keys), distinct, unknown, time.perf_counter() - start)
         return result
 
     def lookup_distinct(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
@@ -210,7 +212,7 @@ class HostTableLookup:
         start = time.perf_counter()
         host_keys = np.asarray(keys).ravel()
         rows, index, distinct, unknown = self._rows(host_keys)
-        self._count(start, len(host_keys), distinct, unknown)
+        self._count(len(host_keys), distinct, unknown, time.perf_counter() - start)
         return rows, index
 
     def _rows(
@@ -229,7 +231,7 @@ class HostTableLookup:
         rows, found = self.host.lookup(unique)
         return rows, index, len(unique), int(len(found) - np.count_nonzero(found))
 
-    def _count(self, start: float, keys: int, distinct: int, unknown: int) -> None:
+    def _count(self, keys: int, distinct: int, unknown: int, seconds: float) -> None:
         with self._lock:
             c = self.counters
             c.lookups += 1
@@ -239,7 +241,7 @@ class HostTableLookup:
             if not self._tiered:  # else the cascade counts its tiers itself
                 c.tier_host_hits += distinct - unknown
                 c.tier_default_keys += unknown
-            c.seconds += time.perf_counter() - start
+            c.seconds += seconds
 
     def snapshot(self) -> TableCounters:
         """A copy of the counters (the cascade's tier counters included), safe to read while
@@ -248,6 +250,67 @@ class HostTableLookup:
 
     def close(self) -> None:
         """Nothing to release besides the host tier, which the model lookup owns."""
+
+
+def looked_up_together(lookups: Sequence[Any], keys: Sequence[Any]) -> bool:
+    """Whether :func:`lookup_together` takes these lookups: every one from a host tier without
+    lower tiers into NumPy, of a few keys (at most ``SEARCH_KEYS``, which one lookup would
+    also look up as they come rather than distinct keys first)."""
+    return all(
+        isinstance(t, HostTableLookup) and t.xp is np and not t._tiered and k.size <= SEARCH_KEYS
+        for t, k in zip(lookups, keys, strict=True)
+    )
+
+
+def lookup_together(lookups: Sequence[HostTableLookup], keys: Sequence[Any]) -> list[np.ndarray]:
+    """The vectors of a few keys of each of several tables (see :func:`looked_up_together`),
+    as :meth:`HostTableLookup.lookup` returns them, with the work that does not depend on the
+    table done once: the keys of every table hashed in one pass, their distinct keys counted in
+    one. A model's tables looked up one by one each cost that work's fixed overhead: 26 tables
+    of 64 keys took 0.93 ms on the 2-core CPU machine, where the hashing, the searches and the
+    gathers of all of them took 0.29 ms.
+
+    Args:
+        lookups: the tables' lookups.
+        keys: one int64 key array per lookup (host arrays, any shape).
+
+    Returns:
+        One float32 ``[n_t, dim_t]`` array per table, a row per key (the default vector for
+        unknown keys). Each table's counters count its lookup; the elapsed time is shared
+        among the tables by their numbers of keys.
+
+    Raises:
+        TypeError: keys that are not int64.
+
+    Example:
+        >>> rows = lookup_together([a, b], [np.array([7, 3]), np.array([5])])  # doctest: +SKIP
+    """
+    start = time.perf_counter()
+    flat = [np.asarray(k).reshape(-1) for k in keys]
+    for k in flat:
+        if k.dtype != np.int64:
+            raise TypeError(f"keys must be int64, got {k.dtype}")
+    spans = list(itertools.pairwise(itertools.accumulate((len(k) for k in flat), initial=0)))
+    hashes = mix64(np.concatenate(flat) if flat else np.empty(0, np.int64))
+    rows, unknown = [], []
+    for lookup, (a, b) in zip(lookups, spans, strict=True):
+        values, found = lookup.host.lookup_hashed(hashes[a:b])
+        rows.append(values)
+        unknown.append(0 if found.all() else _distinct_count(hashes[a:b][~found]))
+    # Distinct keys of each table (mix64 is a bijection): its hashes sorted in place, then
+    # the changes between neighbours found for every table in one pass.
+    ordered = hashes.copy()
+    for a, b in spans:
+        ordered[a:b].sort()
+    changes = np.ones(len(ordered), dtype=bool)
+    changes[1:] = ordered[1:] != ordered[:-1]
+    seconds = time.perf_counter() - start
+    total = max(len(ordered), 1)
+    for lookup, (a, b), u in zip(lookups, spans, unknown, strict=True):
+        # A table's first key is new whatever the table before it ended with.
+        distinct = np.count_nonzero(changes[a + 1 : b]) + 1 if b > a else 0
+        lookup._count(b - a, distinct, u, seconds * (b - a) / total)
+    return rows
 
 
 def _distinct_count(keys: np.ndarray) -> int:

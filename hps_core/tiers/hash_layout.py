@@ -222,7 +222,26 @@ def find_rows(
         int64 array of rows (flat, in the order of ``keys.ravel()``), ``-1`` where the key
         is absent.
     """
-    want = mix64(np.ascontiguousarray(keys, dtype=np.int64).ravel())
+    return find_hashes(
+        layout, hashes, starts, mix64(np.ascontiguousarray(keys, dtype=np.int64).ravel())
+    )
+
+
+def find_hashes(
+    layout: HashLayout, hashes: np.ndarray, starts: np.ndarray, want: np.ndarray
+) -> np.ndarray:
+    """:func:`find_rows` of keys given by their :func:`~hps_core.hashing.mix64` hashes (a
+    caller that hashed the keys of several tables in one pass).
+
+    Args:
+        layout: the table layout.
+        hashes: the table's sorted hashes.
+        starts: the table's bucket directory.
+        want: 1-D uint64 hashes of the query keys.
+
+    Returns:
+        int64 array of rows, ``-1`` where the key is absent.
+    """
     if want.size <= SEARCH_KEYS:
         # The hashes are sorted over the whole table (a bucket is a range of their top bits).
         pos = np.searchsorted(hashes[: layout.rows], want)

@@ -38,6 +38,7 @@ from hps_core.tiers.hash_layout import (
     DuplicateKeysError,
     HashLayout,
     fill_directory,
+    find_hashes,
     find_rows,
     sort_order,
 )
@@ -297,15 +298,33 @@ class SharedHostTable:
             ``(values, found)``: float32 ``[len(keys), dim]`` (decoded from the stored rows)
             and a bool mask of known keys.
         """
+        rows, found = self._find_checked(keys)
+        return self._values_of(rows, found, out), found
+
+    def lookup_hashed(
+        self, hashes: np.ndarray, out: np.ndarray | None = None
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`lookup` of keys given by their :func:`~hps_core.hashing.mix64` hashes: for
+        a caller that hashed the keys of several tables in one pass.
+
+        Args:
+            hashes: 1-D uint64 hashes of the keys.
+            out: optional float32 ``[len(hashes), dim]`` C-contiguous array to write into.
+
+        Returns:
+            ``(values, found)`` as :meth:`lookup` returns them.
+        """
+        rows = find_hashes(self.layout, self._hashes, self._starts, hashes)
+        found = rows >= 0
+        return self._values_of(rows, found, out), found
+
+    def _values_of(self, rows: np.ndarray, found: np.ndarray, out: np.ndarray | None) -> np.ndarray:
+        """The float32 vectors of the found ``rows`` (the default vector elsewhere)."""
         if not self.row_format.is_identity:
-            stored, found = self.lookup_stored(keys)
+            stored = self._stored_of(rows, found)
             values = np.empty((len(found), self.dim), np.float32) if out is None else out
             self.row_format.decode_into(stored.view(np.uint8), values)
-            if not found.all():
-                values[~found] = self.default_value
-            return values, found
-        rows, found = self._find_checked(keys)
-        if self.rows == 0:
+        elif self.rows == 0:
             values = np.empty((len(rows), self.dim), np.float32) if out is None else out
         elif out is None:
             # Fancy indexing allocates its result faster than np.take does.
@@ -314,7 +333,7 @@ class SharedHostTable:
             values = np.take(self._values, np.where(found, rows, 0), axis=0, out=out)
         if not found.all():
             values[~found] = self.default_value
-        return values, found
+        return values
 
     def lookup_stored(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """The stored rows of ``keys`` (what a GPU cache of the table holds).
@@ -330,13 +349,17 @@ class SharedHostTable:
         if self.row_format.is_identity:
             return self.lookup(keys)
         rows, found = self._find_checked(keys)
+        return self._stored_of(rows, found), found
+
+    def _stored_of(self, rows: np.ndarray, found: np.ndarray) -> np.ndarray:
+        """The stored rows of the found ``rows`` (the encoded default vector elsewhere)."""
         if self.rows == 0:
             stored = np.empty((len(rows), self.row_format.row_words), self.row_format.stored_dtype)
         else:
             stored = self._values[np.where(found, rows, 0)]
         if not found.all():
             stored[~found] = self.default_stored
-        return stored, found
+        return stored
 
     def _find_checked(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         keys = np.asarray(keys)

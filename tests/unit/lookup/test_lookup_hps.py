@@ -14,6 +14,7 @@ from lookup_testdata import MODELS, write_models
 
 from hps_core import HPS
 from hps_core.errors import ConfigError, RequestError
+from hps_core.lookup.table_lookup import looked_up_together
 from hps_core.tiers.hash_layout import SEARCH_KEYS
 
 
@@ -196,6 +197,57 @@ def test_distinct_rows_index_to_what_lookup_returns_and_count_alike(
     assert (first.lookups, first.keys) == (2, 2 * n)
     assert first.unique_keys == 2 * len(distinct)
     assert first.unknown_keys == 2 * len(distinct - table.rows.keys())
+
+
+@pytest.mark.parametrize("size", [8, SEARCH_KEYS - 4, SEARCH_KEYS + 500])
+def test_tables_looked_up_together_answer_and_count_as_one_by_one(
+    tmp_path: Path, size: int
+) -> None:
+    """Several tables of a few keys each are looked up together (one hashing of every key,
+    one count of each table's distinct keys): the vectors equal the dict reference for each
+    table (a table asked twice, no keys, 2-D keys, repeats and unknown keys), and each
+    table's counters count its lookups as one-by-one lookups would. One table over
+    SEARCH_KEYS keys sends the call down the one-by-one path, with the same answers."""
+    ps, data = write_models(tmp_path)
+    model = HPS(ps).model("wdl")
+    rng = np.random.default_rng(size)
+    one = data["wdl"][1].keys[:1]  # asked alone twice in a row: two tables' keys meet
+    ids = [0, 1, 0, 1, 1, 1]
+    keys = [
+        data["wdl"][0].queries(rng, size),
+        data["wdl"][1].queries(rng, 40).reshape(-1, 2)[: size // 2 + 1],  # 2-D, a row per sample
+        np.empty(0, np.int64),
+        data["wdl"][1].queries(rng, 24),
+        one,
+        one.copy(),
+    ]
+    together = looked_up_together([model.table(t) for t in ids], keys)
+    assert together == (len(keys[0]) <= SEARCH_KEYS)
+    got = model.lookup_many(ids, keys)
+    for t, k, values in zip(ids, keys, got, strict=True):
+        np.testing.assert_array_equal(values, data["wdl"][t].expected(k.reshape(-1)))
+    pairs = model.lookup_rows_many(ids, keys)
+    for t, k, (rows, index) in zip(ids, keys, pairs, strict=True):
+        np.testing.assert_array_equal(rows if index is None else rows[index],
+                                      data["wdl"][t].expected(k.reshape(-1)))  # fmt: skip
+    counters = model.counters()
+    for t in (0, 1):
+        asked = [k.reshape(-1) for i, k in zip(ids, keys, strict=True) if i == t]
+        distinct = [set(k.tolist()) for k in asked]
+        known = data["wdl"][t].rows.keys()
+        c = counters[t]
+        assert (c.lookups, c.keys) == (2 * len(asked), 2 * sum(len(k) for k in asked))
+        assert c.unique_keys == 2 * sum(len(d) for d in distinct)
+        assert c.unknown_keys == 2 * sum(len(d - known) for d in distinct)
+        assert c.tier_host_hits == c.unique_keys - c.unknown_keys
+        assert c.seconds > 0
+
+
+def test_tables_looked_up_together_refuse_keys_of_another_dtype(tmp_path: Path) -> None:
+    ps, _ = write_models(tmp_path)
+    model = HPS(ps).model("wdl")
+    with pytest.raises(TypeError, match="keys must be int64, got int32"):
+        model.lookup_many([0, 1], [np.arange(3, dtype=np.int64), np.arange(3, dtype=np.int32)])
 
 
 def test_lookup_tables_checks_the_table_count(tmp_path: Path) -> None:

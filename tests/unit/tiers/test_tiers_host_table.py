@@ -22,6 +22,7 @@ import hps_core.tiers.host_table as host_table_module
 from hps_core.errors import ModelFileError
 from hps_core.formats.sparse import KEY_FILE, VECTOR_FILE
 from hps_core.formats.sparse_writer import write_sparse_table
+from hps_core.hashing import mix64
 from hps_core.quant import RowFormat, StoragePrecision
 from hps_core.tiers.host_table import SharedHostTable, segment_name
 
@@ -93,6 +94,26 @@ def test_lookup_into_out_and_of_2d_keys(
 
     values, found = table.lookup(np.empty(0, np.int64))
     assert values.shape == (0, 6) and found.shape == (0,)
+    table.close()
+
+
+@pytest.mark.parametrize("precision", ["fp32", "fp16", "int8", "fp8"])
+@pytest.mark.parametrize("n", [5, 2000])
+def test_lookup_of_hashed_keys_equals_lookup(
+    tmp_path: Path, rng: np.random.Generator, precision: str, n: int
+) -> None:
+    """``lookup_hashed`` (keys the caller hashed with ``mix64``, several tables' in one pass)
+    answers as ``lookup`` does, through the binary search of a few keys and the bucket search
+    of many, into a poisoned ``out`` as well."""
+    keys, _ = write_table(tmp_path / "t", rng, 1000, 6)
+    table = SharedHostTable(tmp_path / "t", 6, default_value=0.5, precision=precision)
+    queries = mixed_queries(rng, keys, n)
+    want, want_found = table.lookup(queries)
+    out = np.full_like(want, np.nan)
+    values, found = table.lookup_hashed(mix64(queries), out=out)
+    assert values is out
+    np.testing.assert_array_equal(values, want)
+    np.testing.assert_array_equal(found, want_found)
     table.close()
 
 
