@@ -223,6 +223,7 @@ def test_tables_looked_up_together_answer_and_count_as_one_by_one(
     ]
     together = looked_up_together([model.table(t) for t in ids], keys)
     assert together == (len(keys[0]) <= SEARCH_KEYS)
+    assert not looked_up_together([model.table(0)], keys[:1])  # one table: looked up alone
     got = model.lookup_many(ids, keys)
     for t, k, values in zip(ids, keys, got, strict=True):
         np.testing.assert_array_equal(values, data["wdl"][t].expected(k.reshape(-1)))
