@@ -309,7 +309,7 @@ def lookup_together(lookups: Sequence[HostTableLookup], keys: Sequence[Any]) -> 
     total = max(len(ordered), 1)
     for lookup, (a, b), u in zip(lookups, spans, unknown, strict=True):
         # A table's first key is new whatever the table before it ended with.
-        distinct = np.count_nonzero(changes[a + 1 : b]) + 1 if b > a else 0
+        distinct = int(np.count_nonzero(changes[a + 1 : b])) + 1 if b > a else 0
         lookup._count(b - a, distinct, u, seconds * (b - a) / total)
     return rows
 

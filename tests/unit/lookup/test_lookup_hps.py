@@ -242,6 +242,7 @@ def test_tables_looked_up_together_answer_and_count_as_one_by_one(
         assert c.unknown_keys == 2 * sum(len(d - known) for d in distinct)
         assert c.tier_host_hits == c.unique_keys - c.unknown_keys
         assert c.seconds > 0
+        assert all(type(v) is int for v in (c.keys, c.unique_keys, c.unknown_keys))  # JSON
 
 
 def test_tables_looked_up_together_refuse_keys_of_another_dtype(tmp_path: Path) -> None:
