@@ -12,7 +12,7 @@ alternating in rounds:
 - ``np_unique``: the same with ``np.unique`` (a sort) finding the distinct keys;
 - ``row_per_key``: ``np.unique``, and a row copied out per key before the sums (as
   ``lookup_many`` returns them);
-- ``one_by_one``: the default, except that tables of a few keys each (at most
+- ``one_by_one``: the default, except that the tables of a few keys each (at most
   ``SEARCH_KEYS``) are looked up one after the other instead of together
   (``table_lookup.lookup_together``: one hashing of every table's keys, one count of their
   distinct keys).
@@ -59,8 +59,8 @@ def sorted_distinct(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 TOGETHER = model_lookup.looked_up_together
 
 
-def never_together(lookups, keys) -> bool:
-    return False
+def never_together(lookups, keys) -> list[int]:
+    return []
 
 
 WAYS = {  # lookup_rows_many, distinct_keys, looked_up_together

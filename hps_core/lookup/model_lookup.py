@@ -16,7 +16,7 @@ import contextlib
 import logging
 import os
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -365,9 +365,7 @@ class ModelLookup:
         """
         tables = [self.table(t) for t in table_ids]
         if self.device_id is None:
-            if looked_up_together(tables, keys):
-                return lookup_together(tables, keys)
-            return [table.lookup(k) for table, k in zip(tables, keys, strict=True)]
+            return self._on_host(tables, keys, lambda table, k: table.lookup(k))
         with self.xp.cuda.Device(self.device_id):
             if not all(isinstance(table, CachedTableLookup) for table in tables):
                 return [table.lookup(k) for table, k in zip(tables, keys, strict=True)]
@@ -390,13 +388,32 @@ class ModelLookup:
             few keys).
         """
         tables = [self.table(t) for t in table_ids]
-        if self.device_id is None and looked_up_together(tables, keys):
-            return [(rows, None) for rows in lookup_together(tables, keys)]
         if self.device_id is None and all(
             isinstance(t, HostTableLookup) and t.xp is np for t in tables
         ):
-            return [t.lookup_distinct(k) for t, k in zip(tables, keys, strict=True)]
+            return self._on_host(tables, keys, lambda table, k: table.lookup_distinct(k), True)
         return [(rows, None) for rows in self.lookup_many(table_ids, keys)]
+
+    @staticmethod
+    def _on_host(
+        tables: Sequence[TableLookup],
+        keys: Sequence[Any],
+        alone: Callable[[Any, Any], Any],
+        pairs: bool = False,
+    ) -> list[Any]:
+        """Host lookups of several tables: those of a few keys together (see
+        :func:`~hps_core.lookup.table_lookup.lookup_together`), each other one by
+        ``alone(table, keys)``; a row per key as ``(rows, None)`` when ``pairs``."""
+        found: list[Any] = [None] * len(tables)
+        picked = looked_up_together(tables, keys)
+        if picked:
+            together = lookup_together([tables[i] for i in picked], [keys[i] for i in picked])
+            for i, rows in zip(picked, together, strict=True):
+                found[i] = (rows, None) if pairs else rows
+        for i, (table, k) in enumerate(zip(tables, keys, strict=True)):
+            if found[i] is None:
+                found[i] = alone(table, k)
+        return found
 
     def attach(self, extension: LookupExtension) -> None:
         """Count ``extension``'s lookups with this lookup's and close it before the tables.

@@ -252,15 +252,25 @@ class HostTableLookup:
         """Nothing to release besides the host tier, which the model lookup owns."""
 
 
-def looked_up_together(lookups: Sequence[Any], keys: Sequence[Any]) -> bool:
-    """Whether :func:`lookup_together` takes these lookups: two or more (one table alone costs
-    less through :meth:`HostTableLookup.lookup`), each from a host tier without lower tiers
-    into NumPy, of a few keys (at most ``SEARCH_KEYS``, which one lookup would also look up as
-    they come rather than distinct keys first)."""
-    return len(lookups) > 1 and all(
-        isinstance(t, HostTableLookup) and t.xp is np and not t._tiered and k.size <= SEARCH_KEYS
-        for t, k in zip(lookups, keys, strict=True)
-    )
+def looked_up_together(lookups: Sequence[Any], keys: Sequence[Any]) -> list[int]:
+    """The positions of the lookups :func:`lookup_together` takes: each from a host tier
+    without lower tiers into NumPy, of a few keys (at most ``SEARCH_KEYS``, which one lookup
+    would also look up as they come rather than distinct keys first); none unless two or
+    more qualify (one table alone costs less through :meth:`HostTableLookup.lookup`).
+
+    Args:
+        lookups: the tables' lookups.
+        keys: their key arrays.
+
+    Returns:
+        Ascending positions in ``lookups``, or an empty list.
+    """
+    picked = [
+        i
+        for i, (t, k) in enumerate(zip(lookups, keys, strict=True))
+        if isinstance(t, HostTableLookup) and t.xp is np and not t._tiered and k.size <= SEARCH_KEYS
+    ]
+    return picked if len(picked) > 1 else []
 
 
 def lookup_together(lookups: Sequence[HostTableLookup], keys: Sequence[Any]) -> list[np.ndarray]:

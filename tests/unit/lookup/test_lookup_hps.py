@@ -206,8 +206,8 @@ def test_tables_looked_up_together_answer_and_count_as_one_by_one(
     """Several tables of a few keys each are looked up together (one hashing of every key,
     one count of each table's distinct keys): the vectors equal the dict reference for each
     table (a table asked twice, no keys, 2-D keys, repeats and unknown keys), and each
-    table's counters count its lookups as one-by-one lookups would. One table over
-    SEARCH_KEYS keys sends the call down the one-by-one path, with the same answers."""
+    table's counters count its lookups as one-by-one lookups would. A table over SEARCH_KEYS
+    keys is looked up alone, beside the others together, with the same answers."""
     ps, data = write_models(tmp_path)
     model = HPS(ps).model("wdl")
     rng = np.random.default_rng(size)
@@ -221,9 +221,9 @@ def test_tables_looked_up_together_answer_and_count_as_one_by_one(
         one,
         one.copy(),
     ]
-    together = looked_up_together([model.table(t) for t in ids], keys)
-    assert together == (len(keys[0]) <= SEARCH_KEYS)
-    assert not looked_up_together([model.table(0)], keys[:1])  # one table: looked up alone
+    picked = looked_up_together([model.table(t) for t in ids], keys)
+    assert picked == list(range(len(ids)) if len(keys[0]) <= SEARCH_KEYS else range(1, len(ids)))
+    assert looked_up_together([model.table(0)], keys[:1]) == []  # one table: looked up alone
     got = model.lookup_many(ids, keys)
     for t, k, values in zip(ids, keys, got, strict=True):
         np.testing.assert_array_equal(values, data["wdl"][t].expected(k.reshape(-1)))
