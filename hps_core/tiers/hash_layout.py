@@ -245,14 +245,16 @@ def find_hashes(
     if want.size <= SEARCH_KEYS:
         # The hashes are sorted over the whole table (a bucket is a range of their top bits).
         pos = np.searchsorted(hashes[: layout.rows], want)
-        return np.where((pos < layout.rows) & (hashes[pos] == want), pos, -1).astype(np.int64)
+        return np.where((pos < layout.rows) & (hashes[pos] == want), pos, -1).astype(
+            np.int64, copy=False
+        )
     bucket = (want >> np.uint64(64 - layout.bucket_bits)).astype(np.intp)
     pos = starts[bucket]
     end = starts[bucket + 1]
     # Round one covers every key and needs no compaction: most keys end here.
     cand = hashes[pos]  # the padding after the last row keeps pos == rows readable
     inside = pos < end
-    rows = np.where((cand == want) & inside, pos, -1).astype(np.int64)
+    rows = np.where((cand == want) & inside, pos, -1).astype(np.int64, copy=False)
     # Later rounds compare the keys still searching with the next row of their bucket, then
     # compact the arrays. Hashes are sorted inside a bucket, so a key stops at its match or at
     # the first larger hash.
