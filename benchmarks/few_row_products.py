@@ -16,13 +16,13 @@ Usage:
 from __future__ import annotations
 
 import argparse
-import csv
 import statistics
 from pathlib import Path
 
 import cupy
 import numpy as np
 import torch
+from result_table import write_results
 
 from hps_core.cuda import linear
 
@@ -104,17 +104,7 @@ def main() -> None:
                 row = {"precision": precision, "k": k, "n": n, "rows": rows}
                 row |= {"cublaslt_us": cublas, "torch_us": peer, "x_torch": peer / cublas}
                 results.append(row | {"cublaslt_gb_s": k * n * 4 / cublas / 1e3})
-    print("| precision | in x out | rows | cuBLASLt us | torch us | x torch | cuBLASLt GB/s |")
-    print("| --- | --- | ---: | ---: | ---: | ---: | ---: |")
-    for r in results:
-        print(
-            f"| {r['precision']} | {r['k']} x {r['n']} | {r['rows']} | {r['cublaslt_us']:.2f} | "
-            f"{r['torch_us']:.2f} | {r['x_torch']:.2f} | {r['cublaslt_gb_s']:.0f} |"
-        )
-    with (args.out / "few_row_products.csv").open("w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(results[0]))
-        writer.writeheader()
-        writer.writerows(results)
+    write_results(args.out / "few_row_products.csv", list(results[0]), results)
 
 
 if __name__ == "__main__":
