@@ -56,14 +56,14 @@ def sorted_distinct(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return np.unique(keys, return_inverse=True)
 
 
-TOGETHER = model_lookup.looked_up_together
+TOGETHER = model_lookup.together_positions
 
 
 def never_together(lookups, keys) -> list[int]:
     return []
 
 
-WAYS = {  # lookup_rows_many, distinct_keys, looked_up_together
+WAYS = {  # lookup_rows_many, distinct_keys, together_positions
     "arrow": (DISTINCT, ARROW, TOGETHER),
     "np_unique": (DISTINCT, sorted_distinct, TOGETHER),
     "row_per_key": (row_per_key, sorted_distinct, TOGETHER),
@@ -96,14 +96,14 @@ def main() -> None:
                     for way, (lookup, distinct, together) in WAYS.items():
                         ModelLookup.lookup_rows_many = lookup
                         table_lookup.distinct_keys = distinct
-                        model_lookup.looked_up_together = together
+                        model_lookup.together_positions = together
                         session.predict(batches[0])  # warm
                         for sparse in batches:
                             started = time.perf_counter()
                             scores[way] = session.predict(sparse)
                             times[way].append(time.perf_counter() - started)
                 ModelLookup.lookup_rows_many, table_lookup.distinct_keys = DISTINCT, ARROW
-                model_lookup.looked_up_together = TOGETHER
+                model_lookup.together_positions = TOGETHER
                 for way in WAYS:
                     np.testing.assert_array_equal(scores[way], scores["arrow"])
                 ms = {way: 1e3 * statistics.median(t) for way, t in times.items()}

@@ -32,9 +32,9 @@ from hps_core.lookup.table_lookup import (
     CachedTableLookup,
     HostTableLookup,
     TableCounters,
-    looked_up_together,
     lookup_cached_tables,
     lookup_together,
+    together_positions,
 )
 from hps_core.tiers.factory import open_table_tiers
 
@@ -405,7 +405,7 @@ class ModelLookup:
         :func:`~hps_core.lookup.table_lookup.lookup_together`), each other one by
         ``alone(table, keys)``; a row per key as ``(rows, None)`` when ``pairs``."""
         found: list[Any] = [None] * len(tables)
-        picked = looked_up_together(tables, keys)
+        picked = together_positions(tables, keys)
         if picked:
             together = lookup_together([tables[i] for i in picked], [keys[i] for i in picked])
             for i, rows in zip(picked, together, strict=True):

@@ -252,7 +252,7 @@ class HostTableLookup:
         """Nothing to release besides the host tier, which the model lookup owns."""
 
 
-def looked_up_together(lookups: Sequence[Any], keys: Sequence[Any]) -> list[int]:
+def together_positions(lookups: Sequence[Any], keys: Sequence[Any]) -> list[int]:
     """The positions of the lookups :func:`lookup_together` takes: each from a host tier
     without lower tiers into NumPy, of a few keys (at most ``SEARCH_KEYS``, which one lookup
     would also look up as they come rather than distinct keys first); none unless two or
@@ -274,7 +274,7 @@ def looked_up_together(lookups: Sequence[Any], keys: Sequence[Any]) -> list[int]
 
 
 def lookup_together(lookups: Sequence[HostTableLookup], keys: Sequence[Any]) -> list[np.ndarray]:
-    """The vectors of a few keys of each of several tables (see :func:`looked_up_together`),
+    """The vectors of a few keys of each of several tables (see :func:`together_positions`),
     as :meth:`HostTableLookup.lookup` returns them, with the work that does not depend on the
     table done once: the keys of every table hashed in one pass, their distinct keys counted in
     one. A model's tables looked up one by one each pay that work's fixed overhead: the demo

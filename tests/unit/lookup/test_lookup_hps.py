@@ -14,7 +14,7 @@ from lookup_testdata import MODELS, write_models
 
 from hps_core import HPS
 from hps_core.errors import ConfigError, RequestError
-from hps_core.lookup.table_lookup import looked_up_together
+from hps_core.lookup.table_lookup import together_positions
 from hps_core.tiers.hash_layout import SEARCH_KEYS
 
 
@@ -221,9 +221,9 @@ def test_tables_looked_up_together_answer_and_count_as_one_by_one(
         one,
         one.copy(),
     ]
-    picked = looked_up_together([model.table(t) for t in ids], keys)
+    picked = together_positions([model.table(t) for t in ids], keys)
     assert picked == list(range(len(ids)) if len(keys[0]) <= SEARCH_KEYS else range(1, len(ids)))
-    assert looked_up_together([model.table(0)], keys[:1]) == []  # one table: looked up alone
+    assert together_positions([model.table(0)], keys[:1]) == []  # one table: looked up alone
     got = model.lookup_many(ids, keys)
     for t, k, values in zip(ids, keys, got, strict=True):
         np.testing.assert_array_equal(values, data["wdl"][t].expected(k.reshape(-1)))
