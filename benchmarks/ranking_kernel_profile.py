@@ -6,8 +6,10 @@ well as PyTorch's, so one run shows both systems' kernels by name. Same model, b
 peer as ``ranking_vs_pytorch.py`` (one-hot Zipf keys on the host, ``gpucacheper`` ``--cache``
 after warm-up); per (precision, batch): the host time of staging and copying the batch, the
 median ``predict`` (and with ``--staging-threads``, with each number of threads filling the
-staging buffer), the median ``predict`` of fresh batches under each of ``VARIANTS`` and the
-default, then the kernel table of ``--batches-profiled`` predictions and of as many peer calls.
+staging buffer), the median ``predict`` of fresh batches and the GPU time of a fresh batch's
+lookup (``ranking_vs_pytorch.graph_times``) under each of ``--variants`` (of ``VARIANTS``) and
+the default, then the kernel table of ``--batches-profiled`` predictions of fresh batches and
+of as many peer calls.
 
 Usage:
     python benchmarks/make_large_dlrm.py --out /tmp/dlrm --max-rows-per-table 1000000 \\
@@ -26,7 +28,7 @@ from pathlib import Path
 import cupy
 import numpy as np
 import torch
-from ranking_vs_pytorch import PeerRunner, make_batch, variant
+from ranking_vs_pytorch import PeerRunner, graph_times, make_batch, variant
 from torch.profiler import ProfilerActivity, profile
 from torch_dlrm import torch_peer
 
@@ -50,6 +52,8 @@ VARIANTS = {
     "insert 8 blocks/SM": {"_INSERT_BLOCKS_PER_SM": 8},
     "pooling after each find (one stream)": {"_POOL_BESIDE_FIND": False},
     "pool stream of the cache stream's priority": {"_POOL_PRIORITY": 0},
+    "finds sample by sample": {"_FIND_BY_COLUMN": False},
+    "sample-major batches by groups of tables": {"_ROW_PARTS": False},
 }
 """Settings of :mod:`hps_core.infer.gpu.pipeline` timed beside the default (the median predict of
 fresh batches, the settings alternating)."""
@@ -94,6 +98,9 @@ def main() -> None:
     parser.add_argument("--batches-profiled", type=int, default=2)
     parser.add_argument(
         "--variant-rounds", type=int, default=3, help="rounds alternating the VARIANTS settings"
+    )
+    parser.add_argument(
+        "--variants", default=",".join(VARIANTS), help="time these VARIANTS (comma list)"
     )
     parser.add_argument(
         "--profile-variants", default="", help="also profile under these VARIANTS (comma list)"
@@ -164,7 +171,9 @@ def main() -> None:
             uploads._STAGING_THREADS = default_threads
             # Settings are compared on fresh batches (a batch seen before hits more), in rounds
             # that alternate them, so that drift in the cache or the machine hits all alike.
-            times: dict[str, list[float]] = {label: [] for label in ("default", *VARIANTS)}
+            labels = ("default", *(v for v in args.variants.split(",") if v))
+            times: dict[str, list[float]] = {label: [] for label in labels}
+            lookups: dict[str, list[float]] = {label: [] for label in labels}
             for _ in range(args.variant_rounds):
                 for label in times:
                     settings = VARIANTS.get(label, {})
@@ -178,6 +187,8 @@ def main() -> None:
                         started = time.perf_counter()
                         session.predict(sparse)
                         times[label].append(time.perf_counter() - started)
+                    sparse = make_batch(rng, rows, batch, args.alpha, layout)[2]
+                    lookups[label].append(graph_times(session, sparse)[0])
                     for key, value in saved.items():
                         setattr(gpu_pipeline, key, value)
             rebuild(pipe)
@@ -185,7 +196,9 @@ def main() -> None:
                 if not samples:  # --variant-rounds 0
                     continue
                 log(f"  {label}: predict {1e3 * statistics.median(samples):.3f} ms "
-                    f"(median of {len(samples)} fresh batches)")  # fmt: skip
+                    f"(median of {len(samples)} fresh batches), GPU lookup "
+                    f"{statistics.median(lookups[label]):.3f} ms (median of "
+                    f"{len(lookups[label])})")  # fmt: skip
             cases = [("hps-triton", "default"), ("pytorch", "")]
             cases += [("hps-triton", label) for label in args.profile_variants.split(",") if label]
             for who, label in cases:
@@ -196,14 +209,17 @@ def main() -> None:
                 if settings:
                     rebuild(pipe)
                 ours = who == "hps-triton"
+                for dense, keys, sparse in inputs[:2]:  # graphs recorded outside the profile
+                    session.predict(sparse) if ours else peer(dense, keys)
+                # Fresh batches: a batch seen before misses less.
+                fresh = [make_batch(rng, rows, batch, args.alpha, layout)
+                         for _ in range(args.batches_profiled)]  # fmt: skip
                 calls = [
                     functools.partial(session.predict, sparse)
                     if ours
                     else functools.partial(peer, dense, keys)
-                    for dense, keys, sparse in inputs[: args.batches_profiled]
+                    for dense, keys, sparse in fresh
                 ]
-                for call in calls:  # the buckets record their graphs outside the profile
-                    call()
                 torch.cuda.synchronize()
                 with profile(activities=activities) as prof:
                     for call in calls:
@@ -218,7 +234,7 @@ def main() -> None:
                     trace = args.out / f"trace_{tag}_{precision}_{batch}.json"
                     prof.export_chrome_trace(str(trace))
                 log(f"==== {who} {label} {precision} batch {batch} ({args.batches_profiled} "
-                    "batches, after as many unprofiled)")  # fmt: skip
+                    "batches, fresh, after two unprofiled)")  # fmt: skip
                 log(prof.key_averages().table(sort_by="cuda_time_total", row_limit=25,
                                               max_name_column_width=70))  # fmt: skip
         HPS(ps).close()

@@ -29,12 +29,14 @@ runs strict FP32 for both FP32 rows. Storage (``--storage``): the precision hps-
 its tables in (every tier; ps.json ``storage_precision``); the peer always holds FP32 tables
 on the GPU, and the miss bytes count stored rows.
 
-Per (batch, precision): median over ``--runs`` calls on fresh batches; ms, samples/s, ratio
-to the eager and to the graphed peer (and to the peer given the same kind of inputs),
-key-occurrence and unique-key hit rate of the timed batches, the rows read from host memory
-per batch (``hps_host_rows_read_total``) and their bytes, the PCIe floor those bytes imply
-at the pinned host-to-device copy rate measured in the same run, GPU memory.
-Also the GPU time of the pipeline's three graphs (lookup, insert, dense) from CUDA events, and
+Per (batch, precision): median over ``--runs`` calls, each on a fresh batch for hps-triton (a
+batch seen before would find its keys in the cache); ms, samples/s, ratio to the eager and to
+the graphed peer (and to the peer given the same kind of inputs), key-occurrence and unique-key
+hit rate and the rows read from host memory (``hps_host_rows_read_total``) of the timed
+batches, GPU memory. Also the GPU time of the pipeline's three graphs (lookup, insert, dense)
+from CUDA events on three more fresh batches, with the bytes of the rows each of them read
+from host memory, the PCIe floor those bytes imply at the pinned host-to-device copy rate
+measured in the same run, and the lookup's time over that floor (medians of the three); and
 of each step run without graphs (``GpuRankingPipeline.profile``: upload, lookup, insert,
 forward, download).
 Writes ``ranking_vs_pytorch.csv`` and a plot (with matplotlib) under ``--out``.
@@ -196,24 +198,46 @@ def unique_hit_rate(session: RankingSession, sparse: SparseBatch) -> float:
     return hits / total if total else 0.0
 
 
+def counted(before: list, after: list, row_bytes: list[int]) -> tuple[int, int, int, int]:
+    """Cache hits, keys, rows read from host memory and their stored bytes between two
+    readings of ``session.lookup.counters()``."""
+    pairs = list(zip(after, before, strict=True))
+    host = [a.host_rows - b.host_rows for a, b in pairs]
+    return (
+        sum(a.cache_hits - b.cache_hits for a, b in pairs),
+        sum(a.keys - b.keys for a, b in pairs),
+        sum(host),
+        sum(h * n for h, n in zip(host, row_bytes, strict=True)),
+    )
+
+
 def graph_times(session: RankingSession, sparse: SparseBatch) -> tuple[float, float, float]:
     """GPU ms of the lookup, insert and dense (with its dense-only prefix) graphs for this
-    batch, run one after the other on one stream (CUDA events; the batch's misses are
+    batch, after its whole copy, one after the other (CUDA events; the batch's misses are
     inserted, as in predict())."""
     pipe = session.pipeline
+    from hps_core.infer.gpu import pipeline as gpu_pipeline
+    from hps_core.infer.gpu.buckets import grouped
     from hps_core.infer.gpu.staging import bucket_for
 
     bucket = pipe._bucket(bucket_for(sparse.batch_size))
     events = [cupy.cuda.Event() for _ in range(4)]
     stream, cache = pipe._stream, pipe._cache_stream
     graphs = bucket.graphs
+    # The parts predict() looks up a host batch in: ranges of samples for a sample-major
+    # batch in a grouped bucket, else groups of tables.
+    rows = pipe.placement.row_parts(bucket.layout.size, grouped(bucket))
+    by_rows = bool(rows) and gpu_pipeline._ROW_PARTS and pipe._uploader.sample_major(sparse)
+    parts = rows if by_rows else pipe.placement.parts(bucket.layout.size, grouped(bucket))
     with cupy.cuda.Device(0), stream:
         pipe._uploader.stage_and_upload(bucket, sparse)
         events[0].record(stream)
         # The parts' finds and poolings as predict() launches them (cache and pool streams).
         with cache, pipe.bank.section():
             cache.wait_event(events[0])
-            pipe._launch_lookups(bucket)
+            for index, part in enumerate(parts):
+                pipe._launch_lookup(bucket, index, part, by_rows)
+            pipe._join_pools()
             events[1].record(cache)
             graphs.insert.launch(cache)
             events[2].record(cache)
@@ -337,25 +361,28 @@ def main() -> None:
                 for _, _, sparse in inputs[1:3]:
                     session.predict(sparse)
                 unique = unique_hit_rate(session, inputs[3][2])
+                # Timed on fresh batches: a batch seen before finds its keys in the cache.
+                timed_batches = [
+                    (make_batch(rng, rows, batch, args.alpha, layout)[2],) for _ in range(args.runs)
+                ]
                 before = session.lookup.counters()
-                ms = timed(session.predict, [(s,) for _, _, s in inputs], runs=args.runs)
+                ms = timed(session.predict, timed_batches, runs=args.runs)
                 after = session.lookup.counters()
-                pairs = list(zip(after, before, strict=True))
-                hits = sum(a.cache_hits - b.cache_hits for a, b in pairs)
-                keys = sum(a.keys - b.keys for a, b in pairs)
-                host_rows = sum(a.host_rows - b.host_rows for a, b in pairs) / args.runs
-                miss_bytes = (
-                    sum(
-                        (a.host_rows - b.host_rows) * n
-                        for (a, b), n in zip(pairs, row_bytes, strict=True)
-                    )
-                    / args.runs
-                )
+                hits, keys, host_rows, _ = counted(before, after, row_bytes)
+                host_rows /= args.runs
+                # The lookup's GPU time and the PCIe floor of the rows those same batches read.
                 fresh = [make_batch(rng, rows, batch, args.alpha, layout)[2] for _ in range(3)]
-                gpu_ms = [graph_times(session, f) for f in fresh]
+                gpu_ms, floors, misses = [], [], []
+                for f in fresh:
+                    before = session.lookup.counters()
+                    gpu_ms.append(graph_times(session, f))
+                    miss_bytes = counted(before, session.lookup.counters(), row_bytes)[3]
+                    misses.append(miss_bytes)
+                    floors.append(gpu_ms[-1][0] / (1e3 * miss_bytes / pcie) if miss_bytes else 0)
                 lookup_ms = statistics.median(t[0] for t in gpu_ms)
                 insert_ms = statistics.median(t[1] for t in gpu_ms)
                 dense_ms = statistics.median(t[2] for t in gpu_ms)
+                miss_bytes = statistics.median(misses)
                 fresh = [make_batch(rng, rows, batch, args.alpha, layout)[2] for _ in range(3)]
                 steps = [session.pipeline.profile(f) for f in fresh]
                 split = {k: statistics.median(s[k] for s in steps) for k in steps[0]}
@@ -384,13 +411,15 @@ def main() -> None:
                     gpu_lookup_ms=lookup_ms, gpu_insert_ms=insert_ms, gpu_dense_ms=dense_ms,
                     host_rows_per_batch=host_rows, miss_mb_per_batch=miss_bytes / 1e6,
                     pcie_floor_ms=1e3 * miss_bytes / pcie,
+                    lookup_x_floor=statistics.median(floors),
                     **{f"eager_{k}_ms": v for k, v in split.items()},
                     gpu_mib=gpu_memory_mib(),
                 ))  # fmt: skip
                 peer = peer_ms[("eager", batch)]
                 print(f"  batch {batch}: {1e3 * ms:.3f} ms (peer eager {peer:.3f}), |diff| "
                       f"{error:.2e}, GPU lookup {lookup_ms:.3f} insert {insert_ms:.3f} dense "
-                      f"{dense_ms:.3f} ms",
+                      f"{dense_ms:.3f} ms, misses {miss_bytes / 1e6:.1f} MB (lookup "
+                      f"{statistics.median(floors):.2f}x their PCIe floor)",
                       flush=True)  # fmt: skip
             HPS(ps).close()
         for r in results:
@@ -403,7 +432,8 @@ def main() -> None:
     columns = ["system", "cache", "storage", "inputs", "precision", "batch", "ms", "samples_per_s",
                "x_peer_eager", "x_peer_graph", "x_peer_same_inputs",
                "key_hit_rate", "unique_hit_rate", "gpu_lookup_ms", "gpu_insert_ms", "gpu_dense_ms",
-               "host_rows_per_batch", "miss_mb_per_batch", "pcie_floor_ms", "gpu_mib",
+               "host_rows_per_batch", "miss_mb_per_batch", "pcie_floor_ms", "lookup_x_floor",
+               "gpu_mib",
                "max_abs_diff_vs_peer", "eager_upload_ms", "eager_lookup_ms", "eager_insert_ms",
                "eager_forward_ms", "eager_download_ms"]  # fmt: skip
     write_results(args.out / "ranking_vs_pytorch.csv", columns, results)

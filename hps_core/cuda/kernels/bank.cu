@@ -269,16 +269,22 @@ extern "C" __global__ void bank_find(
     const int col_end, const i64 sample_begin, const i64 sample_end, const int key_room,
     const i64 batch, const i64* __restrict__ keys, const int* __restrict__ header,
     const int* __restrict__ offsets, u64* __restrict__ rows, Miss* __restrict__ misses,
-    u64* __restrict__ state, const u64 miss_capacity, u64* __restrict__ counters) {
+    u64* __restrict__ state, const u64 miss_capacity, u64* __restrict__ counters,
+    const int by_column) {
   // Counts per table of the block's keys, added to `counters` once per block: a block's keys
   // (one sample's, sample-major) may come from several tables.
   __shared__ unsigned block_counts[BLOCK_TABLES * NUM_COUNTERS];
   // Key q of the launch: positions [batch * col_begin, batch * col_end) table-major, or the
   // columns [col_begin, col_end) of the key room of samples [sample_begin, sample_end)
-  // sample-major.
+  // sample-major: sample by sample, or with `by_column` column by column (the samples' keys
+  // of one table before the next table's). Column by column, the host rows read in flight
+  // lie in one table's part of the host tier rather than across all tables: the GPU reads
+  // host memory at half the rate when its reads in flight spread over gigabytes
+  // (BENCHMARKS.md, misses over PCIe by where the rows lie).
   const int span = col_end - col_begin;
+  const i64 samples = sample_end - sample_begin;
   const bool sample_major = header[1] != 0;
-  const i64 total = (sample_major ? sample_end - sample_begin : batch) * span;
+  const i64 total = (sample_major ? samples : batch) * span;
   const i64 first_q = ((i64)blockIdx.x * blockDim.x) / LANES;
   const i64 q = first_q + threadIdx.x / LANES;
   const int lane = threadIdx.x % LANES;
@@ -293,10 +299,13 @@ extern "C" __global__ void bank_find(
   if (q < total) {  // no early return: the block meets at __syncthreads below
     i64 pos, j;
     int column;
+    i64 sample = 0;
     if (sample_major) {
-      const i64 row = q / span;
-      column = col_begin + (int)(q - row * span);
-      pos = (sample_begin + row) * key_room + column;
+      const i64 major = by_column ? q / samples : q / span;
+      const i64 minor = by_column ? q - major * samples : q - major * span;
+      sample = sample_begin + (by_column ? minor : major);
+      column = col_begin + (int)(by_column ? major : minor);
+      pos = sample * key_room + column;
     } else {
       column = col_begin + (int)(q / batch);
       pos = batch * col_begin + q;
@@ -304,7 +313,7 @@ extern "C" __global__ void bank_find(
     t = key_table[column];
     const Table& tab = tables[t];
     if (sample_major) {
-      j = (sample_begin + q / span) * tab.keys_cap + (column - tab.keys_at);
+      j = sample * tab.keys_cap + (column - tab.keys_at);
     } else {
       j = pos - batch * tab.keys_at;
     }

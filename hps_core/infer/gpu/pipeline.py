@@ -118,6 +118,13 @@ _POOL_PRIORITY = -1
 pooling take the SMs as a part's ``bank_find`` blocks retire, before the next find's blocks
 fill them (below the main stream's, whose dense network comes first). Measured at f73a47c
 against 0: within the noise either way (BENCHMARKS.md)."""
+_FIND_BY_COLUMN = True
+"""``bank_find`` takes a sample-major batch's keys column by column (each table's keys of the
+part's samples in turn) rather than sample by sample, so that the host rows it reads in flight
+lie in one table's part of the host tier."""
+_ROW_PARTS = True
+"""Look a large sample-major host batch up by ranges of samples, each as soon as it is copied
+(``False``: after its whole copy, by groups of tables)."""
 _HIGHEST_PRIORITY = -1000  # lower is more urgent; 0 is the default and least urgent
 
 
@@ -190,6 +197,8 @@ class GpuRankingPipeline:
             self._cache_stream = cupy.cuda.Stream(non_blocking=True, priority=0)
             # The dense-only steps (a bottom MLP) run beside the lookup on a stream of their own.
             self._prefix_stream = cupy.cuda.Stream(non_blocking=True, priority=_HIGHEST_PRIORITY)
+            # A chunk of a chunked batch is copied here, beside the last chunk's dense network.
+            self._copy_stream = cupy.cuda.Stream(non_blocking=True, priority=_HIGHEST_PRIORITY)
             # Each part's pooling runs here, beside the next part's bank_find.
             self._pool_stream = cupy.cuda.Stream(non_blocking=True, priority=_POOL_PRIORITY)
             self._pooled = cupy.cuda.Event(disable_timing=True)
@@ -215,7 +224,10 @@ class GpuRankingPipeline:
 
     @property
     def _streams(self) -> tuple[Any, ...]:
-        return (self._stream, self._cache_stream, self._pool_stream, self._prefix_stream)
+        return (
+            self._stream, self._cache_stream, self._pool_stream, self._prefix_stream,
+            self._copy_stream,
+        )  # fmt: skip
 
     @property
     def bank(self) -> CacheBank:
@@ -283,8 +295,11 @@ class GpuRankingPipeline:
                 return scores
             bucket = self._bucket(size)
             if grouped(bucket) and on_host and not fetch:
-                if self._uploader.sample_major(batch):
+                if _ROW_PARTS and self._uploader.sample_major(batch):
                     self._run(bucket, self._uploader.upload_rows(bucket, batch), by_rows=True)
+                elif self._uploader.sample_major(batch):
+                    self._uploader.stage_and_upload(bucket, batch)
+                    self._run(bucket)
                 else:
                     self._run(bucket, self._uploader.upload_groups(bucket, batch))
             else:
@@ -343,8 +358,11 @@ class GpuRankingPipeline:
             # the pipeline, and staging threads only took memory bandwidth from it (DLRM-v2,
             # 16,384 samples in chunks of 4,096 on the H200: 5.49 ms a batch without threads,
             # 5.71 with four on one piece, 5.94 on 4 MB pieces; benchmarks/chunked_staging.py).
-            self._uploader.stage_and_upload(bucket, part, threaded=False)
-            self._run(bucket)
+            # Its copy runs on the copy stream and its insert right after its lookup, so the
+            # next chunk's copy and lookup run beside this chunk's dense network.
+            copy = self._copy_stream
+            self._uploader.stage_and_upload(bucket, part, threaded=False, stream=copy)
+            self._run(bucket, copied=copy, insert_at_once=True)
             self._chunk_done[lane].record(self._stream)
             bucket.batches += 1
             in_flight[lane] = (bucket, first)
@@ -367,6 +385,8 @@ class GpuRankingPipeline:
         uploaded: Iterable[int] | None = None,
         dense: bool = True,
         by_rows: bool = False,
+        copied: Any = None,
+        insert_at_once: bool = False,
     ) -> None:
         """Lookups and insert on the cache stream, the dense network and the download on the
         main stream after the lookups (see the module docstring).
@@ -384,6 +404,10 @@ class GpuRankingPipeline:
             dense: ``False``: the lookups and insert only.
             by_rows: ``uploaded`` yields parts of :meth:`Placement.row_parts` (a sample-major
                 batch in a grouped bucket), not groups of tables.
+            copied: with ``uploaded`` None, the stream that holds the copy of the whole batch
+                (default: the main stream).
+            insert_at_once: launch the insert right after the lookup even where it would
+                otherwise wait for the scores (a chunk: the next chunk's lookup follows it).
         """
         main, cache = self._stream, self._cache_stream
         parts = (
@@ -401,7 +425,7 @@ class GpuRankingPipeline:
                 cache.wait_event(self._uploaded[group])
                 self._launch_lookup(bucket, group, parts[group], by_rows)
             if uploaded is None:
-                self._uploaded[0].record(main)
+                self._uploaded[0].record(copied or main)
                 self._launch_prefix(bucket, self._uploaded[0])
                 cache.wait_event(self._uploaded[0])
                 self._launch_lookups(bucket)
@@ -410,7 +434,12 @@ class GpuRankingPipeline:
             # With caches of its own, the insert waits for the scores: it then runs while the
             # host stages the next batch rather than beside the dense network. Caches shared
             # with other processes take it at once, since their next lookups wait for it.
-            deferred = dense and _INSERT_AFTER_SCORES and self.lookup.cache_group is None
+            deferred = (
+                dense
+                and _INSERT_AFTER_SCORES
+                and self.lookup.cache_group is None
+                and not insert_at_once
+            )
             if not deferred:
                 self._launch_insert(bucket)
         main.wait_event(self._looked_up)
@@ -521,7 +550,8 @@ class GpuRankingPipeline:
                 (-(-positions * LANES // threads),), (threads,),
                 (self._descriptors, self._key_table_d, np.int32(first_col), np.int32(stop_col),
                  *rows, room, size, keys, header, offsets, bucket.rows, self._misses,
-                 self._state, np.uint64(self._miss_capacity), self._bank.counters),
+                 self._state, np.uint64(self._miss_capacity), self._bank.counters,
+                 np.int32(_FIND_BY_COLUMN)),
             )  # fmt: skip
 
     def _pool(self, bucket: Bucket, part: Part | None = None) -> None:

@@ -103,7 +103,9 @@ class BatchUploader:
             and keys.strides[1] == keys.itemsize
         )
 
-    def stage_and_upload(self, bucket: Bucket, batch: SparseBatch, threaded: bool = True) -> None:
+    def stage_and_upload(
+        self, bucket: Bucket, batch: SparseBatch, threaded: bool = True, stream: Any = None
+    ) -> None:
         """Fill the staging buffer and copy it to the device on the main stream; a batch
         already on the device is copied in place there instead, after the header. Threads
         fill large host batches unless ``threaded`` is False.
@@ -113,6 +115,8 @@ class BatchUploader:
             batch: host arrays, or CuPy arrays on this GPU (checked by
                 :meth:`check_device_batch`).
             threaded: let threads fill a host batch with many keys.
+            stream: the stream a host batch is copied on instead of the main stream (which
+                then waits for nothing of it: the caller orders its readers after it).
         """
         lay = bucket.layout
         if isinstance(batch.dense, cupy.ndarray):
@@ -139,16 +143,16 @@ class BatchUploader:
         used = lay.used_bytes(self.has_offsets(batch))
         if nbytes < _THREADED_STAGING_BYTES or not threaded:
             copy_all(keys)
-            self.upload(bucket, 0, used)
+            self.upload(bucket, 0, used, stream)
             return
         # Many keys: threads fill the staging buffer part by part, each part's copy to the
         # device queued as soon as it is filled (a sample-major batch is one run of bytes).
-        self.upload(bucket, lay.header_at, used)
+        self.upload(bucket, lay.header_at, used, stream)
         for part in split_copies(keys, max(1, nbytes // _STAGING_PIECE_BYTES)):
             list(self._copier().map(copy_all, split_copies(part, _STAGING_THREADS)))
             for target, _ in part:
                 start = target.ctypes.data - bucket.staging.ctypes.data
-                self.upload(bucket, start, start + target.nbytes)
+                self.upload(bucket, start, start + target.nbytes, stream)
 
     def _gather_on_device(self, copies: Sequence[tuple[Any, Any]]) -> None:
         """:func:`copy_all` for CuPy arrays, on the current (main) stream: the copies whose
@@ -313,11 +317,12 @@ class BatchUploader:
         if self.has_offsets(batch):
             self.upload(bucket, lay.offsets_at, lay.nbytes)
 
-    def upload(self, bucket: Bucket, start: int, stop: int) -> None:
-        """Copy bytes ``[start, stop)`` of the staging buffer to the device (main stream)."""
+    def upload(self, bucket: Bucket, start: int, stop: int, stream: Any = None) -> None:
+        """Copy bytes ``[start, stop)`` of the staging buffer to the device, on ``stream``
+        (default: the main stream)."""
         cupy.cuda.runtime.memcpyAsync(
             bucket.inputs.data.ptr + start, bucket.staging.ctypes.data + start, stop - start,
-            _H2D, self._stream.ptr,
+            _H2D, (stream or self._stream).ptr,
         )  # fmt: skip
 
     def _copier(self) -> concurrent.futures.ThreadPoolExecutor:
