@@ -299,13 +299,13 @@ class GpuRankingPipeline:
                 return scores
             bucket = self._bucket(size)
             if grouped(bucket) and on_host and not fetch:
-                if _ROW_PARTS and self._uploader.sample_major(batch):
+                if not self._uploader.sample_major(batch):
+                    self._run(bucket, self._uploader.upload_groups(bucket, batch))
+                elif _ROW_PARTS:
                     self._run(bucket, self._uploader.upload_rows(bucket, batch), by_rows=True)
-                elif self._uploader.sample_major(batch):
+                else:
                     self._uploader.stage_and_upload(bucket, batch)
                     self._run(bucket)
-                else:
-                    self._run(bucket, self._uploader.upload_groups(bucket, batch))
             else:
                 self._uploader.stage_and_upload(bucket, batch)
                 if fetch:

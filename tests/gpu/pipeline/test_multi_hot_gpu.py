@@ -163,6 +163,42 @@ def test_large_sample_major_batches_staged_in_parts(
 
 
 @pytest.mark.parametrize("kind", ["dynamic", "tiny"])
+def test_sample_major_batches_in_any_find_order_and_parts_equal_numpy(
+    repo: Path, kind: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``bank_find`` takes a sample-major batch column by column (the default) or sample by
+    sample, and a grouped bucket (lowered here to 8 samples) looks it up by ranges of samples
+    as they are copied (the default) or by groups of tables after the whole copy: whichever
+    occurrence of a missed key claims it, the scores equal the NumPy path's and are the same
+    bit for bit under every setting."""
+    from hps_core.infer.gpu import buckets
+    from hps_core.infer.gpu import pipeline as gpu_pipeline
+
+    monkeypatch.setattr(buckets, "_GROUPED_STAGING_SAMPLES", 8)
+    model = ZooModel(repo, NAME)
+    cpu = RankingSession.open(variant(repo, kind), NAME)
+    scores = {}
+    for by_column, row_parts in ((True, True), (False, True), (True, False), (False, False)):
+        monkeypatch.setattr(gpu_pipeline, "_FIND_BY_COLUMN", by_column)
+        monkeypatch.setattr(gpu_pipeline, "_ROW_PARTS", row_parts)
+        ps = variant(repo, kind, f"_order{by_column}{row_parts}")
+        gpu = RankingSession.open(ps, NAME, device_id=0)
+        contract = SamplesContract(gpu.layout)
+        rng = np.random.default_rng(67)
+        got = []
+        for batch in (1, 8, 100, 256, 256):
+            dense, keys = model.samples(rng, batch)
+            parsed = contract.parse(*encode_samples(dense, keys))
+            got.append(gpu.predict(parsed))
+            np.testing.assert_allclose(got[-1], cpu.predict(parsed), rtol=1e-5, atol=1e-6)
+        scores[by_column, row_parts] = got
+    first = scores.pop((True, True))
+    for got in scores.values():
+        for a, b in zip(first, got, strict=True):
+            np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("kind", ["dynamic", "tiny"])
 def test_pooling_beside_the_next_find_equals_pooling_after_it(
     repo: Path, kind: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
