@@ -37,6 +37,7 @@ from result_table import write_results
 from zoo_batches import random_batch
 
 from hps_core.demo import DEMO_MODELS, ZOO_MODELS
+from hps_core.host_memory import keep_freed_memory
 from hps_core.hps import HPS
 from hps_core.infer import RankingSession
 from hps_core.lookup import model_lookup, table_lookup
@@ -80,6 +81,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("bench_results"))
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
+    keep_freed_memory()  # as a served instance's process does (cpu_batch_memory.py)
     options = ServingOptions(instances=(InstanceGroup(count=1, kind="KIND_CPU"),))
     rows = []
     with tempfile.TemporaryDirectory() as folder:

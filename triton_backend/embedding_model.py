@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from hps_core.host_memory import keep_freed_memory
 from hps_core.infer.model_io import EMBEDDING_IO, KEYS, NUMKEYS, OUTPUT0
 from hps_core.model_check import check_model_files
 from triton_backend.batched_execute import execute_batched
@@ -41,6 +42,7 @@ class EmbeddingModel:
             args: Triton's initialize arguments.
         """
         log_to_stderr()
+        keep_freed_memory()  # this instance's process: its batches reuse their pages
         settings = read_settings(args)
         check_io(settings.config, EMBEDDING_IO)
         checked = check_model_files(settings.ps_json, settings.hps_model)

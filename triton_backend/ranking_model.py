@@ -22,6 +22,7 @@ import logging
 from typing import Any, ClassVar
 
 from hps_core.arrays import to_host
+from hps_core.host_memory import keep_freed_memory
 from hps_core.infer import RankingSession, SparseBatch, concat_batches, split_samples
 from hps_core.infer.contracts import HugeCTRContract, SamplesContract
 from hps_core.infer.inputs.layout import RankingLayout
@@ -52,6 +53,7 @@ class _RankingModel:
             args: Triton's initialize arguments.
         """
         log_to_stderr()
+        keep_freed_memory()  # this instance's process: its batches reuse their pages
         settings = read_settings(args)
         checked = check_model_files(settings.ps_json, settings.hps_model)
         model = checked.model

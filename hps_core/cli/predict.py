@@ -7,6 +7,7 @@ import time
 from pathlib import Path
 
 from hps_core.errors import OVERWRITE_HINT, ModelFileError
+from hps_core.host_memory import keep_freed_memory
 from hps_core.offline import InferenceModel, write_predictions
 
 
@@ -16,6 +17,7 @@ def run(args: argparse.Namespace) -> int:
         # Before scoring, which may take long.
         raise ModelFileError(f"{args.out} exists; {OVERWRITE_HINT}")
     started = time.perf_counter()
+    keep_freed_memory()  # the process scores batch after batch: they reuse their pages
     device = "auto" if args.device == "auto" else None if args.device == "cpu" else int(args.device)
     model = InferenceModel.from_ps_json(args.ps_json, args.model, device, args.precision)
     try:
