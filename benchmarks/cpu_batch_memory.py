@@ -6,7 +6,8 @@ the NumPy path (``RankingSession.predict``) in a child process of its own, once 
 ``HPS_MALLOC_TUNING=off`` (glibc's defaults: the heap gives its top back between batches) and
 once with :func:`hps_core.host_memory.keep_freed_memory` in effect, the two alternating in
 ``--rounds`` rounds. Each child times ``--runs`` fresh batches of random known keys per batch
-size after 5 warm-up batches and counts the minor page faults (``getrusage``) they took.
+size after 5 warm-up batches, counts the minor page faults (``getrusage``) they took and reads
+the process's resident memory after them (what the kept heap costs).
 Prints the medians over rounds and writes ``cpu_batch_memory.csv`` under ``--out``.
 
 Usage:
@@ -27,6 +28,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import psutil
 from result_table import write_results
 from zoo_batches import random_batch
 
@@ -42,7 +44,7 @@ SETTINGS = {"glibc default": "off", "keep_freed_memory": "on"}
 
 def child(model: str, batches: list[int], runs: int) -> dict:
     """Time one model in this process: per batch size, the median ms of ``runs`` fresh
-    batches and their minor page faults per batch."""
+    batches, their minor page faults per batch and the process's resident MiB after them."""
     applied = keep_freed_memory()  # as the Triton models' initialize calls it
     repo = Path(tempfile.mkdtemp(prefix="cpu_memory_"))
     ZOO_MODELS[model](repo, ServingOptions(instances=(InstanceGroup(count=1, kind="KIND_CPU"),)))
@@ -61,7 +63,8 @@ def child(model: str, batches: list[int], runs: int) -> dict:
             session.predict(sparse)
             times.append(time.perf_counter() - started)
         faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults
-        result[str(batch)] = (1e3 * statistics.median(times), faults / runs)
+        rss = psutil.Process().memory_info().rss / 2**20
+        result[str(batch)] = (1e3 * statistics.median(times), faults / runs, rss)
     HPS(ps).close()
     return result
 
@@ -102,12 +105,14 @@ def main() -> None:
             row = {"model": model, "batch": batch, "rounds": args.rounds}
             for setting, key in ((default, "default"), (kept, "kept")):
                 runs = seen[(model, setting, batch)]
-                row[f"{key}_ms"] = statistics.median(ms for ms, _ in runs)
-                row[f"{key}_faults_per_batch"] = statistics.median(f for _, f in runs)
+                row[f"{key}_ms"] = statistics.median(ms for ms, _, _ in runs)
+                row[f"{key}_faults_per_batch"] = statistics.median(f for _, f, _ in runs)
+                row[f"{key}_rss_mib"] = statistics.median(rss for _, _, rss in runs)
             row["speedup"] = row["default_ms"] / row["kept_ms"]
             rows.append(row)
     columns = ["model", "batch", "rounds", "default_ms", "kept_ms", "speedup",
-               "default_faults_per_batch", "kept_faults_per_batch"]  # fmt: skip
+               "default_faults_per_batch", "kept_faults_per_batch", "default_rss_mib",
+               "kept_rss_mib"]  # fmt: skip
     write_results(args.out / "cpu_batch_memory.csv", columns, rows)
 
 
