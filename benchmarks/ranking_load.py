@@ -38,11 +38,14 @@ def add_load_arguments(parser: argparse.ArgumentParser, concurrency: str) -> Non
     parser.add_argument("--out", default="bench_results")
 
 
-def write_input(ps_json: Path, model: str, samples: int, alpha: float, path: Path) -> None:
-    """perf_analyzer input: REQUESTS requests of ``samples`` samples (DES, CATCOLUMN,
+def write_input(
+    ps_json: Path, model: str, samples: int, alpha: float, path: Path, requests: int = REQUESTS
+) -> None:
+    """perf_analyzer input: ``requests`` requests of ``samples`` samples (DES, CATCOLUMN,
     ROWINDEX) with each table's number of keys per slot (one; MLPerf DLRM-v2's fixed hotness
     for its multi-hot tables), keys Zipf-distributed over each table (key i is row i, as
-    ``make_large_dlrm.py`` writes them)."""
+    ``make_large_dlrm.py`` writes them). perf_analyzer sends them in turn, again and again:
+    with few of them a partial cache ends up holding every key they carry."""
     config = load_ps_config(ps_json).model(model)
     _, layout = load_ranking_graph(config)
     rng = np.random.default_rng(0)
@@ -54,7 +57,7 @@ def write_input(ps_json: Path, model: str, samples: int, alpha: float, path: Pat
          for t in layout.tables]
     )  # fmt: skip
     data = []
-    for _ in range(REQUESTS):
+    for _ in range(requests):
         keys = np.concatenate(
             [
                 zipf_keys(rng, samples * w, r, alpha).reshape(samples, w)

@@ -5,7 +5,9 @@ one-hot samples: ``--ps-json``'s model as ``hps repo`` writes it (its GPU pipeli
 ``gpucacheper`` from ``--gpucacheper``), and ``<model>_pytorch``, the PyTorch DLRM of
 ``torch_dlrm.py`` with every table on the GPU, as a Python-backend model
 (``triton_peer/model.py``). Same instance count on GPU 0, same dynamic batching, same
-perf_analyzer input: ``ranking_load.REQUESTS`` requests of ``--samples`` Zipf samples each.
+perf_analyzer input: Zipf samples, ``--samples`` a request, in as many different requests as
+hold ``--distinct-samples`` samples (``ranking_load.REQUESTS`` to ``MAX_REQUESTS``: perf_analyzer
+sends them in turn, so with few of them a partial cache holds every key they carry).
 perf_analyzer over gRPC (``--shared-memory cuda`` for requests of more than one sample), per
 concurrency; samples/s = infer/s x samples per request.
 
@@ -22,7 +24,7 @@ import tempfile
 from pathlib import Path
 
 from ps_variant import ps_variant
-from ranking_load import gpu_memory_mib, hit_rate, metric_sums, write_input
+from ranking_load import REQUESTS, gpu_memory_mib, hit_rate, metric_sums, write_input
 from result_table import write_results
 
 from hps_core.config import load_ps_config
@@ -37,6 +39,9 @@ from hps_core.triton_repo import (
 )
 
 HERE = Path(__file__).resolve().parent
+MAX_REQUESTS = 4096
+"""Most different requests in an input (4,096 one-sample DLRM-v2 requests: 7.7 MB of JSON; 256
+of 256 samples: 113 MB, written in 50 s on the 2-core machine)."""
 
 
 def peer_folder(repo: Path, model: str, ps_json: Path) -> str:
@@ -86,6 +91,9 @@ def main() -> None:
     parser.add_argument("--concurrency", default="1,8")
     parser.add_argument("--instances", type=int, default=2)
     parser.add_argument("--gpucacheper", type=float, default=0.2)
+    parser.add_argument(
+        "--distinct-samples", type=int, default=65536, help="different samples in the input"
+    )
     parser.add_argument("--alpha", type=float, default=1.05)
     parser.add_argument("--window-ms", type=int, default=3000)
     parser.add_argument("--stability", type=float, default=25.0)
@@ -107,7 +115,8 @@ def main() -> None:
         inputs = {}
         for samples in [int(s) for s in args.samples.split(",")]:
             inputs[samples] = Path(tmp) / f"input_{samples}.json"
-            write_input(ps_json, model, samples, args.alpha, inputs[samples])
+            requests = max(REQUESTS, min(MAX_REQUESTS, args.distinct_samples // samples))
+            write_input(ps_json, model, samples, args.alpha, inputs[samples], requests)
         with TritonServer(repo, startup_timeout_s=600, log_file=args.out / "server.log") as server:
             url = server.grpc_url
             for samples, data in inputs.items():
