@@ -25,6 +25,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from hps_core.config import load_ps_config
+from hps_core.host_memory import keep_freed_memory
 from hps_core.offline import InferenceModel, dataset_columns, dataset_files, iter_dataset
 from hps_core.workload import zipf_keys
 
@@ -60,6 +61,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("bench_results"))
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
+    keep_freed_memory()  # as `hps predict` does
     data = args.out / "offline_dataset.parquet"
     results = []
     for device in args.devices.split(","):
