@@ -5,8 +5,8 @@ thousand samples). glibc's ``malloc`` hands out blocks from 128 KiB on with ``mm
 block of that size is freed (it then raises that threshold to the block's size), and gives the
 top of its heap back to the operating system whenever more than twice the largest freed block
 lies free there. A batch's arrays together are many times its largest one, so every batch freed
-its heap's top and the next one mapped and zeroed those pages again: on the 2-core CI machine
-the zoo's DLRM at 1,024 samples took 1,848 page faults and 11.7-13.8 ms a batch, 4.8-5.0 ms
+its heap's top and the next one mapped and zeroed those pages again: on the 2-core CPU machine
+the zoo's DLRM at 1,024 samples took 1,848 page faults and 10.8-11.2 ms a batch, 4.1-4.7 ms
 with the settings below and no fault (``benchmarks/cpu_batch_memory.py``, BENCHMARKS.md).
 
 :func:`keep_freed_memory` makes glibc serve blocks below :data:`MMAP_THRESHOLD` from its heap
