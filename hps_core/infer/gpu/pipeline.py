@@ -298,14 +298,12 @@ class GpuRankingPipeline:
                 bank.batches += 1
                 return scores
             bucket = self._bucket(size)
-            if grouped(bucket) and on_host and not fetch:
-                if not self._uploader.sample_major(batch):
-                    self._run(bucket, self._uploader.upload_groups(bucket, batch))
-                elif _ROW_PARTS:
+            by_rows = on_host and self._uploader.sample_major(batch)
+            if grouped(bucket) and on_host and not fetch and (_ROW_PARTS or not by_rows):
+                if by_rows:
                     self._run(bucket, self._uploader.upload_rows(bucket, batch), by_rows=True)
                 else:
-                    self._uploader.stage_and_upload(bucket, batch)
-                    self._run(bucket)
+                    self._run(bucket, self._uploader.upload_groups(bucket, batch))
             else:
                 self._uploader.stage_and_upload(bucket, batch)
                 if fetch:
