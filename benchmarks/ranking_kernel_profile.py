@@ -54,6 +54,7 @@ VARIANTS = {
     "pool stream of the cache stream's priority": {"_POOL_PRIORITY": 0},
     "finds sample by sample": {"_FIND_BY_COLUMN": False},
     "sample-major batches by groups of tables": {"_ROW_PARTS": False},
+    "whole dense network after every lookup": {"_DENSE_BY_PART": False},
 }
 """Settings of :mod:`hps_core.infer.gpu.pipeline` timed beside the default (the median predict of
 fresh batches, the settings alternating)."""

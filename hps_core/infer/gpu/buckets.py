@@ -11,7 +11,7 @@ tensors of its CUDA graphs, which the pipeline records with :func:`captured`.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import cupy
@@ -47,6 +47,8 @@ class Graphs:
     insert: Any
     prefix: Any | None  # the dense network's steps on the dense features alone, if any
     dense: Any | None  # the rest and the download; None: a batch-dependent network (eager)
+    row_dense: tuple[Any, ...] = ()  # a grouped bucket's whole dense network and download per
+    # part of a sample-major batch's rows (none for a batch-dependent network)
 
 
 @dataclass
@@ -67,6 +69,7 @@ class Bucket:
     pending: Any = None  # keys for the lower tiers (PENDING_DTYPE), models with such tiers
     pending_count: Any = None
     scores: Any = None
+    part_scores: dict[int, Any] = field(default_factory=dict)  # per part of rows, scored alone
     prefix: dict[str, Any] | None = None  # outputs of the dense network's dense-only steps
     graphs: Graphs | None = None
     batches: int = 0

@@ -26,8 +26,12 @@ Per batch the host validates nothing on the device and waits for the GPU once:
    with the bias and ReLU in their epilogues, the dot interaction in one kernel); its steps
    that read the dense features alone (DLRM's bottom MLP,
    :meth:`~hps_core.nn.DenseExecutor.forward_dense_prefix`) run on a stream of their own as
-   soon as the dense features are on the device, beside the lookup;
-6. one device-to-host copy of the scores; the only synchronisation.
+   soon as the dense features are on the device, beside the lookup. A large sample-major host
+   batch is scored part by part of its samples instead: each part's whole dense network runs
+   as soon as its lookup is done, while the next part is copied (on a copy stream) and
+   looked up;
+6. one device-to-host copy of the scores (one per part, scored by parts); the only
+   synchronisation.
 
 Steps 3, 4, the dense-only steps and 5-6 are each recorded once per bucket as CUDA graphs
 (batch sizes are padded to the next power of two; padded samples have no keys and their
@@ -129,6 +133,10 @@ _ROW_PARTS = True
 (``False``: after its whole copy, by groups of tables). DLRM-v2, 16,384 fresh samples, 0.2
 cache, TF32 on the H200 (e2a9b18): by groups of tables its lookup took 4.54 ms against 5.60,
 but the batch 11.07 ms against 9.53, waiting for the whole copy."""
+_DENSE_BY_PART = True
+"""Score a large sample-major host batch part by part of its rows (see :meth:`_run`): each
+part's dense network runs on the main stream as soon as its lookup is done, beside the next
+part's copy and lookup (``False``: the whole batch's dense network after every lookup)."""
 _HIGHEST_PRIORITY = -1000  # lower is more urgent; 0 is the default and least urgent
 
 
@@ -214,6 +222,7 @@ class GpuRankingPipeline:
                 for _ in range(max(len(self.placement.group_slots), STAGING_GROUPS))
             ]
             self._found = [cupy.cuda.Event(disable_timing=True) for _ in self._uploaded]
+            self._part_pooled = [cupy.cuda.Event(disable_timing=True) for _ in self._uploaded]
             self._looked_up = cupy.cuda.Event(disable_timing=True)
             self._chunk_done = [cupy.cuda.Event(disable_timing=True) for _ in range(_CHUNK_LANES)]
             self._scored = cupy.cuda.Event(disable_timing=True)
@@ -301,7 +310,12 @@ class GpuRankingPipeline:
             by_rows = on_host and self._uploader.sample_major(batch)
             if grouped(bucket) and on_host and not fetch and (_ROW_PARTS or not by_rows):
                 if by_rows:
-                    self._run(bucket, self._uploader.upload_rows(bucket, batch), by_rows=True)
+                    # Scored part by part, its copies on the copy stream: the main stream
+                    # scores a part while the next one is copied and looked up.
+                    by_part = self._dense_by_part(bucket)
+                    copy = self._copy_stream if by_part else None
+                    parts = self._uploader.upload_rows(bucket, batch, copy, by_part)
+                    self._run(bucket, parts, by_rows=True, copied=copy, dense_by_part=by_part)
                 else:
                     self._run(bucket, self._uploader.upload_groups(bucket, batch))
             else:
@@ -389,6 +403,7 @@ class GpuRankingPipeline:
         by_rows: bool = False,
         copied: Any = None,
         insert_at_once: bool = False,
+        dense_by_part: bool = False,
     ) -> None:
         """Lookups and insert on the cache stream, the dense network and the download on the
         main stream after the lookups (see the module docstring).
@@ -406,10 +421,12 @@ class GpuRankingPipeline:
             dense: ``False``: the lookups and insert only.
             by_rows: ``uploaded`` yields parts of :meth:`Placement.row_parts` (a sample-major
                 batch in a grouped bucket), not groups of tables.
-            copied: with ``uploaded`` None, the stream that holds the copy of the whole batch
-                (default: the main stream).
+            copied: the stream that holds the batch's copies (default: the main stream).
             insert_at_once: launch the insert right after the lookup even where it would
                 otherwise wait for the scores (a chunk: the next chunk's lookup follows it).
+            dense_by_part: with ``by_rows``, score each part (its dense network and download,
+                on the main stream) as soon as its lookup is done; ``uploaded`` then copies
+                each part's dense features with its keys (see :meth:`_dense_by_part`).
         """
         main, cache = self._stream, self._cache_stream
         parts = (
@@ -417,15 +434,21 @@ class GpuRankingPipeline:
             if by_rows
             else self.placement.parts(bucket.layout.size, grouped(bucket))
         )
+        failed: Exception | None = None  # a part's dense step, raised once the insert is queued
         with cache, self.bank.section():
             for group in uploaded or ():
                 if group == DENSE_FEATURES:
-                    self._dense_uploaded.record(main)
+                    self._dense_uploaded.record(copied or main)
                     self._launch_prefix(bucket, self._dense_uploaded)
                     continue
-                self._uploaded[group].record(main)
+                self._uploaded[group].record(copied or main)
                 cache.wait_event(self._uploaded[group])
                 self._launch_lookup(bucket, group, parts[group], by_rows)
+                if dense and dense_by_part and failed is None:
+                    try:
+                        self._launch_part_dense(bucket, group, parts[group])
+                    except Exception as error:  # the other parts' lookups still run
+                        failed = error
             if uploaded is None:
                 self._uploaded[0].record(copied or main)
                 self._launch_prefix(bucket, self._uploaded[0])
@@ -445,17 +468,20 @@ class GpuRankingPipeline:
             if not deferred:
                 self._launch_insert(bucket)
         main.wait_event(self._looked_up)
-        if self._has_prefix:
+        if self._has_prefix and not dense_by_part:
             main.wait_event(self._prefixed)
         if not dense:
             return
         try:
-            with main:
-                if bucket.graphs is not None and bucket.graphs.dense is not None:
-                    bucket.graphs.dense.launch(main)
-                else:
-                    with cupy.cuda.using_allocator(bucket.pool.malloc):
-                        self._dense_step(bucket)
+            if failed is not None:
+                raise failed
+            if dense_by_part:
+                pass  # every part is scored already (_launch_part_dense)
+            elif bucket.graphs is not None and bucket.graphs.dense is not None:
+                bucket.graphs.dense.launch(main)
+            else:
+                with main, cupy.cuda.using_allocator(bucket.pool.malloc):
+                    self._dense_step(bucket)
         finally:
             # Even after a failed dense step: the insert also empties the batch's miss sets,
             # which the next batch's lookup must find empty.
@@ -464,6 +490,29 @@ class GpuRankingPipeline:
                 with cache, self.bank.section():
                     cache.wait_event(self._scored)
                     self._launch_insert(bucket)
+
+    def _dense_by_part(self, bucket: Bucket) -> bool:
+        """Whether a sample-major host batch in ``bucket`` is scored part by part of its rows
+        (see ``_DENSE_BY_PART``): a grouped bucket of a network whose layers see each sample
+        alone."""
+        return (
+            _DENSE_BY_PART
+            and not self.executor.batch_dependent
+            and bool(self.placement.row_parts(bucket.layout.size, grouped(bucket)))
+        )
+
+    def _launch_part_dense(self, bucket: Bucket, index: int, part: Part) -> None:
+        """Part ``index``'s dense network and download on the main stream, after its pooling
+        (launched last by :meth:`_launch_lookup` on the pool or cache stream)."""
+        main = self._stream
+        pooled = self._part_pooled[index]
+        pooled.record(self._pool_stream if self._pools_pending else self._cache_stream)
+        main.wait_event(pooled)
+        if bucket.graphs is not None and bucket.graphs.row_dense:
+            bucket.graphs.row_dense[index].launch(main)
+        else:
+            with main, cupy.cuda.using_allocator(bucket.pool.malloc):
+                self._part_dense_step(bucket, index, part)
 
     def _launch_insert(self, bucket: Bucket) -> None:
         if bucket.graphs is not None:
@@ -530,6 +579,18 @@ class GpuRankingPipeline:
         self._forward(bucket, prefix_done=self._has_prefix)
         self._download(bucket)
 
+    def _part_dense_step(self, bucket: Bucket, index: int, part: Part) -> None:
+        """The whole dense network (its dense-only steps too) of the rows of ``part``, and the
+        download of their scores."""
+        _, _, (first, stop) = part
+        scores = self._scores(bucket, slice(first, stop))
+        # Keeping the scores keeps their pool block for the graph's later replays.
+        bucket.part_scores[index] = scores
+        cupy.cuda.runtime.memcpyAsync(
+            bucket.scores_host[first:stop].ctypes.data, scores.data.ptr, scores.nbytes, _D2H,
+            self._stream.ptr,
+        )  # fmt: skip
+
     def _lookup(self, bucket: Bucket, part: Part | None = None) -> None:
         """:meth:`_find` then :meth:`_pool` of ``part`` on the current stream."""
         self._find(bucket, part)
@@ -593,6 +654,11 @@ class GpuRankingPipeline:
         # A network whose layers take statistics over the batch (DIN's Dice) sees the real
         # samples only, never the bucket's padding (it has no dense-only steps).
         rows = slice(0, bucket.samples) if self.executor.batch_dependent else slice(None)
+        # Keeping the scores keeps their pool block for the graph's later replays.
+        bucket.scores = self._scores(bucket, rows, prefix_done)
+
+    def _scores(self, bucket: Bucket, rows: slice, prefix_done: bool = False) -> Any:
+        """The dense network's scores of the bucket's ``rows`` (see :meth:`_forward`)."""
         dense = bucket.input_views[3][rows]
         cast = self.executor.ctx.cast  # FP16 networks take half embeddings: one pass each
         given = {
@@ -601,8 +667,7 @@ class GpuRankingPipeline:
         }
         if prefix_done:
             given |= bucket.prefix or {}
-        # Keeping the scores keeps their pool block for the graph's later replays.
-        bucket.scores = self.executor.forward_given(dense, given, prefix_done=prefix_done)
+        return self.executor.forward_given(dense, given, prefix_done=prefix_done)
 
     def _download(self, bucket: Bucket) -> None:
         scores = bucket.scores
@@ -694,11 +759,18 @@ class GpuRankingPipeline:
         its graphs (no dense one for a batch-dependent network, whose dense step runs eagerly
         on the real samples: there are none yet)."""
         self._run(bucket, dense=not self.executor.batch_dependent)
+        row_parts = self.placement.row_parts(bucket.layout.size, grouped(bucket))
+        by_part = self._dense_by_part(bucket)
+        if by_part:  # the parts' shapes too, before any capture (cuBLASLt tunes on first use)
+            with self._stream, cupy.cuda.using_allocator(bucket.pool.malloc):
+                for index, part in enumerate(row_parts):
+                    self._part_dense_step(bucket, index, part)
         for stream in self._streams:
             stream.synchronize()
         # Free the eager run's outputs, so the captures reuse their pool blocks: a capture
         # cannot grow the pool.
         bucket.scores = bucket.prefix = None
+        bucket.part_scores.clear()
         lookups, row_lookups = (
             tuple(
                 LookupGraphs(
@@ -718,7 +790,15 @@ class GpuRankingPipeline:
             prefix = captured(self._prefix_stream, bucket.pool, lambda: self._prefix_step(bucket))
         if not self.executor.batch_dependent:  # else its shapes follow each batch
             dense = captured(self._stream, bucket.pool, lambda: self._dense_step(bucket))
-        bucket.graphs = Graphs(lookups, row_lookups, insert, prefix, dense)
+        # Each part's graph keeps its scores' block; their other tensors may share blocks with
+        # the other parts' and the whole dense graph's, since all run on the main stream.
+        row_dense = tuple(
+            captured(
+                self._stream, bucket.pool, lambda i=i, p=p: self._part_dense_step(bucket, i, p)
+            )
+            for i, p in enumerate(row_parts if by_part else ())
+        )
+        bucket.graphs = Graphs(lookups, row_lookups, insert, prefix, dense, row_dense)
 
     def table_counters(self) -> Sequence[Any]:
         """Device counters per model table (one copy from the GPU), for metrics."""

@@ -179,24 +179,31 @@ class BatchUploader:
         blocks = min(_COPY_BLOCKS, -(-widest // (16 * _COPY_THREADS)))
         self._copy_spans((blocks, count), (_COPY_THREADS,), (self._spans_device,))
 
-    def upload_rows(self, bucket: Bucket, batch: SparseBatch) -> Iterator[int]:
+    def upload_rows(
+        self, bucket: Bucket, batch: SparseBatch, stream: Any = None, dense_by_part: bool = False
+    ) -> Iterator[int]:
         """Stage and copy a sample-major host batch part by part of its samples (see
         :meth:`Placement.row_parts`): the header (one copy), each part's rows of the key
-        matrix (filled by threads), then the dense features.
+        matrix (filled by threads), then the dense features, or with ``dense_by_part`` each
+        part's dense features with its keys.
 
         Args:
             bucket: the batch's bucket (a grouped one).
             batch: host arrays whose keys are staged sample-major (see :meth:`sample_major`).
+            stream: the stream the copies are queued on (default: the main stream).
+            dense_by_part: copy each part's dense features with its keys (its scores are then
+                computed part by part).
 
         Yields:
-            Each part's index once its copy is queued on the main stream, then
+            Each part's index once its copy is queued, then (without ``dense_by_part``)
             ``DENSE_FEATURES``.
         """
         lay = bucket.layout
         head, groups = self.stage(bucket, batch, on_device=False)
         (target, source), samples = groups[0][0], batch.batch_size
-        self.upload(bucket, lay.header_at, lay.dense_at)  # sample-major: no offsets
-        row_bytes = lay.keys_per_sample * 8
+        (dense_target, dense_source) = head[0]
+        self.upload(bucket, lay.header_at, lay.dense_at, stream)  # sample-major: no offsets
+        row_bytes, dense_bytes = lay.keys_per_sample * 8, lay.dense_dim * 4
         parts = self._placement.row_parts(bucket.layout.size, grouped(bucket))
         for index, (_, _, (first, stop)) in enumerate(parts):
             a, b = min(first, samples), min(stop, samples)
@@ -206,11 +213,16 @@ class BatchUploader:
                     list(self._copier().map(copy_all, split_copies(copies, _STAGING_THREADS)))
                 else:
                     copy_all(copies)
-                self.upload(bucket, a * row_bytes, b * row_bytes)
+                self.upload(bucket, a * row_bytes, b * row_bytes, stream)
+                if dense_by_part:
+                    dense_target[a:b] = dense_source[a:b]
+                    at = lay.dense_at
+                    self.upload(bucket, at + a * dense_bytes, at + b * dense_bytes, stream)
             yield index
-        copy_all(head)
-        self.upload(bucket, lay.dense_at, lay.offsets_at)
-        yield DENSE_FEATURES
+        if not dense_by_part:
+            copy_all(head)
+            self.upload(bucket, lay.dense_at, lay.offsets_at, stream)
+            yield DENSE_FEATURES
 
     def upload_groups(self, bucket: Bucket, batch: SparseBatch) -> Iterator[int]:
         """Stage and copy a table-major host batch in the order the GPU needs it: the header

@@ -162,6 +162,40 @@ def test_large_sample_major_batches_staged_in_parts(
         assert samples == list(range(bucket.layout.size))  # every sample in exactly one part
 
 
+@pytest.mark.parametrize("kind", ["dynamic", "static"])
+@pytest.mark.parametrize("by_part", [True, False])
+def test_sample_major_batches_scored_part_by_part_equal_numpy(
+    repo: Path, kind: str, by_part: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A grouped bucket (lowered here to 8 samples) scores a sample-major host batch part by
+    part of its rows (each part's dense network, bottom MLP included, and download as soon as
+    its lookup is done, from a graph per part) or whole: the scores equal the NumPy path's,
+    padded last parts and batches of one part included; table-major batches and batches on
+    the GPU are scored whole."""
+    from hps_core.infer.gpu import buckets
+    from hps_core.infer.gpu import pipeline as gpu_pipeline
+
+    monkeypatch.setattr(buckets, "_GROUPED_STAGING_SAMPLES", 8)
+    monkeypatch.setattr(gpu_pipeline, "_DENSE_BY_PART", by_part)
+    model = ZooModel(repo, NAME)
+    ps = variant(repo, kind, f"_by_part{by_part}")
+    gpu = RankingSession.open(ps, NAME, device_id=0)
+    cpu = RankingSession.open(ps, NAME)
+    contract = SamplesContract(gpu.layout)
+    rng = np.random.default_rng(71)
+    for batch in (5, 8, 100, 256, 256):
+        dense, keys = model.samples(rng, batch)
+        parsed = contract.parse(*encode_samples(dense, keys))
+        want = cpu.predict(parsed)
+        model.check(want, dense, keys)
+        for form in (parsed, table_major(parsed), on_gpu(parsed)):
+            np.testing.assert_allclose(gpu.predict(form), want, rtol=1e-5, atol=1e-6)
+    pipe = gpu.pipeline
+    for size, bucket in pipe._buckets.items():
+        parts = pipe.placement.row_parts(size, buckets.grouped(bucket))
+        assert len(bucket.graphs.row_dense) == (len(parts) if by_part else 0)
+
+
 @pytest.mark.parametrize("kind", ["dynamic", "tiny"])
 def test_sample_major_batches_in_any_find_order_and_parts_equal_numpy(
     repo: Path, kind: str, monkeypatch: pytest.MonkeyPatch
