@@ -54,6 +54,8 @@ VARIANTS = {
     "pool stream of the cache stream's priority": {"_POOL_PRIORITY": 0},
     "finds sample by sample": {"_FIND_BY_COLUMN": False},
     "sample-major batches by groups of tables": {"_ROW_PARTS": False},
+    "every part scored as soon as looked up": {"_DENSE_BY_PART": True},
+    "parts scored on the main stream": {"_DENSE_BY_PART": True, "_PART_STREAM": False},
     "whole dense network after every lookup": {"_DENSE_BY_PART": False},
 }
 """Settings of :mod:`hps_core.infer.gpu.pipeline` timed beside the default (the median predict of
@@ -63,9 +65,8 @@ fresh batches, the settings alternating)."""
 def rebuild(pipe) -> None:
     """Drop the pipeline's buckets (their graphs bake the settings in); the next predict of
     each size records them again."""
-    pipe._stream.synchronize()
-    pipe._cache_stream.synchronize()
-    pipe._pool_stream.synchronize()
+    for stream in pipe._streams:
+        stream.synchronize()
     # The pool stream's priority is a setting too, fixed when a stream is made.
     priority = gpu_pipeline._POOL_PRIORITY
     with cupy.cuda.Device(pipe.device_id):

@@ -18,6 +18,6 @@ The CUDA sources and their compilation are :mod:`hps_core.cuda`'s; the constants
 also shares with the cache's ``kernels/cache.cu`` (lanes per key, threads per block, counter
 positions) :mod:`hps_core.cache.kernel_consts`'s and :mod:`hps_core.cache.stats`'.
 
-Every module but :mod:`~hps_core.infer.gpu.staging` and ``constants`` needs CuPy; none is
-imported here, so the package imports on machines without it.
+Every module but :mod:`~hps_core.infer.gpu.staging`, ``constants`` and ``schedule`` needs
+CuPy; none is imported here, so the package imports on machines without it.
 """

@@ -18,6 +18,7 @@ import cupy
 import numpy as np
 
 from hps_core.infer.gpu.placement import Placement
+from hps_core.infer.gpu.schedule import ScheduleTrial
 from hps_core.infer.gpu.staging import BatchLayout
 from hps_core.infer.gpu.structs import PENDING_DTYPE
 from hps_core.infer.inputs.layout import RankingLayout
@@ -72,6 +73,7 @@ class Bucket:
     part_scores: dict[int, Any] = field(default_factory=dict)  # per part of rows, scored alone
     prefix: dict[str, Any] | None = None  # outputs of the dense network's dense-only steps
     graphs: Graphs | None = None
+    by_part: ScheduleTrial | None = None  # a sample-major host batch scored part by part?
     batches: int = 0
     samples: int = 0  # real samples of the batch staged last
 

@@ -82,6 +82,7 @@ from hps_core.infer.gpu.buckets import (
 from hps_core.infer.gpu.constants import STATE_STAGED, bank_defines
 from hps_core.infer.gpu.lower_tiers import LowerTierFetch
 from hps_core.infer.gpu.placement import Part, Placement, PoolPlan
+from hps_core.infer.gpu.schedule import ScheduleTrial
 from hps_core.infer.gpu.staging import bucket_for
 from hps_core.infer.gpu.structs import MISS_DTYPE
 from hps_core.infer.gpu.uploads import DENSE_FEATURES, STAGING_GROUPS, BatchUploader, copy_all
@@ -133,10 +134,18 @@ _ROW_PARTS = True
 (``False``: after its whole copy, by groups of tables). DLRM-v2, 16,384 fresh samples, 0.2
 cache, TF32 on the H200 (e2a9b18): by groups of tables its lookup took 4.54 ms against 5.60,
 but the batch 11.07 ms against 9.53, waiting for the whole copy."""
-_DENSE_BY_PART = True
+_DENSE_BY_PART: bool | None = None
 """Score a large sample-major host batch part by part of its rows (see :meth:`_run`): each
-part's dense network runs on the main stream as soon as its lookup is done, beside the next
-part's copy and lookup (``False``: the whole batch's dense network after every lookup)."""
+part's dense network runs as soon as its lookup is done, beside the next part's copy and
+lookup (``False``: the whole batch's dense network after every lookup; ``None``: whichever of
+the two a bucket's first real batches run faster by, see :class:`ScheduleTrial`). Neither wins
+everywhere: ... """
+_SCHEDULE_TRIALS = 4
+"""Batches each schedule runs before a bucket chooses (the first batch of a bucket is not
+timed)."""
+_PART_STREAM = True
+"""Score the parts on a stream of the cache stream's priority (``False``: on the main stream,
+whose blocks outrank the lookup's)."""
 _HIGHEST_PRIORITY = -1000  # lower is more urgent; 0 is the default and least urgent
 
 
@@ -213,6 +222,9 @@ class GpuRankingPipeline:
             self._copy_stream = cupy.cuda.Stream(non_blocking=True, priority=_HIGHEST_PRIORITY)
             # Each part's pooling runs here, beside the next part's bank_find.
             self._pool_stream = cupy.cuda.Stream(non_blocking=True, priority=_POOL_PRIORITY)
+            # A batch scored part by part scores each part here, beside the next part's lookup.
+            self._part_stream = cupy.cuda.Stream(non_blocking=True, priority=0)
+            self._parts_scored = cupy.cuda.Event(disable_timing=True)
             self._pooled = cupy.cuda.Event(disable_timing=True)
             self._pools_pending = False  # poolings launched there since the last join
             self._prefixed = cupy.cuda.Event(disable_timing=True)
@@ -239,7 +251,7 @@ class GpuRankingPipeline:
     def _streams(self) -> tuple[Any, ...]:
         return (
             self._stream, self._cache_stream, self._pool_stream, self._prefix_stream,
-            self._copy_stream,
+            self._copy_stream, self._part_stream,
         )  # fmt: skip
 
     @property
@@ -310,12 +322,7 @@ class GpuRankingPipeline:
             by_rows = on_host and self._uploader.sample_major(batch)
             if grouped(bucket) and on_host and not fetch and (_ROW_PARTS or not by_rows):
                 if by_rows:
-                    # Scored part by part, its copies on the copy stream: the main stream
-                    # scores a part while the next one is copied and looked up.
-                    by_part = self._dense_by_part(bucket)
-                    copy = self._copy_stream if by_part else None
-                    parts = self._uploader.upload_rows(bucket, batch, copy, by_part)
-                    self._run(bucket, parts, by_rows=True, copied=copy, dense_by_part=by_part)
+                    self._run_rows(bucket, batch)
                 else:
                     self._run(bucket, self._uploader.upload_groups(bucket, batch))
             else:
@@ -330,6 +337,21 @@ class GpuRankingPipeline:
             bank.batches += 1
             bucket.batches += 1
             return bucket.scores_host[:samples].copy()
+
+    def _run_rows(self, bucket: Bucket, batch: SparseBatch) -> None:
+        """A sample-major host batch in a grouped bucket, looked up part by part of its rows
+        as each is copied, and scored whole or part by part (its copies then on the copy
+        stream, so that a part is scored while the next one is copied and looked up)."""
+        trial = self._dense_by_part(bucket)
+        by_part = trial.next() if trial is not None else False
+        started = time.perf_counter()
+        copy = self._copy_stream if by_part else None
+        parts = self._uploader.upload_rows(bucket, batch, copy, by_part)
+        self._run(bucket, parts, by_rows=True, copied=copy, dense_by_part=by_part)
+        # A bucket's first batch pays one-time costs: it is not timed.
+        if trial is not None and trial.chosen is None and bucket.batches > 0:
+            self._stream.synchronize()
+            trial.record(by_part, time.perf_counter() - started)
 
     def _chunk_samples(self, batch: SparseBatch) -> int | None:
         """Samples per chunk of a host batch run as chunks, or None to run it whole: a batch
@@ -430,7 +452,7 @@ class GpuRankingPipeline:
         """
         main, cache = self._stream, self._cache_stream
         parts = (
-            self.placement.row_parts(bucket.layout.size, grouped(bucket))
+            self._row_parts(bucket)
             if by_rows
             else self.placement.parts(bucket.layout.size, grouped(bucket))
         )
@@ -467,6 +489,9 @@ class GpuRankingPipeline:
             )
             if not deferred:
                 self._launch_insert(bucket)
+        if dense_by_part and dense and _PART_STREAM:
+            self._parts_scored.record(self._part_stream)
+            main.wait_event(self._parts_scored)
         main.wait_event(self._looked_up)
         if self._has_prefix and not dense_by_part:
             main.wait_event(self._prefixed)
@@ -491,27 +516,34 @@ class GpuRankingPipeline:
                     cache.wait_event(self._scored)
                     self._launch_insert(bucket)
 
-    def _dense_by_part(self, bucket: Bucket) -> bool:
-        """Whether a sample-major host batch in ``bucket`` is scored part by part of its rows
-        (see ``_DENSE_BY_PART``): a grouped bucket of a network whose layers see each sample
-        alone."""
-        return (
-            _DENSE_BY_PART
-            and not self.executor.batch_dependent
-            and bool(self.placement.row_parts(bucket.layout.size, grouped(bucket)))
-        )
+    def _dense_by_part(self, bucket: Bucket) -> ScheduleTrial | None:
+        """How a sample-major host batch in ``bucket`` chooses between scoring it whole and
+        part by part of its rows (see ``_DENSE_BY_PART``), or None where only whole applies: a
+        bucket that is not grouped, or a network whose layers take statistics over the batch.
+        """
+        if self.executor.batch_dependent or not self._row_parts(bucket):
+            return None
+        if _DENSE_BY_PART is not None:  # a fixed choice
+            return ScheduleTrial(0, chosen=_DENSE_BY_PART)
+        if bucket.by_part is None:
+            bucket.by_part = ScheduleTrial(_SCHEDULE_TRIALS)
+        return bucket.by_part
+
+    def _row_parts(self, bucket: Bucket) -> tuple[Part, ...]:
+        return self.placement.row_parts(bucket.layout.size, grouped(bucket))
 
     def _launch_part_dense(self, bucket: Bucket, index: int, part: Part) -> None:
-        """Part ``index``'s dense network and download on the main stream, after its pooling
-        (launched last by :meth:`_launch_lookup` on the pool or cache stream)."""
-        main = self._stream
+        """Part ``index``'s dense network and download on the part stream (see
+        ``_PART_STREAM``), after its pooling (launched last by :meth:`_launch_lookup` on the
+        pool or cache stream)."""
+        stream = self._part_stream if _PART_STREAM else self._stream
         pooled = self._part_pooled[index]
         pooled.record(self._pool_stream if self._pools_pending else self._cache_stream)
-        main.wait_event(pooled)
+        stream.wait_event(pooled)
         if bucket.graphs is not None and bucket.graphs.row_dense:
-            bucket.graphs.row_dense[index].launch(main)
+            bucket.graphs.row_dense[index].launch(stream)
         else:
-            with main, cupy.cuda.using_allocator(bucket.pool.malloc):
+            with stream, cupy.cuda.using_allocator(bucket.pool.malloc):
                 self._part_dense_step(bucket, index, part)
 
     def _launch_insert(self, bucket: Bucket) -> None:
@@ -588,7 +620,7 @@ class GpuRankingPipeline:
         bucket.part_scores[index] = scores
         cupy.cuda.runtime.memcpyAsync(
             bucket.scores_host[first:stop].ctypes.data, scores.data.ptr, scores.nbytes, _D2H,
-            self._stream.ptr,
+            cupy.cuda.get_current_stream().ptr,
         )  # fmt: skip
 
     def _lookup(self, bucket: Bucket, part: Part | None = None) -> None:
@@ -759,8 +791,8 @@ class GpuRankingPipeline:
         its graphs (no dense one for a batch-dependent network, whose dense step runs eagerly
         on the real samples: there are none yet)."""
         self._run(bucket, dense=not self.executor.batch_dependent)
-        row_parts = self.placement.row_parts(bucket.layout.size, grouped(bucket))
-        by_part = self._dense_by_part(bucket)
+        row_parts = self._row_parts(bucket)
+        by_part = self._dense_by_part(bucket) is not None
         if by_part:  # the parts' shapes too, before any capture (cuBLASLt tunes on first use)
             with self._stream, cupy.cuda.using_allocator(bucket.pool.malloc):
                 for index, part in enumerate(row_parts):
@@ -781,7 +813,7 @@ class GpuRankingPipeline:
             )
             for parts in (
                 self.placement.parts(bucket.layout.size, grouped(bucket)),
-                self.placement.row_parts(bucket.layout.size, grouped(bucket)),
+                self._row_parts(bucket),
             )
         )
         insert = captured(self._cache_stream, bucket.pool, lambda: self._insert(bucket))

@@ -137,9 +137,13 @@ def test_large_sample_major_batches_staged_in_parts(
     each part from _THREADED_STAGING_BYTES on), and looks each part up as soon as it is
     copied, with a graph per part; the same batch table-major takes the groups of tables."""
     from hps_core.infer.gpu import buckets, uploads
+    from hps_core.infer.gpu import pipeline as gpu_pipeline
 
     monkeypatch.setattr(buckets, "_GROUPED_STAGING_SAMPLES", 8)
     monkeypatch.setattr(uploads, "_THREADED_STAGING_BYTES", 0 if threaded else 1 << 62)
+    # Scored whole: every form's scores then come from products of the same shapes, bit for
+    # bit (scoring part by part: test_sample_major_batches_scored_part_by_part_equal_numpy).
+    monkeypatch.setattr(gpu_pipeline, "_DENSE_BY_PART", False)
     model = ZooModel(repo, NAME)
     ps = variant(repo, "dynamic", f"_large{threaded}")
     gpu = RankingSession.open(ps, NAME, device_id=0)
@@ -163,27 +167,29 @@ def test_large_sample_major_batches_staged_in_parts(
 
 
 @pytest.mark.parametrize("kind", ["dynamic", "static"])
-@pytest.mark.parametrize("by_part", [True, False])
+@pytest.mark.parametrize("by_part", [True, False, None])
 def test_sample_major_batches_scored_part_by_part_equal_numpy(
-    repo: Path, kind: str, by_part: bool, monkeypatch: pytest.MonkeyPatch
+    repo: Path, kind: str, by_part: bool | None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A grouped bucket (lowered here to 8 samples) scores a sample-major host batch part by
     part of its rows (each part's dense network, bottom MLP included, and download as soon as
-    its lookup is done, from a graph per part) or whole: the scores equal the NumPy path's,
-    padded last parts and batches of one part included; table-major batches and batches on
-    the GPU are scored whole."""
+    its lookup is done, from a graph per part), whole, or (``None``) by whichever of the two
+    its first batches ran faster by: the scores equal the NumPy path's, padded last parts and
+    batches of one part included; table-major batches and batches on the GPU are scored
+    whole."""
     from hps_core.infer.gpu import buckets
     from hps_core.infer.gpu import pipeline as gpu_pipeline
 
     monkeypatch.setattr(buckets, "_GROUPED_STAGING_SAMPLES", 8)
     monkeypatch.setattr(gpu_pipeline, "_DENSE_BY_PART", by_part)
+    monkeypatch.setattr(gpu_pipeline, "_SCHEDULE_TRIALS", 2)
     model = ZooModel(repo, NAME)
     ps = variant(repo, kind, f"_by_part{by_part}")
     gpu = RankingSession.open(ps, NAME, device_id=0)
     cpu = RankingSession.open(ps, NAME)
     contract = SamplesContract(gpu.layout)
     rng = np.random.default_rng(71)
-    for batch in (5, 8, 100, 256, 256):
+    for batch in (5, 8, 100, 256, 256, 256, 256, 256, 256):
         dense, keys = model.samples(rng, batch)
         parsed = contract.parse(*encode_samples(dense, keys))
         want = cpu.predict(parsed)
@@ -191,9 +197,12 @@ def test_sample_major_batches_scored_part_by_part_equal_numpy(
         for form in (parsed, table_major(parsed), on_gpu(parsed)):
             np.testing.assert_allclose(gpu.predict(form), want, rtol=1e-5, atol=1e-6)
     pipe = gpu.pipeline
-    for size, bucket in pipe._buckets.items():
-        parts = pipe.placement.row_parts(size, buckets.grouped(bucket))
-        assert len(bucket.graphs.row_dense) == (len(parts) if by_part else 0)
+    for bucket in pipe._buckets.values():
+        assert len(bucket.graphs.row_dense) == len(pipe._row_parts(bucket)) > 1
+        assert (bucket.by_part is None) == (by_part is not None)
+    if by_part is None:  # the first batch untimed, then 2 of each schedule
+        trial = pipe._buckets[256].by_part
+        assert trial.chosen is not None and list(map(len, trial.times)) == [2, 2]
 
 
 @pytest.mark.parametrize("kind", ["dynamic", "tiny"])
@@ -209,6 +218,9 @@ def test_sample_major_batches_in_any_find_order_and_parts_equal_numpy(
     from hps_core.infer.gpu import pipeline as gpu_pipeline
 
     monkeypatch.setattr(buckets, "_GROUPED_STAGING_SAMPLES", 8)
+    # Scored whole: every form's scores then come from products of the same shapes, bit for
+    # bit (scoring part by part: test_sample_major_batches_scored_part_by_part_equal_numpy).
+    monkeypatch.setattr(gpu_pipeline, "_DENSE_BY_PART", False)
     model = ZooModel(repo, NAME)
     cpu = RankingSession.open(variant(repo, kind), NAME)
     scores = {}
@@ -244,6 +256,9 @@ def test_pooling_beside_the_next_find_equals_pooling_after_it(
     from hps_core.infer.gpu import pipeline as gpu_pipeline
 
     monkeypatch.setattr(buckets, "_GROUPED_STAGING_SAMPLES", 8)
+    # Scored whole: every form's scores then come from products of the same shapes, bit for
+    # bit (scoring part by part: test_sample_major_batches_scored_part_by_part_equal_numpy).
+    monkeypatch.setattr(gpu_pipeline, "_DENSE_BY_PART", False)
     model = ZooModel(repo, NAME)
     cpu = RankingSession.open(variant(repo, kind), NAME)
     sessions = {}
