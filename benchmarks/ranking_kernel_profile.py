@@ -55,7 +55,6 @@ VARIANTS = {
     "finds sample by sample": {"_FIND_BY_COLUMN": False},
     "sample-major batches by groups of tables": {"_ROW_PARTS": False},
     "every part scored as soon as looked up": {"_DENSE_BY_PART": True},
-    "parts scored on the main stream": {"_DENSE_BY_PART": True, "_PART_STREAM": False},
     "whole dense network after every lookup": {"_DENSE_BY_PART": False},
 }
 """Settings of :mod:`hps_core.infer.gpu.pipeline` timed beside the default (the median predict of

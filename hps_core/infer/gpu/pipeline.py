@@ -27,9 +27,9 @@ Per batch the host validates nothing on the device and waits for the GPU once:
    that read the dense features alone (DLRM's bottom MLP,
    :meth:`~hps_core.nn.DenseExecutor.forward_dense_prefix`) run on a stream of their own as
    soon as the dense features are on the device, beside the lookup. A large sample-major host
-   batch is scored part by part of its samples instead: each part's whole dense network runs
-   as soon as its lookup is done, while the next part is copied (on a copy stream) and
-   looked up;
+   batch may be scored part by part of its samples instead (where its bucket's first batches
+   ran faster that way: ``_DENSE_BY_PART``): each part's whole dense network runs as soon as
+   its lookup is done, while the next part is copied (on a copy stream) and looked up;
 6. one device-to-host copy of the scores (one per part, scored by parts); the only
    synchronisation.
 
@@ -136,16 +136,17 @@ cache, TF32 on the H200 (e2a9b18): by groups of tables its lookup took 4.54 ms a
 but the batch 11.07 ms against 9.53, waiting for the whole copy."""
 _DENSE_BY_PART: bool | None = None
 """Score a large sample-major host batch part by part of its rows (see :meth:`_run`): each
-part's dense network runs as soon as its lookup is done, beside the next part's copy and
-lookup (``False``: the whole batch's dense network after every lookup; ``None``: whichever of
-the two a bucket's first real batches run faster by, see :class:`ScheduleTrial`). Neither wins
-everywhere: ... """
+part's dense network runs on the main stream as soon as its lookup is done, beside the next
+part's copy and lookup (``False``: the whole batch's dense network after every lookup; ``None``:
+whichever of the two a bucket's first batches run faster by, see :class:`ScheduleTrial`).
+Neither wins everywhere (H200, 0.2 cache, fresh batches, ``ranking_kernel_profile.py``, medians
+of 9): the one-hot DLRM's batch of 65,536 (FP16 storage) took 6.24 ms by parts against 6.92
+whole in TF32, 9.60 against 10.05 in FP32; DLRM-v2's of 16,384, whose lookup is longer than its
+copies, 9.89 against 9.59 in TF32 and 17.5 against 15.5 in FP32. On a stream of the lookup's
+priority, below the main stream's, the parts took longer still (10.11, 6.48, 10.42, 19.1 ms)."""
 _SCHEDULE_TRIALS = 4
 """Batches each schedule runs before a bucket chooses (the first batch of a bucket is not
 timed)."""
-_PART_STREAM = True
-"""Score the parts on a stream of the cache stream's priority (``False``: on the main stream,
-whose blocks outrank the lookup's)."""
 _HIGHEST_PRIORITY = -1000  # lower is more urgent; 0 is the default and least urgent
 
 
@@ -222,9 +223,6 @@ class GpuRankingPipeline:
             self._copy_stream = cupy.cuda.Stream(non_blocking=True, priority=_HIGHEST_PRIORITY)
             # Each part's pooling runs here, beside the next part's bank_find.
             self._pool_stream = cupy.cuda.Stream(non_blocking=True, priority=_POOL_PRIORITY)
-            # A batch scored part by part scores each part here, beside the next part's lookup.
-            self._part_stream = cupy.cuda.Stream(non_blocking=True, priority=0)
-            self._parts_scored = cupy.cuda.Event(disable_timing=True)
             self._pooled = cupy.cuda.Event(disable_timing=True)
             self._pools_pending = False  # poolings launched there since the last join
             self._prefixed = cupy.cuda.Event(disable_timing=True)
@@ -251,7 +249,7 @@ class GpuRankingPipeline:
     def _streams(self) -> tuple[Any, ...]:
         return (
             self._stream, self._cache_stream, self._pool_stream, self._prefix_stream,
-            self._copy_stream, self._part_stream,
+            self._copy_stream,
         )  # fmt: skip
 
     @property
@@ -489,9 +487,6 @@ class GpuRankingPipeline:
             )
             if not deferred:
                 self._launch_insert(bucket)
-        if dense_by_part and dense and _PART_STREAM:
-            self._parts_scored.record(self._part_stream)
-            main.wait_event(self._parts_scored)
         main.wait_event(self._looked_up)
         if self._has_prefix and not dense_by_part:
             main.wait_event(self._prefixed)
@@ -533,17 +528,16 @@ class GpuRankingPipeline:
         return self.placement.row_parts(bucket.layout.size, grouped(bucket))
 
     def _launch_part_dense(self, bucket: Bucket, index: int, part: Part) -> None:
-        """Part ``index``'s dense network and download on the part stream (see
-        ``_PART_STREAM``), after its pooling (launched last by :meth:`_launch_lookup` on the
-        pool or cache stream)."""
-        stream = self._part_stream if _PART_STREAM else self._stream
+        """Part ``index``'s dense network and download on the main stream, after its pooling
+        (launched last by :meth:`_launch_lookup` on the pool or cache stream)."""
+        main = self._stream
         pooled = self._part_pooled[index]
         pooled.record(self._pool_stream if self._pools_pending else self._cache_stream)
-        stream.wait_event(pooled)
+        main.wait_event(pooled)
         if bucket.graphs is not None and bucket.graphs.row_dense:
-            bucket.graphs.row_dense[index].launch(stream)
+            bucket.graphs.row_dense[index].launch(main)
         else:
-            with stream, cupy.cuda.using_allocator(bucket.pool.malloc):
+            with main, cupy.cuda.using_allocator(bucket.pool.malloc):
                 self._part_dense_step(bucket, index, part)
 
     def _launch_insert(self, bucket: Bucket) -> None:
@@ -620,7 +614,7 @@ class GpuRankingPipeline:
         bucket.part_scores[index] = scores
         cupy.cuda.runtime.memcpyAsync(
             bucket.scores_host[first:stop].ctypes.data, scores.data.ptr, scores.nbytes, _D2H,
-            cupy.cuda.get_current_stream().ptr,
+            self._stream.ptr,
         )  # fmt: skip
 
     def _lookup(self, bucket: Bucket, part: Part | None = None) -> None:
