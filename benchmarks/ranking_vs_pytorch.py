@@ -449,7 +449,7 @@ def main() -> None:
                 same = "eager-gpu-inputs" if r["inputs"] == "gpu" else "eager"
                 r["x_peer_same_inputs"] = peer_ms[(same, r["batch"])] / r["ms"]
     columns = ["system", "cache", "storage", "inputs", "precision", "batch", "ms", "samples_per_s",
-               "x_peer_eager", "x_peer_graph", "x_peer_same_inputs",
+               "x_peer_eager", "x_peer_graph", "x_peer_same_inputs", "scored",
                "key_hit_rate", "unique_hit_rate", "gpu_lookup_ms", "gpu_insert_ms", "gpu_dense_ms",
                "host_rows_per_batch", "miss_mb_per_batch", "pcie_floor_ms", "lookup_x_floor",
                "gpu_mib",
