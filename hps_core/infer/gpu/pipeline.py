@@ -340,7 +340,7 @@ class GpuRankingPipeline:
         """A sample-major host batch in a grouped bucket, looked up part by part of its rows
         as each is copied, and scored whole or part by part (its copies then on the copy
         stream, so that a part is scored while the next one is copied and looked up)."""
-        trial = self._dense_by_part(bucket)
+        trial = self._by_part_trial(bucket)
         by_part = trial.next() if trial is not None else False
         started = time.perf_counter()
         copy = self._copy_stream if by_part else None
@@ -446,7 +446,7 @@ class GpuRankingPipeline:
                 otherwise wait for the scores (a chunk: the next chunk's lookup follows it).
             dense_by_part: with ``by_rows``, score each part (its dense network and download,
                 on the main stream) as soon as its lookup is done; ``uploaded`` then copies
-                each part's dense features with its keys (see :meth:`_dense_by_part`).
+                each part's dense features with its keys (see :meth:`_by_part_trial`).
         """
         main, cache = self._stream, self._cache_stream
         parts = (
@@ -511,17 +511,16 @@ class GpuRankingPipeline:
                     cache.wait_event(self._scored)
                     self._launch_insert(bucket)
 
-    def _dense_by_part(self, bucket: Bucket) -> ScheduleTrial | None:
+    def _by_part_trial(self, bucket: Bucket) -> ScheduleTrial | None:
         """How a sample-major host batch in ``bucket`` chooses between scoring it whole and
         part by part of its rows (see ``_DENSE_BY_PART``), or None where only whole applies: a
         bucket that is not grouped, or a network whose layers take statistics over the batch.
         """
         if self.executor.batch_dependent or not self._row_parts(bucket):
             return None
-        if _DENSE_BY_PART is not None:  # a fixed choice
-            return ScheduleTrial(0, chosen=_DENSE_BY_PART)
         if bucket.by_part is None:
-            bucket.by_part = ScheduleTrial(_SCHEDULE_TRIALS)
+            fixed = _DENSE_BY_PART is not None
+            bucket.by_part = ScheduleTrial(0 if fixed else _SCHEDULE_TRIALS, chosen=_DENSE_BY_PART)
         return bucket.by_part
 
     def _row_parts(self, bucket: Bucket) -> tuple[Part, ...]:
@@ -786,8 +785,10 @@ class GpuRankingPipeline:
         on the real samples: there are none yet)."""
         self._run(bucket, dense=not self.executor.batch_dependent)
         row_parts = self._row_parts(bucket)
-        by_part = self._dense_by_part(bucket) is not None
-        if by_part:  # the parts' shapes too, before any capture (cuBLASLt tunes on first use)
+        # A bucket that may score by parts runs the parts' shapes too, before any capture
+        # (cuBLASLt tunes on first use).
+        scored_by_parts = self._by_part_trial(bucket) is not None
+        if scored_by_parts:
             with self._stream, cupy.cuda.using_allocator(bucket.pool.malloc):
                 for index, part in enumerate(row_parts):
                     self._part_dense_step(bucket, index, part)
@@ -822,7 +823,7 @@ class GpuRankingPipeline:
             captured(
                 self._stream, bucket.pool, lambda i=i, p=p: self._part_dense_step(bucket, i, p)
             )
-            for i, p in enumerate(row_parts if by_part else ())
+            for i, p in enumerate(row_parts if scored_by_parts else ())
         )
         bucket.graphs = Graphs(lookups, row_lookups, insert, prefix, dense, row_dense)
 

@@ -199,7 +199,8 @@ def test_sample_major_batches_scored_part_by_part_equal_numpy(
     pipe = gpu.pipeline
     for bucket in pipe._buckets.values():
         assert len(bucket.graphs.row_dense) == len(pipe._row_parts(bucket)) > 1
-        assert (bucket.by_part is None) == (by_part is not None)
+        if by_part is not None:  # a fixed choice: nothing timed
+            assert bucket.by_part.chosen is by_part and bucket.by_part.times == ([], [])
     if by_part is None:  # the first batch untimed, then 2 of each schedule
         trial = pipe._buckets[256].by_part
         assert trial.chosen is not None and list(map(len, trial.times)) == [2, 2]
