@@ -60,6 +60,7 @@ the keys that neither a cache nor a host tier holds are fetched through the host
 from __future__ import annotations
 
 import logging
+import statistics
 import threading
 import time
 from collections.abc import Iterable, Sequence
@@ -350,6 +351,13 @@ class GpuRankingPipeline:
         if trial is not None and trial.chosen is None and bucket.batches > 0:
             self._stream.synchronize()
             trial.record(by_part, time.perf_counter() - started)
+            if trial.chosen is not None:
+                whole, parts = (1e3 * statistics.median(t) for t in trial.times)
+                logger.info(
+                    "model %s on GPU %d: batch bucket %d scores %s (median %.2f ms by parts, "
+                    "%.2f ms whole)", self.layout.model, self.device_id, bucket.layout.size,
+                    "by parts" if trial.chosen else "whole", parts, whole,
+                )  # fmt: skip
 
     def _chunk_samples(self, batch: SparseBatch) -> int | None:
         """Samples per chunk of a host batch run as chunks, or None to run it whole: a batch

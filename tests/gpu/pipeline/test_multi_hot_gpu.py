@@ -12,6 +12,7 @@ no cache. A batch's repeated missed keys cross PCIe once and are inserted once.
 from __future__ import annotations
 
 import json
+import logging
 import sys
 from pathlib import Path
 
@@ -169,7 +170,11 @@ def test_large_sample_major_batches_staged_in_parts(
 @pytest.mark.parametrize("kind", ["dynamic", "static"])
 @pytest.mark.parametrize("by_part", [True, False, None])
 def test_sample_major_batches_scored_part_by_part_equal_numpy(
-    repo: Path, kind: str, by_part: bool | None, monkeypatch: pytest.MonkeyPatch
+    repo: Path,
+    kind: str,
+    by_part: bool | None,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     """A grouped bucket (lowered here to 8 samples) scores a sample-major host batch part by
     part of its rows (each part's dense network, bottom MLP included, and download as soon as
@@ -183,6 +188,7 @@ def test_sample_major_batches_scored_part_by_part_equal_numpy(
     monkeypatch.setattr(buckets, "_GROUPED_STAGING_SAMPLES", 8)
     monkeypatch.setattr(gpu_pipeline, "_DENSE_BY_PART", by_part)
     monkeypatch.setattr(gpu_pipeline, "_SCHEDULE_TRIALS", 2)
+    caplog.set_level(logging.INFO, logger="hps_core")
     model = ZooModel(repo, NAME)
     ps = variant(repo, kind, f"_by_part{by_part}")
     gpu = RankingSession.open(ps, NAME, device_id=0)
@@ -204,6 +210,8 @@ def test_sample_major_batches_scored_part_by_part_equal_numpy(
     if by_part is None:  # the first batch untimed, then 2 of each schedule
         trial = pipe._buckets[256].by_part
         assert trial.chosen is not None and list(map(len, trial.times)) == [2, 2]
+        chosen = "by parts" if trial.chosen else "whole"
+        assert f"batch bucket 256 scores {chosen} (median" in caplog.text
 
 
 @pytest.mark.parametrize("kind", ["dynamic", "tiny"])
