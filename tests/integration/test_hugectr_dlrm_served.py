@@ -1,7 +1,8 @@
 """HugeCTR's own DLRM network files (v24.06's five files in the FP16 training form, see
 ``tests/unit/nn/test_nn_hugectr_dlrm_files.py``) served as a user serves them: each file as
 HugeCTR ships it, with random dense parameters and one table of dim 128 behind its 26 slots,
-in a repository ``hps repo`` writes, all five in one tritonserver; over HTTP and gRPC, one-hot
+in a repository ``hps repo`` writes, all five in one tritonserver (CPU instances, and GPU
+instances where CUDA is usable); over HTTP and gRPC, one-hot
 and multi-hot requests with unknown keys score as the float64 reference does (its own reading
 of the files, sharing no code with the engine). Skipped where the files are not (see
 ``tests/network_files.py``).
@@ -23,6 +24,7 @@ from hps_core.triton_repo import InstanceGroup, ServingOptions, write_repository
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit" / "infer"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from instance_kinds import INSTANCE_KINDS
 from network_files import HUGECTR_DLRM, network_id, requires_hugectr_dlrm
 from ranking_reference import (
     encode_hugectr,
@@ -37,11 +39,11 @@ pytestmark = [pytest.mark.integration, requires_hugectr_dlrm]
 ROWS, DIM, SLOTS, MAX_HOT = 3000, 128, 26, 2
 
 
-@pytest.fixture(scope="module")
-def served(module_triton_server, tmp_path_factory: pytest.TempPathFactory):
+@pytest.fixture(scope="module", params=INSTANCE_KINDS)
+def served(module_triton_server, tmp_path_factory: pytest.TempPathFactory, request):
     root = tmp_path_factory.mktemp("hugectr_dlrm")
     table = (0.1 * np.random.default_rng(3).standard_normal((ROWS, DIM))).astype(np.float32)
-    options = ServingOptions(instances=(InstanceGroup(count=1),))
+    options = ServingOptions(instances=(InstanceGroup(count=1, kind=request.param),))
     models = {}
     for seed, path in enumerate(HUGECTR_DLRM):
         name = path.stem
