@@ -20,7 +20,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
 from result_table import write_results
@@ -115,6 +115,30 @@ def overlap_table(events: Sequence[dict], kinds: Sequence[str]) -> list[dict]:
         "union_us": length(busy),
     })  # fmt: skip
     return rows
+
+
+def timeline_split(events: Sequence[dict], inside: Callable[[dict], bool]) -> dict[str, float]:
+    """The device's busy time (microseconds) split by what ran in it: ``inside_us`` while a
+    kernel for which ``inside`` holds ran; ``other_kernels_us`` while only other kernels (and
+    maybe copies) ran; ``copies_us`` while only copies or memsets ran. Unlike summed kernel
+    times, a copy that ran beside a kernel counts nowhere: it took no time of the timeline.
+
+    Example:
+        >>> ev = lambda cat, name, start, end: dict(cat=cat, name=name, start=start, end=end)
+        >>> timeline_split([ev("kernel", "gemm", 0, 4), ev("gpu_memcpy", "copy", 3, 6),
+        ...                 ev("kernel", "add", 5, 7)], lambda e: e["name"] == "gemm")
+        {'busy_us': 7.0, 'inside_us': 4.0, 'other_kernels_us': 2.0, 'copies_us': 1.0}
+    """
+    kernels = [e for e in events if e["cat"] == "kernel"]
+    inner = union((e["start"], e["end"]) for e in kernels if inside(e))
+    kernel_time = union((e["start"], e["end"]) for e in kernels)
+    busy = length(union((e["start"], e["end"]) for e in events))
+    return {
+        "busy_us": float(busy),
+        "inside_us": float(length(inner)),
+        "other_kernels_us": float(length(kernel_time) - length(inner)),
+        "copies_us": float(busy - length(kernel_time)),
+    }
 
 
 def main() -> None:

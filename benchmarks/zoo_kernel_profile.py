@@ -12,8 +12,15 @@ of ``--profiled`` predictions after warm-up; their device times are summed by ki
 - ``other``: every other kernel (element-wise layers, reductions, concatenations, the
   interaction, ...).
 
-Prints one row per (model, batch): GPU ms per batch, the share of each kind, and the largest
-``other`` kernels; writes ``zoo_kernel_profile.csv`` under ``--out``.
+Those shares sum device times, so a copy that ran beside a kernel counts as much as one the
+GPU waited for. The trace's timeline gives the other view (``trace_overlap.timeline_split``):
+of the time the device was busy (any kernel, copy or memset running), the share in which no
+GEMM or lookup ran, split into other kernels and copies alone (``outside_share`` =
+``exposed_other_share`` + ``exposed_copy_share``).
+
+Prints one row per (model, batch): GPU ms per batch, the share of each kind, the timeline's
+busy ms and its shares outside GEMMs and lookups, and the largest ``other`` kernels; writes
+``zoo_kernel_profile.csv`` under ``--out``.
 
 Usage:
     python benchmarks/zoo_kernel_profile.py --out $OUT
@@ -32,6 +39,7 @@ import cupy
 import numpy as np
 import torch
 from torch.profiler import ProfilerActivity, profile
+from trace_overlap import device_events, timeline_split
 from zoo_batches import random_batch
 
 from hps_core.demo import ZOO_MODELS
@@ -57,10 +65,11 @@ def kind_of(name: str) -> str:
 
 def device_times(
     session: RankingSession, batches: list[SparseBatch]
-) -> tuple[dict[str, float], str]:
-    """Device microseconds per profiled kernel or copy name over ``batches``, and a summary
-    of the copies: per kind (pinned or pageable host memory, memset), the calls, MB and GB/s
-    per batch, from the trace's copy events."""
+) -> tuple[dict[str, float], str, dict[str, float]]:
+    """Device microseconds per profiled kernel or copy name over ``batches``; a summary of the
+    copies: per kind (pinned or pageable host memory, memset), the calls, MB and GB/s per
+    batch, from the trace's copy events; and the trace's busy time split by what ran
+    (``trace_overlap.timeline_split``, GEMMs and lookups inside)."""
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for batch in batches:
@@ -74,7 +83,11 @@ def device_times(
         times[event.key] += float(total)
     with tempfile.NamedTemporaryFile(suffix=".json") as trace:
         prof.export_chrome_trace(trace.name)
-        events = json.loads(Path(trace.name).read_text())["traceEvents"]
+        trace_json = json.loads(Path(trace.name).read_text())
+    events = trace_json["traceEvents"]
+    split = timeline_split(
+        device_events(trace_json), lambda e: kind_of(e["name"]) in ("gemm", "lookup")
+    )
     copies: dict[str, list[float]] = defaultdict(lambda: [0, 0.0, 0.0])  # calls, bytes, us
     for event in events:
         if event.get("cat") in ("gpu_memcpy", "gpu_memset"):
@@ -87,7 +100,7 @@ def device_times(
         f"{name} x{calls / n:.0f} {nbytes / n / 1e6:.2f} MB {nbytes / max(us, 1e-9) / 1e3:.1f} GB/s"
         for name, (calls, nbytes, us) in sorted(copies.items())
     )
-    return times, summary
+    return times, summary, split
 
 
 def main() -> None:
@@ -115,11 +128,12 @@ def main() -> None:
             for _ in range(3):  # warm-up: kernels, graphs, caches
                 session.predict(random_batch(session, rng, batch))
             fresh = [random_batch(session, rng, batch) for _ in range(args.profiled)]
-            times, copies = device_times(session, fresh)
+            times, copies, split = device_times(session, fresh)
             by_kind = dict.fromkeys(KINDS, 0.0)
             for kernel, us in times.items():
                 by_kind[kind_of(kernel)] += us
             total = sum(by_kind.values())
+            busy = max(split["busy_us"], 1e-9)
             others = sorted(
                 ((us, k) for k, us in times.items() if kind_of(k) == "other"), reverse=True
             )
@@ -128,6 +142,10 @@ def main() -> None:
                     model=name, batch=batch, precision=args.precision,
                     gpu_ms_per_batch=total / 1e3 / args.profiled,
                     **{f"{k}_share": by_kind[k] / total for k in KINDS},
+                    busy_ms_per_batch=split["busy_us"] / 1e3 / args.profiled,
+                    outside_share=(split["other_kernels_us"] + split["copies_us"]) / busy,
+                    exposed_other_share=split["other_kernels_us"] / busy,
+                    exposed_copy_share=split["copies_us"] / busy,
                     top_other="; ".join(f"{k[:40]} {us / total:.1%}" for us, k in others[:4]),
                     copies=copies,
                 )
@@ -136,13 +154,17 @@ def main() -> None:
             print(
                 f"{name:14} {batch:6} {row['gpu_ms_per_batch']:8.3f} ms  "
                 + "  ".join(f"{k} {row[f'{k}_share']:5.1%}" for k in KINDS)
+                + f"  | busy {row['busy_ms_per_batch']:.3f} ms, outside GEMMs and lookups "
+                f"{row['outside_share']:5.1%} (kernels {row['exposed_other_share']:5.1%}, "
+                f"copies alone {row['exposed_copy_share']:5.1%})"
                 + f"  | {row['top_other']}\n{'':22}copies: {copies}",
                 flush=True,
             )
         HPS(path).close()
     columns = [
         "model", "batch", "precision", "gpu_ms_per_batch",
-        *(f"{k}_share" for k in KINDS), "top_other", "copies",
+        *(f"{k}_share" for k in KINDS), "busy_ms_per_batch", "outside_share",
+        "exposed_other_share", "exposed_copy_share", "top_other", "copies",
     ]  # fmt: skip
     with open(args.out / "zoo_kernel_profile.csv", "w", newline="") as f:
         writer = csv.DictWriter(f, columns)

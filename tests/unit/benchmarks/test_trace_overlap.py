@@ -74,3 +74,17 @@ def test_the_script_writes_its_table(tmp_path: Path):
         capture_output=True, text=True,
     )  # fmt: skip
     assert failed.returncode != 0 and "no kernel, copy or memset events" in failed.stderr
+
+
+def test_timeline_split_counts_copies_only_where_no_kernel_ran():
+    """Of the 31 us busy: 20 us of finds, 6 us of poolings alone, 5 us of the copy alone; a
+    copy beside a find counts nowhere."""
+    events = trace_overlap.device_events(TRACE)
+    split = trace_overlap.timeline_split(events, lambda e: e["name"] == "bank_find")
+    assert split == {
+        "busy_us": 31.0, "inside_us": 20.0, "other_kernels_us": 6.0, "copies_us": 5.0,
+    }  # fmt: skip
+    beside = [*events, {"cat": "gpu_memcpy", "name": "copy", "start": 1.0, "end": 9.0}]
+    assert trace_overlap.timeline_split(beside, lambda e: e["name"] == "bank_find") == split
+    everything = trace_overlap.timeline_split(events, lambda e: True)
+    assert everything["inside_us"] == 26.0 and everything["other_kernels_us"] == 0.0
