@@ -147,7 +147,11 @@ copies, 9.89 against 9.59 in TF32 and 17.5 against 15.5 in FP32. On a stream of 
 priority, below the main stream's, the parts took longer still (10.11, 6.48, 10.42, 19.1 ms)."""
 _SCHEDULE_TRIALS = 4
 """Batches each schedule runs before a bucket chooses (the first batch of a bucket is not
-timed)."""
+timed)..."""
+_SCHEDULE_AGAIN_AFTER = 4096
+"""... and batches of the chosen schedule before it times both again (8 batches in 4,096 run
+the slower one: what a wrong choice would cost on every batch, as a cache warms up or the load
+shifts, is worth more)."""
 _HIGHEST_PRIORITY = -1000  # lower is more urgent; 0 is the default and least urgent
 
 
@@ -351,9 +355,10 @@ class GpuRankingPipeline:
         if trial is not None and trial.chosen is None and bucket.batches > 0:
             self._stream.synchronize()
             trial.record(by_part, time.perf_counter() - started)
-            if trial.chosen is not None:
+            if trial.chosen is not None:  # a choice: news the first time and when it changes
                 whole, parts = (1e3 * statistics.median(t) for t in trial.times)
-                logger.info(
+                logger.log(
+                    logging.DEBUG if trial.chosen == trial.previous else logging.INFO,
                     "model %s on GPU %d: batch bucket %d scores %s (median %.2f ms by parts, "
                     "%.2f ms whole)", self.layout.model, self.device_id, bucket.layout.size,
                     "by parts" if trial.chosen else "whole", parts, whole,
@@ -527,8 +532,10 @@ class GpuRankingPipeline:
         if self.executor.batch_dependent or not self._row_parts(bucket):
             return None
         if bucket.by_part is None:
-            fixed = _DENSE_BY_PART is not None
-            bucket.by_part = ScheduleTrial(0 if fixed else _SCHEDULE_TRIALS, chosen=_DENSE_BY_PART)
+            if _DENSE_BY_PART is None:
+                bucket.by_part = ScheduleTrial(_SCHEDULE_TRIALS, again_after=_SCHEDULE_AGAIN_AFTER)
+            else:
+                bucket.by_part = ScheduleTrial(0, chosen=_DENSE_BY_PART)
         return bucket.by_part
 
     def _row_parts(self, bucket: Bucket) -> tuple[Part, ...]:

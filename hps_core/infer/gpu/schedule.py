@@ -18,7 +18,9 @@ class ScheduleTrial:
     """Which of two schedules a bucket runs its batches by, chosen on its first real batches:
     each schedule runs ``trials`` of them (rounded up to an even number), in the order ABBA
     ABBA ... (so that a steady trend, such as a cache warming up, weighs on both alike), and
-    the one whose median time is lower runs every batch after that (``True`` on a tie).
+    the one whose median time is lower runs the batches after that (``True`` on a tie). With
+    ``again_after``, the trial runs again once that many batches ran the chosen schedule: the
+    winner may change as a cache warms up or the load shifts.
 
     Example:
         >>> trial = ScheduleTrial(trials=2)
@@ -29,16 +31,23 @@ class ScheduleTrial:
     """
 
     trials: int
-    times: tuple[list[float], list[float]] = field(default_factory=lambda: ([], []))
     chosen: bool | None = None
+    again_after: int = 0  # batches; 0: never again
+    times: tuple[list[float], list[float]] = field(default_factory=lambda: ([], []))
+    previous: bool | None = None  # the choice before the trial that runs again
+    _since: int = 0  # batches run by the chosen schedule since the choice
 
     def __post_init__(self) -> None:
         self.trials += self.trials % 2
 
     def next(self) -> bool:
-        """The schedule the next batch runs by."""
+        """The schedule the next batch runs by (each call is a batch that runs by it)."""
         if self.chosen is not None:
-            return self.chosen
+            self._since += 1
+            if not self.again_after or self._since <= self.again_after:
+                return self.chosen
+            self.previous, self.chosen, self._since = self.chosen, None, 0
+            self.times = ([], [])
         done = len(self.times[0]) + len(self.times[1])
         return done % 4 in (0, 3)
 

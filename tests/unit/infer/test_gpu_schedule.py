@@ -51,3 +51,24 @@ def test_a_fixed_choice_records_nothing() -> None:
     trial = ScheduleTrial(0, chosen=False)
     trial.record(False, 1.0)
     assert trial.next() is False and trial.times == ([], [])
+
+
+def test_the_trial_runs_again_and_may_change_its_choice() -> None:
+    """After ``again_after`` batches of the chosen schedule both are timed again (the first
+    choice kept as ``previous``); a schedule that became faster is then chosen."""
+    trial = ScheduleTrial(2, again_after=10)
+    while trial.chosen is None:
+        schedule = trial.next()
+        trial.record(schedule, 1.0 if schedule else 2.0)
+    assert trial.chosen is True and trial.previous is None
+    assert [trial.next() for _ in range(10)] == [True] * 10
+    runs = []
+    while trial.chosen is None or not runs:
+        schedule = trial.next()
+        runs.append(schedule)
+        trial.record(schedule, 2.0 if schedule else 1.0)  # whole is faster now
+    assert runs.count(True) == runs.count(False) == 2
+    assert trial.chosen is False and trial.previous is True
+    never = ScheduleTrial(2)
+    never.chosen = True
+    assert all(never.next() for _ in range(10_000))
