@@ -27,8 +27,8 @@ Per batch the host validates nothing on the device and waits for the GPU once:
    that read the dense features alone (DLRM's bottom MLP,
    :meth:`~hps_core.nn.DenseExecutor.forward_dense_prefix`) run on a stream of their own as
    soon as the dense features are on the device, beside the lookup. A large sample-major host
-   batch may be scored part by part of its samples instead (where its bucket's first batches
-   ran faster that way: ``_DENSE_BY_PART``): each part's whole dense network runs as soon as
+   batch may be scored part by part of its samples instead (where the bucket's batches timed
+   both ways ran faster so: ``_DENSE_BY_PART``): each part's whole dense network runs as soon as
    its lookup is done, while the next part is copied (on a copy stream) and looked up;
 6. one device-to-host copy of the scores (one per part, scored by parts); the only
    synchronisation.
@@ -139,7 +139,7 @@ _DENSE_BY_PART: bool | None = None
 """Score a large sample-major host batch part by part of its rows (see :meth:`_run`): each
 part's dense network runs on the main stream as soon as its lookup is done, beside the next
 part's copy and lookup (``False``: the whole batch's dense network after every lookup; ``None``:
-whichever of the two a bucket's first batches run faster by, see :class:`ScheduleTrial`).
+whichever of the two a bucket's timed batches run faster by, see :class:`ScheduleTrial`).
 Neither wins everywhere (H200, 0.2 cache, fresh batches, ``ranking_kernel_profile.py``, medians
 of 9): the one-hot DLRM's batch of 65,536 (FP16 storage) took 6.24 ms by parts against 6.92
 whole in TF32, 9.60 against 10.05 in FP32; DLRM-v2's of 16,384, whose lookup is longer than its

@@ -3,8 +3,8 @@
 Some choices of the pipeline's schedule win on one model and lose on another (scoring a large
 batch part by part of its rows beside the lookup, or whole after it): which one is faster
 depends on how long the lookup, the copies and the dense network take, and so on the model,
-its cache's hit rate and the batch size. A bucket times both on its first batches and keeps
-the faster.
+its cache's hit rate and the batch size. A bucket times both on its first batches, keeps the
+faster, and times both again from time to time.
 """
 
 from __future__ import annotations
