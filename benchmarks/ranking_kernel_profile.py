@@ -4,7 +4,8 @@
 ``torch.profiler`` (CUPTI) records every kernel and copy on the device, CuPy's and cuBLAS's as
 well as PyTorch's, so one run shows both systems' kernels by name. Same model, batches and
 peer as ``ranking_vs_pytorch.py`` (one-hot Zipf keys on the host, ``gpucacheper`` ``--cache``
-after warm-up); per (precision, batch): the host time of staging and copying the batch, the
+after warm-up); per (precision, batch): the host time of staging and copying the batch as
+``predict`` stages it (before f066025: always whole, as buckets below 16,384 samples are), the
 median ``predict`` (and with ``--staging-threads``, with each number of threads filling the
 staging buffer), the median ``predict`` of fresh batches and the GPU time of a fresh batch's
 lookup (``ranking_vs_pytorch.graph_times``) under each of ``--variants`` (of ``VARIANTS``) and
@@ -37,6 +38,7 @@ from hps_core.hps import HPS
 from hps_core.infer import RankingSession, load_ranking_graph
 from hps_core.infer.gpu import pipeline as gpu_pipeline
 from hps_core.infer.gpu import uploads
+from hps_core.infer.gpu.buckets import grouped
 from hps_core.infer.gpu.staging import bucket_for
 
 WARMUP_BATCH = 16384
@@ -59,6 +61,24 @@ VARIANTS = {
 }
 """Settings of :mod:`hps_core.infer.gpu.pipeline` timed beside the default (the median predict of
 fresh batches, the settings alternating)."""
+
+
+def staged_as_predict(pipe, bucket, sparse) -> None:
+    """Stage and copy the host batch ``sparse`` into ``bucket`` as ``predict`` does (a grouped
+    bucket by ranges of samples or by groups of tables, any other whole), without its lookups,
+    and wait for the copies."""
+    uploader = pipe._uploader
+    if grouped(bucket):
+        if uploader.sample_major(sparse):
+            parts = uploader.upload_rows(bucket, sparse)
+        else:
+            parts = uploader.upload_groups(bucket, sparse)
+        for _ in parts:  # each part's copy is queued as it is staged
+            pass
+    else:
+        uploader.stage_and_upload(bucket, sparse)
+    for stream in pipe._streams:
+        stream.synchronize()
 
 
 def rebuild(pipe) -> None:
@@ -147,8 +167,7 @@ def main() -> None:
             staging, whole = [], []
             for _, _, sparse in inputs:
                 started = time.perf_counter()
-                pipe._uploader.stage_and_upload(bucket, sparse)
-                pipe._stream.synchronize()
+                staged_as_predict(pipe, bucket, sparse)
                 staging.append(time.perf_counter() - started)
             for _, _, sparse in inputs:
                 started = time.perf_counter()
