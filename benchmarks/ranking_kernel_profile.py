@@ -5,7 +5,7 @@
 well as PyTorch's, so one run shows both systems' kernels by name. Same model, batches and
 peer as ``ranking_vs_pytorch.py`` (one-hot Zipf keys on the host, ``gpucacheper`` ``--cache``
 after warm-up); per (precision, batch): the host time of staging and copying the batch as
-``predict`` stages it (before f066025: always whole, as buckets below 16,384 samples are), the
+``predict`` stages it (results before this script did so staged every batch whole), the
 median ``predict`` (and with ``--staging-threads``, with each number of threads filling the
 staging buffer), the median ``predict`` of fresh batches and the GPU time of a fresh batch's
 lookup (``ranking_vs_pytorch.graph_times``) under each of ``--variants`` (of ``VARIANTS``) and
