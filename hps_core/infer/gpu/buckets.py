@@ -73,7 +73,9 @@ class Bucket:
     part_scores: dict[int, Any] = field(default_factory=dict)  # per part of rows, scored alone
     prefix: dict[str, Any] | None = None  # outputs of the dense network's dense-only steps
     graphs: Graphs | None = None
-    by_part: ScheduleTrial | None = None  # a sample-major host batch scored part by part?
+    by_part: ScheduleTrial | None = None  # whether a sample-major host batch is scored part
+    # by part of its rows or whole (fixed, or timed on the bucket's batches); None until one
+    # comes, or where only whole applies
     batches: int = 0
     samples: int = 0  # real samples of the batch staged last
 
