@@ -73,7 +73,6 @@ class EmbeddingModel:
             One response per request, in order.
         """
         responses = execute_batched(requests, self._parse, self._lookup, OUTPUT0)
-        self.service.report()
         return responses
 
     def _parse(self, request: Any) -> list[Any]:

@@ -9,8 +9,9 @@
   starts the cache refresher when ``refresh_interval > 0``. Instances on one GPU share its
   dynamic caches (parameter ``share_gpu_cache``, on by default); then only the instance that
   created them fills and refreshes them.
-- After an ``execute`` the table counters go to Triton's metrics endpoint (at most twice a
-  second).
+- Once started, a thread of the instance publishes the table counters' change to Triton's
+  metrics endpoint twice a second (:class:`~triton_backend.metrics.MetricsPublisher`), off the
+  requests' path.
 - With ``update_source.type: kafka_message_queue`` in the ps.json, each instance applies the
   online updates of its model's tables once its tables are open (:mod:`hps_core.updates.apply`),
   in a consumer group of its own (:func:`~hps_core.updates.apply.instance_group_id`: host,
@@ -28,7 +29,6 @@ from __future__ import annotations
 import json
 import logging
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +39,12 @@ from hps_core.hps import HPS
 from hps_core.lookup import LookupOptions, ModelLookup
 from hps_core.lookup.refresher import CacheRefresher
 from hps_core.updates.apply import ModelUpdates, instance_group_id
-from triton_backend.metrics import LookupMetrics, TierBytesMetrics, UpdateMetrics
+from triton_backend.metrics import (
+    LookupMetrics,
+    MetricsPublisher,
+    TierBytesMetrics,
+    UpdateMetrics,
+)
 from triton_backend.model_settings import ModelSettings
 
 logger = logging.getLogger("hps_core")
@@ -141,7 +146,7 @@ class LookupService:
         self._update_metrics: UpdateMetrics | None = None
         self.tier_bytes: TierBytesMetrics | None = None
         """The ``hps_tier_bytes`` gauges, once :meth:`publish_tier_bytes` set them."""
-        self._next_report = 0.0
+        self._publisher: MetricsPublisher | None = None
         self._lock = threading.Lock()
 
     @property
@@ -208,24 +213,23 @@ class LookupService:
         self._updates = ModelUpdates.start(lookup, group, replay=replay, kafka_options=options)
         if self._updates is not None:
             self._update_metrics = UpdateMetrics(s.triton_model, s.instance_name, device)
+        self._publisher = MetricsPublisher(
+            self._report, METRICS_PERIOD_S, f"{s.triton_model} {s.instance_name}"
+        ).start()
 
-    def report(self) -> None:
-        """Publish the counters' change since the last publication, at most twice a second.
-
-        Each metric update is a message from the stub to the server process; doing it for
-        every table after every ``execute`` would cost more than small lookups themselves.
-        """
-        now = time.monotonic()
-        if self._metrics is None or not self._started or now < self._next_report:
-            return
-        self._next_report = now + METRICS_PERIOD_S
-        self._metrics.report(self.lookup.counters())
+    def _report(self) -> None:
+        """Publish the counters' change since the last publication (the publisher's thread)."""
+        if self._metrics is not None:
+            self._metrics.report(self.lookup.counters())
         if self._update_metrics is not None and self._updates is not None:
             self._update_metrics.report(self._updates.stats)
 
     def close(self) -> None:
         """Stop the update consumer and the refresher, and detach the instance's lookup from
         its tables."""
+        if self._publisher is not None:  # first: it reads the counters of what closes next
+            self._publisher.stop()
+            self._publisher = None
         if self._updates is not None:
             self._updates.stop()  # commits what was applied, before the tables close
             self._updates = None

@@ -92,7 +92,6 @@ class _RankingModel:
             One response per request, in order.
         """
         responses = execute_batched(requests, self._parse, self._predict, self.io.outputs[0].name)
-        self.service.report()
         return responses
 
     def _parse(self, request: Any) -> SparseBatch:

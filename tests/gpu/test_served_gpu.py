@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import time
 import urllib.request
 from pathlib import Path
 
@@ -120,14 +121,30 @@ def test_keys_through_cuda_shared_memory(served) -> None:
 
 
 def test_metrics_show_cache_traffic_per_gpu(served) -> None:
-    server, _, _ = served
-    text = urllib.request.urlopen(server.metrics_url, timeout=5).read().decode()
-    hits = [
-        line for line in text.splitlines()
-        if line.startswith("hps_cache_hits_total") and 'device="gpu0"' in line
-    ]  # fmt: skip
-    assert hits, text[-2000:]
-    assert sum(float(line.rsplit(" ", 1)[1]) for line in hits) > 0
+    server, tables, _ = served
+    client = grpcclient.InferenceServerClient(server.grpc_url.split("//")[-1])
+    keys = np.concatenate([tables[0][0][:100], tables[1][0][:50]])[None]
+    inputs = [
+        grpcclient.InferInput("KEYS", list(keys.shape), "INT64"),
+        grpcclient.InferInput("NUMKEYS", [1, 2], "INT32"),
+    ]
+    inputs[0].set_data_from_numpy(keys)
+    inputs[1].set_data_from_numpy(np.array([[100, 50]], np.int32))
+    for _ in range(2):  # the second lookup hits what the first inserted
+        client.infer("emb", inputs)
+    client.close()
+    # Each instance's thread publishes its counters twice a second, with no further request.
+    deadline = time.monotonic() + 10
+    while True:
+        text = urllib.request.urlopen(server.metrics_url, timeout=5).read().decode()
+        hits = [
+            float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+            if line.startswith("hps_cache_hits_total") and 'device="gpu0"' in line
+        ]  # fmt: skip
+        if sum(hits) > 0 or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    assert sum(hits) > 0, text[-2000:]
     assert "hps_cache_hit_rate" in text and "hps_unknown_keys_total" in text
 
 

@@ -99,7 +99,7 @@ def test_rocksdb_is_loaded_once_and_its_hits_reach_the_metrics_endpoint(served) 
     # Rows past the first 30% of the file are only in RocksDB.
     for _ in range(3):
         _infer(server, np.concatenate([keys[:5], keys[-20:], [1, 2]]))
-        time.sleep(0.6)  # counters are published at most twice a second
+        time.sleep(0.6)  # counters are published twice a second
     text = urllib.request.urlopen(server.metrics_url, timeout=5).read().decode()
     rocks = _metric(text, "hps_tier_hits_total", 'tier="rocks_db"')
     host = _metric(text, "hps_tier_hits_total", 'tier="host"')

@@ -256,7 +256,7 @@ def test_metrics_endpoint_counts_lookups_per_table(served) -> None:
     keys = np.concatenate([tables[0][0][:3], [1, 2]])[None]  # 1 and 2 are unknown keys
     for _ in range(3):
         _infer(module, client, keys, np.array([[5, 0]], np.int32))
-        time.sleep(0.6)  # counters are published at most twice a second
+        time.sleep(0.6)  # counters are published twice a second
     text = urllib.request.urlopen(server.metrics_url, timeout=5).read().decode()
     lookups = _metric(text, "hps_lookups_total", 'table="sparse_embedding0"')
     unknown = _metric(text, "hps_unknown_keys_total", 'table="sparse_embedding0"')

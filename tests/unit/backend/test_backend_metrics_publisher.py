@@ -1,0 +1,165 @@
+"""Counters are published by a thread of each started instance, off the requests' path: they
+reach the metrics endpoint within a period whether or not more requests come, a failed
+publication does not stop the next ones, and closing the instance stops the thread. Triton's
+metric API is a recording stand-in here (the served metrics are tested in tests/integration)."""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import sys
+import threading
+import time
+import types
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from hps_core.demo import DEMO_MODELS
+from hps_core.hps import HPS
+from hps_core.triton_repo import ServingOptions
+from triton_backend.model_settings import ModelSettings
+
+
+class _Metric:
+    def __init__(self, name: str, labels: dict[str, str], updates: list[tuple[str, str]]) -> None:
+        self.name, self.labels, self.value, self._updates = name, labels, 0.0, updates
+
+    def _sent(self) -> None:
+        self._updates.append((self.name, threading.current_thread().name))
+
+    def set(self, value: float) -> None:
+        self._sent()
+        self.value = value
+
+    def increment(self, value: float) -> None:
+        self._sent()
+        self.value += value
+
+
+class _Recorder:
+    """Every metric made and every update sent, with the thread that sent it."""
+
+    def __init__(self) -> None:
+        self.metrics: list[_Metric] = []
+        self.updates: list[tuple[str, str]] = []  # (metric name, thread name)
+
+    def value(self, name: str, table: str) -> float:
+        return sum(
+            m.value for m in self.metrics if m.name == name and m.labels.get("table") == table
+        )
+
+
+@pytest.fixture
+def families(monkeypatch: pytest.MonkeyPatch) -> _Recorder:
+    """``triton_backend.metrics`` and ``lookup_service`` imported beside a recording stand-in
+    for Triton's ``pb_utils.MetricFamily`` (both forgotten after the test)."""
+    recorder = _Recorder()
+
+    class MetricFamily:
+        COUNTER, GAUGE = "counter", "gauge"
+
+        def __init__(self, name: str, description: str, kind: str) -> None:
+            self.name = name
+
+        def Metric(self, labels: dict[str, str]) -> _Metric:  # Triton's name
+            metric = _Metric(self.name, labels, recorder.updates)
+            recorder.metrics.append(metric)
+            return metric
+
+    monkeypatch.setitem(
+        sys.modules, "triton_python_backend_utils", types.SimpleNamespace(MetricFamily=MetricFamily)
+    )
+    for name in ("triton_backend.metrics", "triton_backend.lookup_service"):
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    return recorder
+
+
+def _wait_for(condition: Callable[[], bool], timeout_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "not within the time allowed"
+        time.sleep(0.005)
+
+
+def test_the_publisher_reports_every_period_until_stopped(families: _Recorder) -> None:
+    metrics = importlib.import_module("triton_backend.metrics")
+    calls: list[str] = []
+    publisher = metrics.MetricsPublisher(
+        lambda: calls.append(threading.current_thread().name), 0.01, "m 0"
+    ).start()
+    _wait_for(lambda: len(calls) >= 3)
+    publisher.stop()
+    stopped_at = len(calls)
+    time.sleep(0.05)
+    assert len(calls) == stopped_at  # no call after stop returned
+    assert set(calls) == {"hps metrics m 0"}  # never the caller's thread
+
+
+def test_a_failed_publication_is_logged_once_and_the_next_ones_run(
+    families: _Recorder, caplog: pytest.LogCaptureFixture
+) -> None:
+    metrics = importlib.import_module("triton_backend.metrics")
+    calls = []
+
+    def report() -> None:
+        calls.append(1)
+        if len(calls) <= 3:
+            raise RuntimeError("server gone")
+
+    with caplog.at_level(logging.DEBUG, logger="hps_core"):
+        publisher = metrics.MetricsPublisher(report, 0.01, "dlrm dlrm_0").start()
+        _wait_for(lambda: len(calls) >= 5)
+        publisher.stop()
+    lines = [r for r in caplog.records if "not published" in r.getMessage()]
+    assert [r.levelno for r in lines] == [logging.WARNING, logging.DEBUG, logging.DEBUG]
+    assert "dlrm dlrm_0" in lines[0].getMessage() and "server gone" in lines[0].getMessage()
+
+
+@pytest.fixture
+def settings(tmp_path: Path) -> ModelSettings:
+    folder = DEMO_MODELS["wdl"](tmp_path, ServingOptions())
+    settings = ModelSettings(
+        triton_model="wdl", hps_model="wdl", ps_json=folder / "ps.json", instance_kind="CPU",
+        device_id=0, config={}, instance_name="wdl_0", miss_policy="default",
+    )  # fmt: skip
+    yield settings
+    HPS.close_all()
+
+
+def test_a_started_service_publishes_lookups_without_a_later_request(
+    families: _Recorder, settings: ModelSettings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    module = importlib.import_module("triton_backend.lookup_service")
+    monkeypatch.setattr(module, "METRICS_PERIOD_S", 0.01)
+    service = module.LookupService(settings)
+    lookup = service.start()
+    table = lookup.model.tables[0].name
+    for _ in range(3):
+        lookup.lookup(0, np.array([1, 2, 3], np.int64))
+    # No execute follows: the service's own thread publishes what the lookups counted.
+    _wait_for(lambda: families.value("hps_lookup_keys_total", table) == 9)
+    assert families.value("hps_lookups_total", table) == 3
+    assert {thread for _, thread in families.updates} == {"hps metrics wdl wdl_0"}
+    service.close()
+    names = {t.name for t in threading.enumerate()}
+    assert "hps metrics wdl wdl_0" not in names  # the thread stopped with the service
+
+
+def test_an_idle_service_sends_no_updates(
+    families: _Recorder, settings: ModelSettings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    module = importlib.import_module("triton_backend.lookup_service")
+    monkeypatch.setattr(module, "METRICS_PERIOD_S", 0.01)
+    service = module.LookupService(settings)
+    lookup = service.start()
+    lookup.lookup(0, np.array([1, 2], np.int64))
+    table = lookup.model.tables[0].name
+    _wait_for(lambda: families.value("hps_lookup_keys_total", table) == 2)
+    time.sleep(0.05)  # several periods
+    settled = len(families.updates)
+    time.sleep(0.1)  # nothing changed: no increment, no gauge set
+    assert len(families.updates) == settled
+    service.close()
