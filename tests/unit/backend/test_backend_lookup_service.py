@@ -8,16 +8,13 @@ import dataclasses
 import importlib
 import sys
 import types
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-from hps_core.demo import DEMO_MODELS
 from hps_core.hps import HPS
 from hps_core.infer import RankingSession
 from hps_core.lookup import LookupOptions
-from hps_core.triton_repo import ServingOptions
 from triton_backend.model_settings import ModelSettings
 
 
@@ -45,17 +42,6 @@ def service_type(monkeypatch: pytest.MonkeyPatch) -> type:
     return importlib.import_module("triton_backend.lookup_service").LookupService
 
 
-@pytest.fixture
-def settings(tmp_path: Path) -> ModelSettings:
-    folder = DEMO_MODELS["wdl"](tmp_path, ServingOptions())
-    settings = ModelSettings(
-        triton_model="wdl", hps_model="wdl", ps_json=folder / "ps.json", instance_kind="CPU",
-        device_id=0, config={}, instance_name="wdl_0", miss_policy="default",
-    )  # fmt: skip
-    yield settings
-    HPS.close_all()
-
-
 def test_the_session_scores_through_the_services_lookup(
     settings: ModelSettings, service_type: type
 ) -> None:
@@ -69,6 +55,7 @@ def test_the_session_scores_through_the_services_lookup(
     hps = HPS(settings.ps_json)
     assert hps.model("wdl", None, service.lookup.options) is service.lookup
     assert hps.model("wdl") is not service.lookup
+    service.close()  # also stops the thread that publishes its metrics
 
 
 def test_options_are_fixed_when_the_lookup_is_made(

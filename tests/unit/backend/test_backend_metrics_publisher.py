@@ -12,14 +12,11 @@ import threading
 import time
 import types
 from collections.abc import Callable
-from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 
-from hps_core.demo import DEMO_MODELS
-from hps_core.hps import HPS
-from hps_core.triton_repo import ServingOptions
 from triton_backend.model_settings import ModelSettings
 
 
@@ -119,47 +116,36 @@ def test_a_failed_publication_is_logged_once_and_the_next_ones_run(
 
 
 @pytest.fixture
-def settings(tmp_path: Path) -> ModelSettings:
-    folder = DEMO_MODELS["wdl"](tmp_path, ServingOptions())
-    settings = ModelSettings(
-        triton_model="wdl", hps_model="wdl", ps_json=folder / "ps.json", instance_kind="CPU",
-        device_id=0, config={}, instance_name="wdl_0", miss_policy="default",
-    )  # fmt: skip
-    yield settings
-    HPS.close_all()
-
-
-def test_a_started_service_publishes_lookups_without_a_later_request(
-    families: _Recorder, settings: ModelSettings, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def started(families: _Recorder, settings: ModelSettings, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """A started LookupService of the W&D instance publishing every 10 ms, and the name of its
+    first table."""
     module = importlib.import_module("triton_backend.lookup_service")
     monkeypatch.setattr(module, "METRICS_PERIOD_S", 0.01)
     service = module.LookupService(settings)
-    lookup = service.start()
-    table = lookup.model.tables[0].name
+    yield service, service.start().model.tables[0].name
+    service.close()
+
+
+def test_a_started_service_publishes_lookups_without_a_later_request(
+    families: _Recorder, started: Any
+) -> None:
+    service, table = started
     for _ in range(3):
-        lookup.lookup(0, np.array([1, 2, 3], np.int64))
+        service.lookup.lookup(0, np.array([1, 2, 3], np.int64))
     # No execute follows: the service's own thread publishes what the lookups counted.
     _wait_for(lambda: families.value("hps_lookup_keys_total", table) == 9)
     assert families.value("hps_lookups_total", table) == 3
     assert {thread for _, thread in families.updates} == {"hps metrics wdl wdl_0"}
+    (thread,) = [t for t in threading.enumerate() if t.name == "hps metrics wdl wdl_0"]
     service.close()
-    names = {t.name for t in threading.enumerate()}
-    assert "hps metrics wdl wdl_0" not in names  # the thread stopped with the service
+    assert not thread.is_alive()  # the thread stopped with the service
 
 
-def test_an_idle_service_sends_no_updates(
-    families: _Recorder, settings: ModelSettings, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    module = importlib.import_module("triton_backend.lookup_service")
-    monkeypatch.setattr(module, "METRICS_PERIOD_S", 0.01)
-    service = module.LookupService(settings)
-    lookup = service.start()
-    lookup.lookup(0, np.array([1, 2], np.int64))
-    table = lookup.model.tables[0].name
+def test_an_idle_service_sends_no_updates(families: _Recorder, started: Any) -> None:
+    service, table = started
+    service.lookup.lookup(0, np.array([1, 2], np.int64))
     _wait_for(lambda: families.value("hps_lookup_keys_total", table) == 2)
     time.sleep(0.05)  # several periods
     settled = len(families.updates)
     time.sleep(0.1)  # nothing changed: no increment, no gauge set
     assert len(families.updates) == settled
-    service.close()
