@@ -18,9 +18,13 @@ of the time the device was busy (any kernel, copy or memset running), the share 
 GEMM or lookup ran, split into other kernels and copies alone (``outside_share`` =
 ``exposed_other_share`` + ``exposed_copy_share``).
 
+Outside the profiler, ``wall_ms_per_batch`` is the median time of ``predict`` over ``--timed``
+fresh batches, host staging included: where it is well above the busy time, the GPU waited for
+the host (copies that run alone then wait for the host's staging of their part).
+
 Prints one row per (model, batch): GPU ms per batch, the share of each kind, the timeline's
-busy ms and its shares outside GEMMs and lookups, and the largest ``other`` kernels; writes
-``zoo_kernel_profile.csv`` under ``--out``.
+busy ms and its shares outside GEMMs and lookups, the wall ms per batch, and the largest
+``other`` kernels; writes ``zoo_kernel_profile.csv`` under ``--out``.
 
 Usage:
     python benchmarks/zoo_kernel_profile.py --out $OUT
@@ -31,7 +35,9 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import statistics
 import tempfile
+import time
 from collections import defaultdict
 from pathlib import Path
 
@@ -103,12 +109,24 @@ def device_times(
     return times, summary, split
 
 
+def wall_ms(session: RankingSession, batches: list[SparseBatch]) -> float:
+    """Median milliseconds of ``session.predict`` over ``batches`` (it returns host scores: the
+    GPU's work is done when it returns)."""
+    times = []
+    for batch in batches:
+        start = time.perf_counter()
+        session.predict(batch)
+        times.append(time.perf_counter() - start)
+    return 1e3 * statistics.median(times)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batches", default="1024,16384")
     parser.add_argument("--precision", default="fp32")
     parser.add_argument("--models", default=",".join(ZOO_MODELS))
     parser.add_argument("--profiled", type=int, default=3)
+    parser.add_argument("--timed", type=int, default=9, help="fresh batches timed unprofiled")
     parser.add_argument("--out", type=Path, default=Path("bench_results"))
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
@@ -129,6 +147,7 @@ def main() -> None:
                 session.predict(random_batch(session, rng, batch))
             fresh = [random_batch(session, rng, batch) for _ in range(args.profiled)]
             times, copies, split = device_times(session, fresh)
+            wall = wall_ms(session, [random_batch(session, rng, batch) for _ in range(args.timed)])
             by_kind = dict.fromkeys(KINDS, 0.0)
             for kernel, us in times.items():
                 by_kind[kind_of(kernel)] += us
@@ -146,6 +165,7 @@ def main() -> None:
                     outside_share=(split["other_kernels_us"] + split["copies_us"]) / busy,
                     exposed_other_share=split["other_kernels_us"] / busy,
                     exposed_copy_share=split["copies_us"] / busy,
+                    wall_ms_per_batch=wall,
                     top_other="; ".join(f"{k[:40]} {us / total:.1%}" for us, k in others[:4]),
                     copies=copies,
                 )
@@ -156,7 +176,7 @@ def main() -> None:
                 + "  ".join(f"{k} {row[f'{k}_share']:5.1%}" for k in KINDS)
                 + f"  | busy {row['busy_ms_per_batch']:.3f} ms, outside GEMMs and lookups "
                 f"{row['outside_share']:5.1%} (kernels {row['exposed_other_share']:5.1%}, "
-                f"copies alone {row['exposed_copy_share']:5.1%})"
+                f"copies alone {row['exposed_copy_share']:5.1%}), wall {wall:.3f} ms"
                 + f"  | {row['top_other']}\n{'':22}copies: {copies}",
                 flush=True,
             )
@@ -164,7 +184,7 @@ def main() -> None:
     columns = [
         "model", "batch", "precision", "gpu_ms_per_batch",
         *(f"{k}_share" for k in KINDS), "busy_ms_per_batch", "outside_share",
-        "exposed_other_share", "exposed_copy_share", "top_other", "copies",
+        "exposed_other_share", "exposed_copy_share", "wall_ms_per_batch", "top_other", "copies",
     ]  # fmt: skip
     with open(args.out / "zoo_kernel_profile.csv", "w", newline="") as f:
         writer = csv.DictWriter(f, columns)
