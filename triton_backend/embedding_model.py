@@ -72,8 +72,7 @@ class EmbeddingModel:
         Returns:
             One response per request, in order.
         """
-        responses = execute_batched(requests, self._parse, self._lookup, OUTPUT0)
-        return responses
+        return execute_batched(requests, self._parse, self._lookup, OUTPUT0)
 
     def _parse(self, request: Any) -> list[Any]:
         return self.contract.parse(

@@ -91,8 +91,7 @@ class _RankingModel:
         Returns:
             One response per request, in order.
         """
-        responses = execute_batched(requests, self._parse, self._predict, self.io.outputs[0].name)
-        return responses
+        return execute_batched(requests, self._parse, self._predict, self.io.outputs[0].name)
 
     def _parse(self, request: Any) -> SparseBatch:
         arrays = [to_host(input_array(request, t.name, t.dtype)) for t in self.io.inputs]
