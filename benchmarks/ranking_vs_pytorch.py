@@ -68,6 +68,8 @@ from torch_dlrm import TorchDlrm, torch_peer
 from hps_core.config import load_ps_config
 from hps_core.hps import HPS
 from hps_core.infer import RankingLayout, RankingSession, SparseBatch, load_ranking_graph
+from hps_core.infer.gpu import pipeline as gpu_pipeline
+from hps_core.infer.gpu.buckets import grouped
 from hps_core.infer.gpu.staging import bucket_for
 from hps_core.quant import RowFormat
 from hps_core.workload import zipf_keys
@@ -233,10 +235,6 @@ def graph_times(session: RankingSession, sparse: SparseBatch) -> tuple[float, fl
     batch, after its whole copy, one after the other (CUDA events; the batch's misses are
     inserted, as in predict())."""
     pipe = session.pipeline
-    from hps_core.infer.gpu import pipeline as gpu_pipeline
-    from hps_core.infer.gpu.buckets import grouped
-    from hps_core.infer.gpu.staging import bucket_for
-
     bucket = pipe._bucket(bucket_for(sparse.batch_size))
     events = [cupy.cuda.Event() for _ in range(4)]
     stream, cache = pipe._stream, pipe._cache_stream
