@@ -56,6 +56,8 @@ VARIANTS = {
     "pool stream of the cache stream's priority": {"_POOL_PRIORITY": 0},
     "finds sample by sample": {"_FIND_BY_COLUMN": False},
     "sample-major batches by groups of tables": {"_ROW_PARTS": False},
+    "large batches staged in parts": {"_STAGED_IN_PARTS": True},
+    "large batches staged whole": {"_STAGED_IN_PARTS": False},
     "every part scored as soon as looked up": {"_DENSE_BY_PART": True},
     "whole dense network after every lookup": {"_DENSE_BY_PART": False},
 }
@@ -90,8 +92,7 @@ def rebuild(pipe) -> None:
     priority = gpu_pipeline._POOL_PRIORITY
     with cupy.cuda.Device(pipe.device_id):
         pipe._pool_stream = cupy.cuda.Stream(non_blocking=True, priority=priority)
-    for buckets in pipe._lanes:
-        buckets.clear()
+    pipe._drop_buckets()
     sms = cupy.cuda.Device().attributes["MultiProcessorCount"]
     pipe._insert_blocks = sms * gpu_pipeline._INSERT_BLOCKS_PER_SM
 

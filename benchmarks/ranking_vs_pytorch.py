@@ -187,16 +187,22 @@ def timed(fn, calls: list[tuple], runs: int) -> float:
 
 
 def settle(session: RankingSession, rng: Any, rows: Any, batch: int, alpha: float, layout) -> str:
-    """Predict fresh batches of ``batch`` samples until each bucket has chosen how it scores a
-    large batch (its first batches time both schedules: hps_core.infer.gpu.schedule), so that
-    the timed batches run the chosen one; returns the choice of this batch's bucket."""
-    buckets = session.pipeline._buckets
-    for _ in range(16):
-        trials = [b.by_part for b in buckets.values() if b.by_part is not None]
+    """Predict fresh batches of ``batch`` samples until each bucket has chosen how it stages
+    and scores a large batch (its first batches time both schedules of each choice:
+    hps_core.infer.gpu.schedule), so that the timed batches run the chosen ones; returns the
+    choices of this batch's bucket ("staged whole", or how a batch staged in parts is scored)."""
+    pipe = session.pipeline
+    for _ in range(32):
+        trials = [b.by_part for b in pipe._buckets.values() if b.by_part is not None]
+        trials += pipe._parts_trials.values()
         if all(t.chosen is not None for t in trials):
             break
         session.predict(make_batch(rng, rows, batch, alpha, layout)[2])
-    bucket = buckets.get(bucket_for(batch))
+    size = bucket_for(batch)
+    staged = pipe._parts_trials.get(size)
+    if staged is not None and staged.chosen is False:
+        return "staged whole"
+    bucket = pipe._buckets.get(size)
     if bucket is None or bucket.by_part is None:
         return "whole"
     return "by part" if bucket.by_part.chosen else "whole"

@@ -20,7 +20,9 @@ GEMM or lookup ran, split into other kernels and copies alone (``outside_share``
 
 Outside the profiler, ``wall_ms_per_batch`` is the median time of ``predict`` over ``--timed``
 fresh batches, host staging included: where it is well above the busy time, the GPU waited for
-the host (copies that run alone then wait for the host's staging of their part).
+the host (copies that run alone then wait for the host's staging of their part). Before
+either, fresh batches run until the pipeline has chosen how it stages (``staged``: in parts or
+whole, for a large bucket) and scores them.
 
 Prints one row per (model, batch): GPU ms per batch, the share of each kind, the timeline's
 busy ms and its shares outside GEMMs and lookups, the wall ms per batch, and the largest
@@ -51,6 +53,7 @@ from zoo_batches import random_batch
 from hps_core.demo import ZOO_MODELS
 from hps_core.hps import HPS
 from hps_core.infer import RankingSession, SparseBatch
+from hps_core.infer.gpu.staging import bucket_for
 from hps_core.triton_repo import InstanceGroup, ServingOptions
 
 KINDS = ("gemm", "lookup", "copy", "other")
@@ -109,6 +112,25 @@ def device_times(
     return times, summary, split
 
 
+def settle(session: RankingSession, rng: np.random.Generator, batch: int) -> str:
+    """Predict fresh batches of ``batch`` samples until the pipeline has chosen how it stages
+    and scores batches of that size (its first ones time both schedules of each choice:
+    hps_core.infer.gpu.schedule), so that the measured batches run the chosen ones; returns
+    how it stages them: "whole", "in parts" or "-" (a size that is never staged in parts)."""
+    pipe = session.pipeline
+    size = bucket_for(batch)
+    for _ in range(32):
+        trials = [b.by_part for b in pipe._buckets.values() if b.by_part is not None]
+        trials += pipe._parts_trials.values()
+        if all(t.chosen is not None for t in trials):
+            break
+        session.predict(random_batch(session, rng, batch))
+    if not pipe._buckets[size].in_parts:
+        return "-"
+    trial = pipe._parts_trials.get(size)
+    return "whole" if trial is not None and trial.chosen is False else "in parts"
+
+
 def wall_ms(session: RankingSession, batches: list[SparseBatch]) -> float:
     """Median milliseconds of ``session.predict`` over ``batches`` (it returns host scores: the
     GPU's work is done when it returns)."""
@@ -145,6 +167,7 @@ def main() -> None:
         for batch in batches:
             for _ in range(3):  # warm-up: kernels, graphs, caches
                 session.predict(random_batch(session, rng, batch))
+            staged = settle(session, rng, batch)
             fresh = [random_batch(session, rng, batch) for _ in range(args.profiled)]
             times, copies, split = device_times(session, fresh)
             wall = wall_ms(session, [random_batch(session, rng, batch) for _ in range(args.timed)])
@@ -165,7 +188,7 @@ def main() -> None:
                     outside_share=(split["other_kernels_us"] + split["copies_us"]) / busy,
                     exposed_other_share=split["other_kernels_us"] / busy,
                     exposed_copy_share=split["copies_us"] / busy,
-                    wall_ms_per_batch=wall,
+                    wall_ms_per_batch=wall, staged=staged,
                     top_other="; ".join(f"{k[:40]} {us / total:.1%}" for us, k in others[:4]),
                     copies=copies,
                 )
@@ -176,15 +199,16 @@ def main() -> None:
                 + "  ".join(f"{k} {row[f'{k}_share']:5.1%}" for k in KINDS)
                 + f"  | busy {row['busy_ms_per_batch']:.3f} ms, outside GEMMs and lookups "
                 f"{row['outside_share']:5.1%} (kernels {row['exposed_other_share']:5.1%}, "
-                f"copies alone {row['exposed_copy_share']:5.1%}), wall {wall:.3f} ms"
-                + f"  | {row['top_other']}\n{'':22}copies: {copies}",
+                f"copies alone {row['exposed_copy_share']:5.1%}), wall {wall:.3f} ms, "
+                f"staged {staged}" + f"  | {row['top_other']}\n{'':22}copies: {copies}",
                 flush=True,
             )
         HPS(path).close()
     columns = [
         "model", "batch", "precision", "gpu_ms_per_batch",
         *(f"{k}_share" for k in KINDS), "busy_ms_per_batch", "outside_share",
-        "exposed_other_share", "exposed_copy_share", "wall_ms_per_batch", "top_other", "copies",
+        "exposed_other_share", "exposed_copy_share", "wall_ms_per_batch", "staged", "top_other",
+        "copies",
     ]  # fmt: skip
     with open(args.out / "zoo_kernel_profile.csv", "w", newline="") as f:
         writer = csv.DictWriter(f, columns)

@@ -26,7 +26,8 @@ from hps_core.nn.executor import PooledConcat
 
 _CAPTURE_THREAD_LOCAL = 1  # cudaStreamCaptureModeThreadLocal
 _GROUPED_STAGING_SAMPLES = 16384
-"""From this bucket size on, a batch is staged, copied and looked up in groups of tables."""
+"""From this bucket size on, a batch is staged, copied and looked up in parts (groups of tables
+or ranges of samples) by default (see :func:`in_parts_by_default`)."""
 
 
 @dataclass(frozen=True)
@@ -78,12 +79,19 @@ class Bucket:
     # comes, or where only whole applies
     batches: int = 0
     samples: int = 0  # real samples of the batch staged last
+    in_parts: bool = False  # see grouped()
+
+
+def in_parts_by_default(size: int) -> bool:
+    """Whether a bucket of ``size`` samples stages, copies and looks up its batches in parts
+    unless told otherwise (the pipeline may time a bucket of the same size that does not)."""
+    return size >= _GROUPED_STAGING_SAMPLES
 
 
 def grouped(bucket: Bucket) -> bool:
     """Whether a batch in ``bucket`` is staged, copied and looked up in parts (groups of
     tables, or ranges of samples of a sample-major batch)."""
-    return bucket.layout.size >= _GROUPED_STAGING_SAMPLES
+    return bucket.in_parts
 
 
 def new_bucket(
@@ -94,6 +102,7 @@ def new_bucket(
     tops: Mapping[str, str],
     lower: bool,
     pooled: PooledConcat | None = None,
+    in_parts: bool | None = None,
 ) -> Bucket:
     """A bucket of ``size`` samples, its buffers zeroed (no samples, empty bags: what its
     graphs are recorded with), on the current device; the zeroing is queued on the current
@@ -108,6 +117,8 @@ def new_bucket(
         lower: a table has tiers below its host tier (the bucket gets room for their keys).
         pooled: the later Concat the embeddings are pooled into (``placement`` was made with
             its ``concat_row``), if any.
+        in_parts: whether its batches are staged, copied and looked up in parts (default:
+            :func:`in_parts_by_default`).
 
     Returns:
         The bucket, without graphs.
@@ -127,6 +138,7 @@ def new_bucket(
     bucket = Bucket(
         lay, staging, inputs, embeddings, given, rows, scores_host, cupy.cuda.MemoryPool(),
         lay.views(staging), lay.views(inputs),
+        in_parts=in_parts_by_default(size) if in_parts is None else in_parts,
     )  # fmt: skip
     if lower:
         bucket.pending = cupy.zeros(max(capacity, 1) * PENDING_DTYPE.itemsize, cupy.uint8)

@@ -11,7 +11,8 @@ Per batch the host validates nothing on the device and waits for the GPU once:
 2. host-to-device copies of it: one for a small batch; for a large one, one per group of
    tables (or of samples, sample-major), each launched as soon as threads have filled that
    part of the staging buffer (steps 1-2, and the copy in place of a batch already on the
-   GPU: :mod:`~hps_core.infer.gpu.uploads`);
+   GPU: :mod:`~hps_core.infer.gpu.uploads`), unless the large batches of its size ran faster
+   staged whole, as small ones are (a large batch with few keys: ``_STAGED_IN_PARTS``);
 3. the lookup of every table (for a large table-major batch, of each group of tables right
    after its group's copy, so the lookup of a group overlaps the filling and copying of the
    next): ``bank_find`` finds each key's row, key by key (cache probe, host-tier row index,
@@ -78,6 +79,7 @@ from hps_core.infer.gpu.buckets import (
     LookupGraphs,
     captured,
     grouped,
+    in_parts_by_default,
     new_bucket,
 )
 from hps_core.infer.gpu.constants import STATE_STAGED, bank_defines
@@ -145,6 +147,21 @@ of 9): the one-hot DLRM's batch of 65,536 (FP16 storage) took 6.24 ms by parts a
 whole in TF32, 9.60 against 10.05 in FP32; DLRM-v2's of 16,384, whose lookup is longer than its
 copies, 9.89 against 9.59 in TF32 and 17.5 against 15.5 in FP32. On a stream of the lookup's
 priority, below the main stream's, the parts took longer still (10.11, 6.48, 10.42, 19.1 ms)."""
+_STAGED_IN_PARTS: bool | None = None
+"""Stage, copy and look up a host batch of a large bucket (``_GROUPED_STAGING_SAMPLES`` samples
+and more) in parts, so that each part's lookup runs while the host fills the next (``True``),
+whole as a smaller batch (``False``), or (``None``) whichever of the two the bucket's timed
+batches run faster by, where its keys take at most ``_PARTS_TRIAL_KEY_BYTES`` (larger ones always
+in parts). Neither wins everywhere (H200, TF32, 16,384 samples, two alternations,
+``zoo_kernel_profile.py`` and ``ranking_kernel_profile.py``, 8d63895): whole, the zoo's small
+models ran 1.1-2.2x faster (NCF 0.73-0.79 -> 0.33-0.40 ms a batch, MMoE 1.36-1.57 -> 1.06-1.08),
+their parts' own costs (a copy, a find and a pooling each) exceeding the host's fill of a part;
+the one-hot MLPerf DLRM, whose lookup reads its misses over PCIe, 1.77-1.99 ms in parts against
+2.22-2.30 whole."""
+_PARTS_TRIAL_KEY_BYTES = 8 << 20
+"""... (a larger batch's fill takes a millisecond or more, which parts hide: DLRM-v2's 16,384
+samples, 28 MB of keys, took 9.53 ms in parts against 11.07 after the whole copy, e2a9b18; and
+the bucket that runs whole doubles the buffers of its size)."""
 _SCHEDULE_TRIALS = 4
 """Batches each schedule runs before a bucket chooses (the first batch of a bucket is not
 timed)..."""
@@ -215,6 +232,10 @@ class GpuRankingPipeline:
         # Buckets by size, per lane: lane 0 serves every batch, the others chunked ones.
         self._lanes: list[dict[int, Bucket]] = [{} for _ in range(_CHUNK_LANES)]
         self._buckets = self._lanes[0]
+        # Sizes that stage in parts by default may also have a bucket that stages whole, and a
+        # trial between the two (see _run_large).
+        self._whole_buckets: dict[int, Bucket] = {}
+        self._parts_trials: dict[int, ScheduleTrial] = {}
         self._lock = threading.Lock()
         with cupy.cuda.Device(self.device_id):
             # The main stream (copies, dense network) outranks the cache stream (lookup and
@@ -324,10 +345,7 @@ class GpuRankingPipeline:
             bucket = self._bucket(size)
             by_rows = on_host and self._uploader.sample_major(batch)
             if grouped(bucket) and on_host and not fetch and (_ROW_PARTS or not by_rows):
-                if by_rows:
-                    self._run_rows(bucket, batch)
-                else:
-                    self._run(bucket, self._uploader.upload_groups(bucket, batch))
+                bucket = self._run_large(bucket, batch, by_rows)
             else:
                 self._uploader.stage_and_upload(bucket, batch)
                 if fetch:
@@ -340,6 +358,53 @@ class GpuRankingPipeline:
             bank.batches += 1
             bucket.batches += 1
             return bucket.scores_host[:samples].copy()
+
+    def _run_large(self, bucket: Bucket, batch: SparseBatch, by_rows: bool) -> Bucket:
+        """A host batch in a bucket that stages in parts (see ``_STAGED_IN_PARTS``): run in
+        parts, or whole in the bucket of the same size that stages whole; returns the bucket
+        that ran it. The two are timed against each other once the bucket's choice between
+        scoring whole and by parts (:meth:`_by_part_trial`), if it has one, is made."""
+        trial = self._parts_trial(bucket)
+        inner = self._by_part_trial(bucket) if by_rows else None
+        ready = trial is not None and (inner is None or inner.chosen is not None)
+        in_parts = trial.next() if ready else True
+        ran = bucket if in_parts else self._bucket(bucket.layout.size, in_parts=False)
+        started = time.perf_counter()
+        if not in_parts:
+            self._uploader.stage_and_upload(ran, batch)
+            self._run(ran)
+        elif by_rows:
+            self._run_rows(bucket, batch)
+        else:
+            self._run(bucket, self._uploader.upload_groups(bucket, batch))
+        # A bucket's first batch pays one-time costs: it is not timed.
+        if ready and trial.chosen is None and ran.batches > 0:
+            self._stream.synchronize()
+            trial.record(in_parts, time.perf_counter() - started)
+            if trial.chosen is not None:
+                whole, parts = (1e3 * statistics.median(t) for t in trial.times)
+                logger.log(
+                    logging.DEBUG if trial.chosen == trial.previous else logging.INFO,
+                    "model %s on GPU %d: batch bucket %d stages %s (median %.2f ms in parts, "
+                    "%.2f ms whole)", self.layout.model, self.device_id, bucket.layout.size,
+                    "in parts" if trial.chosen else "whole", parts, whole,
+                )  # fmt: skip
+        return ran
+
+    def _parts_trial(self, bucket: Bucket) -> ScheduleTrial | None:
+        """How host batches of ``bucket``'s size choose between staging in parts and whole
+        (see ``_STAGED_IN_PARTS``), or None where they always run in parts."""
+        size = bucket.layout.size
+        if _STAGED_IN_PARTS is True or bucket.layout.keys_bytes > _PARTS_TRIAL_KEY_BYTES:
+            return None
+        trial = self._parts_trials.get(size)
+        if trial is None:
+            if _STAGED_IN_PARTS is None:
+                trial = ScheduleTrial(_SCHEDULE_TRIALS, again_after=_SCHEDULE_AGAIN_AFTER)
+            else:
+                trial = ScheduleTrial(0, chosen=False)
+            self._parts_trials[size] = trial
+        return trial
 
     def _run_rows(self, bucket: Bucket, batch: SparseBatch) -> None:
         """A sample-major host batch in a grouped bucket, looked up part by part of its rows
@@ -768,10 +833,13 @@ class GpuRankingPipeline:
 
     # -- buckets ------------------------------------------------------------------------------
 
-    def _bucket(self, size: int, lane: int = 0) -> Bucket:
+    def _bucket(self, size: int, lane: int = 0, in_parts: bool | None = None) -> Bucket:
         """The bucket of ``size`` samples (made and recorded on first use) of ``lane``: lanes
-        other than 0 hold the further buckets of chunked batches (see :meth:`_predict_chunks`)."""
-        buckets = self._lanes[lane]
+        other than 0 hold the further buckets of chunked batches (see :meth:`_predict_chunks`);
+        with ``in_parts`` False, lane 0's bucket of a size that stages in parts by default
+        that stages whole instead (see :meth:`_run_large`)."""
+        whole = in_parts is False and in_parts_by_default(size)
+        buckets = self._whole_buckets if whole else self._lanes[lane]
         bucket = buckets.get(size)
         if bucket is None:
             started = time.perf_counter()
@@ -782,14 +850,14 @@ class GpuRankingPipeline:
             with self._stream:
                 bucket = new_bucket(
                     size, self.layout, self.placement, self._concat, self._tops, self._lower,
-                    self._pooled_concat,
+                    self._pooled_concat, in_parts=False if whole else None,
                 )  # fmt: skip
             buckets[size] = bucket
             if self.graphs:
                 self._record(bucket)
             logger.info(
-                "model %s on GPU %d: batch bucket %d ready (%s) in %.0f ms",
-                self.layout.model, self.device_id, size,
+                "model %s on GPU %d: batch bucket %d%s ready (%s) in %.0f ms",
+                self.layout.model, self.device_id, size, " (staged whole)" if whole else "",
                 "CUDA graphs" if self.graphs else "eager", 1e3 * (time.perf_counter() - started),
             )  # fmt: skip
         return bucket
@@ -857,6 +925,11 @@ class GpuRankingPipeline:
                         stream.synchronize()
                 self._bank.close()
                 self._bank = None
-            for buckets in self._lanes:
-                buckets.clear()
+            self._drop_buckets()
             self._uploader.close()
+
+    def _drop_buckets(self) -> None:
+        """Forget every bucket and the trials between them (made again on next use)."""
+        for buckets in (*self._lanes, self._whole_buckets):
+            buckets.clear()
+        self._parts_trials.clear()

@@ -418,3 +418,59 @@ def test_compressed_tables_pool_their_quantised_rows(
         # measures how little: relative L2 4e-4, 6e-3 and 4e-2 on this model).
         exact = fp32.predict(parsed)
         assert np.linalg.norm(want - exact) <= NEAR_FP32[precision] * np.linalg.norm(exact)
+
+
+@pytest.mark.parametrize("staged", ["timed", "whole", "too many keys"])
+def test_large_batches_staged_whole_or_in_parts_equal_numpy(
+    repo: Path, staged: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A bucket that stages in parts (lowered here to 8 samples) times its host batches in
+    parts against the same batches staged whole in a second bucket of its size, then keeps
+    the faster (``timed``), or stages them whole (``whole``), or, with more keys than a trial
+    is allowed (``too many keys``), always in parts: the scores equal the NumPy path's and,
+    bit for bit, those of the batches in parts, in both batch forms."""
+    from hps_core.infer.gpu import buckets
+    from hps_core.infer.gpu import pipeline as gpu_pipeline
+
+    monkeypatch.setattr(buckets, "_GROUPED_STAGING_SAMPLES", 8)
+    monkeypatch.setattr(gpu_pipeline, "_DENSE_BY_PART", False)  # the choice the trial waits for
+    monkeypatch.setattr(gpu_pipeline, "_SCHEDULE_TRIALS", 2)
+    caplog.set_level(logging.INFO, logger="hps_core")
+    model = ZooModel(repo, NAME)
+    cpu = RankingSession.open(variant(repo, "dynamic"), NAME)
+    scores = {}
+    for setting in (True, {"timed": None, "whole": False, "too many keys": None}[staged]):
+        monkeypatch.setattr(gpu_pipeline, "_STAGED_IN_PARTS", setting)
+        if staged == "too many keys":
+            monkeypatch.setattr(gpu_pipeline, "_PARTS_TRIAL_KEY_BYTES", 0)
+        ps = variant(repo, "dynamic", f"_staged_{staged.replace(' ', '_')}{setting}")
+        gpu = RankingSession.open(ps, NAME, device_id=0)
+        contract = SamplesContract(gpu.layout)
+        rng = np.random.default_rng(73)
+        got = []
+        for batch in (256,) * 12 + (100, 5):
+            dense, keys = model.samples(rng, batch)
+            parsed = contract.parse(*encode_samples(dense, keys))
+            want = cpu.predict(parsed)
+            got += [gpu.predict(parsed), gpu.predict(table_major(parsed))]
+            for form in got[-2:]:
+                np.testing.assert_allclose(form, want, rtol=1e-5, atol=1e-6)
+        scores[setting] = got
+    pipe = gpu.pipeline
+    for a, b in zip(*scores.values(), strict=True):
+        np.testing.assert_array_equal(a, b)
+    if staged == "too many keys":
+        assert not pipe._whole_buckets and not pipe._parts_trials
+        return
+    assert 256 in pipe._whole_buckets
+    assert not any(b.in_parts for b in pipe._whole_buckets.values())
+    assert all(pipe._buckets[size].in_parts for size in pipe._whole_buckets)
+    trial = pipe._parts_trials[256]
+    if staged == "whole":
+        assert set(pipe._whole_buckets) == {8, 128, 256}  # batches of 5, 100 and 256
+        assert trial.chosen is False and trial.times == ([], [])
+        assert pipe._buckets[256].batches == 0  # made (and recorded), never run
+    else:
+        assert trial.chosen is not None and list(map(len, trial.times)) == [2, 2]
+        chosen = "in parts" if trial.chosen else "whole"
+        assert f"batch bucket 256 stages {chosen} (median" in caplog.text
