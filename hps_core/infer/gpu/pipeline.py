@@ -379,17 +379,27 @@ class GpuRankingPipeline:
             self._run(bucket, self._uploader.upload_groups(bucket, batch))
         # A bucket's first batch pays one-time costs: it is not timed.
         if ready and trial.chosen is None and ran.batches > 0:
-            self._stream.synchronize()
-            trial.record(in_parts, time.perf_counter() - started)
-            if trial.chosen is not None:
-                whole, parts = (1e3 * statistics.median(t) for t in trial.times)
-                logger.log(
-                    logging.DEBUG if trial.chosen == trial.previous else logging.INFO,
-                    "model %s on GPU %d: batch bucket %d stages %s (median %.2f ms in parts, "
-                    "%.2f ms whole)", self.layout.model, self.device_id, bucket.layout.size,
-                    "in parts" if trial.chosen else "whole", parts, whole,
-                )  # fmt: skip
+            self._record_trial(trial, in_parts, started, bucket, "stages", "in parts")
         return ran
+
+    def _record_trial(
+        self, trial: ScheduleTrial, schedule: bool, started: float, bucket: Bucket, verb: str,
+        parts_name: str,
+    ) -> None:  # fmt: skip
+        """Record a timed batch of ``trial`` that ran by ``schedule`` (True: ``parts_name``,
+        False: whole) since ``started``, once the GPU is done; a choice is news (INFO) the
+        first time and when it changes."""
+        self._stream.synchronize()
+        trial.record(schedule, time.perf_counter() - started)
+        if trial.chosen is None:
+            return
+        whole, parts = (1e3 * statistics.median(t) for t in trial.times)
+        logger.log(
+            logging.DEBUG if trial.chosen == trial.previous else logging.INFO,
+            "model %s on GPU %d: batch bucket %d %s %s (median %.2f ms %s, %.2f ms whole)",
+            self.layout.model, self.device_id, bucket.layout.size, verb,
+            parts_name if trial.chosen else "whole", parts, parts_name, whole,
+        )  # fmt: skip
 
     def _parts_trial(self, bucket: Bucket) -> ScheduleTrial | None:
         """How host batches of ``bucket``'s size choose between staging in parts and whole
@@ -418,16 +428,7 @@ class GpuRankingPipeline:
         self._run(bucket, parts, by_rows=True, copied=copy, dense_by_part=by_part)
         # A bucket's first batch pays one-time costs: it is not timed.
         if trial is not None and trial.chosen is None and bucket.batches > 0:
-            self._stream.synchronize()
-            trial.record(by_part, time.perf_counter() - started)
-            if trial.chosen is not None:  # a choice: news the first time and when it changes
-                whole, parts = (1e3 * statistics.median(t) for t in trial.times)
-                logger.log(
-                    logging.DEBUG if trial.chosen == trial.previous else logging.INFO,
-                    "model %s on GPU %d: batch bucket %d scores %s (median %.2f ms by parts, "
-                    "%.2f ms whole)", self.layout.model, self.device_id, bucket.layout.size,
-                    "by parts" if trial.chosen else "whole", parts, whole,
-                )  # fmt: skip
+            self._record_trial(trial, by_part, started, bucket, "scores", "by parts")
 
     def _chunk_samples(self, batch: SparseBatch) -> int | None:
         """Samples per chunk of a host batch run as chunks, or None to run it whole: a batch
