@@ -29,7 +29,7 @@ from pathlib import Path
 import cupy
 import numpy as np
 import torch
-from ranking_vs_pytorch import PeerRunner, graph_times, make_batch, variant
+from ranking_vs_pytorch import PeerRunner, graph_times, host_bucket, make_batch, variant
 from torch.profiler import ProfilerActivity, profile
 from torch_dlrm import torch_peer
 
@@ -39,7 +39,6 @@ from hps_core.infer import RankingSession, load_ranking_graph
 from hps_core.infer.gpu import pipeline as gpu_pipeline
 from hps_core.infer.gpu import uploads
 from hps_core.infer.gpu.buckets import grouped
-from hps_core.infer.gpu.staging import bucket_for
 
 WARMUP_BATCH = 16384
 BANK_KERNELS = ("bank_find", "bank_pool", "bank_insert")
@@ -164,7 +163,7 @@ def main() -> None:
             for dense, keys, sparse in inputs[:2]:
                 peer(dense, keys)
                 session.predict(sparse)
-            bucket = pipe._bucket(bucket_for(batch))
+            bucket = host_bucket(pipe, batch)
             staging, whole = [], []
             for _, _, sparse in inputs:
                 started = time.perf_counter()

@@ -236,12 +236,20 @@ def counted(before: list, after: list, row_bytes: list[int]) -> tuple[int, int, 
     )
 
 
+def host_bucket(pipe: Any, samples: int) -> Any:
+    """The bucket ``predict`` runs a host batch of ``samples`` samples in: for a size whose
+    trial chose to stage large batches whole, the bucket of that size that stages whole."""
+    size = bucket_for(samples)
+    trial = pipe._parts_trials.get(size)
+    return pipe._bucket(size, in_parts=False if trial and trial.chosen is False else None)
+
+
 def graph_times(session: RankingSession, sparse: SparseBatch) -> tuple[float, float, float]:
     """GPU ms of the lookup, insert and dense (with its dense-only prefix) graphs for this
     batch, after its whole copy, one after the other (CUDA events; the batch's misses are
     inserted, as in predict())."""
     pipe = session.pipeline
-    bucket = pipe._bucket(bucket_for(sparse.batch_size))
+    bucket = host_bucket(pipe, sparse.batch_size)
     events = [cupy.cuda.Event() for _ in range(4)]
     stream, cache = pipe._stream, pipe._cache_stream
     graphs = bucket.graphs
