@@ -193,14 +193,11 @@ def settle(session: RankingSession, rng: Any, rows: Any, batch: int, alpha: floa
     choices of this batch's bucket ("staged whole", or how a batch staged in parts is scored)."""
     pipe = session.pipeline
     for _ in range(32):
-        trials = [b.by_part for b in pipe._buckets.values() if b.by_part is not None]
-        trials += pipe._parts_trials.values()
-        if all(t.chosen is not None for t in trials):
+        if pipe.schedules_chosen():
             break
         session.predict(make_batch(rng, rows, batch, alpha, layout)[2])
     size = bucket_for(batch)
-    staged = pipe._parts_trials.get(size)
-    if staged is not None and staged.chosen is False:
+    if pipe.staged_whole(size):
         return "staged whole"
     bucket = pipe._buckets.get(size)
     if bucket is None or bucket.by_part is None:
@@ -240,8 +237,7 @@ def host_bucket(pipe: Any, samples: int) -> Any:
     """The bucket ``predict`` runs a host batch of ``samples`` samples in: for a size whose
     trial chose to stage large batches whole, the bucket of that size that stages whole."""
     size = bucket_for(samples)
-    trial = pipe._parts_trials.get(size)
-    return pipe._bucket(size, in_parts=False if trial and trial.chosen is False else None)
+    return pipe._bucket(size, whole=pipe.staged_whole(size))
 
 
 def graph_times(session: RankingSession, sparse: SparseBatch) -> tuple[float, float, float]:

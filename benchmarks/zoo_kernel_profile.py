@@ -120,15 +120,12 @@ def settle(session: RankingSession, rng: np.random.Generator, batch: int) -> str
     pipe = session.pipeline
     size = bucket_for(batch)
     for _ in range(32):
-        trials = [b.by_part for b in pipe._buckets.values() if b.by_part is not None]
-        trials += pipe._parts_trials.values()
-        if all(t.chosen is not None for t in trials):
+        if pipe.schedules_chosen():
             break
         session.predict(random_batch(session, rng, batch))
     if not pipe._buckets[size].in_parts:
         return "-"
-    trial = pipe._parts_trials.get(size)
-    return "whole" if trial is not None and trial.chosen is False else "in parts"
+    return "whole" if pipe.staged_whole(size) else "in parts"
 
 
 def wall_ms(session: RankingSession, batches: list[SparseBatch]) -> float:

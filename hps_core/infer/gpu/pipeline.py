@@ -368,7 +368,7 @@ class GpuRankingPipeline:
         inner = self._by_part_trial(bucket) if by_rows else None
         ready = trial is not None and (inner is None or inner.chosen is not None)
         in_parts = trial.next() if ready else True
-        ran = bucket if in_parts else self._bucket(bucket.layout.size, in_parts=False)
+        ran = bucket if in_parts else self._bucket(bucket.layout.size, whole=True)
         started = time.perf_counter()
         if not in_parts:
             self._uploader.stage_and_upload(ran, batch)
@@ -400,6 +400,19 @@ class GpuRankingPipeline:
             self.layout.model, self.device_id, bucket.layout.size, verb,
             parts_name if trial.chosen else "whole", parts, parts_name, whole,
         )  # fmt: skip
+
+    def schedules_chosen(self) -> bool:
+        """Whether every bucket has chosen how it stages and scores large host batches (their
+        first batches time both ways of each choice: :class:`ScheduleTrial`)."""
+        trials = [*self._parts_trials.values()]
+        trials += [b.by_part for b in self._buckets.values() if b.by_part is not None]
+        return all(t.chosen is not None for t in trials)
+
+    def staged_whole(self, size: int) -> bool:
+        """Whether host batches of bucket size ``size`` now run staged whole in the second
+        bucket of that size (see ``_STAGED_IN_PARTS``)."""
+        trial = self._parts_trials.get(size)
+        return trial is not None and trial.chosen is False
 
     def _parts_trial(self, bucket: Bucket) -> ScheduleTrial | None:
         """How host batches of ``bucket``'s size choose between staging in parts and whole
@@ -834,12 +847,12 @@ class GpuRankingPipeline:
 
     # -- buckets ------------------------------------------------------------------------------
 
-    def _bucket(self, size: int, lane: int = 0, in_parts: bool | None = None) -> Bucket:
+    def _bucket(self, size: int, lane: int = 0, whole: bool = False) -> Bucket:
         """The bucket of ``size`` samples (made and recorded on first use) of ``lane``: lanes
         other than 0 hold the further buckets of chunked batches (see :meth:`_predict_chunks`);
-        with ``in_parts`` False, lane 0's bucket of a size that stages in parts by default
-        that stages whole instead (see :meth:`_run_large`)."""
-        whole = in_parts is False and in_parts_by_default(size)
+        with ``whole``, for a size that stages in parts by default, lane 0's bucket of that
+        size that stages whole instead (see :meth:`_run_large`)."""
+        whole = whole and in_parts_by_default(size)
         buckets = self._whole_buckets if whole else self._lanes[lane]
         bucket = buckets.get(size)
         if bucket is None:
