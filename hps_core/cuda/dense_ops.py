@@ -35,6 +35,7 @@ from hps_core.cuda import kernels
 DENSE_TEMPLATES = (
     "interaction<float>", "interaction<unsigned short>", "row_dot<float>",
     "row_dot<unsigned short>", "concat_rows<unsigned>", "concat_rows<unsigned short>",
+    "column_moments<float>", "column_moments<unsigned short>",
 )  # fmt: skip
 """The template instantiations ``kernels/dense.cu`` is compiled with (one module for all)."""
 _MAX_STATIC_SHARED = 48 * 1024
@@ -325,40 +326,43 @@ def softmax(x: Any, mask: Any | None = None, factor: float = 1.0, eps: float = 0
     return out
 
 
-@functools.cache
-def _mean_square() -> Any:
-    return cupy.ReductionKernel(
-        "T x", "float32 y", "(float)x * (float)x", "a + b",
-        "y = a / (_in_ind.size() / _out_ind.size())", "0", "hps_mean_square",
-    )  # fmt: skip
-
-
 _MOMENT_ROWS_PER_RANGE = 256
 """Rows one block of ``column_moments`` sums (about; at most ``_MOMENT_RANGES`` ranges)."""
 _MOMENT_RANGES = 1024
+_NULL = np.uint64(0)  # a kernel's null pointer argument
 
 
-def column_moments(x: Any) -> tuple[Any, Any]:
-    """The mean and the mean square of each column of ``x`` (two kernels, where CuPy's
-    reductions over axis 0 took 30-35% of a DIN batch each).
+def column_moments(x: Any, count: Any = None, per_sample: int = 1) -> tuple[Any, Any]:
+    """The mean and the mean square of each column of ``x`` over its real rows, in float32
+    (two kernels, where CuPy's reductions over axis 0 took 30-35% of a DIN batch each).
 
     Args:
-        x: CuPy float32 ``[rows, C]``, C-contiguous, ``rows > 0``.
+        x: CuPy float32 or float16 ``[rows, C]``, C-contiguous.
+        count: for a padded batch (:class:`~hps_core.nn.spec.precision.PaddedBatch`), a CuPy
+            int32 array whose first element is its number of real samples, read on the
+            device (so the launches can be recorded in a CUDA graph and replayed for any
+            number): only the first ``count[0] * per_sample`` rows count, and with none the
+            means are 0. None: every row.
+        per_sample: rows of ``x`` per sample.
 
     Returns:
         float32 ``[C]`` means and ``[C]`` means of squares.
     """
     rows, cols = x.shape
+    count = _NULL if count is None else count
     ranges = max(1, min(_MOMENT_RANGES, -(-rows // _MOMENT_ROWS_PER_RANGE)))
     part = cupy.empty((2, ranges, cols), dtype=cupy.float32)
     mean = cupy.empty(cols, dtype=cupy.float32)
     square = cupy.empty(cols, dtype=cupy.float32)
-    dense_function("column_moments")(
-        (-(-cols // 32), ranges), (32, 8), (x, np.int64(rows), np.int32(cols), part)
-    )
+    name = "float" if x.dtype == np.float32 else "unsigned short"
+    dense_function(f"column_moments<{name}>")(
+        (-(-cols // 32), ranges), (32, 8),
+        (x, np.int64(rows), np.int32(cols), count, np.int64(per_sample), part),
+    )  # fmt: skip
     dense_function("column_moments_finish")(
         (-(-cols // 128),), (128,),
-        (part, np.int32(ranges), np.int32(cols), np.int64(rows), mean, square),
+        (part, np.int32(ranges), np.int32(cols), np.int64(rows), count, np.int64(per_sample),
+         mean, square),
     )  # fmt: skip
     return mean, square
 
@@ -375,25 +379,28 @@ def _dice_kernel() -> Any:
     )
 
 
-def dice(x: Any, alpha: float, eps: float, dtype: Any) -> Any:
+def dice(
+    x: Any, alpha: float, eps: float, dtype: Any, count: Any = None, per_sample: int = 1
+) -> Any:
     """DIN's Dice over the rows of ``x`` (:class:`~hps_core.nn.layers.PReLUDice`): the column
-    means of ``x`` and of ``x * x`` (:func:`column_moments`; CuPy's reductions for float16),
-    then one pass.
+    means of ``x`` and of ``x * x`` over its real rows (:func:`column_moments`), then one pass
+    over every row.
 
     Args:
         x: CuPy ``[rows, C]``, float32 or float16.
         alpha, eps: the layer's parameters.
         dtype: the result's dtype.
+        count, per_sample: a padded batch's count of real samples (on the device) and the
+            rows of ``x`` per sample: the means skip the padding (see :func:`column_moments`).
 
     Returns:
         A new ``[rows, C]`` array.
     """
-    if x.ndim == 2 and fits_rows(x) and x.shape[0] > 0:
-        mean, square = column_moments(x)
-    else:
-        mean = x.mean(axis=0, dtype=np.float32)
-        square = _mean_square()(x, axis=0)
+    x = cupy.ascontiguousarray(x)
     out = cupy.empty(x.shape, dtype=dtype)
+    if x.size == 0:
+        return out
+    mean, square = column_moments(x, count, per_sample)
     return _dice_kernel()(x, mean, square, np.float32(alpha), np.float32(eps), out)
 
 

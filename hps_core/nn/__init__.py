@@ -43,7 +43,7 @@ from hps_core.nn.spec.network_json import (
     load_network_json,
     parse_network_json,
 )
-from hps_core.nn.spec.precision import ComputeContext, Precision, round_to_tf32
+from hps_core.nn.spec.precision import ComputeContext, PaddedBatch, Precision, round_to_tf32
 from hps_core.nn.spec.shapes import TensorShape
 
 __all__ = [
@@ -63,6 +63,7 @@ __all__ = [
     "NetworkForm",
     "NetworkGraph",
     "NetworkSpec",
+    "PaddedBatch",
     "Precision",
     "SparseInputSpec",
     "TensorShape",

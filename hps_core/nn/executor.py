@@ -28,7 +28,7 @@ from hps_core.nn.layers.activation import ReLU
 from hps_core.nn.layers.shape_ops import Concat, Reshape
 from hps_core.nn.profile import ForwardProfile, LayerTime, StepClock, layer_flops, step_clock
 from hps_core.nn.spec.network_json import load_network_json
-from hps_core.nn.spec.precision import ComputeContext, Precision
+from hps_core.nn.spec.precision import ComputeContext, PaddedBatch, Precision
 from hps_core.nn.spec.shapes import TensorShape
 
 #: What the executor accepts for one embedding layer: pooled ``[batch, slots, vec]`` (or
@@ -245,7 +245,11 @@ class DenseExecutor:
         return readers[0] if len(readers) == 1 and readers[0].inputs.count(name) == 1 else None
 
     def forward_given(
-        self, dense: Array, given: Mapping[str, Array], prefix_done: bool = False
+        self,
+        dense: Array,
+        given: Mapping[str, Array],
+        prefix_done: bool = False,
+        samples: Array | None = None,
     ) -> Array:
         """Compute the predictions from the dense input and already computed tensors.
 
@@ -261,6 +265,11 @@ class DenseExecutor:
             given: tensor name -> array in the storage dtype.
             prefix_done: ``given`` holds the outputs of :meth:`forward_dense_prefix`: skip the
                 prefix's steps.
+            samples: for a batch padded to ``dense``'s rows, an int32 array (of the pass's
+                array module) whose first element is the number of real samples, read where
+                the pass runs: layers that take statistics over the batch skip the padding
+                (:class:`~hps_core.nn.spec.precision.PaddedBatch`), so a batch-dependent
+                network too can be recorded once per padded size. None: every row is real.
 
         Returns:
             float32 ``[batch, width]`` predictions.
@@ -271,8 +280,11 @@ class DenseExecutor:
         """
         xp, data = self.ctx.xp, self.graph.spec.data
         batch = dense.shape[0]
+        ctx = self.ctx
+        if samples is not None and self.batch_dependent:
+            ctx = dataclasses.replace(ctx, padded=PaddedBatch(samples, batch))
         tensors = dict(given)
-        tensors[data.dense_name] = self.ctx.cast(xp.asarray(dense))
+        tensors[data.dense_name] = ctx.cast(xp.asarray(dense))
         skipped = self._dense_prefix if prefix_done else frozenset()
         pooled = self.pooled_concat
         for step in self._steps:
@@ -288,9 +300,7 @@ class DenseExecutor:
             missing = [name for name in step.inputs if name not in tensors]
             if missing or isinstance(step.layer, EmbeddingLayer):
                 raise RequestError(f"step '{step.name}' needs tensors not given: {missing}")
-            outputs = step.layer.forward(
-                self.ctx, [tensors[name] for name in step.inputs], step.params
-            )
+            outputs = step.layer.forward(ctx, [tensors[name] for name in step.inputs], step.params)
             tensors.update(zip(step.outputs, outputs, strict=True))
             for name in step.release:
                 tensors.pop(name, None)
@@ -333,7 +343,8 @@ class DenseExecutor:
     @functools.cached_property
     def _dense_prefix(self) -> frozenset[str]:
         """Steps whose inputs all come, directly or through earlier such steps, from the dense
-        input (none in a batch-dependent network, whose steps see the real samples only)."""
+        input (none in a batch-dependent network: the prefix runs without the batch's count of
+        real samples, which its statistics would need)."""
         if self.batch_dependent:
             return frozenset()
         known = {self.graph.spec.data.dense_name}

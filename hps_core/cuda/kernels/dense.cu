@@ -338,23 +338,34 @@ extern "C" __global__ void softmax_rows(const float* __restrict__ x,
   }
 }
 
-// Column sums of x and of x * x over the rows of a row-major [rows, cols] float matrix
-// (DIN's Dice takes the mean and the mean square of each column over the batch). A block of
-// 32 x MOMENT_ROWS threads covers 32 columns (coalesced loads) of one of gridDim.y ranges of
-// rows; each range's sums go to part[0 or 1][range][cols], which column_moments_finish adds
-// in range order (the same result every time, unlike atomics).
+// Column sums of x and of x * x over the rows of a row-major [rows, cols] matrix (float or
+// half; DIN's Dice takes the mean and the mean square of each column over the batch), in
+// float32. A block of 32 x MOMENT_ROWS threads covers 32 columns (coalesced loads) of one of
+// gridDim.y ranges of rows; each range's sums go to part[0 or 1][range][cols], which
+// column_moments_finish adds in range order (the same result every time, unlike atomics).
+// With `samples` (not null) only the first samples[0] * per_sample rows count: the rest are
+// the padding of a size bucket, whose graph replays for any number of real samples, so the
+// count is read here on the device, never by the host.
 #define MOMENT_ROWS 8
-extern "C" __global__ void column_moments(const float* __restrict__ x, const i64 rows,
-                                          const int cols, float* __restrict__ part) {
+__device__ __forceinline__ i64 real_rows(const i64 rows, const int* samples,
+                                         const i64 per_sample) {
+  if (samples == nullptr) return rows;
+  return min(rows, max((i64)samples[0], (i64)0) * per_sample);
+}
+
+template <typename T>
+__global__ void column_moments(const T* __restrict__ x, const i64 rows, const int cols,
+                               const int* __restrict__ samples, const i64 per_sample,
+                               float* __restrict__ part) {
   __shared__ float sums[2][MOMENT_ROWS][33];
   const int c = blockIdx.x * 32 + threadIdx.x;
   const i64 per = (rows + gridDim.y - 1) / gridDim.y;
   const i64 first = (i64)blockIdx.y * per;
-  const i64 stop = min(rows, first + per);
+  const i64 stop = min(real_rows(rows, samples, per_sample), first + per);
   float a = 0.0f, b = 0.0f;
   if (c < cols) {
     for (i64 r = first + threadIdx.y; r < stop; r += MOMENT_ROWS) {
-      const float v = x[r * cols + c];
+      const float v = Io<T>::load(x[r * cols + c]);
       a += v;
       b += v * v;
     }
@@ -370,10 +381,17 @@ extern "C" __global__ void column_moments(const float* __restrict__ x, const i64
   part[(i64)blockIdx.y * cols + c] = a;
   part[((i64)gridDim.y + blockIdx.y) * cols + c] = b;
 }
+template __global__ void column_moments<float>(const float*, const i64, const int, const int*,
+                                               const i64, float*);
+template __global__ void column_moments<unsigned short>(const unsigned short*, const i64,
+                                                        const int, const int*, const i64,
+                                                        float*);
 
+// No real row (a bucket recorded before any batch): means 0, not 0 / 0.
 extern "C" __global__ void column_moments_finish(const float* __restrict__ part, const int ranges,
                                                  const int cols, const i64 rows,
-                                                 float* __restrict__ mean,
+                                                 const int* __restrict__ samples,
+                                                 const i64 per_sample, float* __restrict__ mean,
                                                  float* __restrict__ square) {
   const int c = blockIdx.x * blockDim.x + threadIdx.x;
   if (c >= cols) return;
@@ -382,8 +400,9 @@ extern "C" __global__ void column_moments_finish(const float* __restrict__ part,
     a += part[(i64)k * cols + c];
     b += part[((i64)ranges + k) * cols + c];
   }
-  mean[c] = a / (float)rows;
-  square[c] = b / (float)rows;
+  const i64 n = real_rows(rows, samples, per_sample);
+  mean[c] = n > 0 ? a / (float)n : 0.0f;
+  square[c] = n > 0 ? b / (float)n : 0.0f;
 }
 
 // Up to CONCAT_INPUTS inputs concatenated along their rows, in units U (4 or 2 bytes), a thread

@@ -48,7 +48,7 @@ class Graphs:
     # batch's rows
     insert: Any
     prefix: Any | None  # the dense network's steps on the dense features alone, if any
-    dense: Any | None  # the rest and the download; None: a batch-dependent network (eager)
+    dense: Any  # the rest and the download
     row_dense: tuple[Any, ...] = ()  # a grouped bucket's whole dense network and download per
     # part of a sample-major batch's rows (none for a batch-dependent network)
 

@@ -589,7 +589,7 @@ class GpuRankingPipeline:
                 raise failed
             if dense_by_part:
                 pass  # every part is scored already (_launch_part_dense)
-            elif bucket.graphs is not None and bucket.graphs.dense is not None:
+            elif bucket.graphs is not None:
                 bucket.graphs.dense.launch(main)
             else:
                 with main, cupy.cuda.using_allocator(bucket.pool.malloc):
@@ -770,15 +770,12 @@ class GpuRankingPipeline:
     def _forward(self, bucket: Bucket, prefix_done: bool = False) -> None:
         """The dense network; ``prefix_done``: its dense-only steps ran already (their
         outputs are ``bucket.prefix``)."""
-        # A network whose layers take statistics over the batch (DIN's Dice) sees the real
-        # samples only, never the bucket's padding (it has no dense-only steps).
-        rows = slice(0, bucket.samples) if self.executor.batch_dependent else slice(None)
         # Keeping the scores keeps their pool block for the graph's later replays.
-        bucket.scores = self._scores(bucket, rows, prefix_done)
+        bucket.scores = self._scores(bucket, slice(None), prefix_done)
 
     def _scores(self, bucket: Bucket, rows: slice, prefix_done: bool = False) -> Any:
         """The dense network's scores of the bucket's ``rows`` (see :meth:`_forward`)."""
-        dense = bucket.input_views[3][rows]
+        header, dense = bucket.input_views[1], bucket.input_views[3][rows]
         cast = self.executor.ctx.cast  # FP16 networks take half embeddings: one pass each
         given = {
             name: cast(array[rows]) if name in self._read_given else array[rows]
@@ -786,7 +783,12 @@ class GpuRankingPipeline:
         }
         if prefix_done:
             given |= bucket.prefix or {}
-        return self.executor.forward_given(dense, given, prefix_done=prefix_done)
+        # The whole bucket: a network whose layers take statistics over the batch (DIN's Dice)
+        # reads the number of real samples from the batch's header on the device and leaves
+        # the padding out, so its dense step is recorded once per bucket as the others are.
+        # (Parts of a batch are scored only by networks without such layers.)
+        samples = header[:1] if rows == slice(None) else None
+        return self.executor.forward_given(dense, given, prefix_done, samples)
 
     def _download(self, bucket: Bucket) -> None:
         scores = bucket.scores
@@ -878,9 +880,8 @@ class GpuRankingPipeline:
 
     def _record(self, bucket: Bucket) -> None:
         """Run the bucket once eagerly (compiles kernels, fills its memory pool), then record
-        its graphs (no dense one for a batch-dependent network, whose dense step runs eagerly
-        on the real samples: there are none yet)."""
-        self._run(bucket, dense=not self.executor.batch_dependent)
+        its graphs."""
+        self._run(bucket)
         row_parts = self._row_parts(bucket)
         # A bucket that may score by parts runs the parts' shapes too, before any capture
         # (cuBLASLt tunes on first use).
@@ -909,11 +910,10 @@ class GpuRankingPipeline:
             )
         )
         insert = captured(self._cache_stream, bucket.pool, lambda: self._insert(bucket))
-        prefix = dense = None
+        prefix = None
         if self._has_prefix:  # before the dense graph, which reads the prefix's outputs
             prefix = captured(self._prefix_stream, bucket.pool, lambda: self._prefix_step(bucket))
-        if not self.executor.batch_dependent:  # else its shapes follow each batch
-            dense = captured(self._stream, bucket.pool, lambda: self._dense_step(bucket))
+        dense = captured(self._stream, bucket.pool, lambda: self._dense_step(bucket))
         # Each part's graph keeps its scores' block; their other tensors may share blocks with
         # the other parts' and the whole dense graph's, since all run on the main stream.
         row_dense = tuple(

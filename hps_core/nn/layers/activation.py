@@ -132,7 +132,8 @@ class PReLUDice(Layer):
     As in HugeCTR (``PRelu_Dice_Layer::fprop``), the mean and the (population) variance
     ``E[x^2] - E[x]^2`` are taken per column over the rows of the batch being computed, at
     inference too: a sample's prediction depends on the other samples of its batch, and a
-    batch of one sample gets ``0.5 * (1 + alpha) * x``. Fields ``prelu_dice_param.alpha`` and
+    batch of one sample gets ``0.5 * (1 + alpha) * x``. A padded batch's padding
+    (``ctx.padded``) is left out of the statistics. Fields ``prelu_dice_param.alpha`` and
     ``eps`` (HugeCTR writes ``alpha`` but its own reader asks for ``elu_alpha``; both are read).
     """
 
@@ -156,13 +157,25 @@ class PReLUDice(Layer):
         if ctx.on_gpu:
             from hps_core.cuda.dense_ops import dice
 
-            return (dice(inputs[0], self.alpha, self.eps, ctx.dtype),)
+            if ctx.padded is None:
+                return (dice(inputs[0], self.alpha, self.eps, ctx.dtype),)
+            per_sample = ctx.padded.rows_per_sample(inputs[0].shape[0])
+            y = dice(inputs[0], self.alpha, self.eps, ctx.dtype, ctx.padded.count, per_sample)
+            return (y,)
         xp, x = ctx.xp, ctx.widen(inputs[0])
-        mean = x.mean(axis=0, dtype=np.float32)
+        real = x
+        if ctx.padded is not None:
+            per_sample = ctx.padded.rows_per_sample(x.shape[0])
+            real = x[: min(x.shape[0], max(int(ctx.padded.count[0]), 0) * per_sample)]
+        # No real row: means 0 (as on the GPU), not the NaN of an empty mean.
+        mean = real.sum(axis=0, dtype=np.float32) / np.float32(max(real.shape[0], 1))
+        square = (real * real).sum(axis=0, dtype=np.float32) / np.float32(max(real.shape[0], 1))
         # E[x^2] - E[x]^2 may round below zero (one sample, constant columns): a variance
         # is never negative, and sqrt of a negative one would be NaN.
-        var = xp.maximum((x * x).mean(axis=0, dtype=np.float32) - mean * mean, 0)
-        p = 1 / (1 + xp.exp((mean - x) / xp.sqrt(var + np.float32(self.eps))))
+        var = xp.maximum(square - mean * mean, 0)
+        # exp overflowing to infinity (x far below the mean) gives p = 0, its limit.
+        with np.errstate(over="ignore"):
+            p = 1 / (1 + xp.exp((mean - x) / xp.sqrt(var + np.float32(self.eps))))
         return (ctx.cast(p * x + (1 - p) * np.float32(self.alpha) * x),)
 
 

@@ -128,12 +128,49 @@ def round_to_tf32(xp: ModuleType, array: Any) -> Any:
 
 
 @dataclass(frozen=True)
+class PaddedBatch:
+    """A batch of ``rows`` samples whose first ``count[0]`` are real and the rest padding (the
+    GPU pipeline pads a batch to its size bucket, whose CUDA graphs replay for any number of
+    real samples). Layers that take statistics over the batch (DIN's Dice) skip the padding;
+    every other layer treats each row alone, so the padding's rows change no real one.
+
+    Args:
+        count: an int32 array of the pass's array module whose first element is the number
+            of real samples; on a GPU it is read by the kernels, never by the host.
+        rows: samples in the batch, padding included.
+
+    Example:
+        >>> PaddedBatch(np.array([3], np.int32), rows=4).rows_per_sample(12)
+        3
+    """
+
+    count: Any
+    rows: int
+
+    def rows_per_sample(self, rows: int) -> int:
+        """Rows per sample of a tensor of ``rows`` rows (DIN's attention holds one per item
+        of a sample's history).
+
+        Raises:
+            ValueError: ``rows`` is not a whole number of rows per sample.
+        """
+        if self.rows <= 0 or rows % self.rows:
+            raise ValueError(
+                f"a tensor of {rows} rows is not whole rows per sample of a batch of "
+                f"{self.rows}: its statistics cannot skip the batch's padding"
+            )
+        return rows // self.rows
+
+
+@dataclass(frozen=True)
 class ComputeContext:
     """The array module and precision one forward pass runs with.
 
     Args:
         xp: ``numpy`` or ``cupy``.
         precision: the compute mode.
+        padded: the padding of the batch being computed (see :class:`PaddedBatch`); None:
+            every row is a real sample.
 
     Raises:
         NotAvailableError: TF32 on a GPU without TF32 tensor cores (compute capability below
@@ -142,6 +179,7 @@ class ComputeContext:
 
     xp: ModuleType
     precision: Precision = Precision.FP32
+    padded: PaddedBatch | None = None
     _on_gpu: bool = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:

@@ -2,7 +2,8 @@
 call (``hps_core.cuda.linear``, each of its candidate algorithms), a product of one output
 column a warp per row (``dense_ops.row_dot``) and DLRM's dot interaction in one kernel
 (``hps_core.cuda.dense_ops.interaction``); the one-kernel concatenations
-(``dense_ops.concatenate``, ``split_last_slot``) against NumPy's, element for element.
+(``dense_ops.concatenate``, ``split_last_slot``) against NumPy's, element for element; Dice's
+column moments (``dense_ops.column_moments``), of a padded batch too.
 
 Each case runs on random inputs of several sizes (odd widths, one row, strided and
 transposed operands) in FP32, TF32 and FP16; the bound is the rounding of each precision
@@ -453,6 +454,42 @@ def test_column_moments_equal_float64(rows, cols):
     np.testing.assert_allclose(square.get(), (want * want).mean(axis=0), rtol=bound, atol=0)
     again = dense_ops.column_moments(cupy.asarray(x))
     assert (again[0] == mean).all() and (again[1] == square).all()  # same order every time
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+@pytest.mark.parametrize("per_sample, cols", [(1, 37), (9, 80), (300, 33)])
+def test_column_moments_of_a_padded_batch_replay_for_any_count(dtype, per_sample, cols):
+    """A batch padded to 16 samples (``per_sample`` rows each; 300 x 16 rows span several
+    ranges): the launches recorded once in a CUDA graph and replayed with 16, 5, 1 and 0 real
+    samples in the device count give each count's moments of its real rows (float64 NumPy),
+    whatever the padding holds (NaN, huge values); 0 real samples give zeros."""
+    rng = np.random.default_rng(per_sample + cols)
+    x = (2.0 + rng.standard_normal((16 * per_sample, cols))).astype(dtype)
+    x_d = cupy.asarray(x)
+    count = cupy.zeros(1, dtype=cupy.int32)
+    stream = cupy.cuda.Stream(non_blocking=True)
+    with stream:
+        dense_ops.column_moments(x_d, count, per_sample)  # compiles, outside the capture
+        stream.begin_capture()
+        mean, square = dense_ops.column_moments(x_d, count, per_sample)
+        graph = stream.end_capture()
+    for real in (16, 5, 1, 0):
+        rows = real * per_sample
+        poisoned = x.copy()
+        poisoned[rows::2] = np.nan
+        poisoned[rows + 1 :: 2] = 6e4
+        x_d.set(poisoned)
+        count.fill(real)
+        mean.fill(np.nan)
+        graph.launch(stream)
+        stream.synchronize()
+        if rows == 0:
+            assert (mean.get() == 0).all() and (square.get() == 0).all()
+            continue
+        want = x[:rows].astype(np.float64)
+        bound = 4 * 2.0**-24 * np.sqrt(rows) * 32
+        np.testing.assert_allclose(mean.get(), want.mean(axis=0), rtol=bound, atol=0)
+        np.testing.assert_allclose(square.get(), (want * want).mean(axis=0), rtol=bound, atol=0)
 
 
 @pytest.mark.parametrize("precision", ["fp32", "tf32", "fp16"])

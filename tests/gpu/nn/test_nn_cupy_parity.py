@@ -12,6 +12,7 @@ from hps_core.nn import (
     ComputeContext,
     DenseExecutor,
     LayerSpec,
+    PaddedBatch,
     Precision,
     TensorShape,
     UnpooledEmbedding,
@@ -129,6 +130,27 @@ def build(case):
     layer_type, bottoms, tops, fields, raw_shapes = case
     shapes = [TensorShape(rows, dims) for rows, dims in raw_shapes]
     return DENSE_LAYERS[layer_type].build(spec(layer_type, bottoms, tops, fields), shapes), shapes
+
+
+@pytest.mark.parametrize("precision", [Precision.FP32, Precision.FP16])
+@pytest.mark.parametrize("real", [0, 3, 8])
+def test_dice_of_a_padded_batch_equals_numpy(real, precision):
+    """Dice on CuPy and on NumPy given the same batch padded to 8 samples of 3 rows (``real``
+    of them real, the padding NaN) and its count of real samples: equal on the real rows
+    (with none real, on every row of finite values: both take means of 0)."""
+    fields = {"prelu_dice_param": {"alpha": 0.2, "eps": 1e-3}}
+    layer, _ = build(("PReLU_Dice", ["a"], ["o"], fields, [(3, (40,))]))
+    rng = np.random.default_rng(real)
+    x = rng.standard_normal((24, 40)).astype(np.float32)
+    if real:
+        x[3 * real :] = np.nan
+    count = np.array([real], np.int32)
+    cpu_ctx = ComputeContext(np, precision, padded=PaddedBatch(count, 8))
+    gpu_ctx = ComputeContext(cupy, precision, padded=PaddedBatch(cupy.asarray(count), 8))
+    want = layer.forward(cpu_ctx, [cpu_ctx.cast(x)], ())[0]
+    got = layer.forward(gpu_ctx, [gpu_ctx.cast(cupy.asarray(x))], ())[0]
+    rows = 3 * real or 24
+    assert_close(got[:rows], want[:rows], precision)
 
 
 def assert_close(gpu, cpu, precision):

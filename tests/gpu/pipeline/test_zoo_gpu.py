@@ -2,8 +2,9 @@
 pipeline: scores equal the NumPy path and the float64 reference of the tests, in FP32, and the
 NumPy path's TF32 / FP16 emulation within those precisions' rounding.
 
-DIN's Dice takes statistics over the samples of a batch, so its dense step runs eagerly on the
-real samples (no graph bucket padding); the others replay CUDA graphs.
+DIN's Dice takes statistics over the samples of a batch: its dense step replays a CUDA graph
+per bucket as the others' do, reading the batch's count of real samples on the device and
+leaving the bucket's padding out of the statistics.
 """
 
 from __future__ import annotations
@@ -54,6 +55,32 @@ def test_zoo_model_on_the_gpu_equals_numpy_and_the_reference(repo: Path, name: s
         assert got.shape == (batch, LABELS.get(name, 1))
         np.testing.assert_allclose(got, cpu.predict(parsed), rtol=1e-5, atol=1e-6)
         model.check(got, dense, keys)
+
+
+@pytest.mark.parametrize("precision", ["fp32", "fp16"])
+def test_din_scores_each_batch_of_a_bucket_over_its_real_samples(
+    repo: Path, precision: str
+) -> None:
+    """DIN's buckets record the dense step as a graph too; batches of 256, 200 and 129 samples
+    one after the other in the bucket of 256 (whose padding then holds the earlier batches'
+    rows) score as the NumPy path scores each batch alone: Dice's statistics leave the padding
+    out."""
+    model = ZooModel(repo, "din")
+    ps = repo / "din" / "ps.json"
+    gpu = RankingSession.open(ps, "din", device_id=0, precision=precision)
+    cpu = RankingSession.open(ps, "din", precision=precision)
+    rng = np.random.default_rng(47)
+    for batch in (256, 200, 129):
+        dense, keys = model.samples(rng, batch)
+        parsed = HugeCTRContract(gpu.layout).parse(*encode_hugectr(dense, keys))
+        got = gpu.predict(parsed)
+        if precision == "fp32":
+            np.testing.assert_allclose(got, cpu.predict(parsed), rtol=1e-5, atol=1e-6)
+            model.check(got, dense, keys)
+        else:  # as test_zoo_model_in_reduced_precision_agrees_with_numpy
+            np.testing.assert_allclose(got, cpu.predict(parsed), atol=5e-3)
+    bucket = gpu.pipeline._lanes[0][256]
+    assert bucket.graphs is not None and bucket.graphs.dense is not None and bucket.batches == 3
 
 
 @pytest.mark.parametrize("precision", ["tf32", "fp16"])

@@ -296,6 +296,26 @@ def test_fp16_accuracy_against_float64(networks, name, record_property):
     assert fp16.forward(dense, pooled).dtype == np.float32
 
 
+def test_a_padded_batch_scores_its_real_samples_as_alone(networks):
+    """DIN (Dice takes statistics over the batch) given its embeddings for a batch padded to 8
+    samples, 5 real, and the count: the real samples score as the batch of 5 alone, whatever
+    the padding holds; without the count the padding changes them."""
+    path, dense_file = networks["din"]
+    executor = DenseExecutor.from_files(path, dense_file)
+    assert executor.batch_dependent
+    rng = np.random.default_rng(12)
+    dense, pooled = graph_inputs(executor.graph, 8, rng)
+    tops = dict(zip(executor.embedding_names, executor.embedding_tops(), strict=True))
+    given = {tops[name]: value.copy() for name, value in pooled.items()}
+    for value in given.values():
+        value[5:] = 5 * rng.standard_normal(value[5:].shape)
+    alone = executor.forward(dense[:5], {name: value[:5] for name, value in pooled.items()})
+    got = executor.forward_given(dense, given, samples=np.array([5], np.int32))
+    np.testing.assert_allclose(got[:5], alone, rtol=1e-6, atol=1e-7)
+    unpadded = executor.forward_given(dense, given)
+    assert np.abs(unpadded[:5] - alone).max() > 1e-4
+
+
 def test_relu_fusion_keeps_results_and_skips_shared_outputs(networks):
     path, dense_file = networks["every_layer"]
     executor = DenseExecutor.from_files(path, dense_file)

@@ -11,7 +11,7 @@ from nn_reference import fc, fm_order2, interaction, multi_cross, relu, sigmoid,
 from nn_testdata import make_spec
 
 from hps_core.errors import ConfigError
-from hps_core.nn import ComputeContext, TensorShape
+from hps_core.nn import ComputeContext, PaddedBatch, TensorShape
 from hps_core.nn.layers import DENSE_LAYERS
 from hps_core.nn.layers.activation import Dropout
 
@@ -399,6 +399,37 @@ def test_dice_uses_the_batch_statistics() -> None:
     two = np.array([[2.0, -4.0], [0.0, 4.0]], np.float32)
     got = layer.forward(ctx, [two], ())[0]
     assert not np.allclose(got[0], 0.625 * one[0])  # the other sample changed the result
+
+
+@pytest.mark.parametrize("real", [0, 1, 3, 4])
+@pytest.mark.parametrize("per_sample", [1, 3])
+def test_dice_leaves_a_padded_batch_s_padding_out(real: int, per_sample: int) -> None:
+    """A batch padded to 4 samples (``per_sample`` rows each, as DIN's attention rows) with
+    ``real`` real ones: its real rows equal Dice over them alone, whatever the padding holds
+    (NaN and huge values); with no real sample the means are 0, not NaN."""
+    spec = make_spec("PReLU_Dice", "x", "y", prelu_dice_param={"alpha": 0.25, "eps": 1e-2})
+    layer = DENSE_LAYERS["PReLU_Dice"].build(spec, [TensorShape(1, (5,))])
+    rng = np.random.default_rng(real * 10 + per_sample)
+    x = rng.standard_normal((4 * per_sample, 5)).astype(np.float32)
+    rows = real * per_sample
+    padded = PaddedBatch(np.array([real, 99], np.int32), rows=4)
+    if rows:
+        x[rows::2] = np.nan
+        x[rows + 1 :: 2] = 1e30
+        got = layer.forward(ComputeContext(np, padded=padded), [x], ())[0]
+        alone = layer.forward(ComputeContext(np), [x[:rows]], ())[0]
+        np.testing.assert_array_equal(got[:rows], alone)
+    else:
+        got = layer.forward(ComputeContext(np, padded=padded), [x], ())[0].astype(np.float64)
+        p = 1 / (1 + np.exp(-x / np.sqrt(1e-2)))  # mean 0, variance 0
+        np.testing.assert_allclose(got, p * x + (1 - p) * 0.25 * x, rtol=1e-5, atol=1e-7)
+
+
+def test_a_padded_batch_needs_whole_rows_per_sample() -> None:
+    padded = PaddedBatch(np.array([2], np.int32), rows=4)
+    assert padded.rows_per_sample(12) == 3
+    with pytest.raises(ValueError, match="10 rows is not whole rows per sample of a batch of 4"):
+        padded.rows_per_sample(10)
 
 
 def test_masked_softmax_follows_hugectr() -> None:
