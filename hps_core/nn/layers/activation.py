@@ -154,19 +154,15 @@ class PReLUDice(Layer):
     def forward(
         self, ctx: ComputeContext, inputs: Sequence[Array], params: Sequence[Array]
     ) -> tuple[Array, ...]:
+        count, per_sample = None, 1
+        if ctx.padded is not None:
+            count, per_sample = ctx.padded.count, ctx.padded.rows_per_sample(inputs[0].shape[0])
         if ctx.on_gpu:
             from hps_core.cuda.dense_ops import dice
 
-            if ctx.padded is None:
-                return (dice(inputs[0], self.alpha, self.eps, ctx.dtype),)
-            per_sample = ctx.padded.rows_per_sample(inputs[0].shape[0])
-            y = dice(inputs[0], self.alpha, self.eps, ctx.dtype, ctx.padded.count, per_sample)
-            return (y,)
+            return (dice(inputs[0], self.alpha, self.eps, ctx.dtype, count, per_sample),)
         xp, x = ctx.xp, ctx.widen(inputs[0])
-        real = x
-        if ctx.padded is not None:
-            per_sample = ctx.padded.rows_per_sample(x.shape[0])
-            real = x[: min(x.shape[0], max(int(ctx.padded.count[0]), 0) * per_sample)]
+        real = x if count is None else x[: max(int(count[0]), 0) * per_sample]
         # No real row: means 0 (as on the GPU), not the NaN of an empty mean.
         mean = real.sum(axis=0, dtype=np.float32) / np.float32(max(real.shape[0], 1))
         square = (real * real).sum(axis=0, dtype=np.float32) / np.float32(max(real.shape[0], 1))
