@@ -53,6 +53,7 @@ from zoo_batches import random_batch
 from hps_core.demo import ZOO_MODELS
 from hps_core.hps import HPS
 from hps_core.infer import RankingSession, SparseBatch
+from hps_core.infer.gpu.buckets import in_parts_by_default
 from hps_core.infer.gpu.staging import bucket_for
 from hps_core.triton_repo import InstanceGroup, ServingOptions
 
@@ -123,7 +124,7 @@ def settle(session: RankingSession, rng: np.random.Generator, batch: int) -> str
         if pipe.schedules_chosen():
             break
         session.predict(random_batch(session, rng, batch))
-    if not pipe._buckets[size].in_parts:
+    if not in_parts_by_default(size):
         return "-"
     return "whole" if pipe.staged_whole(size) else "in parts"
 
