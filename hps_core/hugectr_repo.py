@@ -13,11 +13,12 @@ that serve those models with the same request contracts, the user's repository u
   ``version_policy`` and one model folder per version folder it has;
 - config.pbtxt parameters are applied as HugeCTR's backends apply them (over the ps.json):
   both backends ``refresh_interval``, ``refresh_delay``, ``freeze_sparse``; the ``hugectr``
-  backend also ``config`` (the network file), ``sparse_files``, ``dense_file``, ``label_dim``,
-  ``slots``, ``gpucache`` (must agree with the ps.json), ``gpucacheper`` and
-  ``hit_rate_threshold`` (at most the ps.json's), ``mixed_precision`` (an FP16 network);
-  sizing hints (``des_feature_num``, ``cat_feature_num``, ``embedding_vector_size``,
-  ``max_nnz``) are accepted, the network file deciding them; every other parameter, and
+  backend also ``config`` (the network file), ``sparse_files``, ``dense_file``, ``gpucache``
+  (must agree with the ps.json), ``gpucacheper`` and ``hit_rate_threshold`` (at most the
+  ps.json's), ``mixed_precision`` (an FP16 network); its sizing parameters (``label_dim``,
+  ``slots``, ``des_feature_num``: widths; ``cat_feature_num``, ``embedding_vector_size``,
+  ``max_nnz``: bounds) are checked against the network file, which decides them, and each
+  one that disagrees is named; every other parameter, and
   ``embeddingkey_long_type: false`` (INT32 keys: this contract takes INT64), is named as not
   honoured;
 - on a machine without a usable GPU, ``KIND_GPU`` instances run as ``KIND_CPU`` (said so);
@@ -38,7 +39,8 @@ from pathlib import Path
 from tritonclient.grpc import model_config_pb2 as pb
 
 from hps_core.config import ModelConfig, load_ps_config
-from hps_core.errors import ConfigError, Problem
+from hps_core.errors import ConfigError, HPSError, Problem
+from hps_core.infer.inputs.layout import load_ranking_graph
 from hps_core.triton_repo import (
     FREEZE_SPARSE_PARAMETER,
     InstanceGroup,
@@ -54,10 +56,12 @@ BACKENDS = ("hps", "hugectr")
 
 _BOTH = {"refresh_interval", "refresh_delay", FREEZE_SPARSE_PARAMETER}
 _RANKING = {
-    "config", "sparse_files", "dense_file", "label_dim", "slots", "gpucache", "gpucacheper",
-    "hit_rate_threshold", "mixed_precision", "embeddingkey_long_type",
+    "config", "sparse_files", "dense_file", "gpucache", "gpucacheper", "hit_rate_threshold",
+    "mixed_precision", "embeddingkey_long_type",
 }  # fmt: skip
-_SIZING = {"des_feature_num", "cat_feature_num", "embedding_vector_size", "max_nnz"}
+_WIDTHS = ("label_dim", "slots", "des_feature_num")  # must equal the network's
+_BOUNDS = ("cat_feature_num", "embedding_vector_size", "max_nnz")  # must hold the network's
+_SIZING = {*_WIDTHS, *_BOUNDS}
 
 
 def split_backend_configs(args: Sequence[str]) -> tuple[dict[str, Path], list[str]]:
@@ -175,6 +179,8 @@ def _translate(
     model = config.model(name)  # the ps.json model has the Triton model's name, as in HugeCTR
     params = {key: value.string_value.strip() for key, value in user.parameters.items()}
     model, precision, notes = _apply_parameters(folder, backend, model, params, ps_json)
+    if backend == "hugectr":
+        notes += _sizing_notes(model, params, where)
     notes = [f"model '{name}' (backend {backend}): {note}" for note in notes]
     options, placement_notes = _serving_options(user, model, gpu)
     notes += [f"model '{name}' (backend {backend}): {note}" for note in placement_notes]
@@ -219,10 +225,6 @@ def _apply_parameters(
             if params.get("sparse_files"):
                 files = [_path(folder, f) for f in params["sparse_files"].split(",") if f.strip()]
                 changes["sparse_files"] = tuple(files)
-            if "label_dim" in params:
-                changes["label_dim"] = int(params["label_dim"])
-            if "slots" in params:
-                changes["slot_num"] = sum(int(s) for s in params["slots"].split(",") if s.strip())
             if "gpucache" in params and _true(params["gpucache"]) != model.gpucache:
                 raise ConfigError(
                     Problem(
@@ -254,6 +256,44 @@ def _apply_parameters(
     except ValueError as exc:
         raise ConfigError(Problem(where, f"a value does not parse: {exc}")) from exc
     return replace(model, **changes), precision, notes
+
+
+def _sizing_notes(model: ModelConfig, params: Mapping[str, str], where: str) -> list[str]:
+    """Notes on the ``hugectr`` backend's sizing parameters that disagree with the network.
+
+    HugeCTR's backend sizes its request buffers by ``label_dim``, ``slots`` and
+    ``des_feature_num`` (exact widths of a sample) and ``cat_feature_num``,
+    ``embedding_vector_size``, ``max_nnz`` (upper bounds); here the network file decides them
+    all, so a width that differs, or a bound below what the network takes, is named."""
+    try:
+        _, layout = load_ranking_graph(model)
+    except HPSError:
+        return []  # the model's load names what is wrong with its files
+    try:
+        given = {
+            key: sum(int(v) for v in params[key].split(",") if v.strip())
+            for key in (*_WIDTHS, *_BOUNDS)
+            if key in params
+        }
+    except ValueError as exc:
+        raise ConfigError(Problem(f"{where} parameters", f"a value does not parse: {exc}")) from exc
+    network = {
+        "label_dim": (layout.label_dim, "predictions per sample"),
+        "slots": (layout.total_slots, "slots per sample"),
+        "des_feature_num": (layout.dense_dim, "dense features per sample"),
+        "cat_feature_num": (layout.sample_width, "keys per sample at its least"),
+        "embedding_vector_size": (max(t.vec_size for t in layout.tables), "as its widest"),
+        "max_nnz": (max(layout.hotness), "keys per slot at its least"),
+    }
+    notes = []
+    for key, value in given.items():
+        wanted, what = network[key]
+        if value != wanted if key in _WIDTHS else value < wanted:
+            notes.append(
+                f"{key} {value} is not honoured: the network file takes {wanted} {what} "
+                "and decides it here (HugeCTR sizes its buffers by this parameter)"
+            )
+    return notes
 
 
 def _serving_options(

@@ -13,9 +13,14 @@ from pathlib import Path
 
 from hps_core.config import ModelConfig, PSConfig, load_ps_config
 from hps_core.config.inert import inert_settings
-from hps_core.errors import ConfigError, HPSError, Problem
+from hps_core.errors import ConfigError, HPSError, ModelFileError, NotAvailableError, Problem
 from hps_core.footprint import ModelFootprint, model_footprint
 from hps_core.formats.sparse import SparseTableInfo, inspect_sparse_table
+from hps_core.infer.inputs.layout import (
+    is_ranking_model,
+    load_ranking_graph,
+    ps_json_disagreements,
+)
 from hps_core.tiers.factory import check_tiers_available
 
 logger = logging.getLogger("hps_core")
@@ -65,12 +70,17 @@ def _check_file(where: str, path: Path | None, problems: list[Problem]) -> None:
         problems.append(Problem(where, f"file not found: {path}"))
 
 
-def check_ps_json(path: str | os.PathLike[str], model_name: str | None = None) -> CheckReport:
+def check_ps_json(
+    path: str | os.PathLike[str], model_name: str | None = None, network: bool = True
+) -> CheckReport:
     """Check a ps.json and the files of its models (all, or just ``model_name``).
 
     Args:
         path: the ps.json.
         model_name: check only this model.
+        network: also check the network of each model that has one (``network_file`` and
+            ``dense_file``) against its tables and dense file, and its ps.json sizing fields
+            against the network (warnings). An embedding model never reads its network.
 
     Returns:
         The report; ``report.problems`` is empty when everything is usable.
@@ -100,6 +110,7 @@ def check_ps_json(path: str | os.PathLike[str], model_name: str | None = None) -
     for m, model in models:
         model_report = ModelReport(model)
         report.models.append(model_report)
+        problems_before = len(report.problems)
         where = f"models[{m}]"
         _check_file(f"{where}.dense_file", model.dense_file, report.problems)
         _check_file(f"{where}.network_file", model.network_file, report.problems)
@@ -113,15 +124,34 @@ def check_ps_json(path: str | os.PathLike[str], model_name: str | None = None) -
         if all(info is not None for info in model_report.tables):
             rows = [info.rows for info in model_report.tables if info is not None]
             model_report.footprint = model_footprint(config, model, rows)
+        if network and is_ranking_model(model) and len(report.problems) == problems_before:
+            _check_network(model, where, report)
     return report
 
 
-def check_model_files(path: str | os.PathLike[str], model_name: str) -> ModelReport:
-    """Check one model of a ps.json; raise with every problem found.
+def _check_network(model: ModelConfig, where: str, report: CheckReport) -> None:
+    try:
+        _, layout = load_ranking_graph(model, where)
+    except ConfigError as exc:
+        report.problems += exc.problems
+    except ModelFileError as exc:
+        report.problems.append(Problem(f"{where}.network_file", str(exc)))
+    except NotAvailableError as exc:
+        # The model still serves embedding lookups (the hps contract), not scores.
+        report.warnings.append(f"{where}.network_file: cannot be scored here: {exc}")
+    else:
+        report.warnings += ps_json_disagreements(model, layout, where)
+
+
+def check_model_files(
+    path: str | os.PathLike[str], model_name: str, network: bool = True
+) -> ModelReport:
+    """Check one model of a ps.json; raise with every problem found and log each warning.
 
     Args:
         path: the ps.json.
         model_name: the model to check.
+        network: check its network too (see :func:`check_ps_json`).
 
     Returns:
         The model's report: its configuration, tables and tier bytes.
@@ -129,7 +159,7 @@ def check_model_files(path: str | os.PathLike[str], model_name: str) -> ModelRep
     Raises:
         ConfigError: listing every problem.
     """
-    report = check_ps_json(path, model_name)
+    report = check_ps_json(path, model_name, network)
     if report.problems:
         raise ConfigError(report.problems)
     for line in report.warnings:

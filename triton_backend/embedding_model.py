@@ -23,6 +23,7 @@ import numpy as np
 from hps_core.host_memory import keep_freed_memory
 from hps_core.infer.model_io import EMBEDDING_IO, KEYS, NUMKEYS, OUTPUT0
 from hps_core.model_check import check_model_files
+from hps_core.wording import plural
 from triton_backend.batched_execute import execute_batched
 from triton_backend.hps_contract import HpsContract, batch_tables, split_outputs
 from triton_backend.lookup_service import LookupService, log_to_stderr
@@ -45,19 +46,19 @@ class EmbeddingModel:
         keep_freed_memory()  # this instance's process: its batches reuse their pages
         settings = read_settings(args)
         check_io(settings.config, EMBEDDING_IO)
-        checked = check_model_files(settings.ps_json, settings.hps_model)
+        checked = check_model_files(settings.ps_json, settings.hps_model, network=False)
         model = checked.model
         check_instance_device(settings, model.deployed_device_list, f"model '{model.name}'")
         self.contract = HpsContract.from_model(model)
         self.service = LookupService(settings)
         self.service.publish_tier_bytes(checked.footprint)
         logger.info(
-            "model '%s' version %d: ps.json %s, model '%s', %d tables (dims %s), %s instance%s",
+            "model '%s' version %d: ps.json %s, model '%s', %s (dims %s), %s instance%s",
             settings.triton_model,
             settings.version,
             settings.ps_json,
             settings.hps_model,
-            self.contract.num_tables,
+            plural(self.contract.num_tables, "table"),
             list(self.contract.dims),
             settings.instance_kind,
             "" if settings.lookup_device is None else f" on GPU {settings.lookup_device}",

@@ -65,7 +65,10 @@ Differences from the docs (HugeCTR's parser is followed; the docs are
       always initialises; it is read here with the same default, ``true``.
     - ``network_file``, ``label_dim``, ``slot_num`` and ``non_trainable_params_file`` appear
       in the docs' sample ps.json but the JSON parser does not read them (the hugectr backend
-      took them from config.pbtxt); they are read here because the dense network needs them.
+      took them from config.pbtxt). Here ``network_file`` is the model's network and
+      ``non_trainable_params_file`` its BatchNorm statistics (default: the dense file's
+      ``.ntp.json``); ``label_dim`` and ``slot_num`` stay None when absent, and where given
+      the network decides them and ``hps check`` warns when they disagree with it.
     - ``use_hctr_cache_implementation``, ``init_ec``, ``enable_pagelock``, ``fp8_quant``,
       ``thread_pool_size`` and the ``stochastic`` cache type are v24.06 ``InferenceParams``
       fields; they are read with the defaults of HugeCTR's Python binding. ``init_ec``

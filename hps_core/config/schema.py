@@ -253,8 +253,10 @@ class ModelConfig:
     maxnum_des_feature_per_sample: int = 26
     refresh_delay: float = 0.0
     refresh_interval: int = 0
-    label_dim: int = 1
-    slot_num: int = 10
+    # Not read by HugeCTR's ps.json parser (its backends take them from config.pbtxt) and
+    # decided here by the network file; None when not given, checked against it when given.
+    label_dim: int | None = None
+    slot_num: int | None = None
     use_static_table: bool = False
     embedding_cache_type: EmbeddingCacheType = EmbeddingCacheType.DYNAMIC
     use_context_stream: bool = True
@@ -389,8 +391,13 @@ class ModelConfig:
                 ),
                 "embedding_vecsize_per_table": list(self.embedding_vecsize_per_table),
                 "embedding_table_names": list(self.embedding_table_names),
-                "label_dim": self.label_dim,
-                "slot_num": self.slot_num,
+            }
+        )
+        for key in ("label_dim", "slot_num"):  # HugeCTR's samples write them; optional
+            if getattr(self, key) is not None:
+                out[key] = getattr(self, key)
+        out.update(
+            {
                 "gpucache": self.gpucache,
                 "gpucacheper": self.gpucacheper,
                 "hit_rate_threshold": self.hit_rate_threshold,

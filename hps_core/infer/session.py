@@ -30,6 +30,7 @@ from hps_core.nn import (
     pool_gathered,
     read_dense_blob,
 )
+from hps_core.wording import plural
 
 
 def _device(xp: ModuleType, device_id: int | None) -> contextlib.AbstractContextManager:
@@ -145,7 +146,9 @@ class RankingSession:
         """
         config, model = lookup.config, lookup.model
         graph, layout = load_ranking_graph(model, f"models[{config.models.index(model)}]")
-        params = read_dense_blob(model.dense_file, graph.dense_layout())
+        params = read_dense_blob(
+            model.dense_file, graph.dense_layout(), model.non_trainable_params_file
+        )
         with _device(lookup.xp, lookup.device_id):
             executor = DenseExecutor(graph, params, lookup.xp, precision)
         return cls(layout, lookup, executor, lookup.device_id, graphs)
@@ -221,8 +224,8 @@ class RankingSession:
         layout = self.layout
         if len(batch.keys) != layout.num_tables or len(batch.row_offsets) != layout.num_tables:
             raise RequestError(
-                f"model '{layout.model}' has {layout.num_tables} tables, the batch has keys "
-                f"for {len(batch.keys)} and offsets for {len(batch.row_offsets)}"
+                f"model '{layout.model}' has {plural(layout.num_tables, 'table')}, the batch "
+                f"has keys for {len(batch.keys)} and offsets for {len(batch.row_offsets)}"
             )
         n = batch.batch_size
         if batch.dense.shape != (n, layout.dense_dim):

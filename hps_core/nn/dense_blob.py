@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from hps_core.errors import ModelFileError
-from hps_core.formats.uris import FsPath, model_path
+from hps_core.formats.uris import FsPath, ModelPath, model_path
 from hps_core.nn.layers.base import ParamShape
 
 #: Parameters of one network: layer name -> its tensors in file order, then its state.
@@ -77,12 +77,17 @@ class DenseLayout:
         return sum(layer.size for layer in self.layers)
 
 
-def read_dense_blob(path: str | Path, layout: DenseLayout) -> DenseParams:
+def read_dense_blob(
+    path: str | Path, layout: DenseLayout, state_file: str | Path | None = None
+) -> DenseParams:
     """Read a dense model file and split it into per-layer tensors.
 
     Args:
         path: the dense model file.
         layout: the layout from :meth:`NetworkGraph.dense_layout`.
+        state_file: the file of the non-trained tensors (ps.json's
+            ``non_trainable_params_file``); None reads ``<path>.ntp.json``, where HugeCTR
+            writes it. Read only when a layer has such tensors.
 
     Returns:
         Layer name -> float32 tensors in file order.
@@ -97,7 +102,10 @@ def read_dense_blob(path: str | Path, layout: DenseLayout) -> DenseParams:
         floats = np.frombuffer(path.read_bytes(), dtype=_FLOAT).astype(np.float32)
     else:
         floats = np.fromfile(path, dtype=_FLOAT).astype(np.float32, copy=False)
-    state = _read_state(path, layout)
+    state = _read_state(
+        model_path(state_file) if state_file is not None else model_path(str(path) + NTP_SUFFIX),
+        layout,
+    )
     params: DenseParams = {}
     offset = 0
     for layer in layout.layers:
@@ -109,12 +117,11 @@ def read_dense_blob(path: str | Path, layout: DenseLayout) -> DenseParams:
     return params
 
 
-def _read_state(path: str | Path, layout: DenseLayout) -> dict[str, tuple[np.ndarray, ...]]:
-    """The non-trained tensors of the layers that have some, from ``<path>.ntp.json``."""
+def _read_state(ntp: ModelPath, layout: DenseLayout) -> dict[str, tuple[np.ndarray, ...]]:
+    """The non-trained tensors of the layers that have some, from the file ``ntp``."""
     holders = [layer for layer in layout.layers if layer.state]
     if not holders:
         return {}
-    ntp = model_path(str(path) + NTP_SUFFIX)
     try:
         entries = json.loads(ntp.read_text())["layers"]
     except (OSError, ValueError, KeyError, TypeError, ModelFileError) as exc:

@@ -19,7 +19,8 @@ field: the number of tables, each table's ``embedding_vecsize_per_table`` agains
 layer's slot count (a one-hot sample must fit). The widths of a sample (dense features, slots,
 predictions) come from the network file; ps.json's ``slot_num``, ``label_dim`` and
 ``maxnum_des_feature_per_sample`` are not used, as HugeCTR's ps.json parser does not read the
-first two either.
+first two either. Where they are given and disagree with the network,
+:func:`ps_json_disagreements` says so (a warning: the file still loads, as in HugeCTR).
 """
 
 from __future__ import annotations
@@ -212,6 +213,49 @@ class RankingLayout:
             max_batch_size=model.max_batch_size,
             tables=tuple(feeds),
         )
+
+
+def ps_json_disagreements(model: ModelConfig, layout: RankingLayout, where: str) -> list[str]:
+    """One line per sizing field of the ps.json model that disagrees with its network.
+
+    ``label_dim`` and ``slot_num`` (when given) should equal the network's predictions and
+    slots per sample; ``maxnum_des_feature_per_sample`` should hold its dense features. The
+    network file decides each of them here.
+
+    Args:
+        model: the ps.json model.
+        layout: its layout (:meth:`RankingLayout.from_graph`).
+        where: the model's location in the ps.json (``models[2]``).
+
+    Returns:
+        The lines, empty when the fields agree (or are not given).
+
+    Example:
+        >>> ps_json_disagreements(model, layout, "models[0]")  # doctest: +SKIP
+        ["models[0].slot_num = 10 (model 'dlrm'): the network takes 26 slots per sample ..."]
+    """
+    lines = []
+    named = f"(model '{model.name}')"
+    if model.label_dim is not None and model.label_dim != layout.label_dim:
+        lines.append(
+            f"{where}.label_dim = {model.label_dim} {named}: the network's output has "
+            f"{layout.label_dim} per sample, which is what is served (HugeCTR's ps.json "
+            "parser does not read label_dim either)"
+        )
+    if model.slot_num is not None and model.slot_num != layout.total_slots:
+        lines.append(
+            f"{where}.slot_num = {model.slot_num} {named}: the network takes "
+            f"{layout.total_slots} slots per sample, which is what is served (HugeCTR's "
+            "ps.json parser does not read slot_num either)"
+        )
+    if model.maxnum_des_feature_per_sample < layout.dense_dim:
+        lines.append(
+            f"{where}.maxnum_des_feature_per_sample = {model.maxnum_des_feature_per_sample} "
+            f"{named}: the network takes {layout.dense_dim} dense features per sample; "
+            "HugeCTR sizes its dense buffers by this field and would not hold them, here the "
+            "network decides"
+        )
+    return lines
 
 
 def is_ranking_model(model: ModelConfig) -> bool:

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
+import logging
 import math
 import re
 from pathlib import Path
@@ -11,6 +14,7 @@ import pytest
 from cli_testdata import TABLES, edit_ps, write_model
 
 from hps_core.cli.main import main
+from hps_core.model_check import check_model_files
 
 
 def run_check(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
@@ -151,14 +155,49 @@ def test_databases_holding_another_precision_than_the_table_say_which(
 
 
 def test_model_option_and_dense_files(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    ps, _ = write_model(tmp_path)
-    (tmp_path / "dense.model").write_bytes(b"\0" * 16)
-    (tmp_path / "net.json").write_text("{}")
-    edit_ps(ps, dense_file="dense.model", network_file="net.json")
-    code, out, _ = run_check(capsys, str(ps), "--model", "wdl")
+    ps = _ranking_copy(tmp_path)
+    code, out, err = run_check(capsys, str(ps), "--model", "wdl")
+    assert code == 0, err
+    assert "warning" not in err
+    assert f"  dense: {tmp_path / 'wdl' / 'data' / 'wdl_dense.model'}" in out.splitlines()
+    assert f"  network: {tmp_path / 'wdl' / 'data' / 'wdl.json'}" in out.splitlines()
+
+
+def _ranking_copy(tmp_path: Path, **model: object) -> Path:
+    """The default repository's WDL as ``hps prepare`` writes it, its ps.json model edited
+    with ``model``."""
+    with contextlib.redirect_stdout(io.StringIO()):
+        assert main(["prepare", str(tmp_path), "--model", "wdl"]) == 0
+    return edit_ps(tmp_path / "wdl" / "ps.json", **model)
+
+
+def test_ps_json_sizes_that_disagree_with_the_network_are_warned_about(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    ps = _ranking_copy(tmp_path, label_dim=2, slot_num=10, maxnum_des_feature_per_sample=4)
+    code, _, err = run_check(capsys, str(ps))
     assert code == 0
-    assert f"  dense: {tmp_path / 'dense.model'}" in out.splitlines()
-    assert f"  network: {tmp_path / 'net.json'}" in out.splitlines()
+    lines = err.splitlines()
+    assert len(lines) == 3, err
+    assert lines[0].startswith("warning: models[0].label_dim = 2 (model 'wdl'): the network's")
+    assert "output has 1 per sample" in lines[0]
+    assert lines[1].startswith("warning: models[0].slot_num = 10 (model 'wdl'): the network")
+    assert "takes 28 slots per sample" in lines[1]
+    assert lines[2].startswith("warning: models[0].maxnum_des_feature_per_sample = 4")
+    assert "takes 13 dense features" in lines[2]
+
+
+def test_a_network_that_does_not_fit_the_tables_is_a_problem(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    ps = _ranking_copy(tmp_path, maxnum_catfeature_query_per_table_per_sample=[2, 1])
+    code, out, err = run_check(capsys, str(ps))
+    pattern = r"models\[0\]\.maxnum_catfeature_query_per_table_per_sample\[1\]: is 1 .*26 slots"
+    assert_problem_lines(code, out, err, [pattern])
+    (tmp_path / "wdl" / "data" / "wdl.json").write_text("{}")
+    ps = edit_ps(ps, maxnum_catfeature_query_per_table_per_sample=[2, 26])
+    code, out, err = run_check(capsys, str(ps))
+    assert_problem_lines(code, out, err, [r".*wdl\.json layers: 'layers' must be a non-empty"])
 
 
 def assert_problem_lines(code: int, out: str, err: str, expected: list[str]) -> None:
@@ -288,3 +327,21 @@ def test_fields_without_effect_are_warned_about_one_line_each(
         "dynamic cache"
     )
     assert out.splitlines()[-1].startswith("ok: 1 model")
+
+
+def test_a_models_load_logs_each_warning_once(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """What ``hps check`` warns about, the Triton models' load check logs (one line each)."""
+    ps = _ranking_copy(tmp_path, thread_pool_size=4, slot_num=10)
+    with caplog.at_level(logging.WARNING, logger="hps_core"):
+        report = check_model_files(ps, "wdl")
+    assert report.model.name == "wdl"
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 2, lines
+    assert lines[0].startswith(f"{ps}: models[0].thread_pool_size = 4 (model 'wdl'): accepted")
+    assert lines[1].startswith(f"{ps}: models[0].slot_num = 10 (model 'wdl'): the network")
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="hps_core"):
+        check_model_files(ps, "wdl", network=False)  # an embedding model never reads it
+    assert [r.getMessage() for r in caplog.records] == [lines[0]]

@@ -126,8 +126,9 @@ def test_minimal_file_gets_hugectr_defaults(minimal):
         "use_static_table": False,
         "embedding_cache_type": EmbeddingCacheType.DYNAMIC,
         "use_context_stream": True,
-        "label_dim": 1,
-        "slot_num": 10,
+        # Not read by HugeCTR's parser (its struct's 1 and 10 never apply): None, not given.
+        "label_dim": None,
+        "slot_num": None,
         "use_hctr_cache_implementation": True,
         "init_ec": True,
         "enable_pagelock": False,

@@ -4,6 +4,7 @@ is refused as HugeCTR refuses it, and that the user's files are never touched.""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -95,6 +96,26 @@ def test_hugectr_parameters_apply_over_the_ps_json(
     config = read_config(tmp_path / "out" / "dlrm" / "config.pbtxt")
     assert config.parameters["precision"].string_value == "fp16"
     assert any("embeddingkey_long_type false" in n for n in notes)
+
+
+def test_sizing_parameters_that_disagree_with_the_network_are_named(
+    hugectr: HugeCTRRepository, tmp_path: Path
+) -> None:
+    """The network decides a sample's widths: a width that differs, or a bound below what
+    the network takes, is named; a bound above it (HugeCTR's samples write max_nnz 2 for
+    one-hot models) and agreeing widths are not."""
+    path = hugectr.repo / "dlrm" / "config.pbtxt"
+    text = path.read_text()
+    for key, value in (("label_dim", "3"), ("embedding_vector_size", "8"), ("max_nnz", "9")):
+        text = re.sub(rf'("{key}" value: {{ string_value: )"\w+"', rf'\1"{value}"', text)
+    path.write_text(text)
+    notes = [n for n in translate(hugectr, tmp_path / "out") if "is not honoured" in n]
+    assert len(notes) == 2, notes
+    assert notes[0].startswith("model 'dlrm' (backend hugectr): label_dim 3 is not honoured")
+    assert "the network file takes 1 predictions per sample" in notes[0]
+    assert "embedding_vector_size 8 is not honoured: the network file takes 16" in notes[1]
+    served = load_ps_config(tmp_path / "out" / "dlrm" / "ps.json").model("dlrm")
+    assert served.label_dim == 1  # the ps.json's, as HugeCTR's parser leaves it
 
 
 @pytest.mark.parametrize(

@@ -18,6 +18,7 @@ from hps_core.nn import (
     build_graph,
     load_network_json,
     random_dense_params,
+    read_dense_blob,
     write_dense_blob,
 )
 
@@ -489,6 +490,25 @@ def test_missing_or_wrong_ntp_file_names_the_problem(batch_norm_files):
     ntp.unlink()
     with pytest.raises(ModelFileError, match="cannot read the running statistics of 'bn1'"):
         DenseExecutor.from_files(network, dense_file)
+
+
+def test_non_trainable_params_file_names_where_the_statistics_are(batch_norm_files):
+    """ps.json's non_trainable_params_file is read instead of ``<dense>.ntp.json``."""
+    network, dense_file = batch_norm_files
+    layout = build_graph(load_network_json(network)).dense_layout()
+    beside = dense_file.with_name(dense_file.name + ".ntp.json")
+    entries = json.loads(beside.read_text())["layers"]
+    moved = beside.with_name("elsewhere.json")
+    entries[0]["mean"] = [m + 1.0 for m in entries[0]["mean"]]
+    moved.write_text(json.dumps({"layers": entries}))
+    bn1 = 2  # gamma, beta, then the running mean
+    default = read_dense_blob(dense_file, layout)["bn1"][bn1]
+    given = read_dense_blob(dense_file, layout, moved)["bn1"][bn1]
+    np.testing.assert_allclose(given, default + 1.0, rtol=1e-6)
+    beside.unlink()
+    moved.write_text(json.dumps({"layers": entries[:1]}))
+    with pytest.raises(ModelFileError, match=r"elsewhere\.json: holds 1 layer entries"):
+        read_dense_blob(dense_file, layout, moved)
 
 
 def test_cross_entropy_loss_is_a_softmax_and_reduce_mean_defaults_to_axis_1(tmp_path):
