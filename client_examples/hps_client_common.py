@@ -131,7 +131,8 @@ def split_output(
     dims = [int(d) for d in dims]
     if len(counts) != len(dims):
         raise ClientInputError(
-            f"{NUMKEYS_INPUT} has {len(counts)} tables but the model has {len(dims)} (dims {dims})"
+            f"{NUMKEYS_INPUT} has {len(counts)} entr{'y' if len(counts) == 1 else 'ies'} but the "
+            f"model has {len(dims)} table{'s' * (len(dims) != 1)} (dims {dims})"
         )
     if any(n < 0 for n in counts):
         raise ClientInputError(f"{NUMKEYS_INPUT} has a negative count: {counts}")

@@ -217,7 +217,8 @@ def run(argv: Sequence[str] | None, protocol: Protocol, prog: str | None = None)
     finally:
         if client is not None:
             client.close()
-    print(f"model {args.model} over {protocol.name} at {args.url}: {len(dims)} tables, dims {dims}")
+    tables = f"{len(dims)} table{'s' * (len(dims) != 1)}"
+    print(f"model {args.model} over {protocol.name} at {args.url}: {tables}, dims {dims}")
     print(
         f"{KEYS_INPUT} {list(keys.shape)} {NUMKEYS_INPUT} {numkeys[0].tolist()} -> "
         f"{OUTPUT_NAME} {list(output.shape)}"

@@ -1,4 +1,4 @@
-"""Wording of the command-line tools' messages."""
+"""Wording shared by messages: counts with their nouns."""
 
 from __future__ import annotations
 

@@ -6,9 +6,9 @@ import argparse
 import json
 import sys
 
-from hps_core.cli.text import plural
 from hps_core.footprint import ModelFootprint, TableFootprint
 from hps_core.model_check import CheckReport, check_ps_json
+from hps_core.wording import plural
 
 
 def _mib(n: int) -> str:

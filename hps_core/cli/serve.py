@@ -26,7 +26,6 @@ from pathlib import Path
 from types import FrameType
 
 from hps_core.arrays import first_gpu
-from hps_core.cli.text import plural
 from hps_core.hugectr_repo import hugectr_models, split_backend_configs, translate_repository
 from hps_core.server.control import (
     ControlError,
@@ -45,6 +44,7 @@ from hps_core.server.process import (
 )
 from hps_core.server.stub_watchdog import CONTROL_OPTIONS
 from hps_core.tiers.shm_segment import remove_stale_segments
+from hps_core.wording import plural
 
 # The repository root when this package is used from a checkout (editable install).
 _CHECKOUT_ROOT = Path(__file__).resolve().parents[2]
@@ -203,19 +203,19 @@ def _serve(args: argparse.Namespace, repository: Path, extra: list[str]) -> int:
             control_file = _publish_control(server)
             try:
                 states = server.model_states()
-            except ServerError as exc:  # the repository API may be closed to us
-                print(f"hps serve: cannot list the models' states: {exc}", file=sys.stderr)
+            except ServerError as exc:  # the user's own model control may close it to us
+                print(
+                    f"hps serve: cannot list the models' states, so cannot tell whether any "
+                    f"serves: {exc}",
+                    file=sys.stderr,
+                )
             else:
                 report_unavailable_models(states)
-                nothing_serves = bool(states) and not any(s.ready for s in states.values())
-            if nothing_serves:
-                print(
-                    f"hps serve: none of the {plural(len(states), 'model')} loaded; stopping "
-                    "the server",
-                    file=sys.stderr,
-                    flush=True,
-                )
-                raise _StopRequested
+                stop_reason = _nothing_serves(states, repository, own_control)
+                if stop_reason:
+                    nothing_serves = True
+                    print(f"hps serve: {stop_reason}; stopping the server", file=sys.stderr)
+                    raise _StopRequested
             print(
                 f"hps serve: ready on HTTP {server.http_url}, gRPC {server.grpc_url}, "
                 f"metrics {server.metrics_url} (Ctrl+C stops)",
@@ -235,6 +235,25 @@ def _serve(args: argparse.Namespace, repository: Path, extra: list[str]) -> int:
     if code is None or nothing_serves:  # never launched, or served nothing
         return 1
     return 128 - code if code < 0 else code
+
+
+def _nothing_serves(
+    states: Mapping[str, ModelState], repository: Path, own_control: bool
+) -> str | None:
+    """Why the server serves nothing and should stop, or None when a model is ready (or the
+    user, holding model control, may load models into an empty repository later)."""
+    if any(state.ready for state in states.values()):
+        return None
+    if states:
+        return f"none of the {plural(len(states), 'model')} loaded"
+    if own_control:
+        print(
+            f"hps serve: the repository {repository} holds no model; load models through the "
+            "repository API",
+            file=sys.stderr,
+        )
+        return None
+    return f"the repository {repository} holds no model (a folder with a config.pbtxt each)"
 
 
 def _publish_control(server: TritonServer) -> os.PathLike[str] | None:

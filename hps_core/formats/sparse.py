@@ -145,10 +145,17 @@ def inspect_sparse_table(path: str | os.PathLike[str], dim: int | None = None) -
             f"(int64 keys); the file is truncated or not a HugeCTR key file"
         )
     if vector_bytes % VECTOR_DTYPE.itemsize:
+        expected = None if dim is None else key_bytes // KEY_DTYPE.itemsize * dim * 4
+        short = (
+            f"; {key_bytes // KEY_DTYPE.itemsize} keys of dim {dim} need {expected:,} bytes: "
+            f"{expected - vector_bytes:,} bytes missing"
+            if expected is not None and vector_bytes < expected
+            else ""
+        )
         raise ModelFileError(
             f"{vec_path}: size {vector_bytes} bytes is not a multiple of "
             f"{VECTOR_DTYPE.itemsize} (float32 values); the file is truncated or not a "
-            f"HugeCTR emb_vector file"
+            f"HugeCTR emb_vector file{short}"
         )
     rows = key_bytes // KEY_DTYPE.itemsize
     floats = vector_bytes // VECTOR_DTYPE.itemsize
@@ -165,10 +172,7 @@ def inspect_sparse_table(path: str | os.PathLike[str], dim: int | None = None) -
     else:
         per_key = f"{floats} floats for {rows} keys ({floats / rows:.2f} per key)"
         if dim is not None and floats != rows * dim:
-            raise ModelFileError(
-                f"{vec_path}: dim {dim} does not match: emb_vector holds {per_key}"
-                + _mismatch_hint(key_path, vec_path, rows, floats, dim)
-            )
+            raise ModelFileError(_mismatch_message(key_path, vec_path, rows, floats, dim))
         if dim is None:
             if floats % rows or floats == 0:
                 raise ModelFileError(
@@ -190,7 +194,7 @@ def inspect_sparse_table(path: str | os.PathLike[str], dim: int | None = None) -
     return SparseTableInfo(folder, rows, int(dim), key_bytes, vector_bytes, has_slot_id)
 
 
-def _mismatch_hint(key_path: Path, vec_path: Path, rows: int, floats: int, dim: int) -> str:
+def _mismatch_message(key_path: Path, vec_path: Path, rows: int, floats: int, dim: int) -> str:
     """Say which file looks wrong when ``emb_vector`` does not hold ``rows * dim`` floats.
 
     Args:
@@ -201,36 +205,41 @@ def _mismatch_hint(key_path: Path, vec_path: Path, rows: int, floats: int, dim: 
         dim: the expected floats per vector.
 
     Returns:
-        ``"; ..."`` to append to the message, or ``""`` when the sizes suggest nothing.
+        The message, the likeliest cause first: a wrong dim, a file cut short (with the bytes
+        missing), or bytes beyond whole vectors.
     """
+    per_key = f"emb_vector holds {floats} floats for {rows} keys ({floats / rows:.2f} per key)"
     if floats and floats % rows == 0:
         # Both files are whole rows of another dim: more likely a wrong dim than a file
         # cut off at exactly a row boundary by chance.
-        return f"; the two files agree on dim {floats // rows}"
+        return (
+            f"{vec_path}: dim {dim} does not match: {per_key}; the two files agree on dim "
+            f"{floats // rows}"
+        )
     expected = rows * dim * VECTOR_DTYPE.itemsize
     actual = floats * VECTOR_DTYPE.itemsize
     if floats % dim and floats < rows * dim:
         return (
-            f"; {rows} keys of dim {dim} need {expected:,} bytes of emb_vector, it holds "
-            f"{actual:,}: {expected - actual:,} bytes missing (cut inside a vector, or not "
-            f"this table's file)"
+            f"{vec_path}: {expected - actual:,} bytes missing: {rows} keys of dim {dim} need "
+            f"{expected:,} bytes of emb_vector, it holds {actual:,} (cut inside a vector, or "
+            f"not this table's file)"
         )
     if floats % dim:
         return (
-            f"; {vec_path} holds {actual - expected:,} bytes more than {rows} keys of dim {dim} "
-            f"need ({expected:,}), not whole vectors"
+            f"{vec_path}: {actual - expected:,} bytes more than {rows} keys of dim {dim} "
+            f"need ({expected:,}), not whole vectors; {per_key}"
         )
     vec_rows = floats // dim
     if vec_rows > rows:
         missing = vec_rows - rows
         return (
-            f"; {key_path} looks truncated, {missing} key{'s' if missing > 1 else ''} "
+            f"{key_path} looks truncated, {missing} key{'s' if missing > 1 else ''} "
             f"({missing * KEY_DTYPE.itemsize} bytes) short: emb_vector holds {vec_rows} vectors "
             f"of dim {dim}, key {rows} keys"
         )
     missing = rows - vec_rows
     return (
-        f"; {vec_path} looks truncated, {missing} vector{'s' if missing > 1 else ''} "
+        f"{vec_path} looks truncated, {missing} vector{'s' if missing > 1 else ''} "
         f"({missing * dim * VECTOR_DTYPE.itemsize} bytes) short: key holds {rows} keys, "
         f"emb_vector {vec_rows} vectors of dim {dim}"
     )

@@ -303,18 +303,29 @@ class SamplesContract:
 
 
 def _per_table_offsets(slot_nums: tuple[int, ...]) -> str:
-    """How many offsets each table takes, said once per distinct slot count.
+    """How many offsets each table takes, said once per run of tables with one slot count.
 
     Example:
         >>> _per_table_offsets((1,) * 26)
         'each of the 26 tables: 1 x batch + 1'
         >>> _per_table_offsets((3,))
         'one table: 3 x batch + 1'
-        >>> _per_table_offsets((2, 1, 1))
-        'per table: 2 x batch + 1, 1 x batch + 1, 1 x batch + 1'
+        >>> _per_table_offsets((2,) + (1,) * 25 + (4,))
+        'table 0: 2 x batch + 1; tables 1-25: 1 x batch + 1; table 26: 4 x batch + 1'
     """
     if len(slot_nums) == 1:
         return f"one table: {slot_nums[0]} x batch + 1"
     if len(set(slot_nums)) == 1:
         return f"each of the {len(slot_nums)} tables: {slot_nums[0]} x batch + 1"
-    return "per table: " + ", ".join(f"{s} x batch + 1" for s in slot_nums)
+    runs: list[tuple[int, int, int]] = []  # first table, last table, slot count
+    for table, slots in enumerate(slot_nums):
+        if runs and runs[-1][2] == slots:
+            runs[-1] = (runs[-1][0], table, slots)
+        else:
+            runs.append((table, table, slots))
+    return "; ".join(
+        f"table {first}: {slots} x batch + 1"
+        if first == last
+        else f"tables {first}-{last}: {slots} x batch + 1"
+        for first, last, slots in runs
+    )

@@ -37,6 +37,7 @@ from hps_core.lookup.table_lookup import (
     together_positions,
 )
 from hps_core.tiers.factory import open_table_tiers
+from hps_core.wording import plural
 
 logger = logging.getLogger("hps_core")
 
@@ -135,7 +136,7 @@ class ModelLookup:
         if not 0 <= table_id < self.num_tables:
             raise RequestError(
                 f"table_id {table_id} out of range: model '{self.model.name}' has "
-                f"{self.num_tables} tables"
+                f"{plural(self.num_tables, 'table')}"
             )
         table = self._tables[table_id]
         if table is None:
@@ -345,8 +346,8 @@ class ModelLookup:
         """
         if len(keys_per_table) != self.num_tables:
             raise RequestError(
-                f"got keys for {len(keys_per_table)} tables, model '{self.model.name}' has "
-                f"{self.num_tables}"
+                f"got keys for {plural(len(keys_per_table), 'table')}, model "
+                f"'{self.model.name}' has {self.num_tables}"
             )
         return self.lookup_many(range(self.num_tables), keys_per_table)
 

@@ -157,6 +157,19 @@ def test_a_rowindex_of_the_wrong_length_states_the_rule_once() -> None:
     )
 
 
+def test_a_rowindex_rule_of_mixed_slot_counts_names_each_run_of_tables_once() -> None:
+    """W&D's two tables after 24 of one slot: each run of equal slot counts is said once."""
+    layout = make_layout([1] * 24 + [26, 2])
+    with pytest.raises(RequestError) as info:
+        HugeCTRContract(layout).parse(
+            np.zeros((1, 3), np.float32), np.zeros((1, 52), np.int64), np.zeros((1, 9), np.int32)
+        )
+    assert str(info.value) == (
+        "input 'ROWINDEX': expected 52 x batch + 26 offsets (tables 0-23: 1 x batch + 1; "
+        "table 24: 26 x batch + 1; table 25: 2 x batch + 1), got 9"
+    )
+
+
 @pytest.mark.parametrize("inputs,words", BAD_HUGECTR)
 def test_bad_hugectr_request_names_the_input(inputs, words) -> None:
     HugeCTRContract(LAYOUT).parse(*GOOD)  # the unaltered request is valid

@@ -67,7 +67,7 @@ def test_split_output_recovers_each_tables_vectors(common, num_tables, seed, bat
     ("output", "counts", "dims", "message"),
     [
         (np.zeros(47), [1, 1], [16, 32], r"OUTPUT0 has 47 values .* need 1\*16 \+ 1\*32 = 48"),
-        (np.zeros(48), [1, 1, 1], [16, 32], "NUMKEYS has 3 tables but the model has 2"),
+        (np.zeros(48), [1, 1, 1], [16, 32], "NUMKEYS has 3 entries but the model has 2 tables"),
         (np.zeros((2, 24)), [1, 1], [16, 32], r"OUTPUT0 has shape \[2, 24\]"),
         (np.zeros((1, 1, 48)), [1, 1], [16, 32], r"OUTPUT0 has shape \[1, 1, 48\]"),
         (np.zeros(16), [-1, 1], [16, 32], "negative count"),

@@ -34,9 +34,8 @@ def test_key_file_one_key_short(tmp_path: Path) -> None:
     # The case of issue 12: 100,000 vectors of dim 16 and a key file cut one key short.
     folder = _raw_folder(tmp_path, 99_999, 16 * 100_000)
     assert _message(folder, 16) == (
-        f"{folder / 'emb_vector'}: dim 16 does not match: emb_vector holds 1600000 floats for "
-        f"99999 keys (16.00 per key); {folder / 'key'} looks truncated, 1 key (8 bytes) short: "
-        f"emb_vector holds 100000 vectors of dim 16, key 99999 keys"
+        f"{folder / 'key'} looks truncated, 1 key (8 bytes) short: emb_vector holds 100000 "
+        f"vectors of dim 16, key 99999 keys"
     )
 
 
@@ -46,7 +45,7 @@ def test_key_file_cut_by_the_filesystem(tmp_path: Path, random_table: RandomTabl
     with (folder / "key").open("r+b") as f:
         f.truncate(8 * 47)
     message = _message(folder, 8)
-    assert f"; {folder / 'key'} looks truncated, 3 keys (24 bytes) short" in message
+    assert message.startswith(f"{folder / 'key'} looks truncated, 3 keys (24 bytes) short")
 
 
 def test_emb_vector_rows_short(tmp_path: Path, random_table: RandomTable) -> None:
@@ -55,16 +54,15 @@ def test_emb_vector_rows_short(tmp_path: Path, random_table: RandomTable) -> Non
     with (folder / "emb_vector").open("r+b") as f:
         f.truncate(4 * 8 * 48)
     assert _message(folder, 8) == (
-        f"{folder / 'emb_vector'}: dim 8 does not match: emb_vector holds 384 floats for 50 "
-        f"keys (7.68 per key); {folder / 'emb_vector'} looks truncated, 2 vectors (64 bytes) "
-        f"short: key holds 50 keys, emb_vector 48 vectors of dim 8"
+        f"{folder / 'emb_vector'} looks truncated, 2 vectors (64 bytes) short: key holds 50 "
+        f"keys, emb_vector 48 vectors of dim 8"
     )
 
 
 def test_empty_emb_vector(tmp_path: Path) -> None:
     folder = _raw_folder(tmp_path, 3, 0)
-    assert _message(folder, 2).endswith(
-        f"; {folder / 'emb_vector'} looks truncated, 3 vectors (24 bytes) short: key holds "
+    assert _message(folder, 2) == (
+        f"{folder / 'emb_vector'} looks truncated, 3 vectors (24 bytes) short: key holds "
         f"3 keys, emb_vector 0 vectors of dim 2"
     )
 
@@ -84,16 +82,26 @@ def test_a_vector_file_cut_inside_a_vector_says_how_many_bytes_are_missing(
     # 20,000 keys of dim 32 need 640,000 floats; 25 floats (100 bytes) are gone.
     folder = _raw_folder(tmp_path, 20000, 639975)
     assert _message(folder, 32) == (
-        f"{folder / 'emb_vector'}: dim 32 does not match: emb_vector holds 639975 floats for "
-        f"20000 keys (32.00 per key); 20000 keys of dim 32 need 2,560,000 bytes of emb_vector, "
-        f"it holds 2,559,900: 100 bytes missing (cut inside a vector, or not this table's file)"
+        f"{folder / 'emb_vector'}: 100 bytes missing: 20000 keys of dim 32 need 2,560,000 "
+        f"bytes of emb_vector, it holds 2,559,900 (cut inside a vector, or not this table's file)"
     )
 
 
 def test_extra_bytes_that_are_not_whole_vectors_are_counted(tmp_path: Path) -> None:
     folder = _raw_folder(tmp_path, 100, 1634)
     assert _message(folder, 16) == (
-        f"{folder / 'emb_vector'}: dim 16 does not match: emb_vector holds 1634 floats for "
-        f"100 keys (16.34 per key); {folder / 'emb_vector'} holds 136 bytes more than 100 keys "
-        f"of dim 16 need (6,400), not whole vectors"
+        f"{folder / 'emb_vector'}: 136 bytes more than 100 keys of dim 16 need (6,400), not "
+        f"whole vectors; emb_vector holds 1634 floats for 100 keys (16.34 per key)"
+    )
+
+
+def test_a_vector_file_cut_inside_a_float_says_how_many_bytes_are_missing(
+    tmp_path: Path,
+) -> None:
+    folder = _raw_folder(tmp_path, 10, 40)
+    with (folder / "emb_vector").open("r+b") as f:
+        f.truncate(4 * 40 - 3)
+    assert _message(folder, 4).endswith(
+        "is not a multiple of 4 (float32 values); the file is truncated or not a HugeCTR "
+        "emb_vector file; 10 keys of dim 4 need 160 bytes: 3 bytes missing"
     )

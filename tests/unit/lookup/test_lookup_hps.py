@@ -259,7 +259,7 @@ def test_lookup_tables_checks_the_table_count(tmp_path: Path) -> None:
     values = session.lookup_tables(keys)
     np.testing.assert_array_equal(values[0], data["wdl"][0].vectors[:3])
     np.testing.assert_array_equal(values[1], data["wdl"][1].vectors[:2])
-    with pytest.raises(RequestError, match="got keys for 1 tables, model 'wdl' has 2"):
+    with pytest.raises(RequestError, match="got keys for 1 table, model 'wdl' has 2"):
         session.lookup_tables(keys[:1])
 
 

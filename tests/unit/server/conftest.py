@@ -66,8 +66,9 @@ class Handler(http.server.BaseHTTPRequestHandler):
         ok = self.path == "/v2/health/ready" and mode != "never_ready"
         self.send_response(200 if ok else 400)
         self.end_headers()
-    def do_POST(self):  # the repository index: one model, loaded
-        body = json.dumps([{"name": "m", "version": "1", "state": "READY"}]).encode()
+    def do_POST(self):  # the repository index: one model, loaded (none in "no_models")
+        models = [] if mode == "no_models" else [{"name": "m", "version": "1", "state": "READY"}]
+        body = json.dumps(models).encode()
         ok = self.path == "/v2/repository/index"
         self.send_response(200 if ok else 404)
         self.send_header("Content-Length", str(len(body) if ok else 0))

@@ -103,6 +103,29 @@ def test_missing_repository_is_a_usage_error(fake_triton, tmp_path):
     assert fake_triton.launches() == []
 
 
+def test_a_repository_without_models_stops_unless_the_user_controls_models(
+    fake_triton, model_repository
+):
+    proc = _hps_serve(
+        fake_triton, "no_models", "--model-repository", str(model_repository), *PORT_ARGS
+    )
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 1
+    assert "hps serve: ready" not in out
+    assert f"hps serve: the repository {model_repository} holds no model" in err
+    assert "; stopping the server" in err
+    # Holding model control, the user may load models later: the server stays up.
+    proc = _hps_serve(
+        fake_triton, "no_models", "--model-repository", str(model_repository), *PORT_ARGS,
+        "--", "--model-control-mode=explicit",
+    )  # fmt: skip
+    _read_until(proc, "hps serve: ready")
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=20)
+    assert proc.returncode == 0
+    assert "holds no model; load models through the repository API" in err
+
+
 def test_in_process_stop_leaves_no_stub(fake_triton, model_repository):
     proc = _hps_serve(fake_triton, "ok", "--model-repository", str(model_repository), *PORT_ARGS)
     _read_until(proc, "hps serve: ready")

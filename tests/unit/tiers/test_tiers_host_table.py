@@ -164,7 +164,7 @@ def truncate(path: Path, nbytes: int) -> None:
     [
         (lambda d: truncate(d / VECTOR_FILE, 40 * 4 * 3 - 4), 3, VECTOR_FILE),
         (lambda d: truncate(d / KEY_FILE, 40 * 8 - 3), 3, KEY_FILE),
-        (lambda d: truncate(d / KEY_FILE, 39 * 8), 3, VECTOR_FILE),
+        (lambda d: truncate(d / KEY_FILE, 39 * 8), 3, KEY_FILE),  # the one cut short
         (lambda d: None, 4, VECTOR_FILE),  # the ps.json's dim disagrees with the files
         (lambda d: (d / VECTOR_FILE).unlink(), 3, VECTOR_FILE),
         (lambda d: (d / KEY_FILE).unlink(), 3, KEY_FILE),
