@@ -36,8 +36,8 @@ from torch_dlrm import torch_peer
 from hps_core.config import load_ps_config
 from hps_core.hps import HPS
 from hps_core.infer import RankingSession, load_ranking_graph
+from hps_core.infer.gpu import kernel_steps, schedule, uploads
 from hps_core.infer.gpu import pipeline as gpu_pipeline
-from hps_core.infer.gpu import uploads
 from hps_core.infer.gpu.buckets import grouped
 
 WARMUP_BATCH = 16384
@@ -60,8 +60,26 @@ VARIANTS = {
     "every part scored as soon as looked up": {"_DENSE_BY_PART": True},
     "whole dense network after every lookup": {"_DENSE_BY_PART": False},
 }
-"""Settings of :mod:`hps_core.infer.gpu.pipeline` timed beside the default (the median predict of
-fresh batches, the settings alternating)."""
+"""Settings of :mod:`hps_core.infer.gpu.pipeline`, :mod:`~hps_core.infer.gpu.kernel_steps` and
+:mod:`~hps_core.infer.gpu.schedule` timed beside the default (the median predict of fresh batches,
+the settings alternating)."""
+SETTINGS_MODULES = (gpu_pipeline, kernel_steps, schedule)
+
+
+def apply_settings(settings: dict[str, object]) -> list[tuple[object, str, object]]:
+    """Set each of ``settings`` in the module that holds it; returns what to restore."""
+    saved = []
+    for key, value in settings.items():
+        (module,) = [m for m in SETTINGS_MODULES if hasattr(m, key)]
+        saved.append((module, key, getattr(module, key)))
+        setattr(module, key, value)
+    return saved
+
+
+def restore_settings(saved: list[tuple[object, str, object]]) -> None:
+    """Undo :func:`apply_settings`."""
+    for module, key, value in saved:
+        setattr(module, key, value)
 
 
 def staged_as_predict(pipe, bucket, sparse) -> None:
@@ -93,7 +111,7 @@ def rebuild(pipe) -> None:
         pipe._pool_stream = cupy.cuda.Stream(non_blocking=True, priority=priority)
     pipe._drop_buckets()
     sms = cupy.cuda.Device().attributes["MultiProcessorCount"]
-    pipe._insert_blocks = sms * gpu_pipeline._INSERT_BLOCKS_PER_SM
+    pipe.steps.insert_blocks = sms * kernel_steps._INSERT_BLOCKS_PER_SM
 
 
 def kernel_resources(module, names: tuple[str, ...]) -> str:
@@ -197,9 +215,7 @@ def main() -> None:
             for _ in range(args.variant_rounds):
                 for label in times:
                     settings = VARIANTS.get(label, {})
-                    saved = {k: getattr(gpu_pipeline, k) for k in settings}
-                    for key, value in settings.items():
-                        setattr(gpu_pipeline, key, value)
+                    saved = apply_settings(settings)
                     rebuild(pipe)
                     session.predict(make_batch(rng, rows, batch, args.alpha, layout)[2])
                     for _ in range(3):
@@ -209,8 +225,7 @@ def main() -> None:
                         times[label].append(time.perf_counter() - started)
                     sparse = make_batch(rng, rows, batch, args.alpha, layout)[2]
                     lookups[label].append(graph_times(session, sparse)[0])
-                    for key, value in saved.items():
-                        setattr(gpu_pipeline, key, value)
+                    restore_settings(saved)
             rebuild(pipe)
             for label, samples in times.items():
                 if not samples:  # --variant-rounds 0
@@ -223,9 +238,7 @@ def main() -> None:
             cases += [("hps-triton", label) for label in args.profile_variants.split(",") if label]
             for who, label in cases:
                 settings = VARIANTS.get(label, {})
-                saved = {k: getattr(gpu_pipeline, k) for k in settings}
-                for key, value in settings.items():
-                    setattr(gpu_pipeline, key, value)
+                saved = apply_settings(settings)
                 if settings:
                     rebuild(pipe)
                 ours = who == "hps-triton"
@@ -245,8 +258,7 @@ def main() -> None:
                     for call in calls:
                         call()
                     torch.cuda.synchronize()
-                for key, value in saved.items():
-                    setattr(gpu_pipeline, key, value)
+                restore_settings(saved)
                 if settings:
                     rebuild(pipe)
                 tag = f"{who} {label}".strip().replace(" ", "_").replace("(", "").replace(")", "")

@@ -12,7 +12,10 @@ Data flow of one batch (:mod:`~hps_core.infer.gpu.pipeline`)::
       -> dense network (hps_core.nn on hps_core.cuda's products and fused kernels)
       -> one copy of the scores to the host
 
-Each batch size (the next power of two) has a bucket of buffers and CUDA graphs (buckets).
+Each batch size (the next power of two) has a bucket of buffers and CUDA graphs (buckets); the
+pipeline decides which stream runs which step and after what, each step (a kernel launch, the
+dense network, a download) is a function of the bucket (kernel_steps), and the choices that
+depend on the model are timed on its first batches (schedule).
 The CUDA sources and their compilation are :mod:`hps_core.cuda`'s; the constants
 ``kernels/bank.cu`` shares with Python are :mod:`~hps_core.infer.gpu.constants`'s, those it
 also shares with the cache's ``kernels/cache.cu`` (lanes per key, threads per block, counter

@@ -12,7 +12,8 @@ Per batch the host validates nothing on the device and waits for the GPU once:
    tables (or of samples, sample-major), each launched as soon as threads have filled that
    part of the staging buffer (steps 1-2, and the copy in place of a batch already on the
    GPU: :mod:`~hps_core.infer.gpu.uploads`), unless the large batches of its size ran faster
-   staged whole, as small ones are (a large batch with few keys: ``_STAGED_IN_PARTS``);
+   staged whole, as small ones are (a large batch with few keys:
+   :data:`~hps_core.infer.gpu.schedule._STAGED_IN_PARTS`);
 3. the lookup of every table (for a large table-major batch, of each group of tables right
    after its group's copy, so the lookup of a group overlaps the filling and copying of the
    next): ``bank_find`` finds each key's row, key by key (cache probe, host-tier row index,
@@ -29,8 +30,9 @@ Per batch the host validates nothing on the device and waits for the GPU once:
    :meth:`~hps_core.nn.DenseExecutor.forward_dense_prefix`) run on a stream of their own as
    soon as the dense features are on the device, beside the lookup. A large sample-major host
    batch may be scored part by part of its samples instead (where the bucket's batches timed
-   both ways ran faster so: ``_DENSE_BY_PART``): each part's whole dense network runs as soon as
-   its lookup is done, while the next part is copied (on a copy stream) and looked up;
+   both ways ran faster so: ``schedule._DENSE_BY_PART``): each part's whole dense network runs
+   as soon as its lookup is done, while the next part is copied (on a copy stream) and looked
+   up; the steps themselves are :mod:`~hps_core.infer.gpu.kernel_steps`';
 6. one device-to-host copy of the scores (one per part, scored by parts); the only
    synchronisation.
 
@@ -61,7 +63,6 @@ the keys that neither a cache nor a host tier holds are fetched through the host
 from __future__ import annotations
 
 import logging
-import statistics
 import threading
 import time
 from collections.abc import Iterable, Sequence
@@ -70,7 +71,6 @@ from typing import Any
 import cupy
 import numpy as np
 
-from hps_core.cache.kernel_consts import LANES, THREADS
 from hps_core.cuda import kernels
 from hps_core.infer.gpu.bank import CacheBank
 from hps_core.infer.gpu.buckets import (
@@ -82,12 +82,12 @@ from hps_core.infer.gpu.buckets import (
     in_parts_by_default,
     new_bucket,
 )
-from hps_core.infer.gpu.constants import STATE_STAGED, bank_defines
+from hps_core.infer.gpu.constants import bank_defines
+from hps_core.infer.gpu.kernel_steps import KernelSteps
 from hps_core.infer.gpu.lower_tiers import LowerTierFetch
-from hps_core.infer.gpu.placement import Part, Placement, PoolPlan
-from hps_core.infer.gpu.schedule import ScheduleTrial
+from hps_core.infer.gpu.placement import Part, Placement
+from hps_core.infer.gpu.schedule import BucketSchedules, ScheduleTrial
 from hps_core.infer.gpu.staging import bucket_for
-from hps_core.infer.gpu.structs import MISS_DTYPE
 from hps_core.infer.gpu.uploads import DENSE_FEATURES, STAGING_GROUPS, BatchUploader, copy_all
 from hps_core.infer.inputs.batch import SparseBatch
 from hps_core.infer.inputs.layout import RankingLayout, TableFeed
@@ -96,11 +96,6 @@ from hps_core.nn import DenseExecutor
 
 logger = logging.getLogger("hps_core")
 
-_D2H = 2  # cudaMemcpyDeviceToHost
-_INSERT_BLOCKS_PER_SM = 2
-"""Blocks of ``bank_insert`` per SM: few, so that the dense network's GEMMs, which run beside
-the insert when caches are shared between processes (and beside the previous batch's insert
-otherwise), find room on every SM (eight per SM left them waiting for the insert to drain)."""
 _INSERT_AFTER_SCORES = True
 """Launch the insert after the dense network, not beside it (caches of its own only)."""
 _CHUNKED_KEY_BYTES = 8 << 20
@@ -127,48 +122,11 @@ _POOL_PRIORITY = -1
 pooling take the SMs as a part's ``bank_find`` blocks retire, before the next find's blocks
 fill them (below the main stream's, whose dense network comes first). Measured at f73a47c
 against 0: within the noise either way (BENCHMARKS.md)."""
-_FIND_BY_COLUMN = True
-"""``bank_find`` takes a sample-major batch's keys column by column (each table's keys of the
-part's samples in turn) rather than sample by sample, so that the host rows it reads in flight
-lie in one table's part of the host tier: DLRM-v2's lookup of 16,384 fresh samples with the 0.2
-cache (169 MB of misses) took 5.60 ms against 7.24 sample by sample (H200, e2a9b18)."""
 _ROW_PARTS = True
 """Look a large sample-major host batch up by ranges of samples, each as soon as it is copied
 (``False``: after its whole copy, by groups of tables). DLRM-v2, 16,384 fresh samples, 0.2
 cache, TF32 on the H200 (e2a9b18): by groups of tables its lookup took 4.54 ms against 5.60,
 but the batch 11.07 ms against 9.53, waiting for the whole copy."""
-_DENSE_BY_PART: bool | None = None
-"""Score a large sample-major host batch part by part of its rows (see :meth:`_run`): each
-part's dense network runs on the main stream as soon as its lookup is done, beside the next
-part's copy and lookup (``False``: the whole batch's dense network after every lookup; ``None``:
-whichever of the two a bucket's timed batches run faster by, see :class:`ScheduleTrial`).
-Neither wins everywhere (H200, 0.2 cache, fresh batches, ``ranking_kernel_profile.py``, medians
-of 9): the one-hot DLRM's batch of 65,536 (FP16 storage) took 6.24 ms by parts against 6.92
-whole in TF32, 9.60 against 10.05 in FP32; DLRM-v2's of 16,384, whose lookup is longer than its
-copies, 9.89 against 9.59 in TF32 and 17.5 against 15.5 in FP32. On a stream of the lookup's
-priority, below the main stream's, the parts took longer still (10.11, 6.48, 10.42, 19.1 ms)."""
-_STAGED_IN_PARTS: bool | None = None
-"""Stage, copy and look up a host batch of a large bucket (``_GROUPED_STAGING_SAMPLES`` samples
-and more) in parts, so that each part's lookup runs while the host fills the next (``True``),
-whole as a smaller batch (``False``), or (``None``) whichever of the two the bucket's timed
-batches run faster by, where its keys take at most ``_PARTS_TRIAL_KEY_BYTES`` (larger ones always
-in parts). Neither wins everywhere (H200, TF32, 16,384 samples, two alternations,
-``zoo_kernel_profile.py`` and ``ranking_kernel_profile.py``, 8d63895): whole, the zoo's small
-models ran 1.1-2.2x faster (NCF 0.73-0.79 -> 0.33-0.40 ms a batch, MMoE 1.36-1.57 -> 1.06-1.08),
-their parts' own costs (a copy, a find and a pooling each) exceeding the host's fill of a part;
-the one-hot MLPerf DLRM, whose lookup reads its misses over PCIe, 1.77-1.99 ms in parts against
-2.22-2.30 whole."""
-_PARTS_TRIAL_KEY_BYTES = 8 << 20
-"""... (a larger batch's fill takes a millisecond or more, which parts hide: DLRM-v2's 16,384
-samples, 28 MB of keys, took 9.53 ms in parts against 11.07 after the whole copy, e2a9b18; and
-the bucket that runs whole doubles the buffers of its size)."""
-_SCHEDULE_TRIALS = 4
-"""Batches each schedule runs before a bucket chooses (the first batch of a bucket is not
-timed)..."""
-_SCHEDULE_AGAIN_AFTER = 4096
-"""... and batches of the chosen schedule before it times both again (8 batches in 4,096 run
-the slower one: what a wrong choice would cost on every batch, as a cache warms up or the load
-shifts, is worth more)."""
 _HIGHEST_PRIORITY = -1000  # lower is more urgent; 0 is the default and least urgent
 
 
@@ -224,10 +182,7 @@ class GpuRankingPipeline:
         given |= {pooled.output, pooled.flat} if pooled else set()
         self._read_given = executor.reads_of_given(given)
         self._bank: CacheBank | None = None
-        self._misses: Any = None  # the batch's miss list (MISS_DTYPE), made with the bank
-        self._pool_plans: dict[tuple[int, int], tuple[PoolPlan, Any]] = {}  # by slot range
-        self._has_dynamic_caches = False  # set with the bank
-        self._state: Any = None  # its count, and each table's staged rows (uint64)
+        self._steps: KernelSteps | None = None  # made with the bank
         self._lower = False  # a table has tiers below its host tier (set with the bank)
         # Buckets by size, per lane: lane 0 serves every batch, the others chunked ones.
         self._lanes: list[dict[int, Bucket]] = [{} for _ in range(_CHUNK_LANES)]
@@ -235,7 +190,7 @@ class GpuRankingPipeline:
         # Sizes that stage in parts by default may also have a bucket that stages whole, and a
         # trial between the two (see _run_large).
         self._whole_buckets: dict[int, Bucket] = {}
-        self._parts_trials: dict[int, ScheduleTrial] = {}
+        self._schedules = BucketSchedules(layout.model, self.device_id)
         self._lock = threading.Lock()
         with cupy.cuda.Device(self.device_id):
             # The main stream (copies, dense network) outranks the cache stream (lookup and
@@ -269,7 +224,6 @@ class GpuRankingPipeline:
             self._lower_tiers = LowerTierFetch(
                 self._stream, self._cache_stream, self._uploaded[0], self._bank_kernels
             )
-            self._insert_blocks = kernels.sm_count(self.device_id) * _INSERT_BLOCKS_PER_SM
 
     @property
     def _streams(self) -> tuple[Any, ...]:
@@ -285,25 +239,22 @@ class GpuRankingPipeline:
             bank = CacheBank(self.lookup, [p.table for p in self.placement.tables])
             self._lower = any(bank.lower)
             with cupy.cuda.Device(self.device_id):
-                samples = bucket_for(self.layout.max_batch_size)
-                capacity = bank.reserve_misses(self.placement.tables, samples)
-                self._has_dynamic_caches = capacity > 0  # miss sets: tables with a cache
-                self._misses = cupy.zeros(max(capacity, 1) * MISS_DTYPE.itemsize, cupy.uint8)
-                self._state = cupy.zeros(STATE_STAGED + len(self.feeds), cupy.uint64)
-                self._descriptor_rows = bank.descriptor_rows(self.placement.tables)
-                self._descriptors = cupy.asarray(self._descriptor_rows.view(np.uint8))
-                self._slot_table_d = cupy.asarray(self.placement.slot_table)
-                self._slot_local_d = cupy.asarray(self.placement.slot_local)
-                self._key_table_d = cupy.asarray(self.placement.key_table)
-                # Each part's pooling plan (its slots: a group's, or every slot), on the device.
-                for slots in {*self.placement.group_slots, (0, self.placement.slots)}:
-                    plan = self.placement.pool_plan(*slots)
-                    self._pool_plans[slots] = (plan, cupy.asarray(plan.words()))
+                self._steps = KernelSteps(
+                    bank, self.placement, self.executor, self._read_given, self._stream,
+                    self._bank_kernels, bucket_for(self.layout.max_batch_size),
+                )  # fmt: skip
                 # Those fills and copies ran on the caller's stream, which the pipeline's
                 # non-blocking streams do not wait for: finish them before the first lookup.
                 cupy.cuda.get_current_stream().synchronize()
             self._bank = bank
         return self._bank
+
+    @property
+    def steps(self) -> KernelSteps:
+        """The GPU work of a batch, step by step (made when the bank opens)."""
+        self.bank  # noqa: B018 - opens the bank, which makes the steps
+        assert self._steps is not None
+        return self._steps
 
     # -- serving ------------------------------------------------------------------------------
 
@@ -349,9 +300,10 @@ class GpuRankingPipeline:
             else:
                 self._uploader.stage_and_upload(bucket, batch)
                 if fetch:
+                    steps = self.steps
                     self._lower_tiers.fetch(
-                        bucket, bank, self._descriptors, self._descriptor_rows,
-                        self._slot_table_d, self._slot_local_d,
+                        bucket, bank, steps.descriptors, steps.descriptor_rows,
+                        steps.slot_table, steps.slot_local,
                     )  # fmt: skip
                 self._run(bucket)
             self._stream.synchronize()
@@ -360,11 +312,11 @@ class GpuRankingPipeline:
             return bucket.scores_host[:samples].copy()
 
     def _run_large(self, bucket: Bucket, batch: SparseBatch, by_rows: bool) -> Bucket:
-        """A host batch in a bucket that stages in parts (see ``_STAGED_IN_PARTS``): run in
+        """A host batch in a bucket that stages in parts (``schedule._STAGED_IN_PARTS``): run in
         parts, or whole in the bucket of the same size that stages whole; returns the bucket
         that ran it. The two are timed against each other once the bucket's choice between
         scoring whole and by parts (:meth:`_by_part_trial`), if it has one, is made."""
-        trial = self._parts_trial(bucket)
+        trial = self._schedules.staging(bucket.layout.size, bucket.layout.keys_bytes)
         inner = self._by_part_trial(bucket) if by_rows else None
         ready = trial is not None and (inner is None or inner.chosen is not None)
         in_parts = trial.next() if ready else True
@@ -386,48 +338,27 @@ class GpuRankingPipeline:
         self, trial: ScheduleTrial, schedule: bool, started: float, bucket: Bucket, verb: str,
         parts_name: str,
     ) -> None:  # fmt: skip
-        """Record a timed batch of ``trial`` that ran by ``schedule`` (True: ``parts_name``,
-        False: whole) since ``started``, once the GPU is done; a choice is news (INFO) the
-        first time and when it changes."""
+        """Record a timed batch of ``trial`` that ran by ``schedule`` since ``started``, once
+        the GPU is done (:meth:`BucketSchedules.record`)."""
         self._stream.synchronize()
-        trial.record(schedule, time.perf_counter() - started)
-        if trial.chosen is None:
-            return
-        whole, parts = (1e3 * statistics.median(t) for t in trial.times)
-        logger.log(
-            logging.DEBUG if trial.chosen == trial.previous else logging.INFO,
-            "model %s on GPU %d: batch bucket %d %s %s (median %.2f ms %s, %.2f ms whole)",
-            self.layout.model, self.device_id, bucket.layout.size, verb,
-            parts_name if trial.chosen else "whole", parts, parts_name, whole,
-        )  # fmt: skip
+        seconds = time.perf_counter() - started
+        self._schedules.record(trial, schedule, seconds, bucket.layout.size, verb, parts_name)
 
     def schedules_chosen(self) -> bool:
         """Whether every bucket has chosen how it stages and scores large host batches (their
         first batches time both ways of each choice: :class:`ScheduleTrial`)."""
-        trials = [*self._parts_trials.values()]
-        trials += [b.by_part for b in self._buckets.values() if b.by_part is not None]
-        return all(t.chosen is not None for t in trials)
+        return self._schedules.chosen()
 
     def staged_whole(self, size: int) -> bool:
         """Whether host batches of bucket size ``size`` now run staged whole in the second
-        bucket of that size (see ``_STAGED_IN_PARTS``)."""
-        trial = self._parts_trials.get(size)
-        return trial is not None and trial.chosen is False
+        bucket of that size (see ``schedule._STAGED_IN_PARTS``)."""
+        return self._schedules.staged_whole(size)
 
-    def _parts_trial(self, bucket: Bucket) -> ScheduleTrial | None:
-        """How host batches of ``bucket``'s size choose between staging in parts and whole
-        (see ``_STAGED_IN_PARTS``), or None where they always run in parts."""
-        size = bucket.layout.size
-        if _STAGED_IN_PARTS is True or bucket.layout.keys_bytes > _PARTS_TRIAL_KEY_BYTES:
-            return None
-        trial = self._parts_trials.get(size)
-        if trial is None:
-            if _STAGED_IN_PARTS is None:
-                trial = ScheduleTrial(_SCHEDULE_TRIALS, again_after=_SCHEDULE_AGAIN_AFTER)
-            else:
-                trial = ScheduleTrial(0, chosen=False)
-            self._parts_trials[size] = trial
-        return trial
+    def scored_by_part(self, size: int) -> bool | None:
+        """Whether sample-major host batches of bucket size ``size`` are now scored part by
+        part (None: not chosen yet, or only whole applies)."""
+        bucket = self._buckets.get(size)
+        return None if bucket is None or bucket.by_part is None else bucket.by_part.chosen
 
     def _run_rows(self, bucket: Bucket, batch: SparseBatch) -> None:
         """A sample-major host batch in a grouped bucket, looked up part by part of its rows
@@ -452,7 +383,7 @@ class GpuRankingPipeline:
         samples = batch.batch_size
         if (
             self.executor.batch_dependent
-            or (self._has_dynamic_caches and not _CHUNKS_WITH_DYNAMIC_CACHES)
+            or (self.steps.has_dynamic_caches and not _CHUNKS_WITH_DYNAMIC_CACHES)
             or key_bytes < _CHUNKED_KEY_BYTES
             or samples < 2 * _MIN_CHUNK_SAMPLES
         ):
@@ -593,7 +524,7 @@ class GpuRankingPipeline:
                 bucket.graphs.dense.launch(main)
             else:
                 with main, cupy.cuda.using_allocator(bucket.pool.malloc):
-                    self._dense_step(bucket)
+                    self.steps.dense(bucket)
         finally:
             # Even after a failed dense step: the insert also empties the batch's miss sets,
             # which the next batch's lookup must find empty.
@@ -605,17 +536,13 @@ class GpuRankingPipeline:
 
     def _by_part_trial(self, bucket: Bucket) -> ScheduleTrial | None:
         """How a sample-major host batch in ``bucket`` chooses between scoring it whole and
-        part by part of its rows (see ``_DENSE_BY_PART``), or None where only whole applies: a
-        bucket that is not grouped, or a network whose layers take statistics over the batch.
-        """
+        part by part of its rows (see ``schedule._DENSE_BY_PART``), or None where only whole
+        applies: a bucket that is not grouped, or a network whose layers take statistics over
+        the batch."""
         if self.executor.batch_dependent or not self._row_parts(bucket):
             return None
-        if bucket.by_part is None:
-            if _DENSE_BY_PART is None:
-                bucket.by_part = ScheduleTrial(_SCHEDULE_TRIALS, again_after=_SCHEDULE_AGAIN_AFTER)
-            else:
-                bucket.by_part = ScheduleTrial(0, chosen=_DENSE_BY_PART)
-        return bucket.by_part
+        serving = self._buckets.get(bucket.layout.size) is bucket  # lane 0's: counted
+        return self._schedules.scoring(bucket, counted=serving)
 
     def _row_parts(self, bucket: Bucket) -> tuple[Part, ...]:
         return self.placement.row_parts(bucket.layout.size, grouped(bucket))
@@ -631,13 +558,13 @@ class GpuRankingPipeline:
             bucket.graphs.row_dense[index].launch(main)
         else:
             with main, cupy.cuda.using_allocator(bucket.pool.malloc):
-                self._part_dense_step(bucket, index, part)
+                self.steps.part_dense(bucket, index, part)
 
     def _launch_insert(self, bucket: Bucket) -> None:
         if bucket.graphs is not None:
             bucket.graphs.insert.launch(self._cache_stream)
         else:
-            self._insert(bucket)
+            self.steps.insert(bucket)
 
     def _launch_lookup(self, bucket: Bucket, index: int, part: Part, by_rows: bool = False) -> None:
         """Part ``index``'s ``bank_find`` on the cache stream (the current one), then its
@@ -648,7 +575,7 @@ class GpuRankingPipeline:
             graphs = (bucket.graphs.row_lookups if by_rows else bucket.graphs.lookups)[index]
             graphs.find.launch(cache)
         else:
-            self._find(bucket, part)
+            self.steps.find(bucket, part)
         pool = cache
         if _POOL_BESIDE_FIND and grouped(bucket):  # a bucket of one part has nothing beside
             pool = self._pool_stream
@@ -659,7 +586,7 @@ class GpuRankingPipeline:
             graphs.pool.launch(pool)
         else:
             with pool:
-                self._pool(bucket, part)
+                self.steps.pool(bucket, part)
 
     def _launch_lookups(self, bucket: Bucket) -> None:
         """Every part's lookup of a batch the device holds whole, joined on the cache stream
@@ -686,116 +613,8 @@ class GpuRankingPipeline:
             bucket.graphs.prefix.launch(stream)
         else:
             with stream, cupy.cuda.using_allocator(bucket.pool.malloc):
-                self._prefix_step(bucket)
+                self.steps.prefix(bucket)
         self._prefixed.record(stream)
-
-    def _prefix_step(self, bucket: Bucket) -> None:
-        dense = bucket.input_views[3]
-        # Keeping the outputs keeps their pool blocks for the graphs' later replays.
-        bucket.prefix = self.executor.forward_dense_prefix(dense)
-
-    def _dense_step(self, bucket: Bucket) -> None:
-        self._forward(bucket, prefix_done=self._has_prefix)
-        self._download(bucket)
-
-    def _part_dense_step(self, bucket: Bucket, index: int, part: Part) -> None:
-        """The whole dense network (its dense-only steps too) of the rows of ``part``, and the
-        download of their scores."""
-        _, _, (first, stop) = part
-        scores = self._scores(bucket, slice(first, stop))
-        # Keeping the scores keeps their pool block for the graph's later replays.
-        bucket.part_scores[index] = scores
-        cupy.cuda.runtime.memcpyAsync(
-            bucket.scores_host[first:stop].ctypes.data, scores.data.ptr, scores.nbytes, _D2H,
-            self._stream.ptr,
-        )  # fmt: skip
-
-    def _lookup(self, bucket: Bucket, part: Part | None = None) -> None:
-        """:meth:`_find` then :meth:`_pool` of ``part`` on the current stream."""
-        self._find(bucket, part)
-        self._pool(bucket, part)
-
-    def _find(self, bucket: Bucket, part: Part | None = None) -> None:
-        """``bank_find`` of the key columns of ``part``'s samples (default: every table, every
-        sample); the first part of a batch (column 0, sample 0) empties the miss list first."""
-        lay = bucket.layout
-        every = ((0, lay.keys_per_sample), (0, lay.slots), (0, lay.size))
-        (first_col, stop_col), _, (first_row, stop_row) = part or every
-        keys, header, offsets, _ = bucket.input_views
-        if first_col == 0 and first_row == 0:
-            self._state.fill(0)
-        threads, room, size = THREADS, np.int32(lay.keys_per_sample), np.int64(lay.size)
-        rows = (np.int64(first_row), np.int64(stop_row))
-        positions = (stop_row - first_row) * (stop_col - first_col)
-        if positions:
-            self._bank_kernels.get_function("bank_find")(
-                (-(-positions * LANES // threads),), (threads,),
-                (self._descriptors, self._key_table_d, np.int32(first_col), np.int32(stop_col),
-                 *rows, room, size, keys, header, offsets, bucket.rows, self._misses,
-                 self._state, np.uint64(self._miss_capacity), self._bank.counters,
-                 np.int32(_FIND_BY_COLUMN)),
-            )  # fmt: skip
-
-    def _pool(self, bucket: Bucket, part: Part | None = None) -> None:
-        """The pooling of the bags of ``part``'s slots and samples (default: all), after its
-        :meth:`_find`: one ``bank_pool`` launch, as the slots' plan says."""
-        lay = bucket.layout
-        every = ((0, lay.keys_per_sample), (0, lay.slots), (0, lay.size))
-        _, slots, (first_row, stop_row) = part or every
-        _, header, offsets, _ = bucket.input_views
-        plan, words = self._pool_plans[slots]
-        blocks = plan.blocks(stop_row - first_row)
-        if blocks == 0:
-            return
-        self._bank_kernels.get_function("bank_pool")(
-            (blocks,), (THREADS,),
-            (self._descriptors, self._slot_table_d, self._slot_local_d, words,
-             np.int64(first_row), np.int64(stop_row), np.int32(lay.keys_per_sample),
-             np.int64(lay.size), header, offsets, bucket.rows, bucket.embeddings),
-        )  # fmt: skip
-
-    def _insert(self, bucket: Bucket) -> None:
-        if bucket.layout.size * bucket.layout.slots == 0:
-            return
-        self._bank_kernels.get_function("bank_insert")(
-            (self._insert_blocks,), (THREADS,),
-            (self._descriptors, self._misses, self._state, np.uint64(self._miss_capacity),
-             self._bank.counters),
-        )  # fmt: skip
-
-    @property
-    def _miss_capacity(self) -> int:
-        return self._misses.nbytes // MISS_DTYPE.itemsize
-
-    def _forward(self, bucket: Bucket, prefix_done: bool = False) -> None:
-        """The dense network; ``prefix_done``: its dense-only steps ran already (their
-        outputs are ``bucket.prefix``)."""
-        # Keeping the scores keeps their pool block for the graph's later replays.
-        bucket.scores = self._scores(bucket, slice(None), prefix_done)
-
-    def _scores(self, bucket: Bucket, rows: slice, prefix_done: bool = False) -> Any:
-        """The dense network's scores of the bucket's ``rows`` (see :meth:`_forward`)."""
-        header, dense = bucket.input_views[1], bucket.input_views[3][rows]
-        cast = self.executor.ctx.cast  # FP16 networks take half embeddings: one pass each
-        given = {
-            name: cast(array[rows]) if name in self._read_given else array[rows]
-            for name, array in bucket.given.items()
-        }
-        if prefix_done:
-            given |= bucket.prefix or {}
-        # The whole bucket: a network whose layers take statistics over the batch (DIN's Dice)
-        # reads the number of real samples from the batch's header on the device and leaves
-        # the padding out, so its dense step is recorded once per bucket as the others are.
-        # (Parts of a batch are scored only by networks without such layers.)
-        samples = header[:1] if rows == slice(None) else None
-        return self.executor.forward_given(dense, given, prefix_done, samples)
-
-    def _download(self, bucket: Bucket) -> None:
-        scores = bucket.scores
-        cupy.cuda.runtime.memcpyAsync(
-            bucket.scores_host.ctypes.data, scores.data.ptr, scores.nbytes, _D2H,
-            self._stream.ptr,
-        )  # fmt: skip
 
     def profile(self, batch: SparseBatch) -> dict[str, float]:
         """Run one batch step by step on one stream, without graphs, timing each step with
@@ -828,23 +647,24 @@ class GpuRankingPipeline:
                 for copies in (head, *groups):
                     copy_all(copies)
 
-            steps = {
+            steps = self.steps
+            timed = {
                 "upload": upload,
-                "lookup": self._lookup,
-                "insert": self._insert,
-                "forward": self._forward,
-                "download": self._download,
+                "lookup": steps.lookup,
+                "insert": steps.insert,
+                "forward": steps.forward,
+                "download": steps.download,
             }
-            events = [cupy.cuda.Event() for _ in range(len(steps) + 1)]
+            events = [cupy.cuda.Event() for _ in range(len(timed) + 1)]
             events[0].record(self._stream)
             with self.bank.section(), cupy.cuda.using_allocator(bucket.pool.malloc):
-                for step, event in zip(steps.values(), events[1:], strict=True):
+                for step, event in zip(timed.values(), events[1:], strict=True):
                     step(bucket)
                     event.record(self._stream)
             events[-1].synchronize()
             return {
                 name: cupy.cuda.get_elapsed_time(start, stop)
-                for name, start, stop in zip(steps, events[:-1], events[1:], strict=True)
+                for name, start, stop in zip(timed, events[:-1], events[1:], strict=True)
             }
 
     # -- buckets ------------------------------------------------------------------------------
@@ -882,6 +702,7 @@ class GpuRankingPipeline:
         """Run the bucket once eagerly (compiles kernels, fills its memory pool), then record
         its graphs."""
         self._run(bucket)
+        steps = self.steps
         row_parts = self._row_parts(bucket)
         # A bucket that may score by parts runs the parts' shapes too, before any capture
         # (cuBLASLt tunes on first use).
@@ -889,7 +710,7 @@ class GpuRankingPipeline:
         if scored_by_parts:
             with self._stream, cupy.cuda.using_allocator(bucket.pool.malloc):
                 for index, part in enumerate(row_parts):
-                    self._part_dense_step(bucket, index, part)
+                    steps.part_dense(bucket, index, part)
         for stream in self._streams:
             stream.synchronize()
         # Free the eager run's outputs, so the captures reuse their pool blocks: a capture
@@ -899,8 +720,8 @@ class GpuRankingPipeline:
         lookups, row_lookups = (
             tuple(
                 LookupGraphs(
-                    captured(self._cache_stream, bucket.pool, lambda p=p: self._find(bucket, p)),
-                    captured(self._pool_stream, bucket.pool, lambda p=p: self._pool(bucket, p)),
+                    captured(self._cache_stream, bucket.pool, lambda p=p: steps.find(bucket, p)),
+                    captured(self._pool_stream, bucket.pool, lambda p=p: steps.pool(bucket, p)),
                 )
                 for p in parts
             )
@@ -909,17 +730,15 @@ class GpuRankingPipeline:
                 self._row_parts(bucket),
             )
         )
-        insert = captured(self._cache_stream, bucket.pool, lambda: self._insert(bucket))
+        insert = captured(self._cache_stream, bucket.pool, lambda: steps.insert(bucket))
         prefix = None
         if self._has_prefix:  # before the dense graph, which reads the prefix's outputs
-            prefix = captured(self._prefix_stream, bucket.pool, lambda: self._prefix_step(bucket))
-        dense = captured(self._stream, bucket.pool, lambda: self._dense_step(bucket))
+            prefix = captured(self._prefix_stream, bucket.pool, lambda: steps.prefix(bucket))
+        dense = captured(self._stream, bucket.pool, lambda: steps.dense(bucket))
         # Each part's graph keeps its scores' block; their other tensors may share blocks with
         # the other parts' and the whole dense graph's, since all run on the main stream.
         row_dense = tuple(
-            captured(
-                self._stream, bucket.pool, lambda i=i, p=p: self._part_dense_step(bucket, i, p)
-            )
+            captured(self._stream, bucket.pool, lambda i=i, p=p: steps.part_dense(bucket, i, p))
             for i, p in enumerate(row_parts if scored_by_parts else ())
         )
         bucket.graphs = Graphs(lookups, row_lookups, insert, prefix, dense, row_dense)
@@ -946,4 +765,4 @@ class GpuRankingPipeline:
         """Forget every bucket and the trials between them (made again on next use)."""
         for buckets in (*self._lanes, self._whole_buckets):
             buckets.clear()
-        self._parts_trials.clear()
+        self._schedules.clear()

@@ -138,13 +138,13 @@ def test_large_sample_major_batches_staged_in_parts(
     each part from _THREADED_STAGING_BYTES on), and looks each part up as soon as it is
     copied, with a graph per part; the same batch table-major takes the groups of tables."""
     from hps_core.infer.gpu import buckets, uploads
-    from hps_core.infer.gpu import pipeline as gpu_pipeline
+    from hps_core.infer.gpu import schedule as gpu_schedule
 
     monkeypatch.setattr(buckets, "_GROUPED_STAGING_SAMPLES", 8)
     monkeypatch.setattr(uploads, "_THREADED_STAGING_BYTES", 0 if threaded else 1 << 62)
     # Scored whole: every form's scores then come from products of the same shapes, bit for
     # bit (scoring part by part: test_sample_major_batches_scored_part_by_part_equal_numpy).
-    monkeypatch.setattr(gpu_pipeline, "_DENSE_BY_PART", False)
+    monkeypatch.setattr(gpu_schedule, "_DENSE_BY_PART", False)
     model = ZooModel(repo, NAME)
     ps = variant(repo, "dynamic", f"_large{threaded}")
     gpu = RankingSession.open(ps, NAME, device_id=0)
@@ -183,11 +183,11 @@ def test_sample_major_batches_scored_part_by_part_equal_numpy(
     batches of one part included; table-major batches and batches on the GPU are scored
     whole."""
     from hps_core.infer.gpu import buckets
-    from hps_core.infer.gpu import pipeline as gpu_pipeline
+    from hps_core.infer.gpu import schedule as gpu_schedule
 
     monkeypatch.setattr(buckets, "_GROUPED_STAGING_SAMPLES", 8)
-    monkeypatch.setattr(gpu_pipeline, "_DENSE_BY_PART", by_part)
-    monkeypatch.setattr(gpu_pipeline, "_SCHEDULE_TRIALS", 2)
+    monkeypatch.setattr(gpu_schedule, "_DENSE_BY_PART", by_part)
+    monkeypatch.setattr(gpu_schedule, "_SCHEDULE_TRIALS", 2)
     caplog.set_level(logging.INFO, logger="hps_core")
     model = ZooModel(repo, NAME)
     ps = variant(repo, kind, f"_by_part{by_part}")
@@ -224,17 +224,19 @@ def test_sample_major_batches_in_any_find_order_and_parts_equal_numpy(
     occurrence of a missed key claims it, the scores equal the NumPy path's and are the same
     bit for bit under every setting."""
     from hps_core.infer.gpu import buckets
+    from hps_core.infer.gpu import kernel_steps as gpu_steps
     from hps_core.infer.gpu import pipeline as gpu_pipeline
+    from hps_core.infer.gpu import schedule as gpu_schedule
 
     monkeypatch.setattr(buckets, "_GROUPED_STAGING_SAMPLES", 8)
     # Scored whole: every form's scores then come from products of the same shapes, bit for
     # bit (scoring part by part: test_sample_major_batches_scored_part_by_part_equal_numpy).
-    monkeypatch.setattr(gpu_pipeline, "_DENSE_BY_PART", False)
+    monkeypatch.setattr(gpu_schedule, "_DENSE_BY_PART", False)
     model = ZooModel(repo, NAME)
     cpu = RankingSession.open(variant(repo, kind), NAME)
     scores = {}
     for by_column, row_parts in ((True, True), (False, True), (True, False), (False, False)):
-        monkeypatch.setattr(gpu_pipeline, "_FIND_BY_COLUMN", by_column)
+        monkeypatch.setattr(gpu_steps, "_FIND_BY_COLUMN", by_column)
         monkeypatch.setattr(gpu_pipeline, "_ROW_PARTS", row_parts)
         ps = variant(repo, kind, f"_order{by_column}{row_parts}")
         gpu = RankingSession.open(ps, NAME, device_id=0)
@@ -263,11 +265,12 @@ def test_pooling_beside_the_next_find_equals_pooling_after_it(
     with misses claimed by one part and read by a later one) and parts of samples."""
     from hps_core.infer.gpu import buckets
     from hps_core.infer.gpu import pipeline as gpu_pipeline
+    from hps_core.infer.gpu import schedule as gpu_schedule
 
     monkeypatch.setattr(buckets, "_GROUPED_STAGING_SAMPLES", 8)
     # Scored whole: every form's scores then come from products of the same shapes, bit for
     # bit (scoring part by part: test_sample_major_batches_scored_part_by_part_equal_numpy).
-    monkeypatch.setattr(gpu_pipeline, "_DENSE_BY_PART", False)
+    monkeypatch.setattr(gpu_schedule, "_DENSE_BY_PART", False)
     model = ZooModel(repo, NAME)
     cpu = RankingSession.open(variant(repo, kind), NAME)
     sessions = {}
@@ -430,19 +433,19 @@ def test_large_batches_staged_whole_or_in_parts_equal_numpy(
     is allowed (``too many keys``), always in parts: the scores equal the NumPy path's and,
     bit for bit, those of the batches in parts, in both batch forms."""
     from hps_core.infer.gpu import buckets
-    from hps_core.infer.gpu import pipeline as gpu_pipeline
+    from hps_core.infer.gpu import schedule as gpu_schedule
 
     monkeypatch.setattr(buckets, "_GROUPED_STAGING_SAMPLES", 8)
-    monkeypatch.setattr(gpu_pipeline, "_DENSE_BY_PART", False)  # the choice the trial waits for
-    monkeypatch.setattr(gpu_pipeline, "_SCHEDULE_TRIALS", 2)
+    monkeypatch.setattr(gpu_schedule, "_DENSE_BY_PART", False)  # the choice the trial waits for
+    monkeypatch.setattr(gpu_schedule, "_SCHEDULE_TRIALS", 2)
     caplog.set_level(logging.INFO, logger="hps_core")
     model = ZooModel(repo, NAME)
     cpu = RankingSession.open(variant(repo, "dynamic"), NAME)
     scores = {}
     for setting in (True, {"timed": None, "whole": False, "too many keys": None}[staged]):
-        monkeypatch.setattr(gpu_pipeline, "_STAGED_IN_PARTS", setting)
+        monkeypatch.setattr(gpu_schedule, "_STAGED_IN_PARTS", setting)
         if staged == "too many keys":
-            monkeypatch.setattr(gpu_pipeline, "_PARTS_TRIAL_KEY_BYTES", 0)
+            monkeypatch.setattr(gpu_schedule, "_PARTS_TRIAL_KEY_BYTES", 0)
         ps = variant(repo, "dynamic", f"_staged_{staged.replace(' ', '_')}{setting}")
         gpu = RankingSession.open(ps, NAME, device_id=0)
         contract = SamplesContract(gpu.layout)

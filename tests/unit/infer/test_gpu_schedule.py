@@ -7,7 +7,8 @@ import itertools
 import numpy as np
 import pytest
 
-from hps_core.infer.gpu.schedule import ScheduleTrial
+from hps_core.infer.gpu import schedule
+from hps_core.infer.gpu.schedule import BucketSchedules, ScheduleTrial
 
 
 @pytest.mark.parametrize("trials", [1, 2, 4, 7])  # odd counts round up
@@ -72,3 +73,56 @@ def test_the_trial_runs_again_and_may_change_its_choice() -> None:
     never = ScheduleTrial(2)
     never.chosen = True
     assert all(never.next() for _ in range(10_000))
+
+
+class _Bucket:
+    """What :meth:`BucketSchedules.scoring` reads of a bucket: where it keeps its trial."""
+
+    by_part: ScheduleTrial | None = None
+
+
+@pytest.mark.parametrize("setting", [None, True, False])
+def test_staging_trials_follow_the_setting_and_large_batches_always_stage_in_parts(
+    monkeypatch: pytest.MonkeyPatch, setting: bool | None
+) -> None:
+    monkeypatch.setattr(schedule, "_STAGED_IN_PARTS", setting)
+    schedules = BucketSchedules("m", 0)
+    limit = schedule._PARTS_TRIAL_KEY_BYTES
+    assert schedules.staging(8192, limit + 1) is None  # too large to stage whole
+    trial = schedules.staging(8192, limit)
+    if setting is True:
+        assert trial is None and schedules.chosen()
+        return
+    assert trial is not None and schedules.staging(8192, limit) is trial  # one per size
+    if setting is False:
+        assert trial.chosen is False and schedules.staged_whole(8192)
+        return
+    assert not schedules.chosen() and not schedules.staged_whole(8192)
+    while trial.chosen is None:  # in parts 1 s a batch, whole 2 s
+        run = trial.next()
+        schedules.record(trial, run, 1.0 if run else 2.0, 8192, "stages", "in parts")
+    assert trial.chosen is True and schedules.chosen() and not schedules.staged_whole(8192)
+    schedules.clear()
+    assert schedules.staging(8192, limit) is not trial
+
+
+def test_scoring_trials_are_kept_by_their_bucket_and_counted_when_asked(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr(schedule, "_DENSE_BY_PART", None)
+    monkeypatch.setattr(schedule, "_SCHEDULE_TRIALS", 2)
+    schedules = BucketSchedules("dlrm", 3)
+    serving, other = _Bucket(), _Bucket()
+    trial = schedules.scoring(serving)  # type: ignore[arg-type]
+    assert serving.by_part is trial and schedules.scoring(serving) is trial  # type: ignore[arg-type]
+    schedules.scoring(other, counted=False)  # type: ignore[arg-type]
+    assert not schedules.chosen()
+    with caplog.at_level("INFO", logger="hps_core"):
+        while trial.chosen is None:
+            run = trial.next()
+            schedules.record(trial, run, 0.5 if run else 1.0, 4096, "scores", "by parts")
+    assert schedules.chosen()  # the uncounted bucket's trial waits, and does not count
+    assert caplog.messages == [
+        "model dlrm on GPU 3: batch bucket 4096 scores by parts (median 500.00 ms by parts, "
+        "1000.00 ms whole)"
+    ]
