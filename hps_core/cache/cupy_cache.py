@@ -25,6 +25,7 @@ from hps_core.cache.kernel_consts import (
     KERNEL_NAMES,
     LANES,
     THREADS,
+    WARP,
     cuda_defines,
     storage_code,
 )
@@ -34,7 +35,6 @@ from hps_core.cuda import kernels
 from hps_core.errors import HPSError
 from hps_core.quant import RowFormat, StoragePrecision
 
-_WARP = 32
 _CUDA_ERRORS = (cupy.cuda.driver.CUDADriverError, cupy.cuda.runtime.CUDARuntimeError)
 
 
@@ -142,7 +142,7 @@ class CupyDynamicCache(DynamicCache):
     def _device(self) -> contextlib.AbstractContextManager[Any]:
         return cupy.cuda.Device(self._device_id)
 
-    def _launch(self, name: str, items: int, args: tuple[Any, ...], lanes: int = _WARP) -> None:
+    def _launch(self, name: str, items: int, args: tuple[Any, ...], lanes: int = WARP) -> None:
         """Run kernel ``name`` with ``lanes`` threads per item; report any CUDA error by name."""
         blocks = -(-items * lanes // THREADS)
         try:

@@ -38,6 +38,10 @@ KERNEL_FILE = "cache"
 
 KERNEL_NAMES = ("cache_query", "cache_replace", "cache_update", "static_query", "static_find")
 
+WARP = 32
+"""Threads of a warp: the kernels that give a work item a warp, and ``bank_pool``'s groups of
+``LANES`` lanes sharing a bag (at most ``WARP // LANES`` of them)."""
+
 THREADS = 256
 """Threads per block of every kernel of ``kernels/cache.cu`` and ``kernels/bank.cu``."""
 
@@ -78,6 +82,7 @@ def shared_defines() -> dict[str, int | str]:
     return {
         "WAYS": WAYS,
         "EMPTY_KEY": f"{EMPTY_KEY}LL",
+        "WARP": WARP,
         "THREADS": THREADS,
         "LANES": LANES,
         "GROUP_MASK": f"{(1 << LANES) - 1:#x}u",

@@ -31,16 +31,14 @@ import cupy
 import numpy as np
 
 from hps_core.cuda import kernels
+from hps_core.cuda.dense_defines import (
+    CONCAT_INPUTS,
+    DENSE_TEMPLATES,
+    MOMENT_ROWS,
+    dense_defines,
+)
 
-DENSE_TEMPLATES = (
-    "interaction<float>", "interaction<unsigned short>", "row_dot<float>",
-    "row_dot<unsigned short>", "concat_rows<unsigned>", "concat_rows<unsigned short>",
-    "column_moments<float>", "column_moments<unsigned short>",
-)  # fmt: skip
-"""The template instantiations ``kernels/dense.cu`` is compiled with (one module for all)."""
 _MAX_STATIC_SHARED = 48 * 1024
-_CONCAT_INPUTS = 8
-"""Inputs one ``concat_rows`` launch takes (its kernel has a pointer argument for each)."""
 _ELEMENTWISE_THREADS = 256
 
 
@@ -261,8 +259,7 @@ def _sms() -> int:
 
 def dense_function(name: str) -> Any:
     """The kernel ``name`` of ``kernels/dense.cu`` on the current device."""
-    defines = kernels.define_lines({"CONCAT_INPUTS": _CONCAT_INPUTS})
-    mod = kernels.module("dense", cupy.cuda.Device().id, DENSE_TEMPLATES, defines)
+    mod = kernels.module("dense", cupy.cuda.Device().id, DENSE_TEMPLATES, dense_defines())
     return mod.get_function(name)
 
 
@@ -356,7 +353,7 @@ def column_moments(x: Any, count: Any = None, per_sample: int = 1) -> tuple[Any,
     square = cupy.empty(cols, dtype=cupy.float32)
     name = "float" if x.dtype == np.float32 else "unsigned short"
     dense_function(f"column_moments<{name}>")(
-        (-(-cols // 32), ranges), (32, 8),
+        (-(-cols // 32), ranges), (32, MOMENT_ROWS),
         (x, np.int64(rows), np.int32(cols), count, np.int64(per_sample), part),
     )  # fmt: skip
     dense_function("column_moments_finish")(
@@ -434,7 +431,7 @@ def _rows(a: Any, lead: int) -> tuple[int, int] | None:
 def _concat_rows(
     arrays: Sequence[Any], lead: int, out: Any, per: int, group: int, first_row: int
 ) -> bool:
-    """Launches of ``concat_rows`` (one per :data:`_CONCAT_INPUTS` inputs) filling the rows of
+    """Launches of ``concat_rows`` (one per ``CONCAT_INPUTS`` inputs) filling the rows of
     ``out`` (C-contiguous, ``[rows, ...]``) from the rows of ``arrays`` (their first ``lead``
     axes flattened; row ``(o // per) * group + first_row + o % per`` for output row ``o``).
 
@@ -461,9 +458,9 @@ def _concat_rows(
     total = sum(w for _, _, w in spans) // unit
     kernel = dense_function(f"concat_rows<{name}>")
     first = 0
-    for start in range(0, len(spans), _CONCAT_INPUTS):
-        chunk = spans[start : start + _CONCAT_INPUTS]
-        pad = _CONCAT_INPUTS - len(chunk)
+    for start in range(0, len(spans), CONCAT_INPUTS):
+        chunk = spans[start : start + CONCAT_INPUTS]
+        pad = CONCAT_INPUTS - len(chunk)
         # Each input as a one-element array at its first row: the kernel's pointer argument
         # (an input of no width is never read: ``out`` stands in).
         sources = [

@@ -15,7 +15,8 @@ answered with its true vector whenever the host tier holds it (the insert is wha
 asynchronous, not the answer), unless ``miss_policy="default"`` asks for HugeCTR's
 behaviour; then every default answer for a key the table holds is counted, never silent.
 
-The same code runs with NumPy (the cache's twin; what CI tests) and CuPy (the GPU kernels).
+The same code runs with CuPy (the GPU kernels) and, in the tests, with NumPy (the cache's
+twin, ``tests/unit/cache/cache_twin.py``), which is what CI runs.
 """
 
 from __future__ import annotations

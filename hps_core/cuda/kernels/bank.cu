@@ -8,7 +8,7 @@
 // combiners and state positions) and puts cache_set.cuh in place of its #include. The kernels
 // add to each table's row of NUM_COUNTERS counters at KEYS, HITS, MISSES, UNKNOWN, HOST_ROWS
 // (bank_find), INSERTS and EVICTIONS (bank_insert); the other positions are cache.cu's and
-// stay 0. The Table struct is mirrored by TABLE_DTYPE in hps_core/infer/gpu/structs.py, Miss by
+// stay 0. The Table struct is mirrored by TABLE_DTYPE in hps_core/cuda/structs.py, Miss by
 // MISS_DTYPE and Pending by PENDING_DTYPE there; change them together.
 //
 // A batch is a jagged batch of bags: bag (b, s) holds the keys of sample b in slot s of a

@@ -10,7 +10,6 @@
 typedef long long i64;
 typedef unsigned long long u64;
 
-#define WARP 32
 #define FULL_MASK 0xffffffffu
 
 // Way (0..63) of `key` in the set whose way `lane` is `lo` and way `lane + 32` is `hi` in this

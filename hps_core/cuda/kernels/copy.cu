@@ -3,7 +3,8 @@
 // this kernel instead of one cudaMemcpyAsync per array (a few microseconds of host time
 // each, for 26 tables and more).
 //
-// Loaded by hps_core/infer/gpu/pipeline.py; Span is mirrored by SPAN_DTYPE there.
+// Loaded by hps_core/infer/gpu/uploads.py; Span is mirrored by SPAN_DTYPE in
+// hps_core/cuda/structs.py.
 
 struct Span {
   const unsigned char* src;

@@ -345,8 +345,7 @@ extern "C" __global__ void softmax_rows(const float* __restrict__ x,
 // column_moments_finish adds in range order (the same result every time, unlike atomics).
 // With `samples` (not null) only the first samples[0] * per_sample rows count: the rest are
 // the padding of a size bucket, whose graph replays for any number of real samples, so the
-// count is read here on the device, never by the host.
-#define MOMENT_ROWS 8
+// count is read here on the device, never by the host. MOMENT_ROWS comes from dense_defines.py.
 __device__ __forceinline__ i64 real_rows(const i64 rows, const int* samples,
                                          const i64 per_sample) {
   if (samples == nullptr) return rows;

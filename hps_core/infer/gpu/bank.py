@@ -40,9 +40,9 @@ from hps_core.cache.stats import (
     NUM_COUNTERS,
     UNKNOWN,
 )
+from hps_core.cuda.structs import TABLE_DTYPE
 from hps_core.infer.gpu.host_mapping import map_host_table, unmap_host_table
 from hps_core.infer.gpu.placement import TablePlacement
-from hps_core.infer.gpu.structs import TABLE_DTYPE
 from hps_core.lookup.model_lookup import ModelLookup
 from hps_core.lookup.table_lookup import CachedTableLookup, TableCounters
 from hps_core.quant import RowFormat

@@ -17,14 +17,13 @@ from typing import Any
 import cupy
 import numpy as np
 
+from hps_core.cuda.structs import PENDING_DTYPE
 from hps_core.infer.gpu.placement import Placement
 from hps_core.infer.gpu.schedule import ScheduleTrial
 from hps_core.infer.gpu.staging import BatchLayout
-from hps_core.infer.gpu.structs import PENDING_DTYPE
 from hps_core.infer.inputs.layout import RankingLayout
 from hps_core.nn.executor import PooledConcat
 
-_CAPTURE_THREAD_LOCAL = 1  # cudaStreamCaptureModeThreadLocal
 _GROUPED_STAGING_SAMPLES = 16384
 """From this bucket size on, a batch is staged, copied and looked up in parts (groups of tables
 or ranges of samples) by default (see :func:`in_parts_by_default`)."""
@@ -194,7 +193,7 @@ def captured(stream: Any, pool: Any, launch: Any) -> Any:
         The graph (``cupy.cuda.Graph``).
     """
     with stream, cupy.cuda.using_allocator(pool.malloc):
-        stream.begin_capture(_CAPTURE_THREAD_LOCAL)
+        stream.begin_capture(cupy.cuda.runtime.streamCaptureModeThreadLocal)
         try:
             launch()
         finally:

@@ -17,6 +17,7 @@ import cupy
 from hps_core.errors import NotAvailableError
 from hps_core.tiers.host_table import SharedHostTable
 
+# CUDA runtime flags CuPy does not name (cuda_runtime_api.h)
 _MAPPED = 2  # cudaHostRegisterMapped
 _READ_ONLY = 8  # cudaHostRegisterReadOnly
 

@@ -21,14 +21,14 @@ import numpy as np
 
 from hps_core.cache.kernel_consts import LANES, THREADS
 from hps_core.cuda import kernels
+from hps_core.cuda.structs import MISS_DTYPE
 from hps_core.infer.gpu.bank import CacheBank
 from hps_core.infer.gpu.buckets import Bucket
 from hps_core.infer.gpu.constants import STATE_STAGED
 from hps_core.infer.gpu.placement import Part, Placement, PoolPlan
-from hps_core.infer.gpu.structs import MISS_DTYPE
 from hps_core.nn import DenseExecutor
 
-_D2H = 2  # cudaMemcpyDeviceToHost
+_D2H = cupy.cuda.runtime.memcpyDeviceToHost
 _INSERT_BLOCKS_PER_SM = 2
 """Blocks of ``bank_insert`` per SM: few, so that the dense network's GEMMs, which run beside
 the insert when caches are shared between processes (and beside the previous batch's insert

@@ -17,9 +17,9 @@ import cupy
 import numpy as np
 
 from hps_core.cache.kernel_consts import LANES, THREADS
+from hps_core.cuda.structs import PENDING_DTYPE
 from hps_core.infer.gpu.bank import CacheBank
 from hps_core.infer.gpu.buckets import Bucket
-from hps_core.infer.gpu.structs import PENDING_DTYPE
 
 
 class LowerTierFetch:

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from hps_core.cache.kernel_consts import LANES, THREADS
+from hps_core.cache.kernel_consts import LANES, THREADS, WARP
 from hps_core.infer.gpu.constants import COMBINER_MEAN, POOL_ROWS
 from hps_core.infer.inputs.layout import RankingLayout, TableFeed
 from hps_core.nn import Combiner
@@ -26,7 +26,7 @@ from hps_core.nn import Combiner
 Part = tuple[tuple[int, int], tuple[int, int], tuple[int, int]]
 """Key columns, slots and samples ``[first, stop)`` of one ``bank_find`` + ``bank_pool``."""
 
-_MAX_SPLIT = 4
+_MAX_SPLIT = WARP // LANES
 """Most groups of ``LANES`` lanes that share a bag in ``bank_pool`` (a warp)..."""
 _KEYS_PER_GROUP = 2 * LANES
 """... one more group (doubling) per this many keys a bag of the slot holds: a bag of 100 keys

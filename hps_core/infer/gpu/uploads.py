@@ -18,14 +18,14 @@ import cupy
 import numpy as np
 
 from hps_core.cuda import kernels
+from hps_core.cuda.structs import SPAN_DTYPE
 from hps_core.errors import RequestError
 from hps_core.infer.gpu.buckets import Bucket, grouped, pinned
 from hps_core.infer.gpu.placement import Placement
 from hps_core.infer.gpu.staging import split_copies
-from hps_core.infer.gpu.structs import SPAN_DTYPE
 from hps_core.infer.inputs.batch import SparseBatch
 
-_H2D = 1  # cudaMemcpyHostToDevice
+_H2D = cupy.cuda.runtime.memcpyHostToDevice
 _COPY_THREADS = 256
 _COPY_BLOCKS = 64
 """Most blocks per span of ``copy_spans`` (16 bytes per thread and step)."""

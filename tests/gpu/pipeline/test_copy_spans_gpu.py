@@ -9,7 +9,7 @@ import pytest
 cupy = pytest.importorskip("cupy")
 
 from hps_core.cuda import kernels  # noqa: E402
-from hps_core.infer.gpu.structs import SPAN_DTYPE  # noqa: E402
+from hps_core.cuda.structs import SPAN_DTYPE  # noqa: E402
 from hps_core.infer.gpu.uploads import _COPY_THREADS  # noqa: E402
 
 

@@ -9,6 +9,7 @@ import pytest
 from hps_core.cache import stats
 from hps_core.cache.kernel_consts import KERNEL_FILE, KERNEL_NAMES, cuda_defines, shared_defines
 from hps_core.cuda import kernels
+from hps_core.cuda.dense_defines import dense_defines
 from hps_core.infer.gpu.constants import bank_defines
 
 
@@ -45,7 +46,10 @@ def test_both_files_take_the_shared_constants_from_one_place() -> None:
     assert all(shared_defines()[n] == getattr(stats, n) for n in (*names, "NUM_COUNTERS"))
 
 
-@pytest.mark.parametrize(("name", "defines"), [("bank", bank_defines()), ("cache", cuda_defines())])
+@pytest.mark.parametrize(
+    ("name", "defines"),
+    [("bank", bank_defines()), ("cache", cuda_defines()), ("dense", dense_defines()), ("copy", "")],
+)
 def test_every_macro_a_file_uses_is_defined_or_generated(name: str, defines: str) -> None:
     code = re.sub(r"//[^\n]*|/\*.*?\*/", "", kernels.source(name), flags=re.S)
     own = set(re.findall(r"^\s*#\s*define\s+(\w+)", code, re.M))

@@ -1,8 +1,8 @@
 """NumPy mirrors of the structs the CUDA kernels read and write, field for field.
 
 Kept apart from the modules that launch the kernels so that they import without CuPy: the
-unit test ``tests/unit/gpu/test_structs.py`` compiles the structs with the host compiler and
-compares every offset and size with these dtypes. Change a struct and its mirror together.
+unit test ``tests/unit/cuda/test_cuda_structs.py`` compiles the structs with nvcc and compares
+every offset and size with these dtypes. Change a struct and its mirror together.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The NumPy mirrors in ``hps_core/infer/gpu/structs.py`` match the CUDA structs byte for byte.
+"""The NumPy mirrors in ``hps_core/cuda/structs.py`` match the CUDA structs byte for byte.
 
 The kernel files are compiled by nvcc (host and device code, as one unit) with a ``main`` that
 prints ``sizeof`` and ``offsetof`` of every field; each must equal the dtype's. Skipped where
@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 
 from hps_core.cuda import kernels
+from hps_core.cuda.structs import MISS_DTYPE, PENDING_DTYPE, SPAN_DTYPE, TABLE_DTYPE
 from hps_core.infer.gpu.constants import bank_defines
-from hps_core.infer.gpu.structs import MISS_DTYPE, PENDING_DTYPE, SPAN_DTYPE, TABLE_DTYPE
 
 NVCC = shutil.which("nvcc")
 
