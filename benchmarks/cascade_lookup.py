@@ -111,20 +111,20 @@ def main() -> None:
             for name, (rate, rocks) in setups.items():
                 cfg = ps_config(root, dim, rate, rocks)
                 started = time.perf_counter()
-                session = ModelLookup(cfg, cfg.models[0])
-                session.open_all()
+                lookup = ModelLookup(cfg, cfg.models[0])
+                lookup.open_all()
                 open_s = time.perf_counter() - started
                 rates = []
                 for i, (q, want) in enumerate(zip(batches, wants, strict=True)):
                     t0 = time.perf_counter()
-                    got = session.lookup(0, q)
+                    got = lookup.lookup(0, q)
                     elapsed = time.perf_counter() - t0
                     np.testing.assert_array_equal(got, want)
                     if i:  # the first batch warms caches and page tables
                         rates.append(len(q) / elapsed)
-                c = session.counters()[0]
+                c = lookup.counters()[0]
                 tiers = f"host {c.tier_host_hits} rocks {c.tier_rocks_db_hits}"
-                session.close()
+                lookup.close()
                 results.append((name, dim, statistics.median(rates), open_s, tiers))
             rates = []
             for i, (q, want) in enumerate(zip(batches, wants, strict=True)):

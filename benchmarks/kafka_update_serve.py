@@ -15,7 +15,7 @@ only when its wait runs out) and the producer ``linger_ms`` of ``--linger-ms``.
    in messages of ``max_batch_size`` rows; keys/s from the first publish until both servers
    answer the rows of the last message.
 3. *apply*: in this process, :class:`~hps_core.updates.apply.ModelUpdater` over a host
-   lookup session of the same ps.json (the served tiers: shared tier written in place, the
+   model lookup of the same ps.json (the served tiers: shared tier written in place, the
    overlay for new keys), messages of ``max_batch_size`` rows, no Kafka: keys/s.
 
 Prints a table and writes ``benchmarks/results/kafka_update_serve_<commit>_d<dim>.csv``. Every
@@ -49,9 +49,11 @@ from kafka_broker import FAST_GROUP_OPTIONS, kafka_broker  # noqa: E402
 from hps_core.cli.main import main as hps_main  # noqa: E402
 from hps_core.config import parse_ps_config  # noqa: E402
 from hps_core.formats.sparse_writer import write_sparse_table  # noqa: E402
+from hps_core.infer.model_io import KAFKA_OPTIONS_PARAMETER  # noqa: E402
 from hps_core.lookup import ModelLookup  # noqa: E402
 from hps_core.server.process import TritonServer  # noqa: E402
 from hps_core.tiers.backing import table_tag  # noqa: E402
+from hps_core.triton_repo import read_config, write_config  # noqa: E402
 from hps_core.updates import UpdateProducer  # noqa: E402
 from hps_core.updates.apply import ModelUpdater  # noqa: E402
 
@@ -89,10 +91,10 @@ def _repository(root: Path, ps: dict, options: dict) -> Path:
     (root / "ps.json").write_text(json.dumps(ps))
     repo = root / "repo"
     assert hps_main(["repo", str(root / "ps.json"), str(repo), "--instances", "1"]) == 0
-    value = json.dumps(options).replace('"', '\\"')
-    parameter = f'parameters {{ key: "update_kafka_options" value {{ string_value: "{value}" }} }}'
-    for config in repo.glob("*/config.pbtxt"):
-        config.write_text(config.read_text() + "\n" + parameter + "\n")
+    for path in repo.glob("*/config.pbtxt"):
+        config = read_config(path)
+        config.parameters[KAFKA_OPTIONS_PARAMETER].string_value = json.dumps(options)
+        write_config(path, config)
     return repo
 
 
@@ -227,8 +229,8 @@ def main() -> None:
         servers = []
 
         cfg = parse_ps_config(ps, work)
-        session = ModelLookup(cfg, cfg.models[0])
-        updater = ModelUpdater(session, settle_s=0)
+        lookup = ModelLookup(cfg, cfg.models[0])
+        updater = ModelUpdater(lookup, settle_s=0)
         tag = table_tag(MODEL, "t0")
         messages = [
             _message(rng, file_keys, MAX_BATCH, args.dim, 20_000 + i)
@@ -249,7 +251,7 @@ def main() -> None:
             }
         )
         updater.close()
-        session.close()
+        lookup.close()
     finally:
         for server in servers:
             server.stop()

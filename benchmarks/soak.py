@@ -36,6 +36,7 @@ import urllib.request
 from pathlib import Path
 
 import numpy as np
+import psutil
 
 from hps_core.config import load_ps_config
 from hps_core.demo import DEMO_MODELS
@@ -102,15 +103,14 @@ def write_inputs(repo: Path, folder: Path, samples: int, alpha: float) -> dict[s
 
 
 def rss_kib(pid: int) -> int:
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
-    return 0
+    try:
+        return psutil.Process(pid).memory_info().rss // 1024
+    except psutil.NoSuchProcess:
+        return 0
 
 
 def open_fds(pid: int) -> int:
-    return len(os.listdir(f"/proc/{pid}/fd"))
+    return psutil.Process(pid).num_fds()
 
 
 class GpuMemory:

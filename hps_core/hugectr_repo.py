@@ -41,8 +41,8 @@ from tritonclient.grpc import model_config_pb2 as pb
 from hps_core.config import ModelConfig, load_ps_config
 from hps_core.errors import ConfigError, HPSError, Problem
 from hps_core.infer.inputs.layout import load_ranking_graph
+from hps_core.infer.model_io import FREEZE_SPARSE_PARAMETER, PRECISION_PARAMETER
 from hps_core.triton_repo import (
-    FREEZE_SPARSE_PARAMETER,
     InstanceGroup,
     ServingOptions,
     read_config,
@@ -328,7 +328,7 @@ def _carry_over(path: Path, user: pb.ModelConfig, precision: str | None) -> None
     if user.HasField("version_policy"):
         config.version_policy.CopyFrom(user.version_policy)
     if precision is not None:
-        config.parameters["precision"].string_value = precision
+        config.parameters[PRECISION_PARAMETER].string_value = precision
     write_config(path, config)
 
 

@@ -40,7 +40,21 @@ from tritonclient.grpc import model_config_pb2 as pb
 from hps_core.config import ModelConfig, PSConfig, load_ps_config
 from hps_core.errors import ConfigError, Problem
 from hps_core.infer import RankingLayout, is_ranking_model, load_ranking_graph
-from hps_core.infer.model_io import EMBEDDING_IO, HUGECTR_IO, ModelIO, samples_io
+from hps_core.infer.model_io import (
+    CATCOLUMN,
+    DES,
+    EMBEDDING_IO,
+    FREEZE_SPARSE_PARAMETER,
+    HPS_MODEL_PARAMETER,
+    HUGECTR_IO,
+    KEYS,
+    NUMKEYS,
+    PS_JSON_PARAMETER,
+    ROWINDEX,
+    SHARE_CACHE_PARAMETER,
+    ModelIO,
+    samples_io,
+)
 
 EMBEDDING_MODEL_PY = '''\
 """Triton entry point: HugeCTR's `hps` lookup contract (KEYS, NUMKEYS -> OUTPUT0)."""
@@ -68,10 +82,6 @@ __all__ = ["TritonPythonModel"]
 
 #: Suffix of the Triton model that serves a ranking model one sample per batch row.
 SAMPLES_SUFFIX = "_samples"
-
-#: config.pbtxt parameter of HugeCTR's hps backend: a new version does not re-read the sparse
-#: files (its tables stay as the online updates left them).
-FREEZE_SPARSE_PARAMETER = "freeze_sparse"
 
 
 @dataclass(frozen=True)
@@ -179,7 +189,7 @@ def _config_pbtxt(
         # GPU instances take inputs where the client put them (e.g. CUDA shared memory),
         # so keys already on the GPU are never copied to the host and back.
         params.append(("FORCE_CPU_ONLY_INPUT_TENSORS", "no"))
-        params.append(("share_gpu_cache", "true" if options.share_gpu_cache else "false"))
+        params.append((SHARE_CACHE_PARAMETER, "true" if options.share_gpu_cache else "false"))
     if options.freeze_sparse:
         params.append((FREEZE_SPARSE_PARAMETER, "true"))
     for key, value in params:
@@ -199,9 +209,9 @@ def _config_pbtxt(
 
 
 def _ranking_parameters(triton_name: str, hps_model: str, ps_json: str) -> list[tuple[str, str]]:
-    params = [("ps_json", ps_json)]
+    params = [(PS_JSON_PARAMETER, ps_json)]
     if hps_model != triton_name:
-        params.append(("hps_model_name", hps_model))
+        params.append((HPS_MODEL_PARAMETER, hps_model))
     return params
 
 
@@ -220,12 +230,12 @@ def embedding_config_pbtxt(
         The file's text.
     """
     params = [
-        ("ps_json", "ps.json"),
+        (PS_JSON_PARAMETER, "ps.json"),
         ("embedding_vecsize_per_table", ",".join(str(t.dim) for t in model.tables)),
         ("table_names", ",".join(t.name for t in model.tables)),
     ]
     if hps_model and hps_model != triton_name:
-        params.append(("hps_model_name", hps_model))
+        params.append((HPS_MODEL_PARAMETER, hps_model))
     t = len(model.tables)
     return _config_pbtxt(
         triton_name,
@@ -233,7 +243,7 @@ def embedding_config_pbtxt(
         options,
         EMBEDDING_IO,
         params=params,
-        warmup=[_WarmupInput("KEYS", (t,), "keys"), _WarmupInput("NUMKEYS", (t,), "numkeys")],
+        warmup=[_WarmupInput(KEYS, (t,), "keys"), _WarmupInput(NUMKEYS, (t,), "numkeys")],
     )
 
 
@@ -268,9 +278,9 @@ def hugectr_config_pbtxt(triton_name: str, layout: RankingLayout, options: Servi
         params=params,
         # One sample, one key (0) per slot: loading every table is the point.
         warmup=[
-            _WarmupInput("DES", (layout.dense_dim,)),
-            _WarmupInput("CATCOLUMN", (slots,)),
-            _WarmupInput("ROWINDEX", (slots + tables,), "rowindex"),
+            _WarmupInput(DES, (layout.dense_dim,)),
+            _WarmupInput(CATCOLUMN, (slots,)),
+            _WarmupInput(ROWINDEX, (slots + tables,), "rowindex"),
         ],
     )
 

@@ -36,6 +36,7 @@ import numpy as np
 
 from hps_core.footprint import ModelFootprint
 from hps_core.hps import HPS
+from hps_core.infer.model_io import KAFKA_OPTIONS_PARAMETER, REPLAY_PARAMETER
 from hps_core.lookup import LookupOptions, ModelLookup
 from hps_core.lookup.refresher import CacheRefresher
 from hps_core.updates.apply import ModelUpdates, instance_group_id
@@ -50,8 +51,6 @@ from triton_backend.model_settings import ModelSettings
 logger = logging.getLogger("hps_core")
 
 METRICS_PERIOD_S = 0.5
-KAFKA_OPTIONS_PARAMETER = "update_kafka_options"
-REPLAY_PARAMETER = "update_replay"
 
 
 def _parameter(config: Any, key: str) -> str | None:

@@ -14,15 +14,17 @@ from pathlib import Path
 from typing import Any
 
 from hps_core.errors import ConfigError, Problem
-from hps_core.infer.model_io import ModelIO
+from hps_core.infer.model_io import (
+    FREEZE_SPARSE_PARAMETER,
+    HOT_KEYS_PARAMETER,
+    HPS_MODEL_PARAMETER,
+    MISS_POLICY_PARAMETER,
+    PRECISION_PARAMETER,
+    PS_JSON_PARAMETER,
+    SHARE_CACHE_PARAMETER,
+    ModelIO,
+)
 
-PS_JSON_PARAMETER = "ps_json"
-HPS_MODEL_PARAMETER = "hps_model_name"
-MISS_POLICY_PARAMETER = "async_miss_policy"
-HOT_KEYS_PARAMETER = "hot_keys"
-SHARE_CACHE_PARAMETER = "share_gpu_cache"
-FREEZE_SPARSE_PARAMETER = "freeze_sparse"
-PRECISION_PARAMETER = "precision"
 PRECISIONS = ("fp32", "tf32", "fp16")
 VERSION_PS_JSON = "ps.json"
 """A version folder's own ps.json (``<model>/<version>/ps.json``), preferred to the model's."""

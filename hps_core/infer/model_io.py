@@ -32,6 +32,20 @@ DENSE = "dense"
 SPARSE = "sparse"
 SCORE = "score"
 
+# config.pbtxt parameters the models read (``triton_backend/model_settings.py``,
+# ``lookup_service.py``) and :mod:`hps_core.triton_repo` writes, by their names there.
+PS_JSON_PARAMETER = "ps_json"
+HPS_MODEL_PARAMETER = "hps_model_name"
+MISS_POLICY_PARAMETER = "async_miss_policy"
+HOT_KEYS_PARAMETER = "hot_keys"
+SHARE_CACHE_PARAMETER = "share_gpu_cache"
+FREEZE_SPARSE_PARAMETER = "freeze_sparse"
+"""HugeCTR's hps backend's: a new version does not re-read the sparse files (its tables stay
+as the online updates left them)."""
+PRECISION_PARAMETER = "precision"
+KAFKA_OPTIONS_PARAMETER = "update_kafka_options"
+REPLAY_PARAMETER = "update_replay"
+
 _TRITON_TYPES = {
     np.dtype(np.float32): "TYPE_FP32",
     np.dtype(np.int32): "TYPE_INT32",

@@ -31,7 +31,9 @@ from quant_reference import reference_decoded
 
 from hps_core.cli.main import main as hps_main
 from hps_core.formats.sparse_writer import write_sparse_table
+from hps_core.infer.model_io import KAFKA_OPTIONS_PARAMETER
 from hps_core.quant import RowFormat
+from hps_core.triton_repo import read_config, write_config
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
@@ -83,12 +85,10 @@ def _repository(root: Path, data: Path, brokers: str, kind: str, storage: str, t
     command = ["repo", str(root / "ps.json"), str(repo), "--instances", "1", "--kind", kind]
     assert hps_main(command) == 0
     # tansu assigns a group's partitions after half the session timeout: keep it short.
-    options = json.dumps(FAST_GROUP_OPTIONS).replace('"', '\\"')
-    parameter = (
-        f'parameters {{ key: "update_kafka_options" value {{ string_value: "{options}" }} }}'
-    )
-    for config in repo.glob("*/config.pbtxt"):
-        config.write_text(config.read_text() + "\n" + parameter + "\n")
+    for path in repo.glob("*/config.pbtxt"):
+        config = read_config(path)
+        config.parameters[KAFKA_OPTIONS_PARAMETER].string_value = json.dumps(FAST_GROUP_OPTIONS)
+        write_config(path, config)
     return repo
 
 

@@ -23,6 +23,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = "hps_core"
+PACKAGES = (PACKAGE, "triton_backend")
+"""The library and the Triton models built on it (one room: its modules sit in one folder)."""
 
 
 def module_name(path: Path) -> str:
@@ -34,19 +36,26 @@ def module_name(path: Path) -> str:
     return ".".join(parts)
 
 
+def is_package(name: str) -> bool:
+    """Whether ``name`` is a package: a folder of Python modules (``hps_core/cuda/kernels/``
+    holds CUDA sources; ``hps_core.cuda.kernels`` is the module ``kernels.py``)."""
+    path = ROOT / name.replace(".", "/")
+    return (path / "__init__.py").is_file()
+
+
 def existing_module(name: str) -> str | None:
     """``name`` when it is a module or package of the tree, else None."""
     path = ROOT / name.replace(".", "/")
-    return name if path.is_dir() or path.with_suffix(".py").is_file() else None
+    return name if is_package(name) or path.with_suffix(".py").is_file() else None
 
 
 def room_of(module: str) -> str:
     """The room of a module: a package is its own room, a top-level module of ``hps_core`` is
     one, and any other module belongs to the package folder it is in."""
-    if (ROOT / module.replace(".", "/")).is_dir():
+    if is_package(module):
         return module
     parent = module.rsplit(".", 1)[0]
-    return module if parent == PACKAGE else parent
+    return module if parent == PACKAGE else parent  # triton_backend's modules: its room
 
 
 def imported_modules(tree: ast.Module, module: str, is_package: bool) -> list[tuple[str, int]]:
@@ -70,7 +79,9 @@ def imported_modules(tree: ast.Module, module: str, is_package: bool) -> list[tu
                 target = existing_module(f"{base}.{alias.name}") or existing_module(base)
                 if target is not None:
                     found.append((target, node.lineno))
-    return [(t, line) for t, line in found if t == PACKAGE or t.startswith(PACKAGE + ".")]
+    return [
+        (t, line) for t, line in found if any(t == p or t.startswith(p + ".") for p in PACKAGES)
+    ]
 
 
 def room_graph() -> tuple[set[str], dict[str, set[str]], dict[tuple[str, str], list[str]]]:
@@ -78,7 +89,7 @@ def room_graph() -> tuple[set[str], dict[str, set[str]], dict[tuple[str, str], l
     rooms: set[str] = set()
     edges: dict[str, set[str]] = collections.defaultdict(set)
     sites: dict[tuple[str, str], list[str]] = collections.defaultdict(list)
-    for path in sorted((ROOT / PACKAGE).rglob("*.py")):
+    for path in sorted(p for package in PACKAGES for p in (ROOT / package).rglob("*.py")):
         module = module_name(path)
         source = room_of(module)
         rooms.add(source)
@@ -119,3 +130,21 @@ def test_rooms_are_floors_no_import_cycle() -> None:
         for source, target in in_cycles
     )
     assert not in_cycles, f"{len(in_cycles)} imports between rooms in cycles:\n{report}"
+
+
+def test_cuda_primitives_import_nothing_above_the_errors() -> None:
+    """``hps_core.cuda`` is the bottom floor of the GPU code: ``nn``, ``cache`` and
+    ``infer.gpu`` build on it, and it on :mod:`hps_core.errors` alone."""
+    _, edges, sites = room_graph()
+    above = sorted(edges[f"{PACKAGE}.cuda"] - {f"{PACKAGE}.errors"})
+    assert not above, [sites[(f"{PACKAGE}.cuda", room)] for room in above]
+
+
+def test_the_library_never_imports_the_triton_models() -> None:
+    """``triton_backend`` (the Triton models) sits on ``hps_core``; nothing below imports it."""
+    _, edges, sites = room_graph()
+    users = sorted(room for room, targets in edges.items() if "triton_backend" in targets)
+    assert not [u for u in users if u != "triton_backend"], {
+        u: sites[(u, "triton_backend")] for u in users
+    }
+    assert f"{PACKAGE}.infer" in edges["triton_backend"]  # the scan sees its imports

@@ -66,11 +66,11 @@ def lookup_session(ps_json: str, scope: str, keys: np.ndarray, results: Any) -> 
     from hps_core.lookup import LookupOptions, ModelLookup
 
     config = load_ps_config(ps_json)
-    session = ModelLookup(
+    lookup = ModelLookup(
         config, config.models[0], 0, LookupOptions(share_caches=True, share_scope=scope)
     )
-    session.lookup(0, keys)
-    session.flush()
-    counters = session.counters()[0]
-    results.put((session.shares_caches, session.lead, counters.cache_hits))
-    session.close()
+    lookup.lookup(0, keys)
+    lookup.flush()
+    counters = lookup.counters()[0]
+    results.put((lookup.shares_caches, lookup.lead, counters.cache_hits))
+    lookup.close()

@@ -121,10 +121,10 @@ def test_model_lookups_of_two_processes_share_caches(tmp_path: Path) -> None:
     }
     (tmp_path / "ps.json").write_text(json.dumps(ps))
     hps = HPS(tmp_path / "ps.json")
-    session = hps.model("m", 0, LookupOptions(share_caches=True, share_scope="shared-test"))
+    lookup = hps.model("m", 0, LookupOptions(share_caches=True, share_scope="shared-test"))
     wanted = keys[:1000]
-    np.testing.assert_array_equal(session.lookup(0, wanted).get(), hps.lookup(wanted, "m", 0))
-    assert session.shares_caches and session.lead
+    np.testing.assert_array_equal(lookup.lookup(0, wanted).get(), hps.lookup(wanted, "m", 0))
+    assert lookup.shares_caches and lookup.lead
     results = SPAWN.Queue()
     args = (str(tmp_path / "ps.json"), "shared-test", wanted, results)
     proc = SPAWN.Process(target=workers.lookup_session, args=args)

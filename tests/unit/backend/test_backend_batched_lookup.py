@@ -53,7 +53,7 @@ def test_batched_lookup_equals_each_request_alone(tmp_path: Path, shm_path: Path
     )
     model = config.models[0]
     contract = HpsContract.from_model(model)
-    session = ModelLookup(config, model)
+    lookup = ModelLookup(config, model)
     for _ in range(30):
         parsed = []
         for _ in range(int(rng.integers(1, 6))):
@@ -61,8 +61,8 @@ def test_batched_lookup_equals_each_request_alone(tmp_path: Path, shm_path: Path
             counts[0] = max(counts[0], 1)
             keys = rng.integers(-10, 1600, sum(counts), dtype=np.int64)  # hits and misses
             parsed.append(contract.parse(keys[None], np.array([counts], np.int32)))
-        outputs = split_outputs(session.lookup_tables(batch_tables(parsed)), parsed)
+        outputs = split_outputs(lookup.lookup_tables(batch_tables(parsed)), parsed)
         for request, out in zip(parsed, outputs, strict=True):
             np.testing.assert_array_equal(out, reference_output(tables, request))
-    session.close()
+    lookup.close()
     assert list(shm_path.iterdir()) == []

@@ -47,15 +47,15 @@ def tiered_config(root: Path, rate: float = 0.3) -> tuple[PSConfig, dict]:
 
 def test_host_lookup_through_the_cascade_counts_every_tier(tmp_path: Path) -> None:
     cfg, reference = tiered_config(tmp_path)
-    session = ModelLookup(cfg, cfg.models[0])
-    table = session.table(0)
+    model_lookup = ModelLookup(cfg, cfg.models[0])
+    table = model_lookup.table(0)
     assert isinstance(table, HostTableLookup) and isinstance(table.host, TieredTable)
     first = set(list(reference)[: round(0.3 * ROWS)])
     unique = 0
     for q in query_stream(reference, 6, 500, seed=2):
-        np.testing.assert_array_equal(session.lookup(0, q), expected(reference, q, DIM))
+        np.testing.assert_array_equal(model_lookup.lookup(0, q), expected(reference, q, DIM))
         unique += len(np.unique(q))
-    c = session.counters()[0]
+    c = model_lookup.counters()[0]
     # HostTableLookup deduplicates: the cascade sees each batch's distinct keys once.
     assert c.tier_host_hits + c.tier_rocks_db_hits + c.tier_default_keys == unique
     assert c.tier_default_keys == c.unknown_keys > 0
@@ -63,13 +63,13 @@ def test_host_lookup_through_the_cascade_counts_every_tier(tmp_path: Path) -> No
     assert c.tier_host_hits == sum(
         len(set(np.unique(q).tolist()) & first) for q in query_stream(reference, 6, 500, seed=2)
     )
-    session.close()
+    model_lookup.close()
 
 
 def test_cached_lookup_misses_go_through_the_cascade(tmp_path: Path) -> None:
     cfg, reference = tiered_config(tmp_path)
-    session = ModelLookup(cfg, cfg.models[0])
-    host = session.table(0).host
+    model_lookup = ModelLookup(cfg, cfg.models[0])
+    host = model_lookup.table(0).host
     cache = dynamic_cache(int(0.1 * ROWS), DIM, np, name="t")
     lookup = CachedTableLookup(host, cache, np, 0.9, name="t")
     for q in query_stream(reference, 20, 400, seed=3):
@@ -80,7 +80,7 @@ def test_cached_lookup_misses_go_through_the_cascade(tmp_path: Path) -> None:
     fetched = c.tier_host_hits + c.tier_rocks_db_hits + c.tier_default_keys
     assert c.tier_rocks_db_hits > 0 and fetched == c.cache_misses  # misses only went below
     lookup.close()
-    session.close()
+    model_lookup.close()
 
 
 @pytest.mark.parametrize("rate", [0.3, 1.0])
@@ -88,22 +88,22 @@ def test_shared_tier_holds_the_rate_and_table_rows_the_whole_table(
     tmp_path: Path, rate: float
 ) -> None:
     cfg, _ = tiered_config(tmp_path, rate)
-    session = ModelLookup(cfg, cfg.models[0])
-    host = session.table(0).host
+    model_lookup = ModelLookup(cfg, cfg.models[0])
+    host = model_lookup.table(0).host
     assert (host.rows, host.table_rows) == (round(rate * ROWS), ROWS)
-    session.close()
+    model_lookup.close()
 
 
 def test_without_lower_tiers_the_host_tier_is_counted_inline(tmp_path: Path) -> None:
     ps, data = write_models(tmp_path)
     hps = HPS(ps)
     name = hps.config.model_names[0]
-    session = hps.model(name)
-    table = session.table(0)
+    model_lookup = hps.model(name)
+    table = model_lookup.table(0)
     assert type(table.host) is SharedHostTable  # today's object path, no cascade
     keys = data[name][0].keys
-    session.lookup(0, np.concatenate([keys[:10], keys[:3], [1, 2]]).astype(np.int64))
-    c = session.counters()[0]
+    model_lookup.lookup(0, np.concatenate([keys[:10], keys[:3], [1, 2]]).astype(np.int64))
+    c = model_lookup.counters()[0]
     assert (c.tier_host_hits, c.tier_default_keys) == (10, c.unknown_keys)
     assert c.tier_rocks_db_hits == c.tier_redis_cluster_hits == 0
     hps.close()

@@ -254,13 +254,13 @@ def test_tables_looked_up_together_refuse_keys_of_another_dtype(tmp_path: Path) 
 
 def test_lookup_tables_checks_the_table_count(tmp_path: Path) -> None:
     ps, data = write_models(tmp_path)
-    session = HPS(ps).model("wdl")
+    lookup = HPS(ps).model("wdl")
     keys = [data["wdl"][0].keys[:3], data["wdl"][1].keys[:2]]
-    values = session.lookup_tables(keys)
+    values = lookup.lookup_tables(keys)
     np.testing.assert_array_equal(values[0], data["wdl"][0].vectors[:3])
     np.testing.assert_array_equal(values[1], data["wdl"][1].vectors[:2])
     with pytest.raises(RequestError, match="got keys for 1 table, model 'wdl' has 2"):
-        session.lookup_tables(keys[:1])
+        lookup.lookup_tables(keys[:1])
 
 
 def test_close_releases_segments_and_forgets_the_instance(tmp_path: Path, shm_path: Path) -> None:

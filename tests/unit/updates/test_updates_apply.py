@@ -75,7 +75,7 @@ def expected(reference: dict[int, np.ndarray], keys: np.ndarray) -> np.ndarray:
 
 
 @pytest.fixture
-def session(tmp_path: Path):
+def model_lookup(tmp_path: Path):
     cfg = updated_config(tmp_path)
     s = ModelLookup(cfg, cfg.models[0])
     yield s
@@ -85,8 +85,8 @@ def session(tmp_path: Path):
 TAG = table_tag("m", "t0")
 
 
-def test_tables_open_as_a_cascade_over_a_writable_shared_tier(session: ModelLookup) -> None:
-    host = session.table(0).host
+def test_tables_open_as_a_cascade_over_a_writable_shared_tier(model_lookup: ModelLookup) -> None:
+    host = model_lookup.table(0).host
     assert isinstance(host, TieredTable) and host.has_lower_tiers
     assert host.shared.writable and host.shared.rows == ROWS
     assert [tier.store.kind for tier in host.lower] == ["overlay"]
@@ -94,10 +94,10 @@ def test_tables_open_as_a_cascade_over_a_writable_shared_tier(session: ModelLook
     assert not hashes.flags.writeable and not starts.flags.writeable
 
 
-def test_existing_new_and_repeated_keys_match_a_dict(session: ModelLookup) -> None:
+def test_existing_new_and_repeated_keys_match_a_dict(model_lookup: ModelLookup) -> None:
     reference = file_rows()
     known = np.array(list(reference), np.int64)
-    updater = ModelUpdater(session, settle_s=0)
+    updater = ModelUpdater(model_lookup, settle_s=0)
     rng = np.random.default_rng(11)
     for _ in range(25):
         n = int(rng.integers(1, 400))
@@ -110,23 +110,25 @@ def test_existing_new_and_repeated_keys_match_a_dict(session: ModelLookup) -> No
         updater.apply(TAG, keys, vectors)
         reference.update(zip(keys.tolist(), vectors, strict=True))  # last row of a key wins
         probe = np.concatenate([keys[:50], rng.choice(known, 50), [2, 4, 6]]).astype(np.int64)
-        np.testing.assert_array_equal(session.lookup(0, probe), expected(reference, probe))
+        np.testing.assert_array_equal(model_lookup.lookup(0, probe), expected(reference, probe))
     everything = np.array(list(reference), np.int64)
-    np.testing.assert_array_equal(session.lookup(0, everything), expected(reference, everything))
+    np.testing.assert_array_equal(
+        model_lookup.lookup(0, everything), expected(reference, everything)
+    )
     stats = updater.stats
     assert stats.messages == 25 and stats.failed == 0
     assert stats.host_rows > 0 and stats.overlay_rows > 0
-    counters = session.counters()[0]
+    counters = model_lookup.counters()[0]
     assert counters.tier_overlay_hits > 0 and counters.tier_host_hits > 0
 
 
-def test_in_place_writes_reach_every_mapping_of_the_segment(session: ModelLookup) -> None:
+def test_in_place_writes_reach_every_mapping_of_the_segment(model_lookup: ModelLookup) -> None:
     reference = file_rows()
     key = np.array([next(iter(reference))], np.int64)
-    other = SharedHostTable(session.model.tables[0].sparse_file, DIM)  # read-only, like a peer
+    other = SharedHostTable(model_lookup.model.tables[0].sparse_file, DIM)  # read-only, like a peer
     try:
         assert not other.writable
-        ModelUpdater(session, settle_s=0).apply(TAG, key, np.full((1, DIM), 3.5, np.float32))
+        ModelUpdater(model_lookup, settle_s=0).apply(TAG, key, np.full((1, DIM), 3.5, np.float32))
         assert other.lookup(key)[0].tolist() == [[3.5] * DIM]
         with pytest.raises(PermissionError):
             other.write_rows(np.array([0]), np.zeros((1, DIM), np.float32))
@@ -135,17 +137,17 @@ def test_in_place_writes_reach_every_mapping_of_the_segment(session: ModelLookup
 
 
 def test_a_message_failing_half_way_leaves_nothing_applied(
-    session: ModelLookup, monkeypatch: pytest.MonkeyPatch
+    model_lookup: ModelLookup, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     reference = file_rows()
     known = np.array(list(reference)[:10], np.int64)
-    updater = ModelUpdater(session, settle_s=0)
+    updater = ModelUpdater(model_lookup, settle_s=0)
     # A first message puts keys 1, 3 in the overlay.
     updater.apply(TAG, np.array([1, 3]), np.ones((2, DIM), np.float32))
     reference.update({1: np.ones(DIM, np.float32), 3: np.ones(DIM, np.float32)})
-    overlay = session.table(0).host.lower_store("overlay").store
+    overlay = model_lookup.table(0).host.lower_store("overlay").store
     probe = np.concatenate([known, [1, 3, 5, 7]]).astype(np.int64)
-    before = session.lookup(0, probe)
+    before = model_lookup.lookup(0, probe)
     np.testing.assert_array_equal(before, expected(reference, probe))
 
     real_insert = overlay.insert
@@ -159,26 +161,26 @@ def test_a_message_failing_half_way_leaves_nothing_applied(
     with pytest.raises(UpdateApplyError, match="undone"):
         updater.apply(TAG, keys, np.full((len(keys), DIM), 9.0, np.float32))
     monkeypatch.setattr(overlay, "insert", real_insert)
-    np.testing.assert_array_equal(session.lookup(0, probe), before)
+    np.testing.assert_array_equal(model_lookup.lookup(0, probe), before)
     assert overlay.rows(TAG) == 2
     assert updater.stats.failed == 1 and updater.stats.messages == 1
     # The retry of the same message then applies it whole.
     updater.apply(TAG, keys, np.full((len(keys), DIM), 9.0, np.float32))
     reference.update({k: np.full(DIM, 9.0, np.float32) for k in keys.tolist()})
-    np.testing.assert_array_equal(session.lookup(0, probe), expected(reference, probe))
+    np.testing.assert_array_equal(model_lookup.lookup(0, probe), expected(reference, probe))
 
 
 def test_cached_rows_are_overwritten_and_uncached_keys_not_inserted(
-    session: ModelLookup, monkeypatch: pytest.MonkeyPatch
+    model_lookup: ModelLookup, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     reference = file_rows()
     known = np.array(list(reference), np.int64)
-    host = session.table(0).host
+    host = model_lookup.table(0).host
     cache = NumpyDynamicCache(num_sets_for(512), DIM, name="t0")  # the CUDA cache's twin
     lookup = CachedTableLookup(host, cache, np, 0.0, name="t0")
-    monkeypatch.setattr(session, "_tables", [lookup])
+    monkeypatch.setattr(model_lookup, "_tables", [lookup])
     lookup.warm(known[:100])
-    updater = ModelUpdater(session, settle_s=0.05)
+    updater = ModelUpdater(model_lookup, settle_s=0.05)
     keys = np.concatenate([known[:10], known[500:510], [1, 3]]).astype(np.int64)
     vectors = np.arange(len(keys) * DIM, dtype=np.float32).reshape(len(keys), DIM)
     updater.apply(TAG, keys, vectors)
@@ -198,24 +200,24 @@ def test_cached_rows_are_overwritten_and_uncached_keys_not_inserted(
     def broken(*args):
         raise RuntimeError("cache failed (test)")
 
-    monkeypatch.setattr(session, "update_cached_rows", broken)
+    monkeypatch.setattr(model_lookup, "update_cached_rows", broken)
     with pytest.raises(UpdateApplyError):
-        ModelUpdater(session, settle_s=0).apply(TAG, keys, vectors + 100)
+        ModelUpdater(model_lookup, settle_s=0).apply(TAG, keys, vectors + 100)
     np.testing.assert_array_equal(lookup.lookup(keys), expected(reference, keys))
 
 
 def test_static_cache_rows_are_updated_and_new_keys_served(
-    session: ModelLookup, monkeypatch: pytest.MonkeyPatch
+    model_lookup: ModelLookup, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     reference = file_rows()
-    host = session.table(0).host
+    host = model_lookup.table(0).host
     keys_all, values_all = host.contents()
     cache = make_cache("static", len(keys_all), DIM, np, contents=(keys_all, values_all.copy()))
     lookup = CachedTableLookup(host, cache, np, 0.0, name="t0")
-    monkeypatch.setattr(session, "_tables", [lookup])
+    monkeypatch.setattr(model_lookup, "_tables", [lookup])
     keys = np.array([keys_all[0], keys_all[7], 11, 13], np.int64)
     vectors = np.full((4, DIM), 4.25, np.float32)
-    ModelUpdater(session, settle_s=0).apply(TAG, keys, vectors)
+    ModelUpdater(model_lookup, settle_s=0).apply(TAG, keys, vectors)
     reference.update(zip(keys.tolist(), vectors, strict=True))
     assert cache.query(keys)[1].tolist() == [True, True, False, False]
     probe = np.concatenate([keys, [15]]).astype(np.int64)
@@ -231,13 +233,13 @@ def test_a_table_opened_without_updates_is_refused(tmp_path: Path) -> None:
     plain = dataclasses.replace(
         cfg, update_source=dataclasses.replace(cfg.update_source, type=UpdateSourceType.NULL)
     )
-    session = ModelLookup(plain, plain.models[0])
+    model_lookup = ModelLookup(plain, plain.models[0])
     try:
         with pytest.raises(UpdateApplyError, match="kafka_message_queue"):
-            ModelUpdater(session)
-        assert ModelUpdates.start(session, "g") is None
+            ModelUpdater(model_lookup)
+        assert ModelUpdates.start(model_lookup, "g") is None
     finally:
-        session.close()
+        model_lookup.close()
 
 
 def _wait(done, timeout_s: float = 30.0) -> None:
@@ -257,7 +259,7 @@ def test_kafka_updates_reach_the_lookups_and_replay_after_a_restart(
     known = np.array(list(reference), np.int64)
     tag = table_tag(model, "t0")
     first = ModelUpdates.start(
-        session := ModelLookup(cfg, cfg.models[0]),
+        model_lookup := ModelLookup(cfg, cfg.models[0]),
         f"{model}.instance",
         kafka_options=FAST_GROUP_OPTIONS,
         settle_s=0,
@@ -270,10 +272,10 @@ def test_kafka_updates_reach_the_lookups_and_replay_after_a_restart(
     reference.update(zip(a_keys.tolist(), a_vectors, strict=True))
     try:
         _wait(lambda: first.stats.keys_applied >= len(a_keys))
-        np.testing.assert_array_equal(session.lookup(0, a_keys), expected(reference, a_keys))
+        np.testing.assert_array_equal(model_lookup.lookup(0, a_keys), expected(reference, a_keys))
     finally:
         first.stop()
-        session.close()
+        model_lookup.close()
     assert first.stats.errors == 0 and first.stats.commits >= 1
 
     # Published while the instance is down; the restarted instance has an empty overlay
@@ -283,21 +285,21 @@ def test_kafka_updates_reach_the_lookups_and_replay_after_a_restart(
     with UpdateProducer(broker, linger_ms=5) as producer:
         producer.publish(model, "t0", b_keys, b_vectors)
     reference.update(zip(b_keys.tolist(), b_vectors, strict=True))
-    session = ModelLookup(cfg, cfg.models[0])
+    model_lookup = ModelLookup(cfg, cfg.models[0])
     second = ModelUpdates.start(
-        session, f"{model}.instance", kafka_options=FAST_GROUP_OPTIONS, settle_s=0
+        model_lookup, f"{model}.instance", kafka_options=FAST_GROUP_OPTIONS, settle_s=0
     )
     try:
         _wait(lambda: second.stats.keys_applied >= len(a_keys) + len(b_keys))
         everything = np.array([*reference, 2, 4], np.int64)
         np.testing.assert_array_equal(
-            session.lookup(0, everything), expected(reference, everything)
+            model_lookup.lookup(0, everything), expected(reference, everything)
         )
         assert second.updater.stats.messages >= 2
         assert tag in second.updater.tags
     finally:
         second.stop()
-        session.close()
+        model_lookup.close()
 
 
 def test_without_replay_a_restart_resumes_from_the_committed_offsets(
@@ -317,9 +319,9 @@ def test_without_replay_a_restart_resumes_from_the_committed_offsets(
     consumer.start()
     _wait(lambda: len(seen) >= len(keys))
     consumer.stop()
-    session = ModelLookup(cfg, cfg.models[0])
+    model_lookup = ModelLookup(cfg, cfg.models[0])
     updates = ModelUpdates.start(
-        session, group, replay=False, kafka_options=FAST_GROUP_OPTIONS, settle_s=0
+        model_lookup, group, replay=False, kafka_options=FAST_GROUP_OPTIONS, settle_s=0
     )
     try:
         more = np.arange(1001, 1011, 2, dtype=np.int64)
@@ -328,10 +330,10 @@ def test_without_replay_a_restart_resumes_from_the_committed_offsets(
         _wait(lambda: updates.stats.keys_applied >= len(more))
         time.sleep(0.5)
         assert updates.stats.keys_applied == len(more)  # nothing before the commit again
-        assert session.lookup(0, more).tolist() == [[2.0] * DIM] * len(more)
+        assert model_lookup.lookup(0, more).tolist() == [[2.0] * DIM] * len(more)
     finally:
         updates.stop()
-        session.close()
+        model_lookup.close()
 
 
 @pytest.mark.parametrize("storage", ["fp16", "int8", "fp8"])
@@ -342,12 +344,12 @@ def test_a_compressed_table_answers_its_updates_quantised_and_undoes_them_exactl
     rule, in the shared tier (existing keys) and the overlay (new keys), which stores them
     compressed; a failed message is undone byte for byte."""
     cfg = updated_config(tmp_path, storage=storage)
-    session = ModelLookup(cfg, cfg.models[0])
+    model_lookup = ModelLookup(cfg, cfg.models[0])
     fmt = RowFormat(storage, DIM)
     try:
         reference = file_rows()
         known = np.array(list(reference), np.int64)
-        updater = ModelUpdater(session, settle_s=0)
+        updater = ModelUpdater(model_lookup, settle_s=0)
         rng = np.random.default_rng(12)
         for _ in range(5):
             keys = np.concatenate([rng.choice(known, 50), rng.integers(1, 5000, 25) * 2 + 1])
@@ -357,8 +359,8 @@ def test_a_compressed_table_answers_its_updates_quantised_and_undoes_them_exactl
             reference.update(zip(keys.tolist(), vectors, strict=True))
         everything = np.array(list(reference), np.int64)
         want = reference_decoded(fmt, np.stack([reference[k] for k in everything.tolist()]))
-        np.testing.assert_array_equal(session.lookup(0, everything), want)
-        host = session.table(0).host
+        np.testing.assert_array_equal(model_lookup.lookup(0, everything), want)
+        host = model_lookup.table(0).host
         overlay = host.lower_store("overlay").store
         new = everything[host.shared.find(everything) < 0]
         stored, found = overlay.lookup_stored(TAG, new, DIM)
@@ -384,7 +386,7 @@ def test_a_compressed_table_answers_its_updates_quantised_and_undoes_them_exactl
             updater.apply(TAG, message, np.full((len(message), DIM), 9.0, np.float32))
         np.testing.assert_array_equal(host.lookup_stored(everything)[0], before)
     finally:
-        session.close()
+        model_lookup.close()
 
 
 @pytest.fixture(scope="module")
@@ -403,14 +405,14 @@ def test_new_keys_reach_a_store_compressed_redis_as_stored_rows(tmp_path: Path, 
     ps["volatile_db"] = {"type": "redis_cluster", "address": cluster.address,
                          "num_partitions": 3, "store_compressed": True}  # fmt: skip
     cfg = parse_ps_config(ps, tmp_path)
-    session = ModelLookup(cfg, cfg.models[0])
+    model_lookup = ModelLookup(cfg, cfg.models[0])
     fmt = RowFormat("int8", DIM)
     try:
-        updater = ModelUpdater(session, settle_s=0)
+        updater = ModelUpdater(model_lookup, settle_s=0)
         keys = np.arange(1, 41, dtype=np.int64) * 7919 + 10**12  # keys the files lack
         vectors = (np.random.default_rng(13).standard_normal((40, DIM)) * 3).astype(np.float32)
         updater.apply(TAG, keys, vectors)
-        host = session.table(0).host
+        host = model_lookup.table(0).host
         redis = host.lower_store("redis_cluster")
         assert redis.table == f"{TAG}@int8"
         stored, found = redis.store.lookup_stored(redis.table, keys, DIM)
@@ -419,6 +421,6 @@ def test_new_keys_reach_a_store_compressed_redis_as_stored_rows(tmp_path: Path, 
         overlay = host.lower_store("overlay")
         np.testing.assert_array_equal(overlay.store.lookup_stored(overlay.table, keys, DIM)[0],
                                       stored)  # fmt: skip
-        np.testing.assert_array_equal(session.lookup(0, keys), reference_decoded(fmt, vectors))
+        np.testing.assert_array_equal(model_lookup.lookup(0, keys), reference_decoded(fmt, vectors))
     finally:
-        session.close()
+        model_lookup.close()

@@ -51,10 +51,10 @@ def test_many_new_keys_keep_the_overlay_bounded(tmp_path: Path, policy: Overflow
         ],
     }
     cfg = parse_ps_config(ps, tmp_path)
-    session = ModelLookup(cfg, cfg.models[0])
-    updater = ModelUpdater(session, settle_s=0)
+    model_lookup = ModelLookup(cfg, cfg.models[0])
+    updater = ModelUpdater(model_lookup, settle_s=0)
     try:
-        overlay = session.table(0).host.lower_store("overlay").store
+        overlay = model_lookup.table(0).host.lower_store("overlay").store
         assert isinstance(overlay, OverlayStore) and overlay.margin == MARGIN
         rng = np.random.default_rng(5)
         for i in range(60):
@@ -73,7 +73,7 @@ def test_many_new_keys_keep_the_overlay_bounded(tmp_path: Path, policy: Overflow
             # the message's keys are the newest and all stay; under evict_least_used they
             # have no use yet, so the earlier keys these lookups used may outlast them.
             held = np.isin(new, overlay.keys(TAG))
-            got = session.lookup(0, new)
+            got = model_lookup.lookup(0, new)
             np.testing.assert_array_equal(got[held], new_vectors[held])
             assert (got[~held] == DEFAULT).all()
             assert held.all() or policy is not OverflowPolicy.EVICT_OLDEST
@@ -81,13 +81,13 @@ def test_many_new_keys_keep_the_overlay_bounded(tmp_path: Path, policy: Overflow
         assert stats.messages == 60 and stats.overlay_rows == 3000 and stats.host_rows == 600
         assert overlay.evictions == 3000 - overlay.rows(TAG) > 2000
         # The evictions reach the table's counters (hps_tier_evictions_total{tier="overlay"}).
-        assert session.table(0).host.tier_counters().overlay_evictions == overlay.evictions
-        (counters,) = session.counters()
+        assert model_lookup.table(0).host.tier_counters().overlay_evictions == overlay.evictions
+        (counters,) = model_lookup.counters()
         assert counters.tier_overlay_evictions == overlay.evictions
         # The first messages' keys were evicted: no tier below holds them, so the default.
         first, _ = rows(50, DIM, seed=100, start=10_000)
         if policy is OverflowPolicy.EVICT_OLDEST:
-            assert session.lookup(0, first).tolist() == [[DEFAULT] * DIM] * 50
+            assert model_lookup.lookup(0, first).tolist() == [[DEFAULT] * DIM] * 50
     finally:
         updater.close()
-        session.close()
+        model_lookup.close()
