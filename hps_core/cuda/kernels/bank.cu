@@ -42,7 +42,7 @@
 //    free way or the least recently used one), and the miss set is emptied for the next batch.
 // Nothing waits for the host.
 
-#include "cache_set.cuh"  // i64, u64, WARP, find_way, lru_way, mix64
+#include "cache_set.cuh"  // i64, u64, find_way, lru_way, mix64, set_index, group_way, ...
 #include "row_codec.cuh"  // RowScale, row_scale, load_values4, load_value
 
 // Every row (cache slots, host tier, static table, staging, extra rows) is a stored row of
@@ -162,24 +162,10 @@ __device__ __forceinline__ void bag_range(const Table& tab, const int t, const i
 
 // Row of `key` in the table's index, or -1 (hps_core.tiers.hash_layout.find_rows).
 __device__ __forceinline__ i64 index_row(const Table& t, const i64 key) {
-  const u64 h = mix64(key);
-  const i64 bucket = (i64)(h >> (64 - t.bucket_bits));
-  i64 p, end;
   if (t.starts64) {
-    const i64* s = (const i64*)t.index_starts;
-    p = s[bucket];
-    end = s[bucket + 1];
-  } else {
-    const int* s = (const int*)t.index_starts;
-    p = s[bucket];
-    end = s[bucket + 1];
+    return hashed_row(key, t.index_hashes, (const i64*)t.index_starts, t.bucket_bits);
   }
-  for (; p < end; ++p) {
-    const u64 c = t.index_hashes[p];
-    if (c == h) return p;
-    if (c > h) break;  // sorted inside a bucket
-  }
-  return -1;
+  return hashed_row(key, t.index_hashes, (const int*)t.index_starts, t.bucket_bits);
 }
 
 // The row the host fetched for `key` from the lower tiers for this batch, or nullptr.
@@ -193,21 +179,13 @@ __device__ __forceinline__ const unsigned* extra_row(const Table& t, const i64 k
                                                        : nullptr;
 }
 
-// The cached row of `key`, or nullptr. The LANES lanes of `mask` each load WAYS / LANES of the
-// set's keys (independent loads in flight), then agree through ballots; a hit stamps its slot.
+// The cached row of `key`, or nullptr, found by the group's LANES lanes (group_way); a hit
+// stamps its slot.
 __device__ __forceinline__ const unsigned* probe_cache(const Table& t, const i64 key,
                                                        const int lane, const unsigned mask,
                                                        const int shift) {
-  const i64 first = (i64)(mix64(key) % t.cache_sets) * WAYS;
-  i64 stored[WAYS / LANES];
-#pragma unroll
-  for (int j = 0; j < WAYS / LANES; ++j) stored[j] = t.cache_keys[first + j * LANES + lane];
-  int way = -1;
-#pragma unroll
-  for (int j = 0; j < WAYS / LANES; ++j) {
-    const unsigned m = (__ballot_sync(mask, stored[j] == key) >> shift) & GROUP_MASK;
-    if (way < 0 && m != 0u) way = j * LANES + __ffs(m) - 1;
-  }
+  const i64 first = set_start(key, t.cache_sets);
+  const int way = group_way(t.cache_keys + first, key, lane, mask, shift, true);
   if (way < 0) return nullptr;
   if (lane == 0) t.cache_stamps[first + way] = now_ns();
   return t.cache_values + (first + way) * t.row_words;
@@ -357,7 +335,7 @@ extern "C" __global__ void bank_find(
             // other): the rank of a miss in its set caps the inserts, and with them the
             // warps that queue for one set's lock in bank_insert.
             if (lane == 0) {
-              const i64 set = (i64)(mix64(key) % tab.cache_sets);
+              const i64 set = set_index(key, tab.cache_sets);
               insert = atomicAdd(tab.locks + tab.cache_sets + set, 1) < WAYS;
             }
           }
@@ -779,7 +757,7 @@ extern "C" __global__ void bank_insert(const Table* __restrict__ tables,
   for (i64 item = ((i64)blockIdx.x * blockDim.x + threadIdx.x) / WARP; item < n; item += warps) {
     const Miss m = misses[item];
     const Table& tab = tables[m.table];
-    const i64 set = (i64)(mix64(m.key) % tab.cache_sets);
+    const i64 set = set_index(m.key, tab.cache_sets);
     int* lock = tab.locks + set;
     if (m.insert) {
       const i64 first = set * WAYS;

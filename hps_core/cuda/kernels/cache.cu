@@ -11,7 +11,7 @@
 //
 // Work split: cache_query gives each key a group of LANES (8) lanes (4 keys per warp), each
 // lane loading 8 of the set's 64 slot keys, so that many probes are in flight; ballots find
-// the key. static_query gives each key LANES lanes too. cache_replace and cache_update use one
+// the key (group_way of cache_set.cuh, the probe bank.cu's bank_find makes too). static_query gives each key LANES lanes too. cache_replace and cache_update use one
 // warp per work item, lane l holding slots l and l + 32 of a set, with one item per run of a
 // hps_core.cache.layout.RunPlan, and walk the run in batch order, so no two warps touch the
 // same set and no locks are needed.
@@ -34,26 +34,6 @@ __device__ __forceinline__ void copy_row(unsigned* dst, const unsigned* src, con
   for (int w = lane; w < words; w += WARP) dst[w] = src[w];
 }
 
-// Set of a key: mix64(key) % num_sets, the same function as hps_core.cache.layout.set_of.
-__device__ __forceinline__ i64 set_of(const i64 key, const u64 num_sets) {
-  return (i64)(mix64(key) % num_sets);
-}
-
-// Row of a key in a static table laid out as hps_core.tiers.hash_layout describes (sorted
-// hashes, bucket directory on the top `bits` bits), or -1: the function find_rows computes.
-__device__ __forceinline__ i64 static_row(const i64 key, const u64* __restrict__ hashes,
-                                          const i64* __restrict__ starts, const int bits) {
-  const u64 h = mix64(key);
-  const i64 bucket = (i64)(h >> (64 - bits));
-  const i64 end = starts[bucket + 1];
-  for (i64 p = starts[bucket]; p < end; ++p) {
-    const u64 candidate = hashes[p];
-    if (candidate == h) return p;
-    if (candidate > h) break;  // sorted inside a bucket
-  }
-  return -1;
-}
-
 // Eight lanes per key, four keys per warp: each lane loads 8 of the set's 64 slot keys at once
 // (independent loads, so four keys' probes are in flight per warp instead of one), then the
 // group copies the row. Hit rows of `out` get the stored vector, miss rows are not written.
@@ -72,19 +52,8 @@ extern "C" __global__ void cache_query(
   const bool valid = item < n;  // no early return: every lane takes part in ballots and counts
   const i64 key = valid ? keys[item] : EMPTY_KEY;
   const bool probe = valid && key != EMPTY_KEY;
-  const i64 first = probe ? set_of(key, num_sets) * WAYS : 0;
-  i64 stored[WAYS / LANES];
-#pragma unroll
-  for (int j = 0; j < WAYS / LANES; ++j) {
-    stored[j] = probe ? slot_keys[first + j * LANES + lane] : 0;
-  }
-  int way = -1;
-#pragma unroll
-  for (int j = 0; j < WAYS / LANES; ++j) {
-    const unsigned mine =
-        (__ballot_sync(FULL_MASK, probe && stored[j] == key) >> group_shift) & GROUP_MASK;
-    if (way < 0 && mine != 0u) way = j * LANES + __ffs(mine) - 1;
-  }
+  const i64 first = probe ? set_start(key, num_sets) : 0;
+  const int way = group_way(slot_keys + first, key, lane, FULL_MASK, group_shift, probe);
   if (valid && lane == 0) {
     hit[item] = way >= 0;
     if (way >= 0) atomicMax(&slot_stamps[first + way], clock + (u64)item);
@@ -196,7 +165,7 @@ extern "C" __global__ void static_query(
   const i64 item = ((i64)blockIdx.x * blockDim.x + threadIdx.x) / LANES;
   const int lane = threadIdx.x % LANES;
   const bool valid = item < n;
-  const i64 row = valid ? static_row(keys[item], hashes, starts, bits) : -1;
+  const i64 row = valid ? hashed_row(keys[item], hashes, starts, bits) : -1;
   if (valid && lane == 0) hit[item] = row >= 0;
   if (row >= 0) {
     decode_row_as(storage, out + item * dim, values + row * words, dim, lane, LANES, vectorized);
@@ -214,5 +183,5 @@ extern "C" __global__ void static_find(
     const i64* __restrict__ keys, const i64 n, const u64* __restrict__ hashes,
     const i64* __restrict__ starts, const int bits, i64* __restrict__ rows) {
   const i64 item = (i64)blockIdx.x * blockDim.x + threadIdx.x;
-  if (item < n) rows[item] = static_row(keys[item], hashes, starts, bits);
+  if (item < n) rows[item] = hashed_row(keys[item], hashes, starts, bits);
 }

@@ -1,8 +1,12 @@
-// Device helpers shared by the kernels that work on a 64-way set of a dynamic cache: those of
-// the cache itself (cache.cu) and those of the GPU pipeline (bank.cu).
+// Device helpers shared by the kernels that read or write the GPU caches: those of the cache
+// itself (cache.cu) and those of the GPU pipeline (bank.cu), which work on the same arrays
+// (the pipeline's table descriptors point at the caches'): where a key's set starts, the probe
+// of a set by a group of LANES lanes, its update by a warp, and the search of a static
+// table's hash index.
 //
 // hps_core/cuda/kernels.py puts this file's text in place of the `#include "cache_set.cuh"` line
-// (once per compile unit), so NVRTC needs no include path. It needs no #define from Python.
+// (once per compile unit), so NVRTC needs no include path. WAYS, WARP, LANES and GROUP_MASK
+// come from the #defines both files are compiled with (hps_core/cache/kernel_consts.py).
 // A set is held by one warp with lane `l` holding ways `l` (lo) and `l + 32` (hi).
 
 #pragma once
@@ -47,4 +51,52 @@ __device__ __forceinline__ u64 mix64(const i64 key) {
   z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
   z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
   return z ^ (z >> 31);
+}
+
+// `key`'s set among `sets` sets: mix64(key) % sets, the function of
+// hps_core.cache.layout.set_of.
+__device__ __forceinline__ i64 set_index(const i64 key, const u64 sets) {
+  return (i64)(mix64(key) % sets);
+}
+
+// First slot of `key`'s set (WAYS slots a set).
+__device__ __forceinline__ i64 set_start(const i64 key, const u64 sets) {
+  return set_index(key, sets) * WAYS;
+}
+
+// Way (0..WAYS-1) of `key` in the set whose slot keys are `set_keys`, or -1, found by a group
+// of LANES lanes (`lane` 0..LANES-1, its bits of a warp's ballot from `shift`; `mask` the lanes
+// taking part): each lane loads WAYS / LANES of the set's keys at once (independent loads, so
+// several groups' probes are in flight per warp), then ballots agree on the lowest way. With
+// `probe` false the group loads nothing and finds nothing, but still takes part in the ballots.
+__device__ __forceinline__ int group_way(const i64* __restrict__ set_keys, const i64 key,
+                                         const int lane, const unsigned mask, const int shift,
+                                         const bool probe) {
+  i64 stored[WAYS / LANES];
+#pragma unroll
+  for (int j = 0; j < WAYS / LANES; ++j) stored[j] = probe ? set_keys[j * LANES + lane] : 0;
+  int way = -1;
+#pragma unroll
+  for (int j = 0; j < WAYS / LANES; ++j) {
+    const unsigned m = (__ballot_sync(mask, probe && stored[j] == key) >> shift) & GROUP_MASK;
+    if (way < 0 && m != 0u) way = j * LANES + __ffs(m) - 1;
+  }
+  return way;
+}
+
+// Row of `key` in a static table's hash index as hps_core.tiers.hash_layout lays it out (the
+// rows' key hashes sorted within buckets, `starts` the bucket directory, int32 or int64, on the
+// hash's top `bits` bits), or -1: the function find_rows computes.
+template <typename S>
+__device__ __forceinline__ i64 hashed_row(const i64 key, const u64* __restrict__ hashes,
+                                          const S* __restrict__ starts, const int bits) {
+  const u64 h = mix64(key);
+  const i64 bucket = (i64)(h >> (64 - bits));
+  const i64 end = starts[bucket + 1];
+  for (i64 p = starts[bucket]; p < end; ++p) {
+    const u64 candidate = hashes[p];
+    if (candidate == h) return p;
+    if (candidate > h) break;  // sorted inside a bucket
+  }
+  return -1;
 }

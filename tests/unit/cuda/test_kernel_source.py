@@ -30,7 +30,8 @@ def test_set_helpers_are_inlined_once_after_the_defines(
     text = kernels.source(name, defines)
     assert text.startswith(defines)
     assert re.search(r"^\s*#\s*include", text, re.M) is None  # NVRTC sees one compile unit
-    for helper in ("find_way", "lru_way", "mix64"):
+    helpers = ("find_way", "lru_way", "mix64", "set_index", "set_start", "group_way", "hashed_row")
+    for helper in helpers:
         assert len(re.findall(rf"__forceinline__ \w+ {helper}\(", text)) == 1, helper
     for entry in entries:
         bounds = r"(__launch_bounds__\(\w+, \d+\) )?"
