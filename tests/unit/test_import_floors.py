@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import ast
 import collections
+import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -148,3 +149,32 @@ def test_the_library_never_imports_the_triton_models() -> None:
         u: sites[(u, "triton_backend")] for u in users
     }
     assert f"{PACKAGE}.infer" in edges["triton_backend"]  # the scan sees its imports
+
+
+def floors() -> dict[str, int]:
+    """Each room's floor: 0 for a room that imports no other, else one above its highest."""
+    rooms, edges, _ = room_graph()
+    floor: dict[str, int] = {}
+
+    def height(room: str) -> int:
+        if room not in floor:
+            floor[room] = 1 + max((height(r) for r in edges.get(room, ())), default=-1)
+        return floor[room]
+
+    for room in rooms:
+        height(room)
+    return floor
+
+
+def test_the_readmes_table_of_floors_is_the_code_s() -> None:
+    """README's layout table lists every room of ``hps_core`` and ``triton_backend`` on the
+    floor the imports put it."""
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    table = text[text.index("| floor | packages |") :].split("\n\n", 1)[0]
+    written: dict[str, int] = {}
+    for line in table.splitlines()[2:]:
+        number, packages = line.strip("|").split("|", 1)
+        for name in re.findall(r"`([\w/]+)`", re.sub(r"\([^)]*\)", "", packages)):
+            room = name.rstrip("/") if name.startswith("triton_backend") else f"{PACKAGE}.{name}"
+            written[room.replace("/", ".")] = int(number)
+    assert written == {room: f for room, f in floors().items() if room != PACKAGE}
