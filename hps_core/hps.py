@@ -58,6 +58,7 @@ class HPS:
     def _init(self, config: PSConfig) -> None:
         self.config = config
         self._lookups: dict[tuple[str, int | None, LookupOptions], ModelLookup] = {}
+        self._holders: dict[tuple[str, int | None, LookupOptions], int] = {}  # open_model's
         self._lock = threading.Lock()
 
     @classmethod
@@ -93,16 +94,44 @@ class HPS:
                     self._lookups[key] = lookup
         return lookup
 
+    def open_model(
+        self,
+        model_name: str,
+        device_id: int | None = None,
+        options: LookupOptions = DEFAULT_OPTIONS,
+    ) -> ModelLookup:
+        """:meth:`model`, held until the holder's :meth:`close_model`: a lookup two holders
+        opened (two Triton instances of one model in one process, say) closes with the last.
+
+        Args:
+            model_name: a ``model`` name of the ps.json.
+            device_id: GPU whose embedding caches serve the lookups; ``None``: the host tier.
+            options: how it serves.
+
+        Returns:
+            Its :class:`~hps_core.lookup.ModelLookup`.
+        """
+        key = (model_name, device_id, options)
+        with self._lock:
+            self._holders[key] = self._holders.get(key, 0) + 1
+        return self.model(model_name, device_id, options)
+
     def close_model(
         self,
         model_name: str,
         device_id: int | None = None,
         options: LookupOptions = DEFAULT_OPTIONS,
     ) -> None:
-        """Detach the lookup :meth:`model` made for these arguments from its tables and
-        forget it (the instance's other lookups stay open); nothing if there is none."""
+        """Release one hold (:meth:`open_model`) of the lookup :meth:`model` made for these
+        arguments; once none is left, detach it from its tables and forget it (the instance's
+        other lookups stay open). Nothing if there is none."""
+        key = (model_name, device_id, options)
         with self._lock:
-            lookup = self._lookups.pop((model_name, device_id, options), None)
+            held = self._holders.pop(key, 0) - 1
+            if held > 0:
+                self._holders[key] = held
+                return
+            lookup = self._lookups.pop(key, None)
         if lookup is not None:
             lookup.close()
 

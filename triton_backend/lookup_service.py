@@ -134,7 +134,7 @@ class LookupService:
         self._options = LookupOptions(
             miss_policy=settings.miss_policy, share_caches=settings.share_gpu_cache
         )
-        self.lookup: ModelLookup = HPS(settings.ps_json).model(
+        self.lookup: ModelLookup = HPS(settings.ps_json).open_model(
             settings.hps_model, settings.lookup_device, self._options
         )
         """The instance's lookup; its tables open in :meth:`start`."""

@@ -281,6 +281,24 @@ def test_close_releases_segments_and_forgets_the_instance(tmp_path: Path, shm_pa
     assert HPS(ps) is not again
 
 
+def test_a_lookup_two_holders_opened_closes_with_the_last(tmp_path: Path, shm_path: Path) -> None:
+    """Two holders of one model, device and options (two instances of a Triton model in one
+    process) share one lookup: the first to close leaves it serving the other."""
+    ps, data = write_models(tmp_path)
+    hps = HPS(ps)
+    first, second = hps.open_model("dcn"), hps.open_model("dcn")
+    assert first is second
+    table = data["dcn"][0]
+    first.lookup(0, table.keys[:4])
+    hps.close_model("dcn")
+    np.testing.assert_array_equal(second.lookup(0, table.keys[:4]), table.vectors[:4])
+    assert hps.model("dcn") is second  # still the one lookup
+    hps.close_model("dcn")
+    assert hps.model("dcn") is not second  # the last hold closed it; a new one opens
+    hps.close()
+    assert list(shm_path.iterdir()) == []
+
+
 def test_two_instances_of_different_ps_json_share_the_tables(
     tmp_path: Path, shm_path: Path
 ) -> None:
