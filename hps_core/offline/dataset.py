@@ -55,11 +55,26 @@ class DatasetColumns:
         labels: the label columns (empty: the dataset has no labels).
         dense: the dense feature columns.
         categorical: one column per slot, tables in order, slots in order.
+        by_position: the names were taken by position (the files name no column as expected
+            and have no ``_metadata.json``): a type error then says how they were read.
     """
 
     labels: tuple[str, ...]
     dense: tuple[str, ...]
     categorical: tuple[str, ...]
+    by_position: bool = False
+
+    def hint(self) -> str:
+        """What a column error adds where the columns were taken by position."""
+        if not self.by_position:
+            return ""
+        total = len(self.all)
+        return (
+            f" (the file's {total} columns are read by position as {len(self.labels)} label, "
+            f"{len(self.dense)} dense and {len(self.categorical)} categorical: a column too "
+            "few or too many shifts them; name them as Criteo's, label I1... C1..., or add "
+            f"{METADATA})"
+        )
 
     @property
     def all(self) -> tuple[str, ...]:
@@ -157,12 +172,13 @@ def dataset_columns(
         return DatasetColumns(labels, named.dense, named.categorical)
     dense, slots, label_dim = layout.dense_dim, layout.total_slots, layout.label_dim
     if len(names) == dense + slots:
-        return DatasetColumns((), tuple(names[:dense]), tuple(names[dense:]))
+        return DatasetColumns((), tuple(names[:dense]), tuple(names[dense:]), by_position=True)
     if len(names) == label_dim + dense + slots:
         return DatasetColumns(
             tuple(names[:label_dim]),
             tuple(names[label_dim : label_dim + dense]),
             tuple(names[label_dim + dense :]),
+            by_position=True,
         )
     raise ModelFileError(
         f"{files[0]}: {len(names)} columns, but model '{layout.model}' reads {label_dim} "
@@ -338,7 +354,7 @@ def _batch(
             first = row + int(np.flatnonzero(array.is_null().to_numpy(zero_copy_only=False))[0])
             raise ModelFileError(f"{where} is null at row {first}")
         if not (pa.types.is_integer(array.type) or pa.types.is_floating(array.type)):
-            raise ModelFileError(f"{where} must hold numbers, holds {array.type}")
+            raise ModelFileError(f"{where} must hold numbers, holds {array.type}{columns.hint()}")
         return array.to_numpy(zero_copy_only=False)
 
     n = record.num_rows
@@ -352,24 +368,24 @@ def _batch(
     for slots in layout.slot_nums:
         table_columns = columns.categorical[at : at + slots]
         at += slots
-        table_keys, table_offsets = _table_keys(record, path, row, table_columns)
+        table_keys, table_offsets = _table_keys(record, path, row, table_columns, columns.hint())
         keys.append(table_keys)
         offsets.append(table_offsets)
     return DatasetBatch(SparseBatch(dense, tuple(keys), tuple(offsets)), labels)
 
 
 def _table_keys(
-    record: pa.RecordBatch, path: ModelPath, row: int, names: Sequence[str]
+    record: pa.RecordBatch, path: ModelPath, row: int, names: Sequence[str], hint: str = ""
 ) -> tuple[np.ndarray, np.ndarray | None]:
     """One table's keys, sample-major, and its row offsets (None when every slot is one
-    integer column: one key per (sample, slot))."""
+    integer column: one key per (sample, slot)); ``hint`` ends a type error."""
     arrays = [record.column(name) for name in names]
     for name, array in zip(names, arrays, strict=True):
         kind = array.type.value_type if pa.types.is_list(array.type) else array.type
         if not pa.types.is_integer(kind):
             raise ModelFileError(
                 f"{path}: categorical column '{name}' must hold integers or lists of them, "
-                f"holds {array.type}"
+                f"holds {array.type}{hint}"
             )
         if array.null_count:
             first = row + int(np.flatnonzero(array.is_null().to_numpy(zero_copy_only=False))[0])

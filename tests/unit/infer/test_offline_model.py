@@ -224,6 +224,15 @@ def test_dataset_errors_name_file_column_and_row(tmp_path: Path) -> None:
     pq.write_table(text, tmp_path / "text.parquet")
     with pytest.raises(ModelFileError, match=r"categorical column 'C8' must hold integers"):
         model.predict_dataset(tmp_path / "text.parquet")
+    # Read by position, a column of the wrong type says how the columns were read.
+    unnamed = text.rename_columns([f"x{i}" for i in range(text.num_columns)])
+    pq.write_table(unnamed, tmp_path / "text_unnamed.parquet")
+    with pytest.raises(ModelFileError) as info:
+        model.predict_dataset(tmp_path / "text_unnamed.parquet")
+    assert "categorical column 'x20' must hold integers or lists of them, holds string" in str(
+        info.value
+    )
+    assert "read by position as 0 label, 13 dense and 28 categorical" in str(info.value)
     (tmp_path / "bad_list.txt").write_text("3\nd.parquet\n")
     with pytest.raises(ModelFileError, match="says 3 files but lists 1"):
         model.predict_dataset(tmp_path / "bad_list.txt")
