@@ -50,6 +50,7 @@ from hps_core.triton_repo import (
     write_embedding_model,
     write_ranking_model,
 )
+from hps_core.wording import plural
 
 BACKENDS = ("hps", "hugectr")
 """HugeCTR's backends this project stands in for."""
@@ -277,21 +278,24 @@ def _sizing_notes(model: ModelConfig, params: Mapping[str, str], where: str) -> 
         }
     except ValueError as exc:
         raise ConfigError(Problem(f"{where} parameters", f"a value does not parse: {exc}")) from exc
-    network = {
-        "label_dim": (layout.label_dim, "predictions per sample"),
-        "slots": (layout.total_slots, "slots per sample"),
-        "des_feature_num": (layout.dense_dim, "dense features per sample"),
-        "cat_feature_num": (layout.sample_width, "keys per sample at its least"),
-        "embedding_vector_size": (max(t.vec_size for t in layout.tables), "as its widest"),
-        "max_nnz": (max(layout.hotness), "keys per slot at its least"),
+    network = {  # what the network takes: a count, its noun, and of what
+        "label_dim": (layout.label_dim, "prediction", "per sample"),
+        "slots": (layout.total_slots, "slot", "per sample"),
+        "des_feature_num": (layout.dense_dim, "dense feature", "per sample"),
+        "cat_feature_num": (layout.sample_width, "key", "per sample (one per slot at least)"),
+        "embedding_vector_size": (
+            max(t.vec_size for t in layout.tables), "float", "per embedding vector (its widest)"
+        ),
+        "max_nnz": (max(layout.hotness), "key", "per slot (at least)"),
     }
     notes = []
     for key, value in given.items():
-        wanted, what = network[key]
+        wanted, noun, of = network[key]
         if value != wanted if key in _WIDTHS else value < wanted:
             notes.append(
-                f"{key} {value} is not honoured: the network file takes {wanted} {what} "
-                "and decides it here (HugeCTR sizes its buffers by this parameter)"
+                f"{key} {value} is not honoured: the network file takes "
+                f"{plural(wanted, noun)} {of} and decides it here (HugeCTR sizes its buffers "
+                "by this parameter)"
             )
     return notes
 

@@ -112,8 +112,8 @@ def test_sizing_parameters_that_disagree_with_the_network_are_named(
     notes = [n for n in translate(hugectr, tmp_path / "out") if "is not honoured" in n]
     assert len(notes) == 2, notes
     assert notes[0].startswith("model 'dlrm' (backend hugectr): label_dim 3 is not honoured")
-    assert "the network file takes 1 predictions per sample" in notes[0]
-    assert "embedding_vector_size 8 is not honoured: the network file takes 16" in notes[1]
+    assert "the network file takes 1 prediction per sample and decides it" in notes[0]
+    assert "embedding_vector_size 8 is not honoured: the network file takes 16 floats" in notes[1]
     served = load_ps_config(tmp_path / "out" / "dlrm" / "ps.json").model("dlrm")
     assert served.label_dim == 1  # the ps.json's, as HugeCTR's parser leaves it
 
