@@ -111,10 +111,11 @@ class HPS:
         Returns:
             Its :class:`~hps_core.lookup.ModelLookup`.
         """
+        lookup = self.model(model_name, device_id, options)  # an unknown model holds nothing
         key = (model_name, device_id, options)
         with self._lock:
             self._holders[key] = self._holders.get(key, 0) + 1
-        return self.model(model_name, device_id, options)
+        return lookup
 
     def close_model(
         self,
@@ -188,6 +189,7 @@ class HPS:
             for lookup in self._lookups.values():
                 lookup.close()
             self._lookups.clear()
+            self._holders.clear()
         with self._instances_lock:
             path = self.config.source_path
             if path is not None and self._instances.get(Path(path).resolve()) is self:
