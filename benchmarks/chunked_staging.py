@@ -2,7 +2,7 @@
 
 A host batch with many keys (DLRM-v2: 214 keys per sample, 28 MB at 16,384 samples) runs as
 chunks of samples on two lanes of buckets, the host staging chunk ``i + 1`` while the GPU
-scores chunk ``i`` (``hps_core.infer.gpu.pipeline._predict_chunks``). This script times, in
+scores chunk ``i`` (``GpuRankingPipeline._predict_chunks``). This script times, in
 one run on one model: the host's copy of the key matrix into pinned and into pageable memory,
 ``predict`` with the default chunks, without chunks, with smaller and larger chunks, without
 staging threads and with threads handed smaller or larger pieces (medians of ``--runs`` calls
@@ -31,8 +31,7 @@ from ranking_vs_pytorch import make_batch, variant
 
 from hps_core.config import load_ps_config
 from hps_core.infer import RankingSession, load_ranking_graph
-from hps_core.infer.gpu import pipeline as gpu_pipeline
-from hps_core.infer.gpu import uploads
+from hps_core.infer.gpu import chunks, uploads
 
 _NO_THREADS = {"_THREADED_STAGING_BYTES": 1 << 62}
 _ONE_PIECE = {"_STAGING_PIECE_BYTES": 1 << 62}
@@ -57,13 +56,13 @@ SETTINGS = {
     "chunks of 8,192+, no threads": {"_MIN_CHUNK_SAMPLES": 8192, **_NO_THREADS},
     "chunks of 8,192+, one piece": {"_MIN_CHUNK_SAMPLES": 8192, **_ONE_PIECE},
 }
-"""Settings of :mod:`hps_core.infer.gpu.pipeline` (the chunks) and
+"""Settings of :mod:`hps_core.infer.gpu.chunks` and
 :mod:`hps_core.infer.gpu.uploads` (the staging threads) timed against each other."""
 
 
 def holder(setting: str) -> types.ModuleType:
     """The module whose constant ``setting`` is."""
-    return uploads if hasattr(uploads, setting) else gpu_pipeline
+    return uploads if hasattr(uploads, setting) else chunks
 
 
 class _TimedEvent:

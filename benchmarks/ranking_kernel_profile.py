@@ -36,7 +36,7 @@ from torch_dlrm import torch_peer
 from hps_core.config import load_ps_config
 from hps_core.hps import HPS
 from hps_core.infer import RankingSession, load_ranking_graph
-from hps_core.infer.gpu import kernel_steps, schedule, uploads
+from hps_core.infer.gpu import chunks, kernel_steps, schedule, uploads
 from hps_core.infer.gpu import pipeline as gpu_pipeline
 from hps_core.infer.gpu.buckets import grouped
 
@@ -60,10 +60,10 @@ VARIANTS = {
     "every part scored as soon as looked up": {"_DENSE_BY_PART": True},
     "whole dense network after every lookup": {"_DENSE_BY_PART": False},
 }
-"""Settings of :mod:`hps_core.infer.gpu.pipeline`, :mod:`~hps_core.infer.gpu.kernel_steps` and
-:mod:`~hps_core.infer.gpu.schedule` timed beside the default (the median predict of fresh batches,
-the settings alternating)."""
-SETTINGS_MODULES = (gpu_pipeline, kernel_steps, schedule)
+"""Settings of :mod:`hps_core.infer.gpu.pipeline` and its ``chunks``, ``kernel_steps`` and
+``schedule`` timed beside the default (the median predict of fresh batches, the settings
+alternating)."""
+SETTINGS_MODULES = (gpu_pipeline, chunks, kernel_steps, schedule)
 
 
 def apply_settings(settings: dict[str, object]) -> list[tuple[object, str, object]]:

@@ -284,7 +284,9 @@ def _sizing_notes(model: ModelConfig, params: Mapping[str, str], where: str) -> 
         "des_feature_num": (layout.dense_dim, "dense feature", "per sample"),
         "cat_feature_num": (layout.sample_width, "key", "per sample (one per slot at least)"),
         "embedding_vector_size": (
-            max(t.vec_size for t in layout.tables), "float", "per embedding vector (its widest)"
+            max(t.vec_size for t in layout.tables),
+            "float",
+            "per embedding vector (its widest)",
         ),
         "max_nnz": (max(layout.hotness), "key", "per slot (at least)"),
     }

@@ -15,12 +15,13 @@ Data flow of one batch (:mod:`~hps_core.infer.gpu.pipeline`)::
 Each batch size (the next power of two) has a bucket of buffers and CUDA graphs (buckets); the
 pipeline decides which stream runs which step and after what, each step (a kernel launch, the
 dense network, a download) is a function of the bucket (kernel_steps), and the choices that
-depend on the model are timed on its first batches (schedule).
+depend on the model are timed on its first batches (schedule); a host batch with many keys
+runs as chunks of samples, the next staged while the GPU scores the last (chunks).
 The CUDA sources and their compilation are :mod:`hps_core.cuda`'s; the constants
 ``kernels/bank.cu`` shares with Python are :mod:`~hps_core.infer.gpu.constants`'s, those it
 also shares with the cache's ``kernels/cache.cu`` (lanes per key, threads per block, counter
 positions) :mod:`hps_core.cache.kernel_consts`'s and :mod:`hps_core.cache.stats`'.
 
-Every module but :mod:`~hps_core.infer.gpu.staging`, ``constants`` and ``schedule`` needs
-CuPy; none is imported here, so the package imports on machines without it.
+Every module but :mod:`~hps_core.infer.gpu.staging`, ``constants``, ``schedule`` and
+``chunks`` needs CuPy; none is imported here, so the package imports on machines without it.
 """

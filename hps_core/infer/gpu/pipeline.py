@@ -82,6 +82,7 @@ from hps_core.infer.gpu.buckets import (
     in_parts_by_default,
     new_bucket,
 )
+from hps_core.infer.gpu.chunks import chunk_samples
 from hps_core.infer.gpu.constants import bank_defines
 from hps_core.infer.gpu.kernel_steps import KernelSteps
 from hps_core.infer.gpu.lower_tiers import LowerTierFetch
@@ -98,20 +99,6 @@ logger = logging.getLogger("hps_core")
 
 _INSERT_AFTER_SCORES = True
 """Launch the insert after the dense network, not beside it (caches of its own only)."""
-_CHUNKED_KEY_BYTES = 8 << 20
-"""From this many bytes of keys on, a host batch runs as chunks of samples, pipelined: the
-host stages the next chunk while the GPU scores the last one (see :meth:`_predict_chunks`)..."""
-_CHUNKS_WITH_DYNAMIC_CACHES = False
-"""... unless a table has a dynamic cache: each chunk then looks up, reads its misses and
-inserts them alone. With each chunk copied on the copy stream and inserted right after its
-lookup (e2a9b18, H200, ``gpucacheper`` 0.2, fresh batches, ``ranking_kernel_profile.py``), the
-one-hot DLRM's batch of 65,536 (FP16 storage, FP32 dense) took 9.96 ms in chunks of 16,384
-against 10.45 whole, but DLRM-v2's of 16,384 (TF32), whose misses fill PCIe, 11.64 in chunks of
-4,096 against 9.45 whole."""
-_CHUNK_KEY_BYTES = 4 << 20
-"""About this many bytes of keys per chunk (a power of two samples)..."""
-_MIN_CHUNK_SAMPLES = 4096
-"""...and at least this many samples, so that the dense network's products stay efficient."""
 _CHUNK_LANES = 2
 """Buckets per chunk size: a chunk is staged into one while the GPU works on the other's."""
 _POOL_BESIDE_FIND = True
@@ -375,21 +362,13 @@ class GpuRankingPipeline:
             self._record_trial(trial, by_part, started, bucket, "scores", "by parts")
 
     def _chunk_samples(self, batch: SparseBatch) -> int | None:
-        """Samples per chunk of a host batch run as chunks, or None to run it whole: a batch
-        with many keys (their staging, a host memory copy, takes as long as the GPU's work),
-        of a network whose layers see each sample alone (DIN's Dice takes statistics over
-        the batch), whose tables have no dynamic cache (see ``_CHUNKS_WITH_DYNAMIC_CACHES``)."""
+        """Samples per chunk of a host batch run as chunks, or None to run it whole
+        (:func:`~hps_core.infer.gpu.chunks.chunk_samples`)."""
         key_bytes = sum(int(k.nbytes) for k in batch.keys)
-        samples = batch.batch_size
-        if (
-            self.executor.batch_dependent
-            or (self.steps.has_dynamic_caches and not _CHUNKS_WITH_DYNAMIC_CACHES)
-            or key_bytes < _CHUNKED_KEY_BYTES
-            or samples < 2 * _MIN_CHUNK_SAMPLES
-        ):
-            return None
-        per_chunk = max(samples * _CHUNK_KEY_BYTES // key_bytes, 1)
-        return max(_MIN_CHUNK_SAMPLES, 1 << (per_chunk.bit_length() - 1))
+        return chunk_samples(
+            key_bytes, batch.batch_size, self.executor.batch_dependent,
+            self.steps.has_dynamic_caches,
+        )  # fmt: skip
 
     def _predict_chunks(self, batch: SparseBatch, chunk: int) -> np.ndarray:
         """Scores of a host batch run as chunks of ``chunk`` samples, each a batch of its own

@@ -299,12 +299,12 @@ def test_large_host_batches_run_as_pipelined_chunks(
     """A host batch with many keys runs as chunks of samples on two lanes of buckets (the
     thresholds lowered here: chunks of 16 samples): its scores equal the NumPy path's in every
     host form, a last chunk shorter than the others included; a batch on the GPU runs whole."""
-    from hps_core.infer.gpu import pipeline as gpu_pipeline
+    from hps_core.infer.gpu import chunks as gpu_chunks
 
-    monkeypatch.setattr(gpu_pipeline, "_CHUNKED_KEY_BYTES", 0)
-    monkeypatch.setattr(gpu_pipeline, "_CHUNKS_WITH_DYNAMIC_CACHES", True)
-    monkeypatch.setattr(gpu_pipeline, "_CHUNK_KEY_BYTES", 1)
-    monkeypatch.setattr(gpu_pipeline, "_MIN_CHUNK_SAMPLES", 16)
+    monkeypatch.setattr(gpu_chunks, "_CHUNKED_KEY_BYTES", 0)
+    monkeypatch.setattr(gpu_chunks, "_CHUNKS_WITH_DYNAMIC_CACHES", True)
+    monkeypatch.setattr(gpu_chunks, "_CHUNK_KEY_BYTES", 1)
+    monkeypatch.setattr(gpu_chunks, "_MIN_CHUNK_SAMPLES", 16)
     model = ZooModel(repo, NAME)
     ps = variant(repo, kind, "_chunks")
     gpu = RankingSession.open(ps, NAME, device_id=0)
@@ -333,11 +333,11 @@ def test_host_batches_of_a_model_with_dynamic_caches_run_whole(
     """With the chunk thresholds lowered as above, a model whose tables have dynamic caches
     still runs a large host batch whole (chunks each read and insert their own misses), and
     its scores equal the NumPy path's."""
-    from hps_core.infer.gpu import pipeline as gpu_pipeline
+    from hps_core.infer.gpu import chunks as gpu_chunks
 
-    monkeypatch.setattr(gpu_pipeline, "_CHUNKED_KEY_BYTES", 0)
-    monkeypatch.setattr(gpu_pipeline, "_CHUNK_KEY_BYTES", 1)
-    monkeypatch.setattr(gpu_pipeline, "_MIN_CHUNK_SAMPLES", 16)
+    monkeypatch.setattr(gpu_chunks, "_CHUNKED_KEY_BYTES", 0)
+    monkeypatch.setattr(gpu_chunks, "_CHUNK_KEY_BYTES", 1)
+    monkeypatch.setattr(gpu_chunks, "_MIN_CHUNK_SAMPLES", 16)
     model = ZooModel(repo, NAME)
     ps = variant(repo, "dynamic", "_whole")
     gpu = RankingSession.open(ps, NAME, device_id=0)
