@@ -145,6 +145,9 @@ def write_ranking_demo(
             write_sparse_table(path, *table_rows(demo, t, layer.slot_num, layer.vec_size), True)
     nnz = [sparse_input.nnz_per_slot for sparse_input in graph.spec.data.sparse]
     by_top = dict(zip((s.name for s in graph.spec.data.sparse), nnz, strict=True))
+    output = graph.output_shape
+    assert output is not None  # the demo networks run
+    predictions = output.sample_size
     ps = {
         "supportlonglong": True,
         "volatile_db": {"type": "hash_map"},
@@ -164,7 +167,7 @@ def write_ranking_demo(
                 "max_batch_size": MAX_BATCH_SIZE,
                 "maxnum_des_feature_per_sample": graph.spec.data.dense_dim,
                 "slot_num": sum(layer.slot_num for layer in embeddings),
-                "label_dim": 1,
+                "label_dim": predictions,
                 "gpucache": True,
                 "gpucacheper": 0.5,
                 "hit_rate_threshold": 0.9,
