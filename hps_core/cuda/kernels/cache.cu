@@ -11,7 +11,8 @@
 //
 // Work split: cache_query gives each key a group of LANES (8) lanes (4 keys per warp), each
 // lane loading 8 of the set's 64 slot keys, so that many probes are in flight; ballots find
-// the key (group_way of cache_set.cuh, the probe bank.cu's bank_find makes too). static_query gives each key LANES lanes too. cache_replace and cache_update use one
+// the key (group_way of cache_set.cuh, the probe bank.cu's bank_find makes too).
+// static_query gives each key LANES lanes too. cache_replace and cache_update use one
 // warp per work item, lane l holding slots l and l + 32 of a set, with one item per run of a
 // hps_core.cache.layout.RunPlan, and walk the run in batch order, so no two warps touch the
 // same set and no locks are needed.

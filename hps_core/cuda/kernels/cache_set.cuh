@@ -69,7 +69,7 @@ __device__ __forceinline__ i64 set_start(const i64 key, const u64 sets) {
 // taking part): each lane loads WAYS / LANES of the set's keys at once (independent loads, so
 // several groups' probes are in flight per warp), then ballots agree on the lowest way. With
 // `probe` false the group loads nothing and finds nothing, but still takes part in the ballots.
-__device__ __forceinline__ int group_way(const i64* __restrict__ set_keys, const i64 key,
+__device__ __forceinline__ int group_way(const i64* set_keys, const i64 key,
                                          const int lane, const unsigned mask, const int shift,
                                          const bool probe) {
   i64 stored[WAYS / LANES];
