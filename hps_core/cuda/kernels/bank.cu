@@ -160,12 +160,22 @@ __device__ __forceinline__ void bag_range(const Table& tab, const int t, const i
   }
 }
 
-// Row of `key` in the table's index, or -1 (hps_core.tiers.hash_layout.find_rows).
+// Row of `key` in the table's index, or -1 (hps_core.tiers.hash_layout.find_rows; cache.cu's
+// hashed_row with a directory of int32 or int64 entries).
 __device__ __forceinline__ i64 index_row(const Table& t, const i64 key) {
+  const u64 h = mix64(key);
+  const i64 bucket = (i64)(h >> (64 - t.bucket_bits));
+  i64 p, end;
   if (t.starts64) {
-    return hashed_row(key, t.index_hashes, (const i64*)t.index_starts, t.bucket_bits);
+    const i64* s = (const i64*)t.index_starts;
+    p = s[bucket];
+    end = s[bucket + 1];
+  } else {
+    const int* s = (const int*)t.index_starts;
+    p = s[bucket];
+    end = s[bucket + 1];
   }
-  return hashed_row(key, t.index_hashes, (const int*)t.index_starts, t.bucket_bits);
+  return row_in_bucket(t.index_hashes, h, p, end);
 }
 
 // The row the host fetched for `key` from the lower tiers for this batch, or nullptr.
@@ -185,7 +195,7 @@ __device__ __forceinline__ const unsigned* probe_cache(const Table& t, const i64
                                                        const int lane, const unsigned mask,
                                                        const int shift) {
   const i64 first = set_start(key, t.cache_sets);
-  const int way = group_way(t.cache_keys + first, key, lane, mask, shift, true);
+  const int way = group_way(t.cache_keys, first, key, lane, mask, shift, true);
   if (way < 0) return nullptr;
   if (lane == 0) t.cache_stamps[first + way] = now_ns();
   return t.cache_values + (first + way) * t.row_words;

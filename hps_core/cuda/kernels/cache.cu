@@ -54,7 +54,7 @@ extern "C" __global__ void cache_query(
   const i64 key = valid ? keys[item] : EMPTY_KEY;
   const bool probe = valid && key != EMPTY_KEY;
   const i64 first = probe ? set_start(key, num_sets) : 0;
-  const int way = group_way(slot_keys + first, key, lane, FULL_MASK, group_shift, probe);
+  const int way = group_way(slot_keys, first, key, lane, FULL_MASK, group_shift, probe);
   if (valid && lane == 0) {
     hit[item] = way >= 0;
     if (way >= 0) atomicMax(&slot_stamps[first + way], clock + (u64)item);

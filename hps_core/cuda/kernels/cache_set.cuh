@@ -64,17 +64,19 @@ __device__ __forceinline__ i64 set_start(const i64 key, const u64 sets) {
   return set_index(key, sets) * WAYS;
 }
 
-// Way (0..WAYS-1) of `key` in the set whose slot keys are `set_keys`, or -1, found by a group
+// Way (0..WAYS-1) of `key` in the set whose slots start at `first`, or -1, found by a group
 // of LANES lanes (`lane` 0..LANES-1, its bits of a warp's ballot from `shift`; `mask` the lanes
 // taking part): each lane loads WAYS / LANES of the set's keys at once (independent loads, so
 // several groups' probes are in flight per warp), then ballots agree on the lowest way. With
 // `probe` false the group loads nothing and finds nothing, but still takes part in the ballots.
-__device__ __forceinline__ int group_way(const i64* set_keys, const i64 key,
+__device__ __forceinline__ int group_way(const i64* slot_keys, const i64 first, const i64 key,
                                          const int lane, const unsigned mask, const int shift,
                                          const bool probe) {
   i64 stored[WAYS / LANES];
 #pragma unroll
-  for (int j = 0; j < WAYS / LANES; ++j) stored[j] = probe ? set_keys[j * LANES + lane] : 0;
+  for (int j = 0; j < WAYS / LANES; ++j) {
+    stored[j] = probe ? slot_keys[first + j * LANES + lane] : 0;
+  }
   int way = -1;
 #pragma unroll
   for (int j = 0; j < WAYS / LANES; ++j) {
@@ -84,19 +86,23 @@ __device__ __forceinline__ int group_way(const i64* set_keys, const i64 key,
   return way;
 }
 
-// Row of `key` in a static table's hash index as hps_core.tiers.hash_layout lays it out (the
-// rows' key hashes sorted within buckets, `starts` the bucket directory, int32 or int64, on the
-// hash's top `bits` bits), or -1: the function find_rows computes.
-template <typename S>
-__device__ __forceinline__ i64 hashed_row(const i64 key, const u64* __restrict__ hashes,
-                                          const S* __restrict__ starts, const int bits) {
-  const u64 h = mix64(key);
-  const i64 bucket = (i64)(h >> (64 - bits));
-  const i64 end = starts[bucket + 1];
-  for (i64 p = starts[bucket]; p < end; ++p) {
+// Row whose key hash is `h` among the sorted hashes[p, end) of its bucket, or -1.
+__device__ __forceinline__ i64 row_in_bucket(const u64* __restrict__ hashes, const u64 h, i64 p,
+                                             const i64 end) {
+  for (; p < end; ++p) {
     const u64 candidate = hashes[p];
     if (candidate == h) return p;
     if (candidate > h) break;  // sorted inside a bucket
   }
   return -1;
+}
+
+// Row of `key` in a static table's hash index as hps_core.tiers.hash_layout lays it out (the
+// rows' key hashes sorted within buckets, `starts` the bucket directory on the hash's top
+// `bits` bits), or -1: the function find_rows computes.
+__device__ __forceinline__ i64 hashed_row(const i64 key, const u64* __restrict__ hashes,
+                                          const i64* __restrict__ starts, const int bits) {
+  const u64 h = mix64(key);
+  const i64 bucket = (i64)(h >> (64 - bits));
+  return row_in_bucket(hashes, h, starts[bucket], starts[bucket + 1]);
 }

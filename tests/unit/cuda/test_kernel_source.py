@@ -30,7 +30,15 @@ def test_set_helpers_are_inlined_once_after_the_defines(
     text = kernels.source(name, defines)
     assert text.startswith(defines)
     assert re.search(r"^\s*#\s*include", text, re.M) is None  # NVRTC sees one compile unit
-    helpers = ("find_way", "lru_way", "mix64", "set_index", "set_start", "group_way", "hashed_row")
+    helpers = (
+        "find_way",
+        "lru_way",
+        "mix64",
+        "set_index",
+        "set_start",
+        "group_way",
+        "row_in_bucket",
+    )
     for helper in helpers:
         assert len(re.findall(rf"__forceinline__ \w+ {helper}\(", text)) == 1, helper
     for entry in entries:
