@@ -781,15 +781,10 @@ extern "C" __global__ void bank_insert(const Table* __restrict__ tables,
       const i64 key_hi = __ldcg(slot_keys + first + WARP + lane);
       const u64 stamp_lo = __ldcg(tab.cache_stamps + first + lane);
       const u64 stamp_hi = __ldcg(tab.cache_stamps + first + WARP + lane);
-      int way = find_way(key_lo, key_hi, m.key);
-      bool inserted = false, evicted = false;
-      if (way < 0) {
-        inserted = true;
-        way = find_way(key_lo, key_hi, EMPTY_KEY);
-        if (way < 0) {
-          way = lru_way(stamp_lo, stamp_hi, lane);
-          evicted = true;
-        }
+      bool inserted, evicted;
+      const int way =
+          insert_way(key_lo, key_hi, stamp_lo, stamp_hi, m.key, lane, inserted, evicted);
+      if (inserted) {
         unsigned* row = const_cast<unsigned*>(tab.cache_values) + (first + way) * tab.row_words;
         for (int base = lane; base < tab.row_words; base += WARP * COPY_UNROLL) {
           unsigned v[COPY_UNROLL];

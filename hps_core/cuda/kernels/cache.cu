@@ -99,14 +99,11 @@ extern "C" __global__ void cache_replace(
     const i64 pos = order[i];
     const i64 key = keys[pos];
     const u64 stamp = clock + (u64)pos;
-    int way = find_way(key_lo, key_hi, key);
-    if (way < 0) {
-      way = find_way(key_lo, key_hi, EMPTY_KEY);
-      if (way < 0) {
-        way = lru_way(stamp_lo, stamp_hi, lane);
-        ++evicted;
-      }
-      ++inserted;
+    bool fresh, evicts;
+    const int way = insert_way(key_lo, key_hi, stamp_lo, stamp_hi, key, lane, fresh, evicts);
+    if (fresh) {
+      inserted += 1;
+      evicted += evicts;
       copy_row(slot_values + (first + way) * words, values + pos * words, words, lane);
     }
     if (lane == way % WARP) {

@@ -53,6 +53,25 @@ __device__ __forceinline__ u64 mix64(const i64 key) {
   return z ^ (z >> 31);
 }
 
+// The way `key` takes in the set a warp holds (keys and stamps as find_way and lru_way take
+// them): its own where the set holds it, else the lowest free way, else the least recently
+// used one. `fresh`: the set did not hold it; `evicts`: it pushes another key out.
+__device__ __forceinline__ int insert_way(const i64 key_lo, const i64 key_hi, const u64 stamp_lo,
+                                          const u64 stamp_hi, const i64 key, const int lane,
+                                          bool& fresh, bool& evicts) {
+  int way = find_way(key_lo, key_hi, key);
+  fresh = way < 0;
+  evicts = false;
+  if (fresh) {
+    way = find_way(key_lo, key_hi, EMPTY_KEY);
+    if (way < 0) {
+      way = lru_way(stamp_lo, stamp_hi, lane);
+      evicts = true;
+    }
+  }
+  return way;
+}
+
 // `key`'s set among `sets` sets: mix64(key) % sets, the function of
 // hps_core.cache.layout.set_of.
 __device__ __forceinline__ i64 set_index(const i64 key, const u64 sets) {
