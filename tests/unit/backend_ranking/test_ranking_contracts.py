@@ -144,30 +144,30 @@ BAD_HUGECTR = [
 ]
 
 
-def test_a_rowindex_of_the_wrong_length_states_the_rule_once() -> None:
-    """26 tables of one slot: the expected length is said once, not 26 times."""
-    layout = make_layout([1] * 26)
+@pytest.mark.parametrize(
+    ("slots", "rule"),
+    [
+        # 26 tables of one slot: the expected length is said once, not 26 times.
+        ([1] * 26, "26 x batch + 26 offsets (each of the 26 tables: 1 x batch + 1)"),
+        # W&D's two tables after 24 of one slot: each run of equal slot counts is said once.
+        (
+            [1] * 24 + [26, 2],
+            "52 x batch + 26 offsets (tables 0-23: 1 x batch + 1; table 24: 26 x batch + 1; "
+            "table 25: 2 x batch + 1)",
+        ),
+    ],
+)
+def test_a_rowindex_of_the_wrong_length_states_the_rule_once_per_run_of_tables(
+    slots: list[int], rule: str
+) -> None:
+    layout = make_layout(slots)
     with pytest.raises(RequestError) as info:
         HugeCTRContract(layout).parse(
-            np.zeros((1, 3), np.float32), np.zeros((1, 26), np.int64), np.zeros((1, 30), np.int32)
+            np.zeros((1, 3), np.float32),
+            np.zeros((1, sum(slots)), np.int64),
+            np.zeros((1, 9), np.int32),
         )
-    assert str(info.value) == (
-        "input 'ROWINDEX': expected 26 x batch + 26 offsets (each of the 26 tables: "
-        "1 x batch + 1), got 30"
-    )
-
-
-def test_a_rowindex_rule_of_mixed_slot_counts_names_each_run_of_tables_once() -> None:
-    """W&D's two tables after 24 of one slot: each run of equal slot counts is said once."""
-    layout = make_layout([1] * 24 + [26, 2])
-    with pytest.raises(RequestError) as info:
-        HugeCTRContract(layout).parse(
-            np.zeros((1, 3), np.float32), np.zeros((1, 52), np.int64), np.zeros((1, 9), np.int32)
-        )
-    assert str(info.value) == (
-        "input 'ROWINDEX': expected 52 x batch + 26 offsets (tables 0-23: 1 x batch + 1; "
-        "table 24: 26 x batch + 1; table 25: 2 x batch + 1), got 9"
-    )
+    assert str(info.value) == f"input 'ROWINDEX': expected {rule}, got 9"
 
 
 @pytest.mark.parametrize("inputs,words", BAD_HUGECTR)
