@@ -199,10 +199,7 @@ def settle(session: RankingSession, rng: Any, rows: Any, batch: int, alpha: floa
     size = bucket_for(batch)
     if pipe.staged_whole(size):
         return "staged whole"
-    bucket = pipe._buckets.get(size)
-    if bucket is None or bucket.by_part is None:
-        return "whole"
-    return "by part" if bucket.by_part.chosen else "whole"
+    return "by part" if pipe.scored_by_part(size) else "whole"
 
 
 def unique_hit_rate(session: RankingSession, sparse: SparseBatch) -> float:
