@@ -145,9 +145,10 @@ def inspect_sparse_table(path: str | os.PathLike[str], dim: int | None = None) -
             f"(int64 keys); the file is truncated or not a HugeCTR key file"
         )
     if vector_bytes % VECTOR_DTYPE.itemsize:
-        expected = None if dim is None else key_bytes // KEY_DTYPE.itemsize * dim * 4
+        keys = key_bytes // KEY_DTYPE.itemsize
+        expected = None if dim is None else keys * dim * VECTOR_DTYPE.itemsize
         short = (
-            f"; {key_bytes // KEY_DTYPE.itemsize} keys of dim {dim} need {expected:,} bytes: "
+            f"; {keys} keys of dim {dim} need {expected:,} bytes: "
             f"{expected - vector_bytes:,} bytes missing"
             if expected is not None and vector_bytes < expected
             else ""

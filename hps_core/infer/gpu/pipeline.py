@@ -150,7 +150,6 @@ class GpuRankingPipeline:
         used = set(executor.embedding_names)
         self.feeds: tuple[TableFeed, ...] = tuple(f for f in layout.tables if f.layer in used)
         self._tops = dict(zip(executor.embedding_names, executor.embedding_tops(), strict=True))
-        self._has_prefix = bool(executor.dense_prefix_steps)
         self._concat = executor.embedding_concat()
         # The embeddings pooled straight into a later Concat's output (DLRM-v2's, beside the
         # bottom MLP's output) when its rows stay 16-byte aligned: that Concat then copies its
@@ -490,7 +489,7 @@ class GpuRankingPipeline:
             if not deferred:
                 self._launch_insert(bucket)
         main.wait_event(self._looked_up)
-        if self._has_prefix and not dense_by_part:
+        if self.steps.has_prefix and not dense_by_part:
             main.wait_event(self._prefixed)
         if not dense:
             return
@@ -584,7 +583,7 @@ class GpuRankingPipeline:
     def _launch_prefix(self, bucket: Bucket, uploaded: Any) -> None:
         """The dense-only steps on the prefix stream, after the event ``uploaded`` (the main
         stream holds the dense features)."""
-        if not self._has_prefix:
+        if not self.steps.has_prefix:
             return
         stream = self._prefix_stream
         stream.wait_event(uploaded)
@@ -711,7 +710,7 @@ class GpuRankingPipeline:
         )
         insert = captured(self._cache_stream, bucket.pool, lambda: steps.insert(bucket))
         prefix = None
-        if self._has_prefix:  # before the dense graph, which reads the prefix's outputs
+        if self.steps.has_prefix:  # before the dense graph, which reads the prefix's outputs
             prefix = captured(self._prefix_stream, bucket.pool, lambda: steps.prefix(bucket))
         dense = captured(self._stream, bucket.pool, lambda: steps.dense(bucket))
         # Each part's graph keeps its scores' block; their other tensors may share blocks with
