@@ -21,7 +21,12 @@ import sys
 from collections.abc import Mapping, Sequence
 
 from hps_core.cli.reload import add_http_port
-from hps_core.server.control import ControlError, read_control_file, repository_index
+from hps_core.server.control import (
+    ControlError,
+    read_control_file,
+    repository_index,
+    without_frames,
+)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -69,7 +74,8 @@ def format_index(entries: Sequence[Mapping[str, str]]) -> list[str]:
         entries: as :func:`~hps_core.server.control.repository_index` returns them.
 
     Returns:
-        ``<model>  <version>  <state>[: <reason>]``, the reason's first paragraph only;
+        ``<model>  <version>  <state>[: <reason>]``, the reason on one line, without
+        the Python backend's stack frames;
         ``-`` for a model without a version (Triton could not read its config: the reason is
         in the server's log).
     """
@@ -77,9 +83,7 @@ def format_index(entries: Sequence[Mapping[str, str]]) -> list[str]:
     for entry in entries:
         version = entry.get("version") or "-"
         state = entry.get("state") or "not loaded"
-        # A Python model's reason ends with its traceback after an empty line ("At: ..."): one
-        # line per version here; hps serve prints the whole reason when the load fails.
-        reason = " ".join(entry.get("reason", "").strip().split("\n\n")[0].split())
+        reason = " ".join(without_frames(entry.get("reason", "")).split())
         rows.append((entry["name"], version, f"{state}: {reason}" if reason else state))
     rows.sort(key=lambda row: (row[0], int(row[1]) if row[1].isdigit() else -1))
     name_width = max((len(row[0]) for row in rows), default=0)

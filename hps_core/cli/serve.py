@@ -28,9 +28,11 @@ from types import FrameType
 from hps_core.arrays import first_gpu
 from hps_core.hugectr_repo import hugectr_models, split_backend_configs, translate_repository
 from hps_core.server.control import (
+    CONTROL_OPTIONS,
     ControlError,
     ControlInfo,
     remove_control_file,
+    without_frames,
     write_control_file,
 )
 from hps_core.server.process import (
@@ -42,7 +44,6 @@ from hps_core.server.process import (
     TritonServer,
     busy_ports_message,
 )
-from hps_core.server.stub_watchdog import CONTROL_OPTIONS
 from hps_core.tiers.shm_segment import remove_stale_segments
 from hps_core.wording import plural
 
@@ -281,7 +282,7 @@ def report_unavailable_models(states: Mapping[str, ModelState]) -> list[str]:
     ready = sum(state.ready for state in states.values())
     for name, state in sorted(states.items()):
         if not state.ready:
-            reason = " ".join(state.reason.split()) or "no reason given"
+            reason = " ".join(without_frames(state.reason).split()) or "no reason given"
             lines.append(f"hps serve: model '{name}' is {state.state or 'not loaded'}: {reason}")
     if lines:
         lines.append(

@@ -1,7 +1,7 @@
 """Model control of a running server for its operator, and for nobody else.
 
 ``hps serve`` runs Triton with the model-repository API restricted to requests that carry a
-token drawn at start (:func:`~hps_core.server.stub_watchdog.control_args`), so clients cannot
+token drawn at start (:func:`control_args`), so clients cannot
 load or unload models. The operator's tools reach it through a *control file*: ``hps serve``
 writes the server's HTTP address and token to ``serve-<http port>.json`` in a folder only
 this user can read (:func:`runtime_dir`, mode 0700, the file 0600) and removes it at stop;
@@ -21,6 +21,8 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
+import secrets
 import stat
 import tempfile
 import time
@@ -32,7 +34,24 @@ from pathlib import Path
 from typing import Any
 
 from hps_core.errors import HPSError
-from hps_core.server.stub_watchdog import HEADER
+
+# Triton's refusal of a request without the header names the header and nothing else ("This
+# API is restricted, expecting header '<name>'"; gRPC prefixes triton-grpc-protocol-), and it
+# refuses a client's repository index as well as load and unload (one restricted category). So
+# the name tells a client who meets it that the API is not theirs and where the list of served
+# models is: the statistics API (GET /v2/models/stats, get_inference_statistics()). Lowercase
+# letters and hyphens only: valid as an HTTP header and as gRPC metadata, kept by proxies.
+HEADER = "hps-operator-only-to-list-models-use-model-statistics"
+"""Header that must carry the token for Triton's model-repository API."""
+
+CONTROL_OPTIONS = (
+    "--model-control-mode",
+    "--load-model",
+    "--http-restricted-api",
+    "--grpc-restricted-protocol",
+)
+"""tritonserver options :func:`control_args` sets; a server given them must not get them
+elsewhere."""
 
 LOAD_TIMEOUT_S = 600.0
 """How long a load may take: a large model reads its tables before it is ready."""
@@ -182,27 +201,71 @@ def read_control_file(http_port: int) -> ControlInfo:
     return info
 
 
-def _request(http_url: str, token: str, path: str, timeout: float) -> Any:
+def _request(
+    http_url: str, token: str, path: str, timeout: float, body: dict[str, Any] | None = None
+) -> Any:
+    """POST ``body`` (default: none) to ``path`` of the server with the token; its JSON answer."""
     request = urllib.request.Request(
         f"{http_url.rstrip('/')}{path}",
-        data=b"{}",
+        data=json.dumps(body or {}).encode(),
         method="POST",
         headers={HEADER: token, "Content-Type": "application/json"},
     )
     try:
         with _NO_PROXY.open(request, timeout=timeout) as reply:
-            body = reply.read()
+            answer = reply.read()
     except urllib.error.HTTPError as exc:
         raise ControlError(f"{path}: Triton answered {exc.code}: {_triton_error(exc)}") from exc
     except (urllib.error.URLError, OSError) as exc:
         raise ControlError(f"{http_url}{path} failed: {exc}") from exc
-    return json.loads(body) if body else None
+    return json.loads(answer) if answer else None
 
 
 def _triton_error(exc: urllib.error.HTTPError) -> str:
     with contextlib.suppress(Exception):
-        return str(json.loads(exc.read())["error"])
+        return without_frames(str(json.loads(exc.read())["error"]))
     return exc.reason or "no reason given"
+
+
+def without_frames(reason: str) -> str:
+    """Triton's reason for a Python model's failure without the stack frames its Python backend
+    appends (an empty line, ``At:``, a line per frame): the message a user acts on.
+
+    Example:
+        >>> without_frames("Internal: ConfigError: bad dim\\n\\nAt:\\n  /x/model.py(49): initialize")
+        'Internal: ConfigError: bad dim'
+    """
+    return re.split(r"\n[ \t]*\nAt:\n", reason, maxsplit=1)[0].strip()
+
+
+def server_ready(http_url: str, timeout: float = 5.0) -> bool:
+    """Whether the server answers ready (not starting, not shutting down).
+
+    Args:
+        http_url: the server's HTTP endpoint.
+        timeout: seconds to wait for the answer.
+    """
+    try:
+        with _NO_PROXY.open(f"{http_url.rstrip('/')}/v2/health/ready", timeout=timeout) as reply:
+            return reply.status == 200
+    except (urllib.error.URLError, OSError):
+        return False
+
+
+def new_token() -> str:
+    """A fresh model-control token (never logged)."""
+    return secrets.token_hex(16)
+
+
+def control_args(token: str) -> list[str]:
+    """tritonserver options: every model loaded at start, model control only with ``token``."""
+    restricted = f"model-repository:{HEADER}={token}"
+    return [
+        "--model-control-mode=explicit",
+        "--load-model=*",
+        f"--http-restricted-api={restricted}",
+        f"--grpc-restricted-protocol={restricted}",
+    ]
 
 
 def load_model(http_url: str, token: str, model: str, timeout: float = LOAD_TIMEOUT_S) -> float:
@@ -226,6 +289,51 @@ def load_model(http_url: str, token: str, model: str, timeout: float = LOAD_TIME
     started = time.perf_counter()
     quoted = urllib.parse.quote(model, safe="")
     _request(http_url, token, f"/v2/repository/models/{quoted}/load", timeout)
+    return time.perf_counter() - started
+
+
+RELOAD_PARAMETER = "hps_reload"
+"""The config.pbtxt parameter :func:`reload_model` sets in the config it hands Triton."""
+
+
+def reload_model(
+    http_url: str, token: str, model: str, reload: int, timeout: float = LOAD_TIMEOUT_S
+) -> float:
+    """Load ``model`` again, new instances in place of the old ones, even when nothing changed
+    in its folder.
+
+    Triton 2.51 skips the load of a model whose folder and config are as it loaded them, so
+    :func:`load_model` of such a model does nothing. This load hands Triton the model's
+    loaded config with the parameter :data:`RELOAD_PARAMETER` set to ``reload`` (which the
+    models do not read): a config Triton has not loaded. A later load of the folder
+    (:func:`load_model`) reads its config.pbtxt again.
+
+    Args:
+        http_url: the server's HTTP endpoint.
+        token: the model-control token.
+        model: the model name.
+        reload: a number other than that of the model's previous reload.
+        timeout: seconds to wait for the load.
+
+    Returns:
+        Seconds the load took.
+
+    Raises:
+        ControlError: Triton refused or failed the load (its message), or cannot be reached.
+    """
+    started = time.perf_counter()
+    quoted = urllib.parse.quote(model, safe="")
+    try:
+        with _NO_PROXY.open(f"{http_url.rstrip('/')}/v2/models/{quoted}/config", timeout=10) as r:
+            config = json.loads(r.read())
+    except urllib.error.HTTPError as exc:
+        raise ControlError(f"model '{model}' config: Triton answered {exc.code}: "
+                           f"{_triton_error(exc)}") from exc  # fmt: skip
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        raise ControlError(f"model '{model}' config: {exc}") from exc
+    config.setdefault("parameters", {})[RELOAD_PARAMETER] = {"string_value": str(reload)}
+    body = {"parameters": {"config": json.dumps(config)}}
+    _request(http_url, token, f"/v2/repository/models/{quoted}/load", timeout, body)
     return time.perf_counter() - started
 
 

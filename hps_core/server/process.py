@@ -34,16 +34,18 @@ import psutil
 
 from hps_core.cache.ipc_files import remove_cuda_event_files
 from hps_core.errors import HPSError
-from hps_core.server.control import VersionState, load_model, version_states
-from hps_core.server.install import TritonInstallation, find_triton, prepend_paths
-from hps_core.server.ports import busy_ports, listening_ports, pick_free_ports
-from hps_core.server.stub_watchdog import (
+from hps_core.server.control import (
     CONTROL_OPTIONS,
     HEADER,
-    StubWatchdog,
+    VersionState,
     control_args,
+    load_model,
     new_token,
+    version_states,
 )
+from hps_core.server.install import TritonInstallation, find_triton, prepend_paths
+from hps_core.server.ports import busy_ports, listening_ports, pick_free_ports
+from hps_core.server.stub_watchdog import StubWatchdog
 
 # Options the launcher sets itself; passing them in extra_args would contradict its state.
 MANAGED_OPTIONS = (

@@ -7,15 +7,19 @@ reports ready, and the server cannot unload it at exit. (HugeCTR's backend runs 
 server process, so there a crash takes the whole server down instead.)
 
 The watchdog looks at the server's stub processes twice a second; when one that served a model
-is gone while the server is ready, it reloads that model through Triton's model-control API:
-new stubs start, requests go to them as soon as the load returns (about 2 s for the demo
-models on the CPU machine). Stubs that exit because their version was unloaded on purpose (a
-switch to a new version, :mod:`~hps_core.server.control`) are not reloaded: the watchdog
-reloads a model only while the version of the vanished stub is still ``READY`` in Triton's
-repository index (a version being unloaded is ``UNLOADING``, then ``UNAVAILABLE``). This needs
-``--model-control-mode=explicit --load-model=*`` (every model loaded at start, as without
-model control) and the model-repository API restricted to requests that carry a header with a
-token drawn per server start (:func:`control_args`), so clients still cannot load or unload
+is gone while the server is ready, it reloads that model through Triton's model-control API
+(:func:`~hps_core.server.control.reload_model`, which makes Triton load it even when its
+folder has not changed since it was loaded): new stubs start, requests go to them as soon as
+the load returns (about 2 s for the demo models on the CPU machine). A reload that fails (a
+model file damaged since the server started) is logged with Triton's reason and tried again
+every ``retry_s``; meanwhile the model's other instances serve. Stubs that exit because
+their version was unloaded on purpose (a switch to a new version,
+:mod:`~hps_core.server.control`) are not reloaded: the watchdog reloads a model only while the
+version of the vanished stub is still ``READY`` in Triton's repository index (a version being
+unloaded is ``UNLOADING``, then ``UNAVAILABLE``). This needs ``--model-control-mode=explicit
+--load-model=*`` (every model loaded at start, as without model control) and the
+model-repository API restricted to requests that carry a header with a token drawn per server
+start (:func:`~hps_core.server.control.control_args`), so clients still cannot load or unload
 models: model control stays off for them.
 
 When the stub died during a request, Triton 2.51 never finishes unloading the old version, so
@@ -34,65 +38,35 @@ the release; an ended stub stays a zombie process, without memory, until the ser
 ``TritonServer.stop`` removes the shared memory left.
 
 Example:
-    >>> token = new_token()  # doctest: +SKIP
-    >>> args = control_args(token)  # tritonserver options
+    >>> token = new_token()  # doctest: +SKIP (hps_core.server.control)
+    >>> args = control_args(token)  # tritonserver options (hps_core.server.control)
     >>> watchdog = StubWatchdog(server_pid, "http://127.0.0.1:8000", token).start()
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import os
-import secrets
 import signal
 import threading
 import time
-import urllib.error
-import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
 
+from hps_core.server.control import (
+    ControlError,
+    reload_model,
+    server_ready,
+    version_states,
+)
+
 logger = logging.getLogger("hps_core")
 
-# Triton's refusal of a request without the header names the header and nothing else ("This
-# API is restricted, expecting header '<name>'"; gRPC prefixes triton-grpc-protocol-), and it
-# refuses a client's repository index as well as load and unload (one restricted category). So
-# the name tells a client who meets it that the API is not theirs and where the list of served
-# models is: the statistics API (GET /v2/models/stats, get_inference_statistics()). Lowercase
-# letters and hyphens only: valid as an HTTP header and as gRPC metadata, kept by proxies.
-HEADER = "hps-operator-only-to-list-models-use-model-statistics"
-"""Header that must carry the token for Triton's model-repository API."""
-
 STUB_EXECUTABLE = "triton_python_backend_stub"
-CONTROL_OPTIONS = (
-    "--model-control-mode",
-    "--load-model",
-    "--http-restricted-api",
-    "--grpc-restricted-protocol",
-)
-"""tritonserver options the watchdog sets; a server running it must not get them elsewhere."""
 
-_LOAD_TIMEOUT_S = 300.0
 _CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
-
-
-def new_token() -> str:
-    """A fresh model-control token (never logged)."""
-    return secrets.token_hex(16)
-
-
-def control_args(token: str) -> list[str]:
-    """tritonserver options: every model loaded at start, model control only with ``token``."""
-    restricted = f"model-repository:{HEADER}={token}"
-    return [
-        "--model-control-mode=explicit",
-        "--load-model=*",
-        f"--http-restricted-api={restricted}",
-        f"--grpc-restricted-protocol={restricted}",
-    ]
 
 
 def stub_processes(server_pid: int) -> dict[int, str]:
@@ -231,6 +205,8 @@ class StubWatchdog:
         interval_s: seconds between two looks at the stub processes.
         grace_s: seconds after a reload before the old version's stubs may be released.
         max_wait_s: seconds after a reload after which they are released even if busy.
+        retry_s: seconds between two attempts of a reload that failed (a model file damaged
+            since the server started: the reload succeeds once it is mended).
     """
 
     def __init__(
@@ -241,6 +217,7 @@ class StubWatchdog:
         interval_s: float = 0.5,
         grace_s: float = 5.0,
         max_wait_s: float = 30.0,
+        retry_s: float = 10.0,
     ) -> None:
         self.server_pid = server_pid
         self.http_url = http_url.rstrip("/")
@@ -248,12 +225,19 @@ class StubWatchdog:
         self.interval_s = interval_s
         self.grace_s = grace_s
         self.max_wait_s = max_wait_s
+        self.retry_s = retry_s
         self.reloads: list[str] = []
         """Models reloaded so far, in order."""
         self.released: list[int] = []
         """Stubs of replaced versions ended so far (pids), in order."""
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        # The watchdog thread's own state.
+        self._retired: set[int] = set()  # stubs of an old version, expected to exit
+        # Those of a reload that succeeded: Triton may never end them, the watchdog does when idle.
+        self._releasing: dict[int, RetiredStub] = {}
+        self._due: dict[str, float] = {}  # model -> time.monotonic() of its next reload attempt
+        self._failures: dict[str, str] = {}  # model -> why its last reload failed
 
     def start(self) -> StubWatchdog:
         """Start watching (a daemon thread); returns ``self``."""
@@ -270,47 +254,73 @@ class StubWatchdog:
 
     def _run(self) -> None:
         known = stub_versions(self.server_pid)
-        retired: set[int] = set()  # stubs of an old version, expected to exit after a reload
-        # Those of a reload that succeeded: Triton may never end them, the watchdog does when idle.
-        releasing: dict[int, RetiredStub] = {}
         while not self._stop.wait(self.interval_s):
             current = stub_versions(self.server_pid)
             gone = {
                 pid: served
                 for pid, served in known.items()
-                if pid not in current and pid not in retired
+                if pid not in current and pid not in self._retired
             }
-            lost = set()
-            if gone and self._server_ready():
+            if (gone or self._due) and server_ready(self.http_url):
                 ready = self._ready_versions()
-                # A stub of a version that is no longer READY exited because Triton unloaded
-                # that version (a switch to a new one): nothing to bring back.
-                lost = {m for m, v in gone.values() if ready is None or (m, v) in ready}
-            for model in sorted(lost):
-                dead = sorted(p for p, (m, _) in gone.items() if m == model)
-                logger.warning(
-                    "model '%s': stub process %s exited; reloading the model", model,
-                    ", ".join(map(str, dead)),
-                )  # fmt: skip
-                old = [p for p, (m, _) in current.items() if m == model]
-                retired.update(old)
-                if self._reload(model):
-                    replaced_at = time.monotonic()
-                    for pid in old:
-                        if (ticks := cpu_ticks(pid)) is not None:
-                            releasing[pid] = RetiredStub(model, replaced_at, *ticks)
-            if lost:
+                self._note_lost(gone, ready)
+                self._reload_due(current, ready)
                 current = stub_versions(self.server_pid)
-            retired &= set(current)
+            self._retired &= set(current)
             known = current
-            if releasing:
-                self._release(releasing)
+            if self._releasing:
+                self._release(self._releasing)
+
+    def _note_lost(
+        self, gone: dict[int, tuple[str, int]], ready: set[tuple[str, int]] | None
+    ) -> None:
+        """Make the models of stubs that vanished while their version serves due for a reload."""
+        # A stub of a version that is no longer READY exited because Triton unloaded that
+        # version (a switch to a new one): nothing to bring back.
+        lost = {m for m, v in gone.values() if ready is None or (m, v) in ready}
+        for model in sorted(lost):
+            dead = sorted(p for p, (m, _) in gone.items() if m == model)
+            logger.warning(
+                "model '%s': stub process %s exited; reloading the model", model,
+                ", ".join(map(str, dead)),
+            )  # fmt: skip
+            self._due[model] = 0.0
+
+    def _reload_due(
+        self, current: dict[int, tuple[str, int]], ready: set[tuple[str, int]] | None
+    ) -> None:
+        """Reload the models whose time has come; a failed reload is tried again later."""
+        now = time.monotonic()
+        for model in sorted(m for m, at in self._due.items() if at <= now):
+            if ready is not None and not any(m == model for m, _ in ready):
+                del self._due[model]  # unloaded meanwhile: nothing left to bring back
+                continue
+            old = [p for p, (m, _) in current.items() if m == model]
+            failure = self._reload(model)
+            if failure is None:
+                del self._due[model]
+                self._failures.pop(model, None)
+                self._retired.update(old)
+                replaced_at = time.monotonic()
+                for pid in old:
+                    if (ticks := cpu_ticks(pid)) is not None:
+                        self._releasing[pid] = RetiredStub(model, replaced_at, *ticks)
+                continue
+            self._due[model] = time.monotonic() + self.retry_s
+            if self._failures.get(model) != failure:  # said once, not every retry_s
+                logger.error(
+                    "model '%s': reload after a stub exit failed: %s. Its other instances keep "
+                    "serving; requests routed to the dead one fail until a reload succeeds, "
+                    "tried again every %.0f s",
+                    model, failure, self.retry_s,
+                )  # fmt: skip
+            self._failures[model] = failure
 
     def _release(self, releasing: dict[int, RetiredStub]) -> None:
         """End the idle stubs of ``releasing`` (they leave it), unless the server is stopping."""
         idle = idle_stubs(releasing, time.monotonic(), self.grace_s, self.max_wait_s)
         # While the server shuts down, Triton ends its stubs itself.
-        if not idle or not self._server_ready():
+        if not idle or not server_ready(self.http_url):
             return
         for pid in idle:
             stub = releasing.pop(pid)
@@ -328,49 +338,19 @@ class StubWatchdog:
 
     def _ready_versions(self) -> set[tuple[str, int]] | None:
         """(model, version) pairs Triton reports READY; ``None`` if the index is unreadable."""
-        request = urllib.request.Request(
-            f"{self.http_url}/v2/repository/index",
-            data=b"{}",
-            method="POST",
-            headers={HEADER: self._token, "Content-Type": "application/json"},
-        )
         try:
-            with urllib.request.urlopen(request, timeout=5) as reply:
-                entries = json.loads(reply.read())
-        except (OSError, urllib.error.URLError, ValueError):
+            states = version_states(self.http_url, self._token, timeout=5)
+        except ControlError:
             return None
-        return {
-            (str(e["name"]), int(e["version"]))
-            for e in entries
-            if e.get("state") == "READY" and str(e.get("version", "")).isdigit()
-        }
+        return {(s.model, s.version) for s in states if s.state == "READY"}
 
-    def _server_ready(self) -> bool:
-        """The server answers ready (not shutting down: then its stubs exit on purpose)."""
+    def _reload(self, model: str) -> str | None:
+        """Load ``model`` again (:func:`~hps_core.server.control.reload_model`): ``None`` once
+        Triton reports success, else its reason."""
         try:
-            with urllib.request.urlopen(f"{self.http_url}/v2/health/ready", timeout=5) as reply:
-                return reply.status == 200
-        except (OSError, urllib.error.URLError):
-            return False
-
-    def _reload(self, model: str) -> bool:
-        """Load ``model`` again; whether Triton reports success."""
-        request = urllib.request.Request(
-            f"{self.http_url}/v2/repository/models/{model}/load",
-            data=b"{}",
-            method="POST",
-            headers={HEADER: self._token, "Content-Type": "application/json"},
-        )
-        started = time.perf_counter()
-        try:
-            with urllib.request.urlopen(request, timeout=_LOAD_TIMEOUT_S):
-                pass
-        except (OSError, urllib.error.URLError) as exc:
-            logger.error("model '%s': reload after a stub exit failed: %s", model, exc)
-            return False
+            seconds = reload_model(self.http_url, self._token, model, len(self.reloads) + 1)
+        except ControlError as exc:
+            return str(exc)
         self.reloads.append(model)
-        logger.warning(
-            "model '%s': reloaded in %.1f s after a stub exit", model,
-            time.perf_counter() - started,
-        )  # fmt: skip
-        return True
+        logger.warning("model '%s': reloaded in %.1f s after a stub exit", model, seconds)
+        return None

@@ -21,9 +21,8 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from hps_core.cli.main import main as hps_main
-from hps_core.server.control import ControlInfo, write_control_file
+from hps_core.server.control import HEADER, ControlInfo, write_control_file
 from hps_core.server.process import DEFAULT_EXIT_TIMEOUT_S, process_group_members
-from hps_core.server.stub_watchdog import HEADER
 
 pytestmark = pytest.mark.integration
 

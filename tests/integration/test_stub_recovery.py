@@ -6,12 +6,19 @@ model is reloaded within seconds, good requests are answered correctly again, cl
 cannot load or unload models, the old version's surviving stub (which Triton 2.51 never ends)
 is released once idle, and no process or ``/dev/shm`` entry is left after the server stops.
 Checked on CPU instances and, where CUDA is usable, on GPU instances (the GPU pipeline, its
-CUDA IPC cache files and mapped host tier).
+CUDA IPC cache files and mapped host tier), on a repository served before (nothing written in
+its folder by the load: Triton skips a load of an unchanged folder, so the watchdog's reload
+must not rely on one). A reload that fails because a model file was damaged meanwhile is
+logged with its reason and tried again until the file is mended.
 """
 
 from __future__ import annotations
 
+import compileall
+import contextlib
+import logging
 import os
+import shutil
 import signal
 import sys
 import threading
@@ -58,12 +65,20 @@ def infer(client, model: Model, rng: np.random.Generator) -> None:
     model.check(got.reshape(-1, 1), dense, keys)
 
 
+def served_before(tmp_path: Path, kind: str) -> Path:
+    """The model's repository as a server leaves it: the model's bytecode compiled already
+    (the first load of a fresh folder writes it, which Triton takes for a change)."""
+    repo = tmp_path / "repo"
+    DEMO_MODELS[NAME](repo, ServingOptions(instances=(InstanceGroup(count=2, kind=kind),)))
+    assert compileall.compile_dir(repo, quiet=1)
+    return repo
+
+
 @pytest.mark.parametrize("kind", INSTANCE_KINDS)
 def test_a_killed_stub_is_replaced_and_the_model_serves_again(
     module_triton_server, tmp_path: Path, kind: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    repo = tmp_path / "repo"
-    DEMO_MODELS[NAME](repo, ServingOptions(instances=(InstanceGroup(count=2, kind=kind),)))
+    repo = served_before(tmp_path, kind)
     shm = private_shm_dir(tmp_path, monkeypatch)  # the server's host-tier segments
     # As hps serve runs it: the watchdog on, and host-tier segments whose users all died (the
     # stubs the watchdog killed) removed once the server is gone.
@@ -158,3 +173,55 @@ def test_a_killed_stub_is_replaced_and_the_model_serves_again(
     print(f"stop took {time.monotonic() - started:.1f} s")
     assert not stub_processes(server.pid)
     assert list(shm.iterdir()) == [] and python_backend_regions(regions) == []
+
+
+def test_a_failed_reload_is_said_with_its_reason_and_tried_again_until_the_files_are_mended(
+    module_triton_server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:  # fmt: skip
+    repo = served_before(tmp_path, "KIND_CPU")
+    private_shm_dir(tmp_path, monkeypatch)
+    server = module_triton_server(
+        repo, startup_timeout_s=180, stub_watchdog=True,
+        on_stopped=[lambda _: remove_stale_segments()],
+    )  # fmt: skip
+    assert server._watchdog is not None
+    server._watchdog.retry_s = 1.0
+    client = grpcclient.InferenceServerClient(server.grpc_url.split("//")[-1])
+    model = Model(repo, NAME)
+    rng = np.random.default_rng(6)
+    infer(client, model, rng)
+
+    # A table file cut short while the model serves: no effect until the model loads again.
+    vectors = next((repo / NAME).glob("data/*/emb_vector"))
+    shutil.copy(vectors, tmp_path / "emb_vector")
+    os.truncate(vectors, vectors.stat().st_size - 100)
+    stubs = sorted(pid for pid, name in stub_processes(server.pid).items() if name == NAME)
+    with caplog.at_level(logging.WARNING, logger="hps_core"):
+        os.kill(stubs[0], signal.SIGKILL)
+        deadline = time.monotonic() + RECOVERY_S
+        while time.monotonic() < deadline and not failed_reloads(caplog):
+            time.sleep(0.2)
+        [said] = failed_reloads(caplog)
+        assert vectors.parent.name in said and "100 bytes" in said, said
+        assert "At:" not in said  # Triton's reason without the Python backend's frames
+        time.sleep(3)  # tried again, said once
+        assert len(failed_reloads(caplog)) == 1 and server._watchdog.reloads == []
+        for _ in range(4):  # the surviving instance serves
+            with contextlib.suppress(InferenceServerException):
+                infer(client, model, rng)
+
+        shutil.copy(tmp_path / "emb_vector", vectors)  # mended: the next attempt loads it
+        while time.monotonic() < deadline + 10 and not server._watchdog.reloads:
+            time.sleep(0.2)
+    assert server._watchdog.reloads == [NAME]
+    for _ in range(10):
+        infer(client, model, rng)
+
+
+def failed_reloads(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [
+        r.getMessage()
+        for r in caplog.records
+        if "reload after a stub exit failed" in r.getMessage()
+    ]

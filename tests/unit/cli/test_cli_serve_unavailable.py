@@ -8,11 +8,14 @@ from hps_core.cli.serve import report_unavailable_models
 from hps_core.server.process import ModelState
 
 
-def test_unavailable_models_are_named_with_their_reason(capsys) -> None:
+def test_unavailable_models_are_named_with_their_reason_without_stack_frames(capsys) -> None:
     states = {
         "good": ModelState("READY", ""),
         "bad": ModelState(
-            "UNAVAILABLE", "Internal: ModelFileError: /m/emb_vector\n looks truncated"
+            "UNAVAILABLE",
+            "Internal: ModelFileError: /m/emb_vector\n looks truncated\n\nAt:\n"
+            "  /x/hps_core/model_check.py(164): check_model_files\n"
+            "  /x/triton_backend/embedding_model.py(49): initialize\n",
         ),
         "other": ModelState("", ""),
     }

@@ -22,6 +22,7 @@ import pytest
 from hps_core.cli.main import main
 from hps_core.cli.models import format_index
 from hps_core.server.control import (
+    HEADER,
     ControlError,
     ControlInfo,
     control_path,
@@ -32,7 +33,6 @@ from hps_core.server.control import (
     version_states,
     write_control_file,
 )
-from hps_core.server.stub_watchdog import HEADER
 
 TOKEN = "0123abcd"
 
@@ -171,10 +171,10 @@ def test_hps_models_without_a_server(capsys) -> None:
     assert "no hps serve with model control on HTTP port 8124" in capsys.readouterr().err
 
 
-def test_index_lines_keep_the_first_paragraph_of_a_reason() -> None:
+def test_index_lines_keep_a_reason_without_its_stack_frames() -> None:
     entries = [
         {"name": "wdl", "version": "1", "state": "UNAVAILABLE",
-         "reason": "Internal: ModuleNotFoundError: No module named 'x'\n\nAt:\n  model.py(1)"},
+         "reason": "Internal: ModuleNotFoundError: No module named 'x'\n\nAt:\n  model.py(1)\n"},
         {"name": "badcfg"},  # Triton could not read its config
         {"name": "dcn", "version": "10", "state": "READY"},
         {"name": "dcn", "version": "9", "state": "UNAVAILABLE", "reason": "unloaded"},

@@ -12,15 +12,14 @@ from pathlib import Path
 
 import pytest
 
+from hps_core.server import stub_watchdog
+from hps_core.server.control import HEADER, control_args, new_token
 from hps_core.server.process import ServerError, TritonServer
 from hps_core.server.stub_watchdog import (
-    HEADER,
     RetiredStub,
     StubWatchdog,
-    control_args,
     cpu_ticks,
     idle_stubs,
-    new_token,
     stub_processes,
 )
 
@@ -125,11 +124,11 @@ def test_idle_old_stubs_are_ended_only_while_the_server_is_ready(monkeypatch) ->
     try:
         watchdog = StubWatchdog(os.getpid(), "http://127.0.0.1:1", "token", grace_s=0)
         releasing = {stub.pid: RetiredStub("dcn", time.monotonic(), *cpu_ticks(stub.pid))}
-        monkeypatch.setattr(watchdog, "_server_ready", lambda: False)  # shutting down
+        monkeypatch.setattr(stub_watchdog, "server_ready", lambda url: False)  # shutting down
         for _ in range(3):
             watchdog._release(releasing)
         assert stub.poll() is None and watchdog.released == [] and stub.pid in releasing
-        monkeypatch.setattr(watchdog, "_server_ready", lambda: True)
+        monkeypatch.setattr(stub_watchdog, "server_ready", lambda url: True)
         watchdog._release(releasing)
         assert stub.wait(timeout=5) == -9  # SIGKILL
         assert watchdog.released == [stub.pid] and releasing == {}
