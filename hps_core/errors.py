@@ -51,7 +51,16 @@ class ModelFileError(HPSError):
 
 
 class NotAvailableError(HPSError):
-    """A configuration asks for a feature that parses but is not implemented yet."""
+    """A configuration asks for a feature that parses but is not implemented yet.
+
+    Args:
+        message: what is not available.
+        problems: where, one :class:`Problem` each (each layer a network cannot run).
+    """
+
+    def __init__(self, message: str, problems: list[Problem] | None = None) -> None:
+        super().__init__(message)
+        self.problems: list[Problem] = list(problems or [])
 
 
 class RequestError(HPSError):

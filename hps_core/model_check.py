@@ -137,8 +137,9 @@ def _check_network(model: ModelConfig, where: str, report: CheckReport) -> None:
     except ModelFileError as exc:
         report.problems.append(Problem(f"{where}.network_file", str(exc)))
     except NotAvailableError as exc:
-        # The model still serves embedding lookups (the hps contract), not scores.
-        report.warnings.append(f"{where}.network_file: cannot be scored here: {exc}")
+        # hps repo serves a model with a network as a ranking model, which would not load.
+        # (HugeCTR's hps backend, which serves only lookups, does not check its network.)
+        report.problems += exc.problems or [Problem(f"{where}.network_file", str(exc))]
     else:
         report.warnings += ps_json_disagreements(model, layout, where)
 

@@ -10,6 +10,7 @@ report all of them at once. Wiring and shape errors are hard errors, raised toge
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import heapq
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -97,7 +98,9 @@ class NetworkGraph:
         """
         if self.cannot_run:
             lines = "\n".join(str(p) for p in self.cannot_run)
-            raise NotAvailableError(f"the network has layers this engine cannot run:\n{lines}")
+            raise NotAvailableError(
+                f"the network has layers this engine cannot run:\n{lines}", self.cannot_run
+            )
 
     def dense_layout(self) -> DenseLayout:
         """The dense model file layout: trainable layers in file order, as HugeCTR writes it.
@@ -338,7 +341,10 @@ def _cannot_run(layer: LayerSpec) -> Problem:
     if layer.type in NOT_RUNNABLE:
         message = f"type '{layer.type}' is a HugeCTR layer this engine cannot run yet"
     else:
-        message = f"unknown layer type '{layer.type}'"
+        known = [*DENSE_LAYERS, *NOT_RUNNABLE, *EMBEDDING_TYPES]
+        close = difflib.get_close_matches(layer.type, known, n=1, cutoff=0.75)
+        hint = f' (did you mean "{close[0]}"?)' if close else ""
+        message = f"unknown layer type '{layer.type}'{hint}"
     return Problem(layer.where("type"), message)
 
 

@@ -232,7 +232,7 @@ def without_frames(reason: str) -> str:
     appends (an empty line, ``At:``, a line per frame): the message a user acts on.
 
     Example:
-        >>> without_frames("Internal: ConfigError: bad dim\\n\\nAt:\\n  /x/model.py(49): initialize")
+        >>> without_frames("Internal: ConfigError: bad dim\\n\\nAt:\\n  /x/m.py(49): initialize")
         'Internal: ConfigError: bad dim'
     """
     return re.split(r"\n[ \t]*\nAt:\n", reason, maxsplit=1)[0].strip()

@@ -200,6 +200,24 @@ def test_a_network_that_does_not_fit_the_tables_is_a_problem(
     assert_problem_lines(code, out, err, [r".*wdl\.json layers: 'layers' must be a non-empty"])
 
 
+def test_a_network_layer_this_engine_cannot_run_is_a_problem(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """hps repo serves a ps.json model with a network as a ranking model, which would not
+    load: a mistyped layer type fails the check, with the type it resembles."""
+    ps = _ranking_copy(tmp_path)
+    network = tmp_path / "wdl" / "data" / "wdl.json"
+    text = network.read_text()
+    assert text.count('"InnerProduct"') > 0
+    network.write_text(text.replace('"InnerProduct"', '"InnerProdcut"', 1))
+    code, out, err = run_check(capsys, str(ps))
+    pattern = (
+        rf"{re.escape(str(network))}:\d+ layers\[\d+\] '\w+'\.type: unknown layer type "
+        r"'InnerProdcut' \(did you mean \"InnerProduct\"\?\)"
+    )
+    assert_problem_lines(code, out, err, [pattern])
+
+
 def assert_problem_lines(code: int, out: str, err: str, expected: list[str]) -> None:
     """Exit 1, nothing on stdout, exactly one stderr line per problem, no traceback."""
     assert code == 1
