@@ -35,6 +35,7 @@ import os
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 from tritonclient.grpc import model_config_pb2 as pb
 
@@ -176,7 +177,12 @@ def _translate(
                 f"`-- --backend-config={backend},ps=PS.json` (as to tritonserver)",
             )
         )
-    config = load_ps_config(ps_json)
+    try:
+        config = load_ps_config(ps_json)
+    except ConfigError as exc:  # two backends may each have a ps.json: say which
+        located = [p if str(ps_json) in p.where else Problem(f"{ps_json}: {p.where}", p.message)
+                   for p in exc.problems]  # fmt: skip
+        raise ConfigError(located) from None
     model = config.model(name)  # the ps.json model has the Triton model's name, as in HugeCTR
     params = {key: value.string_value.strip() for key, value in user.parameters.items()}
     model, precision, notes = _apply_parameters(folder, backend, model, params, ps_json)
@@ -214,49 +220,55 @@ def _apply_parameters(
             f"parameters not read by HugeCTR's {backend} backend, ignored here too: "
             + ", ".join(unread)
         )
-    try:
-        if "refresh_interval" in params:
-            changes["refresh_interval"] = int(params["refresh_interval"])
-        if "refresh_delay" in params:
-            changes["refresh_delay"] = float(params["refresh_delay"])
-        if backend == "hugectr":
-            for key, field in (("config", "network_file"), ("dense_file", "dense_file")):
-                if params.get(key):
-                    changes[field] = _path(folder, params[key])
-            if params.get("sparse_files"):
-                files = [_path(folder, f) for f in params["sparse_files"].split(",") if f.strip()]
-                changes["sparse_files"] = tuple(files)
-            if "gpucache" in params and _true(params["gpucache"]) != model.gpucache:
-                raise ConfigError(
-                    Problem(
-                        f"{where}.gpucache",
-                        f"'{params['gpucache']}' disagrees with the ps.json's gpucache "
-                        f"({str(model.gpucache).lower()}, {ps_json}); HugeCTR refuses it too",
-                    )
+    if "refresh_interval" in params:
+        changes["refresh_interval"] = _number(params, "refresh_interval", int, where)
+    if "refresh_delay" in params:
+        changes["refresh_delay"] = _number(params, "refresh_delay", float, where)
+    if backend == "hugectr":
+        for key, field in (("config", "network_file"), ("dense_file", "dense_file")):
+            if params.get(key):
+                changes[field] = _path(folder, params[key])
+        if params.get("sparse_files"):
+            files = [_path(folder, f) for f in params["sparse_files"].split(",") if f.strip()]
+            changes["sparse_files"] = tuple(files)
+        if "gpucache" in params and _true(params["gpucache"]) != model.gpucache:
+            raise ConfigError(
+                Problem(
+                    f"{where}.gpucache",
+                    f"'{params['gpucache']}' disagrees with the ps.json's gpucache "
+                    f"({str(model.gpucache).lower()}, {ps_json}); HugeCTR refuses it too",
                 )
-            for key in ("gpucacheper", "hit_rate_threshold"):
-                if key in params:
-                    value = float(params[key])
-                    limit = getattr(model, key)
-                    if value > limit:
-                        raise ConfigError(
-                            Problem(
-                                f"{where}.{key}",
-                                f"{value} is more than the ps.json's {limit} ({ps_json}); "
-                                "HugeCTR refuses it too",
-                            )
+            )
+        for key in ("gpucacheper", "hit_rate_threshold"):
+            if key in params:
+                value = _number(params, key, float, where)
+                limit = getattr(model, key)
+                if value > limit:
+                    raise ConfigError(
+                        Problem(
+                            f"{where}.{key}",
+                            f"{value} is more than the ps.json's {limit} ({ps_json}); "
+                            "HugeCTR refuses it too",
                         )
-                    changes[key] = value
-            if _true(params.get("mixed_precision", "false")):
-                precision = "fp16"
-            if params.get("embeddingkey_long_type", "true").lower() == "false":
-                notes.append(
-                    "embeddingkey_long_type false (INT32 keys) is not honoured: CATCOLUMN is "
-                    "INT64 here; send int64 keys"
-                )
-    except ValueError as exc:
-        raise ConfigError(Problem(where, f"a value does not parse: {exc}")) from exc
+                    )
+                changes[key] = value
+        if _true(params.get("mixed_precision", "false")):
+            precision = "fp16"
+        if params.get("embeddingkey_long_type", "true").lower() == "false":
+            notes.append(
+                "embeddingkey_long_type false (INT32 keys) is not honoured: CATCOLUMN is "
+                "INT64 here; send int64 keys"
+            )
     return replace(model, **changes), precision, notes
+
+
+def _number(params: Mapping[str, str], key: str, kind: type, where: str) -> Any:
+    """``params[key]`` as ``kind`` (int or float); a value that is not one names the parameter."""
+    try:
+        return kind(params[key])
+    except ValueError:
+        noun = "an integer" if kind is int else "a number"
+        raise ConfigError(Problem(f"{where}.{key}", f"'{params[key]}' is not {noun}")) from None
 
 
 def _sizing_notes(model: ModelConfig, params: Mapping[str, str], where: str) -> list[str]:

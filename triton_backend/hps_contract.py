@@ -25,6 +25,7 @@ from hps_core.arrays import module_of, to_host
 from hps_core.config import ModelConfig
 from hps_core.errors import RequestError
 from hps_core.infer.model_io import KEYS, NUMKEYS
+from hps_core.wording import plural
 
 
 def _shape(array: np.ndarray) -> str:
@@ -109,7 +110,7 @@ class HpsContract:
         if int(counts.sum()) != len(flat_keys):
             raise RequestError(
                 f"input '{NUMKEYS}': counts sum to {int(counts.sum())} but '{KEYS}' holds "
-                f"{len(flat_keys)} keys"
+                f"{plural(len(flat_keys), 'key')}"
             )
         over = np.flatnonzero(counts > np.asarray(self.max_keys))
         if over.size:

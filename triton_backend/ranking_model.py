@@ -28,6 +28,7 @@ from hps_core.infer.contracts import HugeCTRContract, SamplesContract
 from hps_core.infer.inputs.layout import RankingLayout
 from hps_core.infer.model_io import HUGECTR_IO, ModelIO, samples_io
 from hps_core.model_check import check_model_files
+from hps_core.wording import plural
 from triton_backend.batched_execute import execute_batched
 from triton_backend.lookup_service import LookupService, log_to_stderr
 from triton_backend.model_settings import check_instance_device, check_io, read_settings
@@ -70,13 +71,13 @@ class _RankingModel:
         check_io(settings.config, self.io)
         self.contract = self.contract_type(layout)
         logger.info(
-            "model '%s': ps.json %s, model '%s', %d dense, slots %s, %d outputs, %s instance%s, %s",
+            "model '%s': ps.json %s, model '%s', %d dense, slots %s, %s, %s instance%s, %s",
             settings.triton_model,
             settings.ps_json,
             settings.hps_model,
             layout.dense_dim,
             list(layout.slot_nums),
-            layout.label_dim,
+            plural(layout.label_dim, "output"),
             settings.instance_kind,
             "" if settings.lookup_device is None else f" on GPU {settings.lookup_device}",
             settings.precision.upper(),

@@ -39,11 +39,12 @@ from hps_core.nn.dense_blob import check_dense_blob_size
 from hps_core.nn.graph import GraphNode
 from hps_core.nn.layers.activation import Dropout, LossAsSigmoid
 from hps_core.nn.spec.shapes import TensorShape
+from hps_core.wording import plural
 
 _FORM_NOTES = {
     NetworkForm.INFERENCE: "inference form",
     NetworkForm.TRAINING: "training form: solver and optimizer ignored",
-    NetworkForm.GRAPH: "graph only",
+    NetworkForm.GRAPH: "graph form: layers without a solver",
 }
 _COLUMNS = ("line", "layer", "type", "inputs", "outputs", "params")
 _GAP = "  "
@@ -93,7 +94,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="print this tensor's values (needs --dense and inputs; 'list' names them all)",
     )
     inputs = parser.add_mutually_exclusive_group()
-    inputs.add_argument("--inputs", metavar="FILE.npz", help="inputs for --tensor (see above)")
+    inputs.add_argument(
+        "--inputs",
+        metavar="FILE.npz",
+        help="inputs for --tensor: 'dense' [B, dense_dim] and, per embedding layer, its pooled "
+        "[B, slots, vec] vectors under the layer's name",
+    )
     inputs.add_argument(
         "--random-inputs", type=int, metavar="B", help="B random samples for --tensor"
     )
@@ -189,7 +195,7 @@ def _print_inputs(graph: NetworkGraph, out: TextIO) -> None:
     print(f"dense input '{data.dense_name}' (B, {data.dense_dim})", file=out)
     for sparse in data.sparse:
         nnz = "" if sparse.nnz_per_slot is None else f", nnz_per_slot {sparse.nnz_per_slot}"
-        print(f"sparse input '{sparse.name}' {sparse.slot_num} slots{nnz}", file=out)
+        print(f"sparse input '{sparse.name}' {plural(sparse.slot_num, 'slot')}{nnz}", file=out)
     for table, node in enumerate(graph.embeddings):
         layer = node.layer
         print(

@@ -168,7 +168,8 @@ def _serve_hugectr_models(
     out = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="hps-hugectr-repo-")))
     notes = translate_repository(repository, ps_files, out / "repo", gpu=first_gpu() is not None)
     print(f"hps serve: {repository} has models of HugeCTR's backends; serving them through "
-          "hps-triton's", flush=True)  # fmt: skip
+          "hps-triton's Python backend from a translation in a temporary folder (yours is "
+          "untouched)", flush=True)  # fmt: skip
     for note in notes:
         print(f"hps serve: {note}", file=sys.stderr, flush=True)
     return out / "repo", extra

@@ -224,7 +224,8 @@ def load_ps_config(path: str | os.PathLike[str]) -> PSConfig:
     """
     file = Path(os.path.abspath(path))
     try:
-        text = file.read_text(encoding="utf-8")
+        # utf-8-sig: a byte-order mark is skipped, as HugeCTR's JSON reader skips it.
+        text = file.read_text(encoding="utf-8-sig")
     except FileNotFoundError:
         raise ConfigError([Problem(str(file), "cannot read ps.json: no such file")]) from None
     except IsADirectoryError:

@@ -316,6 +316,13 @@ def test_malformed_json_names_file_line_and_column(tmp_path, text, line, column,
     assert fragment in problem.message
 
 
+def test_a_byte_order_mark_is_skipped_as_hugectr_skips_it(tmp_path):
+    good = write_ps(tmp_path, MINIMAL_PS, "good.json")
+    with_bom = tmp_path / "ps.json"
+    with_bom.write_bytes(b"\xef\xbb\xbf" + good.read_bytes())
+    assert load_ps_config(with_bom).to_dict() == load_ps_config(good).to_dict()
+
+
 def test_missing_file(tmp_path):
     with pytest.raises(ConfigError) as info:
         load_ps_config(tmp_path / "nope" / "ps.json")

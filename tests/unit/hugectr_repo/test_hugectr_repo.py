@@ -4,6 +4,7 @@ is refused as HugeCTR refuses it, and that the user's files are never touched.""
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -137,6 +138,28 @@ def test_settings_hugectr_refuses_are_refused_naming_the_file(
         translate(hugectr, tmp_path / "out")
     message = str(info.value)
     assert str(path) in message and all(w in message for w in words), message
+
+
+def test_a_parameter_that_is_not_a_number_is_named(
+    hugectr: HugeCTRRepository, tmp_path: Path
+) -> None:
+    path = hugectr.repo / "dlrm" / "config.pbtxt"
+    path.write_text(path.read_text().replace('"0.2"', '"abc"'))
+    with pytest.raises(ConfigError) as info:
+        translate(hugectr, tmp_path / "out")
+    assert str(info.value) == f"{path} parameters.gpucacheper: 'abc' is not a number"
+
+
+def test_a_broken_ps_json_is_named_among_the_two_backends(
+    hugectr: HugeCTRRepository, tmp_path: Path
+) -> None:
+    document = json.loads(hugectr.hugectr_ps.read_text())
+    document["models"][0]["embedding_vecsize_per_table"][0] = "16"
+    hugectr.hugectr_ps.write_text(json.dumps(document))
+    with pytest.raises(ConfigError) as info:
+        translate(hugectr, tmp_path / "out")
+    [problem] = info.value.problems
+    assert problem.where == f"{hugectr.hugectr_ps}: models[0].embedding_vecsize_per_table[0]"
 
 
 def test_a_backend_without_its_ps_json_says_how_to_give_it(
