@@ -1,5 +1,9 @@
 """``hps prepare [REPO]``: write the default models' files where they are missing, and
-labelled Parquet samples of the ranking models (``--sample-data DIR``)."""
+labelled Parquet samples of the ranking models (``--sample-data DIR``).
+
+A model's files that are there already and differ from the default (a config.pbtxt or ps.json
+the user edited) are kept, each named; the tables' data is written only where it is missing
+or does not hold the default rows."""
 
 from __future__ import annotations
 
@@ -18,7 +22,13 @@ def run(args: argparse.Namespace) -> int:
     names = args.models or [*DEMO_MODELS, *(ZOO_MODELS if args.zoo else ())]
     folders = {}
     for name in names:
+        edited = _edited_files(repo, name)
         folders[name] = writers[name](repo)
+        for path, content in edited.items():
+            if path.read_bytes() != content:
+                path.write_bytes(content)
+                print(f"kept {path}: it differs from the default (remove it and run hps "
+                      "prepare again to write the default)")  # fmt: skip
         print(f"ready: {folders[name]}")
     if args.sample_data is not None:
         from hps_core.config import load_ps_config
@@ -33,6 +43,23 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+_LARGEST_EDITED = 1 << 20
+"""Bytes of the largest file :func:`_edited_files` keeps (configs, ps.json, model.py)."""
+
+
+def _edited_files(repo: Path, name: str) -> dict[Path, bytes]:
+    """The files of model ``name``'s Triton folders that exist, but its tables' data."""
+    found = {}
+    for folder in (repo / name, repo / f"{name}_samples"):
+        for path in folder.rglob("*") if folder.is_dir() else ():
+            parts = path.relative_to(folder).parts
+            if "data" in parts or "__pycache__" in parts or not path.is_file():
+                continue
+            if path.stat().st_size <= _LARGEST_EDITED:
+                found[path] = path.read_bytes()
+    return found
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add ``hps prepare`` to the ``hps`` parser.
 
@@ -40,9 +67,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         subparsers: the top-level subparsers of ``hps``.
     """
     parser = subparsers.add_parser(
-        "prepare", help="generate the default model repository's files if missing"
+        "prepare",
+        help="write the default model repository's files where they are missing (files you "
+        "changed are kept)",
     )
-    parser.add_argument("repository", nargs="?", default="model_repository")
+    parser.add_argument(
+        "repository",
+        nargs="?",
+        default="model_repository",
+        help="the model repository folder (default: model_repository)",
+    )
     parser.add_argument(
         "--model",
         dest="models",
@@ -67,6 +101,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "scores, for hps predict",
     )
     parser.add_argument(
-        "--sample-rows", type=int, default=10000, metavar="N", help="samples per file"
+        "--sample-rows", type=int, default=10000, metavar="N", help="samples per file (10,000)"
     )
     parser.set_defaults(func=run)

@@ -70,6 +70,24 @@ def test_second_run_keeps_the_data_files(
     assert file_state(prepared) == before
 
 
+def test_files_the_user_changed_are_kept_and_named(
+    prepared: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = prepared / "config.pbtxt"
+    edited = config.read_text().replace("count: 2", "count: 1")
+    assert edited != config.read_text()
+    config.write_text(edited)
+    (prepared / "1" / "model.py").unlink()  # a missing file is written again
+    assert main(["prepare", str(prepared.parent), "--model", demo.NAME]) == 0
+    assert config.read_text() == edited
+    assert (prepared / "1" / "model.py").is_file()
+    assert capsys.readouterr().out.splitlines() == [
+        f"kept {config}: it differs from the default (remove it and run hps prepare again to "
+        "write the default)",
+        f"ready: {prepared}",
+    ]
+
+
 def test_damaged_table_is_written_again(prepared: Path) -> None:
     before = file_state(prepared)
     with open(prepared / "data/table1" / VECTOR_FILE, "r+b") as f:
