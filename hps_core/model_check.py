@@ -15,7 +15,8 @@ from hps_core.config import ModelConfig, PSConfig, load_ps_config
 from hps_core.config.inert import inert_settings
 from hps_core.errors import ConfigError, HPSError, ModelFileError, NotAvailableError, Problem
 from hps_core.footprint import ModelFootprint, model_footprint
-from hps_core.formats.sparse import SparseTableInfo, inspect_sparse_table
+from hps_core.formats.keys import check_unique_keys
+from hps_core.formats.sparse import KEY_FILE, SparseTableInfo, inspect_sparse_table, read_keys
 from hps_core.infer.inputs.layout import (
     is_ranking_model,
     load_ranking_graph,
@@ -71,7 +72,10 @@ def _check_file(where: str, path: Path | None, problems: list[Problem]) -> None:
 
 
 def check_ps_json(
-    path: str | os.PathLike[str], model_name: str | None = None, network: bool = True
+    path: str | os.PathLike[str],
+    model_name: str | None = None,
+    network: bool = True,
+    keys: bool = False,
 ) -> CheckReport:
     """Check a ps.json and the files of its models (all, or just ``model_name``).
 
@@ -81,6 +85,8 @@ def check_ps_json(
         network: also check the network of each model that has one (``network_file`` and
             ``dense_file``) against its tables and dense file, and its ps.json sizing fields
             against the network (warnings). An embedding model never reads its network.
+        keys: also read every table's keys and refuse a key file that repeats one (the host
+            tier refuses it when it loads the table; a model's load leaves that check to it).
 
     Returns:
         The report; ``report.problems`` is empty when everything is usable.
@@ -117,6 +123,9 @@ def check_ps_json(
         for table in model.tables:
             try:
                 info = inspect_sparse_table(table.sparse_file, table.dim)
+                if keys:
+                    where_keys = str(info.path / KEY_FILE)
+                    check_unique_keys(read_keys(info.path, info.rows), where_keys)
             except HPSError as exc:
                 info = None
                 report.problems.append(Problem(f"{where}.sparse_files[{table.index}]", str(exc)))

@@ -131,7 +131,7 @@ def summary_document(report: CheckReport) -> dict[str, object]:
 def run(args: argparse.Namespace) -> int:
     """Check the ps.json; print a summary (exit 0) or one line per problem (exit 1), after a
     warning per field set without effect here."""
-    report = check_ps_json(args.ps_json, args.model)
+    report = check_ps_json(args.ps_json, args.model, keys=True)
     for line in report.warnings:
         print(f"warning: {line}", file=sys.stderr)
     if report.problems:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from hps_core.errors import ModelFileError
+from hps_core.wording import plural
 
 # How many duplicated keys an error message lists.
 _SHOWN_DUPLICATES = 5
@@ -61,6 +62,7 @@ def check_unique_keys(keys: np.ndarray, where: str) -> None:
     shown = ", ".join(str(int(k)) for k in duplicates[:_SHOWN_DUPLICATES])
     more = ", ..." if duplicates.size > _SHOWN_DUPLICATES else ""
     raise ModelFileError(
-        f"{where}: {duplicates.size} keys appear more than once ({extra_rows} extra rows): "
-        f"{shown}{more}"
+        f"{where}: {plural(duplicates.size, 'key')} "
+        f"{'appears' if duplicates.size == 1 else 'appear'} more than once "
+        f"({plural(extra_rows, 'extra row')}): {shown}{more}"
     )

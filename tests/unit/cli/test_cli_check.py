@@ -10,6 +10,7 @@ import math
 import re
 from pathlib import Path
 
+import numpy as np
 import pytest
 from cli_testdata import TABLES, edit_ps, write_model
 
@@ -214,6 +215,24 @@ def test_a_network_layer_this_engine_cannot_run_is_a_problem(
     pattern = (
         rf"{re.escape(str(network))}:\d+ layers\[\d+\] '\w+'\.type: unknown layer type "
         r"'InnerProdcut' \(did you mean \"InnerProduct\"\?\)"
+    )
+    assert_problem_lines(code, out, err, [pattern])
+
+
+def test_a_key_file_that_repeats_a_key_is_a_problem(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The host tier refuses such a table when it loads; hps check reads the keys to say so
+    before anything is served."""
+    ps = _ranking_copy(tmp_path)
+    key_file = next((tmp_path / "wdl" / "data").glob("*/key"))
+    keys = np.fromfile(key_file, np.int64)
+    keys[3] = keys[2]
+    keys.tofile(key_file)
+    code, out, err = run_check(capsys, str(ps))
+    pattern = (
+        rf"models\[0\]\.sparse_files\[\d\]: {re.escape(str(key_file))}: 1 key appears more "
+        rf"than once \(1 extra row\): {keys[2]}$"
     )
     assert_problem_lines(code, out, err, [pattern])
 

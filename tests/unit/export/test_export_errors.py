@@ -113,7 +113,7 @@ def test_max_norm_and_plain_embedding_are_refused(tmp_path: Path):
         ({0: np.arange(9)}, ConfigError, r"key map of table 0: must be a 1-D integer array of 10"),
         ({1: np.arange(6.0)}, ConfigError, r"key map of table 1: .* got float64 \(6,\)"),
         ({2: np.arange(3)}, ConfigError, r"key map of table 2: no such table; .* tables 0..1"),
-        ({1: np.array([5, 1, 5, 2, 3, 4])}, ModelFileError, r"key map of table 1: 1 keys appear"),
+        ({1: np.array([5, 1, 5, 2, 3, 4])}, ModelFileError, r"key map of table 1: 1 key appears"),
         ({1: np.full(6, 2**63, np.uint64)}, ConfigError, r"does not fit in int64"),
     ],
 )
