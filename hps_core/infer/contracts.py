@@ -87,6 +87,18 @@ def _flat_row(name: str, array: np.ndarray) -> np.ndarray:
     )
 
 
+def _check_finite(name: str, dense: np.ndarray, width: int) -> None:
+    """Refuse a NaN or infinite dense feature: it would turn its sample's score into NaN
+    silently (and warn in the server's log without naming the request)."""
+    finite = np.isfinite(dense)
+    if not finite.all():
+        first = int(np.flatnonzero(~finite.ravel())[0])
+        raise RequestError(
+            f"input '{name}': sample {first // width}, dense feature {first % width} is "
+            f"{dense.ravel()[first]}; dense features must be finite numbers"
+        )
+
+
 def _check_batch_size(name: str, batch: int, layout: RankingLayout) -> None:
     if batch < 1:
         raise RequestError(f"input '{name}': a request must carry at least one sample")
@@ -135,6 +147,7 @@ class HugeCTRContract:
                 f"{layout.dense_dim} dense features, so {batch * layout.dense_dim} values are "
                 f"expected, got {len(dense)}"
             )
+        _check_finite(DES, dense, layout.dense_dim)
         fixed = self._fixed_hotness_batch(dense, keys, rows, batch)
         if fixed is not None:
             return fixed
@@ -293,6 +306,7 @@ class SamplesContract:
                 f"input '{SPARSE}': {sparse.shape[0]} samples, but '{DENSE}' has {batch}"
             )
         _check_batch_size(DENSE, batch, layout)
+        _check_finite(DENSE, dense, layout.dense_dim)
         return SparseBatch.from_sample_keys(
             dense, sparse, [t.sample_width for t in layout.tables], layout.hotness
         )

@@ -141,6 +141,14 @@ BAD_HUGECTR = [
     (hugectr(cat=np.zeros((1, 6), np.int32)), ["CATCOLUMN", "expected int64"]),
     (hugectr(row=rows(0, 1, 3, 3, 4, 0, 1, 2).astype(np.int64)), ["ROWINDEX", "int32"]),
     (hugectr(des=np.zeros((2, 3), np.float32)), ["DES", "expected shape [1, N]", "[2, 3]"]),
+    (
+        hugectr(des=np.array([[0, 1, 2, 3, np.nan, 5]], np.float32)),
+        ["DES", "sample 1, dense feature 1 is nan", "must be finite"],
+    ),
+    (
+        hugectr(des=np.array([[np.inf, 1, 2, 3, 4, 5]], np.float32)),
+        ["DES", "sample 0, dense feature 0 is inf"],
+    ),
 ]
 
 
@@ -191,6 +199,10 @@ BAD_SAMPLES = [
     ((np.zeros((5, 3), np.float32), np.zeros((5, 3), np.int64)), ["dense", "5 samples"]),
     ((DENSE.astype(np.float16), SPARSE), ["dense", "expected float32, got float16"]),
     ((DENSE, SPARSE.astype(np.uint64)), ["sparse", "expected int64, got uint64"]),
+    (
+        (np.array([[0, 0, 0], [0, 0, -np.inf]], np.float32), SPARSE),
+        ["dense", "sample 1, dense feature 2 is -inf"],
+    ),
 ]
 
 
