@@ -220,8 +220,8 @@ def run(argv: Sequence[str] | None, protocol: Protocol, prog: str | None = None)
     tables = f"{len(dims)} table{'s' * (len(dims) != 1)}"
     print(f"model {args.model} over {protocol.name} at {args.url}: {tables}, dims {dims}")
     print(
-        f"{KEYS_INPUT} {list(keys.shape)} {NUMKEYS_INPUT} {numkeys[0].tolist()} -> "
-        f"{OUTPUT_NAME} {list(output.shape)}"
+        f"{KEYS_INPUT} shape {list(keys.shape)}, {NUMKEYS_INPUT} {numkeys[0].tolist()} -> "
+        f"{OUTPUT_NAME} shape {list(output.shape)}"
     )
     for line in format_lookup(keys_per_table, embeddings, names, args.values):
         print(line)

@@ -67,15 +67,20 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("ps_json", help="path of the HugeCTR ps.json")
     parser.add_argument("out_dir", help="model repository folder to write")
-    parser.add_argument("--instances", type=int, default=2, help="instances per device")
-    parser.add_argument("--kind", default="KIND_CPU", choices=("KIND_CPU", "KIND_GPU", "KIND_AUTO"))
+    parser.add_argument("--instances", type=int, default=2, help="instances per device (default 2)")
+    parser.add_argument(
+        "--kind",
+        default="KIND_CPU",
+        choices=("KIND_CPU", "KIND_GPU", "KIND_AUTO"),
+        help="where instances run (default KIND_CPU)",
+    )
     parser.add_argument("--gpus", help="comma-separated GPU ids for KIND_GPU")
     parser.add_argument(
         "--max-batch-size",
         type=int,
         default=16,
-        help="requests per execute (dynamic batcher); a _samples model takes the ps.json "
-        "max_batch_size samples instead",
+        help="requests per execute (dynamic batcher; default 16); a _samples model takes the "
+        "ps.json max_batch_size samples instead",
     )
     parser.add_argument(
         "--no-warmup", action="store_true", help="load tables on the first request, not at load"

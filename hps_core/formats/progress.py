@@ -80,12 +80,12 @@ class RowProgress:
             self._next_tenth = tenth + 1
             elapsed = max(time.monotonic() - self._start, 1e-9)
             logger.info(
-                "%s: %d%% (%d/%d rows, %.0f rows/s)",
+                "%s: %d%% (%s/%s rows, %s rows/s)",
                 self.label,
                 self.done_rows * 100 // self.total_rows,
-                self.done_rows,
-                self.total_rows,
-                self.done_rows / elapsed,
+                f"{self.done_rows:,}",
+                f"{self.total_rows:,}",
+                f"{self.done_rows / elapsed:,.0f}",
             )
 
     def close(self) -> None:

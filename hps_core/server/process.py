@@ -390,6 +390,11 @@ class TritonServer:
         return self._pid
 
     @property
+    def stub_reloads(self) -> list[str]:
+        """Models the stub watchdog reloaded after a stub exit, in order (none without it)."""
+        return list(self._watchdog.reloads) if self._watchdog is not None else []
+
+    @property
     def returncode(self) -> int | None:
         """Exit code after the server ended; ``None`` while running or never started."""
         return self._process.poll() if self._process is not None else self._returncode

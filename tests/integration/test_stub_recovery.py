@@ -144,7 +144,7 @@ def test_a_killed_stub_is_replaced_and_the_model_serves_again(
     for worker in workers:
         worker.join()
     assert recovered is not None, f"not serving {RECOVERY_S} s after the kill: {failures[-3:]}"
-    assert server._watchdog.reloads == [NAME]
+    assert server.stub_reloads == [NAME]
     assert all("not healthy" in f or "unavailable" in f.lower() for f in failures), failures[:3]
     # Two new stubs serve the model. The old version's surviving stub, which Triton 2.51 never
     # ends (it never finishes unloading a version whose stub died mid-request), is released by
