@@ -204,7 +204,7 @@ def read_control_file(http_port: int) -> ControlInfo:
 def _request(
     http_url: str, token: str, path: str, timeout: float, body: dict[str, Any] | None = None
 ) -> Any:
-    """POST ``body`` (default: none) to ``path`` of the server with the token; its JSON answer."""
+    """POST ``body`` (default: an empty object) to ``path`` with the token; its JSON answer."""
     request = urllib.request.Request(
         f"{http_url.rstrip('/')}{path}",
         data=json.dumps(body or {}).encode(),

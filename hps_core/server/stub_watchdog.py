@@ -38,9 +38,11 @@ the release; an ended stub stays a zombie process, without memory, until the ser
 ``TritonServer.stop`` removes the shared memory left.
 
 Example:
-    >>> token = new_token()  # doctest: +SKIP (hps_core.server.control)
-    >>> args = control_args(token)  # tritonserver options (hps_core.server.control)
-    >>> watchdog = StubWatchdog(server_pid, "http://127.0.0.1:8000", token).start()
+    >>> from hps_core.server.control import control_args, new_token
+    >>> token = new_token()
+    >>> args = control_args(token)  # tritonserver options
+    >>> watchdog = StubWatchdog(server_pid, "http://127.0.0.1:8000", token)  # doctest: +SKIP
+    >>> watchdog.start()  # doctest: +SKIP
 """
 
 from __future__ import annotations
