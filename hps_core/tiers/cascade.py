@@ -415,10 +415,12 @@ class TieredTable:
         field = f"{tier.store.kind}_errors"
         before = tier.store.errors
         try:
+            # Only keys the tier does not hold: an update may have written a newer row there
+            # since these rows were read below.
             if stored:  # the same precision above (the config keeps the two alike)
-                tier.store.insert_stored(tier.table, keys, rows, self.dim)
+                tier.store.insert_stored(tier.table, keys, rows, self.dim, replace=False)
             else:
-                tier.store.insert(tier.table, keys, rows)
+                tier.store.insert_missing(tier.table, keys, rows)
         except Exception as exc:
             self._log_error(tier.store.kind, exc)
             failed = max(tier.store.errors - before, 1)

@@ -84,15 +84,25 @@ class EncodedRows:
         stored = RowFormat(self.precision, vectors.shape[1]).encode_stored(vectors)
         self.store.insert(table, keys, stored.view(np.float32))
 
-    def insert_stored(self, table: str, keys: np.ndarray, stored: np.ndarray, dim: int) -> None:
-        """Write stored rows (``[n, row_words]`` uint32 words) as they are."""
+    def insert_missing(self, table: str, keys: np.ndarray, vectors: np.ndarray) -> None:
+        """:meth:`insert` of the keys ``table`` does not hold (the store's ``insert_missing``)."""
+        vectors = np.asarray(vectors, dtype=np.float32)
+        stored = RowFormat(self.precision, vectors.shape[1]).encode_stored(vectors)
+        self.store.insert_missing(table, keys, stored.view(np.float32))
+
+    def insert_stored(
+        self, table: str, keys: np.ndarray, stored: np.ndarray, dim: int, replace: bool = True
+    ) -> None:
+        """Write stored rows (``[n, row_words]`` uint32 words) as they are; with ``replace``
+        false, only under the keys ``table`` does not hold."""
         fmt = RowFormat(self.precision, dim)
         stored = np.ascontiguousarray(stored, dtype=fmt.stored_dtype)
         if stored.ndim != 2 or stored.shape[1] != fmt.row_words:
             raise ValueError(
                 f"stored rows of {fmt} must be [n, {fmt.row_words}], got {stored.shape}"
             )
-        self.store.insert(table, keys, stored.view(np.float32))
+        write = self.store.insert if replace else self.store.insert_missing
+        write(table, keys, stored.view(np.float32))
 
     def load_sparse(self, table: str, folder: str | os.PathLike[str], dim: int) -> int:
         """Copy a HugeCTR sparse model folder into ``table``, encoding it chunk by chunk."""

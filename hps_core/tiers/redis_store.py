@@ -521,7 +521,14 @@ class RedisClusterStore:
                 )
         return sorted(names)
 
-    def insert(self, table: str, keys: np.ndarray, vectors: np.ndarray) -> None:
+    def insert_missing(self, table: str, keys: np.ndarray, vectors: np.ndarray) -> None:
+        """:meth:`insert` of the rows whose keys ``table`` does not hold (``HSETNX``): a
+        write-up of a lower tier's rows never replaces a row an update wrote meanwhile."""
+        self.insert(table, keys, vectors, replace=False)
+
+    def insert(
+        self, table: str, keys: np.ndarray, vectors: np.ndarray, replace: bool = True
+    ) -> None:
         """Write rows, replacing any stored under the same keys; then shrink every partition
         that grew past ``overflow_margin`` (see the module docstring).
 
@@ -529,6 +536,7 @@ class RedisClusterStore:
             table: the table, e.g. :func:`table_tag`.
             keys: int64 ``[n]``.
             vectors: float32 ``[n, dim]``.
+            replace: replace stored rows (``HSET``); else keep them (``HSETNX``).
 
         Raises:
             RequestError: the shapes disagree.
@@ -566,7 +574,11 @@ class RedisClusterStore:
                 pairs: list[bytes] = []
                 for i, key in zip(rows.tolist(), fields, strict=True):
                     pairs += (key, raw_values[i * width : (i + 1) * width])
-                commands: list[tuple[Any, ...]] = [("HSET", hv, *pairs)]
+                commands: list[tuple[Any, ...]] = (
+                    [("HSET", hv, *pairs)]
+                    if replace
+                    else [("HSETNX", hv, pairs[j], pairs[j + 1]) for j in range(0, len(pairs), 2)]
+                )
                 if self.overflow_policy is OverflowPolicy.EVICT_OLDEST:
                     commands.append(("HSET", hm, *[b for k in fields for b in (k, stamp)]))
                 elif self.overflow_policy is OverflowPolicy.EVICT_LEAST_USED:

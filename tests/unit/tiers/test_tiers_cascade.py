@@ -100,6 +100,11 @@ class DictStore:
         self.inserted.append(keys.copy())
         self.rows.update(zip(keys.tolist(), vectors.copy(), strict=True))
 
+    def insert_missing(self, table: str, keys: np.ndarray, vectors: np.ndarray) -> None:
+        """What a Redis tier's HSETNX does: rows only under the keys it does not hold."""
+        new = np.array([k not in self.rows for k in keys.tolist()], bool)
+        self.insert(table, keys[new], vectors[new])
+
     def load_sparse(self, table: str, folder: Any, dim: int) -> int:
         raise NotImplementedError
 
@@ -309,6 +314,37 @@ def test_cache_missed_embeddings_writes_rocksdb_rows_to_redis(
     np.testing.assert_array_equal(
         values, np.stack([rocks_store.rows[k] for k in keys[:10].tolist()])
     )
+    table.close()
+
+
+def test_a_row_written_up_never_replaces_one_an_update_wrote_meanwhile(
+    tmp_path: Path, rng: np.random.Generator
+) -> None:
+    """cache_missed_embeddings copies RocksDB's rows up to Redis in the background; an update
+    of the same key may reach Redis between the read below and that copy, and must win."""
+    dim = 2
+    rows_of = write_table(tmp_path, rng, 8, dim)
+    keys = np.fromiter(rows_of, np.int64)
+    redis = DictStore("redis_cluster", {})
+    old = {int(k): np.full(dim, 1.0, np.float32) for k in keys}
+    updated = np.full(dim, 7.0, np.float32)
+
+    class UpdatedWhileRead(DictStore):
+        def lookup(self, table, keys, dim, default=0.0):
+            found = super().lookup(table, keys, dim, default)
+            redis.insert(TAG, keys, np.tile(updated, (len(keys), 1)))  # the update lands
+            return found
+
+    rocks_store = UpdatedWhileRead("rocks_db", old)
+    shared = SharedHostTable(tmp_path / "t0", dim, DEFAULT, fraction=0.0)
+    table = TieredTable(
+        shared, [LowerTier(redis, TAG), LowerTier(rocks_store, TAG)], cache_missed_embeddings=True
+    )
+    table.lookup(keys)
+    table.flush()
+    assert sorted(redis.rows) == sorted(keys.tolist())
+    for key in keys.tolist():
+        np.testing.assert_array_equal(redis.rows[key], updated)
     table.close()
 
 

@@ -113,6 +113,24 @@ def test_lookups_equal_a_dict_of_the_rows(
         assert table not in store.tables()
 
 
+def test_insert_missing_keeps_the_rows_already_stored(
+    cluster: RedisCluster, rng: np.random.Generator
+) -> None:
+    """What cache_missed_embeddings writes up: rows under new keys only (HSETNX), so a row an
+    update wrote meanwhile stays."""
+    keys, vectors = rows(rng, 40, 4)
+    table = table_tag("m", "missing_only")
+    with RedisClusterStore(config(cluster.address, max_batch_size=16)) as store:
+        store.insert(table, keys[:25], vectors[:25])
+        store.insert_missing(table, keys, -vectors)  # 25 held, 15 new
+        got, found = store.lookup(table, keys, 4)
+        assert found.all()
+        np.testing.assert_array_equal(got[:25], vectors[:25])
+        np.testing.assert_array_equal(got[25:], -vectors[25:])
+        assert store.count(table) == 40 and store.errors == 0
+        store.evict(table)
+
+
 def test_stored_bytes_are_hugectrs_layout(cluster: RedisCluster) -> None:
     """Field: the int64's 8 little-endian bytes; value: dim little-endian float32; the
     partition hash by HugeCTR's hash; evict_oldest keeps the insert time as 8-byte time_t."""
