@@ -69,7 +69,7 @@ from hps_core.config import (
     UpdateSourceType,
     VolatileDBConfig,
 )
-from hps_core.errors import ModelFileError, NotAvailableError, RequestError
+from hps_core.errors import ModelFileError, NotAvailableError, RequestError, TierUnavailableError
 from hps_core.formats.sparse import (
     KEY_FILE,
     VECTOR_FILE,
@@ -531,22 +531,32 @@ def _fill_redis(
     rate: float,
 ) -> None:
     """Fill ``tag`` with the first ``rate`` of the table's rows through ``rows_store`` (the
-    cluster, or its :class:`EncodedRows`), unless its marker in ``store`` names them."""
+    cluster, or its :class:`EncodedRows`), unless its marker in ``store`` names them and the
+    cluster still holds that many rows (a node restarted empty loses its part of them, not
+    the marker, which another node may hold).
+
+    A node that does not answer leaves the table partly filled, with a warning: its keys are
+    answered by the tiers below it (HugeCTR's behaviour too), and the next start fills it."""
     folder = model_path(table.sparse_file)
     rows = held_rows(inspect_sparse_table(folder, table.dim).rows, rate)
     digest = source_digest(table, rows)
-    if read_marker(store, tag) == digest:
+    if _redis_holds(store, tag, digest, rows):
         return
     name = hashlib.sha256(f"{config.address}|{tag}".encode()).hexdigest()[:24]
     lock = shm_dir() / f"hps-triton-redis-load.{name}.lock"
     with file_lock(lock):
         try:
-            if read_marker(store, tag) == digest:
+            if _redis_holds(store, tag, digest, rows):
                 return
-            # Rows of older files must not outlive them (RedisClusterStore.evict drops a table).
-            drop = getattr(store, "evict", None) or getattr(store, "drop_table", None)
-            if drop is not None:
-                drop(tag)
+            try:
+                marker: bytes | None = read_marker(store, tag)
+            except TierUnavailableError:
+                marker = digest  # unreadable: refill over the rows, keep what the others hold
+            if marker != digest:
+                # Rows of older files must not outlive them (RedisClusterStore.evict).
+                drop = getattr(store, "evict", None) or getattr(store, "drop_table", None)
+                if drop is not None:
+                    drop(tag)
             started, written = time.perf_counter(), 0
             for chunk in iter_sparse_table(folder, table.dim):
                 if written >= rows:
@@ -562,5 +572,24 @@ def _fill_redis(
                 tag,
                 time.perf_counter() - started,
             )
+        except TierUnavailableError as exc:
+            logger.warning(
+                "volatile tier: %s is not cached whole in the Redis cluster (%s); the keys it "
+                "lacks are answered by the tiers below, and the next start fills it again",
+                tag,
+                exc,
+            )
         finally:
             lock.unlink(missing_ok=True)
+
+
+def _redis_holds(store: BackingStore, tag: str, digest: bytes, rows: int) -> bool:
+    """Whether the cluster's ``tag`` was filled from the source ``digest`` names and still
+    holds its ``rows`` rows; ``False`` where a node does not answer (the fill says what)."""
+    try:
+        if read_marker(store, tag) != digest:
+            return False
+        sizes = getattr(store, "partition_sizes", None)
+        return sizes is None or sum(sizes(tag)) >= rows
+    except TierUnavailableError:
+        return False

@@ -21,17 +21,20 @@ from tiers_testdata import make_keys, mixed_queries, one_model_ps, random_vector
 from hps_core.config import PSConfig, parse_ps_config
 from hps_core.errors import ModelFileError, TierUnavailableError
 from hps_core.formats.sparse_writer import write_sparse_table
+from hps_core.hashing import partition_of
 from hps_core.quant import RowFormat
 from hps_core.tiers.backing import table_tag
 from hps_core.tiers.cascade import LowerTier, TierCounters, TieredTable
 from hps_core.tiers.factory import (
     LOAD_LOCK,
+    MARKER_PREFIX,
     check_tiers_available,
     has_lower_tiers,
     open_table_tiers,
     read_marker,
 )
 from hps_core.tiers.host_table import SharedHostTable, held_rows
+from hps_core.tiers.redis_store import partition_key
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # tests/: the cluster helper
 from redis_cluster import SECRET, RedisCluster, redis_cluster
@@ -670,6 +673,58 @@ def test_redis_cache_missed_embeddings_and_a_lost_node(
         assert table.tier_counters().redis_cluster_errors >= 1
     finally:
         table.close()
+        cluster.restart(port)
+        cluster.wait_ok()
+
+
+def test_a_redis_table_that_lost_rows_is_filled_again_at_the_next_open(
+    tmp_path: Path, rng: np.random.Generator, cluster: RedisCluster
+) -> None:
+    """A node restarted empty loses its partitions of the table but not the marker, which
+    another node may hold: the next open sees the rows missing and fills them again."""
+    write_table(tmp_path, rng, 300, 4)
+    cfg = config(tmp_path, 4, volatile_db=redis_section(cluster, initial_cache_rate=1.0))
+    tag = table_tag("refill", "t0")
+    table = open_table_tiers(cfg, "refill", cfg.models[0].tables[0])
+    redis = table.lower[0].store
+    assert redis.count(tag) == 300
+    redis._rc.delete(partition_key(tag, 0))  # that node's part of the table, gone
+    assert redis.count(tag) < 300 and read_marker(redis, tag)
+    table.close()
+    again = open_table_tiers(cfg, "refill", cfg.models[0].tables[0])
+    assert again.lower[0].store.count(tag) == 300
+    again.close()
+
+
+def test_the_redis_node_holding_the_marker_down_at_open_costs_a_warning_not_the_model(
+    tmp_path: Path, rng: np.random.Generator, cluster: RedisCluster,
+    caplog: pytest.LogCaptureFixture,
+) -> None:  # fmt: skip
+    dim = 4
+    rows_of = write_table(tmp_path, rng, 200, dim)
+    keys = np.fromiter(rows_of, np.int64)
+    cfg = config(
+        tmp_path, dim, volatile_db=redis_section(cluster, initial_cache_rate=0.5),
+        persistent_db=rocks(tmp_path),
+    )  # fmt: skip
+    tag = table_tag("marked", "t0")
+    first = open_table_tiers(cfg, "marked", cfg.models[0].tables[0])
+    redis = first.lower[0].store
+    part = int(partition_of(np.zeros(1, np.int64), redis.num_partitions)[0])
+    port = redis._rc.get_node_from_key(partition_key(MARKER_PREFIX + tag, part)).port
+    first.close()
+    cluster.kill(port)
+    try:
+        with caplog.at_level(logging.WARNING, logger="hps_core"):
+            table = open_table_tiers(cfg, "marked", cfg.models[0].tables[0])
+        assert any("is not cached whole in the Redis cluster" in r.getMessage()
+                   for r in caplog.records), caplog.text  # fmt: skip
+        values, found = table.lookup(keys)
+        want, _, _ = reference(tmp_path, rows_of, keys, dim)
+        np.testing.assert_array_equal(values, want)
+        assert found.all()
+        table.close()
+    finally:
         cluster.restart(port)
         cluster.wait_ok()
 
