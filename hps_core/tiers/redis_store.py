@@ -73,9 +73,11 @@ from hps_core.config import OverflowPolicy, VolatileDBConfig
 from hps_core.config.parse_tiers import redis_seeds
 from hps_core.errors import ConfigError, ModelFileError, Problem, RequestError, TierUnavailableError
 from hps_core.hashing import partition_of
+from hps_core.log_every import LogEvery
 from hps_core.tiers.backing import copy_sparse_folder, key_bytes
 
 logger = logging.getLogger(__name__)
+_EVERY = LogEvery()  # a node down: a line per node and table every 10 s, not per request
 
 CLIENT_NAME = "hps-triton"
 """The name this tier's connections give themselves (``CLIENT SETNAME``)."""
@@ -440,7 +442,8 @@ class RedisClusterStore:
             reason = self._redact(f"{type(exc).__name__}: {exc}")
             with self._lock:
                 self._down_until[name] = time.monotonic() + self.retry_after
-            logger.warning("volatile_db: Redis node %s failed: %s", name, reason)
+            _EVERY.log(logger, logging.WARNING, ("node", name),
+                       "volatile_db: Redis node %s failed: %s", name, reason)  # fmt: skip
             for job in jobs:
                 job.error = f"node {name}: {reason}"
             return False
@@ -669,7 +672,8 @@ class RedisClusterStore:
         if problem:
             if all(job.replies is None for job in jobs):
                 raise TierUnavailableError(problem + " (no node answered)")
-            logger.warning("%s; those keys are reported not found", problem)
+            _EVERY.log(logger, logging.WARNING, ("lookup", table),
+                       "%s; those keys are reported not found", problem)  # fmt: skip
         if touched:
             self._touch(table, touched)
         out[:] = unique_out[inverse]

@@ -62,6 +62,7 @@ import numpy as np
 
 from hps_core.config.schema import UpdateSourceConfig
 from hps_core.errors import HPSError
+from hps_core.log_every import LogEvery
 from hps_core.updates.kafka_conf import RECEIVE_MESSAGE_MAX_BYTES, bootstrap_servers, merged
 from hps_core.updates.messages import MalformedMessageError, decode_update, topic_for
 from hps_core.updates.producer import DEFAULT_TOPIC_PARTITIONS, create_topics
@@ -187,6 +188,7 @@ class UpdateConsumer:
         self._key_bytes = key_bytes
         self._stats = UpdateStats()
         self._stats_lock = threading.Lock()
+        self._every = LogEvery()
         # Offsets to commit: (topic, partition) -> next offset, set after apply returned.
         self._pending: dict[tuple[str, int], int] = {}
         self._uncommitted = 0
@@ -256,7 +258,10 @@ class UpdateConsumer:
             self._stats = dataclasses.replace(self._stats, **values)
 
     def _count_error(self, text: str) -> None:
-        log.warning("kafka updates (group %s): %s", self.group_id, text)
+        # Counted each time; said once per kind every 10 s (a broker down reports ~40 a second).
+        kind = text.split(":", 1)[0]
+        self._every.log(log, logging.WARNING, kind, "kafka updates (group %s): %s",
+                        self.group_id, text)  # fmt: skip
         self._add(errors=1, last_error=text)
 
     def _on_error(self, err: Any) -> None:
