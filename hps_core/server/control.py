@@ -29,6 +29,7 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -297,7 +298,12 @@ RELOAD_PARAMETER = "hps_reload"
 
 
 def reload_model(
-    http_url: str, token: str, model: str, reload: int, timeout: float = LOAD_TIMEOUT_S
+    http_url: str,
+    token: str,
+    model: str,
+    reload: int,
+    versions: Sequence[int] = (),
+    timeout: float = LOAD_TIMEOUT_S,
 ) -> float:
     """Load ``model`` again, new instances in place of the old ones, even when nothing changed
     in its folder.
@@ -313,6 +319,9 @@ def reload_model(
         token: the model-control token.
         model: the model name.
         reload: a number other than that of the model's previous reload.
+        versions: load exactly these versions (those that served), not the folder's newest
+            (a version added since, not yet switched to, may be broken); empty: the model's
+            own version policy.
         timeout: seconds to wait for the load.
 
     Returns:
@@ -332,6 +341,8 @@ def reload_model(
     except (urllib.error.URLError, OSError, ValueError) as exc:
         raise ControlError(f"model '{model}' config: {exc}") from exc
     config.setdefault("parameters", {})[RELOAD_PARAMETER] = {"string_value": str(reload)}
+    if versions:
+        config["version_policy"] = {"specific": {"versions": [int(v) for v in versions]}}
     body = {"parameters": {"config": json.dumps(config)}}
     _request(http_url, token, f"/v2/repository/models/{quoted}/load", timeout, body)
     return time.perf_counter() - started

@@ -8,8 +8,9 @@ server process, so there a crash takes the whole server down instead.)
 
 The watchdog looks at the server's stub processes twice a second; when one that served a model
 is gone while the server is ready, it reloads that model through Triton's model-control API
-(:func:`~hps_core.server.control.reload_model`, which makes Triton load it even when its
-folder has not changed since it was loaded): new stubs start, requests go to them as soon as
+(:func:`~hps_core.server.control.reload_model`: the versions that served, even when the
+folder has not changed since they loaded, and never a newer version added to the folder and
+not switched to, which may be broken): new stubs start, requests go to them as soon as
 the load returns (about 2 s for the demo models on the CPU machine). A reload that fails (a
 model file damaged since the server started) is logged with Triton's reason and tried again
 every ``retry_s``; meanwhile the model's other instances serve. Stubs that exit because
@@ -298,7 +299,8 @@ class StubWatchdog:
                 del self._due[model]  # unloaded meanwhile: nothing left to bring back
                 continue
             old = [p for p, (m, _) in current.items() if m == model]
-            failure = self._reload(model)
+            serving = sorted(v for m, v in ready or () if m == model)
+            failure = self._reload(model, serving)
             if failure is None:
                 del self._due[model]
                 self._failures.pop(model, None)
@@ -346,11 +348,14 @@ class StubWatchdog:
             return None
         return {(s.model, s.version) for s in states if s.state == "READY"}
 
-    def _reload(self, model: str) -> str | None:
-        """Load ``model`` again (:func:`~hps_core.server.control.reload_model`): ``None`` once
-        Triton reports success, else its reason."""
+    def _reload(self, model: str, versions: list[int]) -> str | None:
+        """Load ``model``'s serving ``versions`` again (all its policy's where none are known:
+        :func:`~hps_core.server.control.reload_model`): ``None`` once Triton reports success,
+        else its reason."""
         try:
-            seconds = reload_model(self.http_url, self._token, model, len(self.reloads) + 1)
+            seconds = reload_model(
+                self.http_url, self._token, model, len(self.reloads) + 1, versions
+            )
         except ControlError as exc:
             return str(exc)
         self.reloads.append(model)

@@ -225,3 +225,33 @@ def failed_reloads(caplog: pytest.LogCaptureFixture) -> list[str]:
         for r in caplog.records
         if "reload after a stub exit failed" in r.getMessage()
     ]
+
+
+def test_a_reload_brings_back_the_version_that_served_not_a_newer_broken_one(
+    module_triton_server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A version added to the folder but not switched to (hps reload) may be broken: the
+    watchdog reloads the versions that served, so killing a stub never turns into a failed
+    switch to it."""
+    repo = served_before(tmp_path, "KIND_CPU")
+    private_shm_dir(tmp_path, monkeypatch)
+    server = module_triton_server(
+        repo, startup_timeout_s=180, stub_watchdog=True,
+        on_stopped=[lambda _: remove_stale_segments()],
+    )  # fmt: skip
+    client = grpcclient.InferenceServerClient(server.grpc_url.split("//")[-1])
+    model = Model(repo, NAME)
+    rng = np.random.default_rng(7)
+    infer(client, model, rng)
+    shutil.copytree(repo / NAME / "1", repo / NAME / "2")
+    (repo / NAME / "2" / "ps.json").write_text("{")  # version 2: broken, not switched to
+    stubs = sorted(pid for pid, name in stub_processes(server.pid).items() if name == NAME)
+    os.kill(stubs[0], signal.SIGKILL)
+    deadline = time.monotonic() + RECOVERY_S
+    while time.monotonic() < deadline and not server.stub_reloads:
+        time.sleep(0.2)
+    assert server.stub_reloads == [NAME]
+    for _ in range(10):  # both instances of version 1 answer
+        infer(client, model, rng)
+    ready = [s for s in server.version_states() if s.model == NAME and s.state == "READY"]
+    assert [s.version for s in ready] == [1]
