@@ -34,6 +34,7 @@ from typing import TypeVar
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from hps_core.errors import ModelFileError
 from hps_core.formats.parquet import list_parquet_files, open_parquet
@@ -359,8 +360,16 @@ def _batch(
 
     n = record.num_rows
     dense = np.empty((n, layout.dense_dim), np.float32)
-    for j, name in enumerate(columns.dense):
-        dense[:, j] = numbers(name)
+    with np.errstate(over="ignore"):  # a value beyond float32 becomes inf, refused below
+        for j, name in enumerate(columns.dense):
+            dense[:, j] = numbers(name)
+    finite = np.isfinite(dense)
+    if not finite.all():  # as the server refuses it: a NaN feature would score NaN
+        sample, j = (int(i[0]) for i in np.nonzero(~finite))
+        raise ModelFileError(
+            f"{path}: column '{columns.dense[j]}' is {dense[sample, j]} at row {row + sample} "
+            "(beyond float32 or not a number); dense features must be finite numbers"
+        )
     labels = None
     if columns.labels:
         labels = np.stack([numbers(name) for name in columns.labels], axis=1).astype(np.float32)
@@ -381,7 +390,7 @@ def _table_keys(
     integer column: one key per (sample, slot)); ``hint`` ends a type error."""
     arrays = [record.column(name) for name in names]
     for name, array in zip(names, arrays, strict=True):
-        kind = array.type.value_type if pa.types.is_list(array.type) else array.type
+        kind = array.type.value_type if _is_list(array.type) else array.type
         if not pa.types.is_integer(kind):
             raise ModelFileError(
                 f"{path}: categorical column '{name}' must hold integers or lists of them, "
@@ -391,7 +400,7 @@ def _table_keys(
             first = row + int(np.flatnonzero(array.is_null().to_numpy(zero_copy_only=False))[0])
             raise ModelFileError(f"{path}: categorical column '{name}' is null at row {first}")
     n, slots = record.num_rows, len(names)
-    if not any(pa.types.is_list(a.type) for a in arrays):
+    if not any(_is_list(a.type) for a in arrays):
         stacked = np.stack(
             [_as_int64(a, path, name) for a, name in zip(arrays, names, strict=True)], axis=1
         )
@@ -399,9 +408,16 @@ def _table_keys(
     counts = np.empty((n, slots), np.int64)
     values, bags = [], []
     for s, (array, name) in enumerate(zip(arrays, names, strict=True)):
-        if pa.types.is_list(array.type):
-            lengths = array.value_lengths().to_numpy(zero_copy_only=False).astype(np.int64)
-            flat = _as_int64(array.flatten(), path, name)
+        if _is_list(array.type):
+            lengths = pc.list_value_length(array).to_numpy(zero_copy_only=False).astype(np.int64)
+            keys = array.flatten()
+            if keys.null_count:
+                at = int(np.flatnonzero(keys.is_null().to_numpy(zero_copy_only=False))[0])
+                first = row + int(np.searchsorted(np.cumsum(lengths), at, side="right"))
+                raise ModelFileError(
+                    f"{path}: categorical column '{name}' holds a null key at row {first}"
+                )
+            flat = _as_int64(keys, path, name)
         else:
             lengths = np.ones(n, np.int64)
             flat = _as_int64(array, path, name)
@@ -413,6 +429,14 @@ def _table_keys(
     order = np.argsort(np.concatenate(bags), kind="stable")
     offsets = np.concatenate([[0], np.cumsum(counts.reshape(-1))]).astype(np.int64)
     return np.concatenate(values)[order], offsets
+
+
+def _is_list(kind: pa.DataType) -> bool:
+    """A list column of any layout: ``list``, ``large_list`` (Polars' default) or
+    ``fixed_size_list``."""
+    return (
+        pa.types.is_list(kind) or pa.types.is_large_list(kind) or pa.types.is_fixed_size_list(kind)
+    )
 
 
 def _as_int64(array: pa.Array, path: ModelPath, name: str) -> np.ndarray:

@@ -238,6 +238,55 @@ def test_dataset_errors_name_file_column_and_row(tmp_path: Path) -> None:
         model.predict_dataset(tmp_path / "bad_list.txt")
 
 
+def test_list_columns_of_every_layout_score_alike(tmp_path: Path) -> None:
+    """list, large_list (Polars' default) and fixed_size_list hold the same keys."""
+    files = write_ranking_files(tmp_path / "m", OWN["wdl"], seed=43, max_batch_size=8)
+    model = InferenceModel.from_ps_json(files.ps_json)
+    rng = np.random.default_rng(44)
+    keys = random_keys(rng, 6, files.slot_nums, files.known_keys(), 2)
+    keys = [[[slot[:1] or [0] for slot in table] for table in sample] for sample in keys]
+    dense = rng.standard_normal((6, 13)).astype(np.float32)
+    path = tmp_path / "list.parquet"
+    write_dataset(path, files, dense, keys)
+    table = pq.read_table(path)
+    want = model.predict_dataset(path).scores
+    for kind in (pa.large_list(pa.int64()), pa.list_(pa.int64(), 1)):
+        cast = table.cast(pa.schema([
+            pa.field(f.name, kind if pa.types.is_list(f.type) else f.type) for f in table.schema
+        ]))  # fmt: skip
+        pq.write_table(cast, tmp_path / "cast.parquet")
+        np.testing.assert_array_equal(model.predict_dataset(tmp_path / "cast.parquet").scores, want)
+
+
+def test_values_the_server_refuses_are_refused_naming_column_and_row(tmp_path: Path) -> None:
+    files = write_ranking_files(tmp_path / "m", OWN["wdl"], seed=45, max_batch_size=8)
+    model = InferenceModel.from_ps_json(files.ps_json)
+    rng = np.random.default_rng(46)
+    keys = random_keys(rng, 4, files.slot_nums, files.known_keys(), 2)
+    keys = [[[slot[:2] or [0] for slot in table] for table in sample] for sample in keys]
+    dense = rng.standard_normal((4, 13)).astype(np.float32)
+    path = tmp_path / "d.parquet"
+    write_dataset(path, files, dense, keys)
+    table = pq.read_table(path)
+    for values, kind, word in (
+        ([1.0, 2.0, np.nan, 3.0], pa.float32(), "nan"),
+        ([1.0, 2.0, -np.inf, 3.0], pa.float32(), "-inf"),
+        ([1.0, 2.0, 3e38 * 10, 3.0], pa.float64(), "inf"),  # beyond float32
+    ):
+        pq.write_table(table.set_column(4, "I5", pa.array(values, kind)), tmp_path / "x.parquet")
+        with pytest.raises(ModelFileError) as info:
+            model.predict_dataset(tmp_path / "x.parquet")
+        assert f"x.parquet: column 'I5' is {word} at row 2" in str(info.value)
+        assert "dense features must be finite numbers" in str(info.value)
+    column = table.column("C3").to_pylist()
+    column[3] = [column[3][0], None]
+    nulls = table.set_column(table.schema.get_field_index("C3"), "C3",
+                             pa.array(column, pa.list_(pa.int64())))  # fmt: skip
+    pq.write_table(nulls, tmp_path / "null_key.parquet")
+    with pytest.raises(ModelFileError, match=r"column 'C3' holds a null key at row 3"):
+        model.predict_dataset(tmp_path / "null_key.parquet")
+
+
 def test_check_out_tensor_equals_a_float64_recomputation(tmp_path: Path) -> None:
     files = write_ranking_files(tmp_path / "m", OWN["dlrm"], seed=39, max_batch_size=8)
     model = InferenceModel.from_ps_json(files.ps_json)
