@@ -10,18 +10,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from hps_core.cli.arguments import positive_int
 from hps_core.formats.parquet import parquet_to_sparse_table, sparse_table_to_parquet
-
-
-def positive_int(text: str) -> int:
-    """An argparse type: an integer of at least 1 (``hps convert`` and ``hps publish``)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
 
 
 def _parquet_to_hugectr(args: argparse.Namespace) -> int:

@@ -26,6 +26,7 @@ from typing import NamedTuple, TextIO
 
 import numpy as np
 
+from hps_core.cli.arguments import positive_int
 from hps_core.errors import ModelFileError, NotAvailableError, RequestError
 from hps_core.nn import (
     DenseExecutor,
@@ -101,7 +102,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "[B, slots, vec] vectors under the layer's name",
     )
     inputs.add_argument(
-        "--random-inputs", type=int, metavar="B", help="B random samples for --tensor"
+        "--random-inputs", type=positive_int, metavar="B", help="B random samples for --tensor"
     )
     parser.add_argument("--seed", type=int, default=0, help="seed of --random-inputs")
     parser.add_argument("--full", action="store_true", help="print every value of --tensor")

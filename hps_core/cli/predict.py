@@ -6,6 +6,7 @@ import argparse
 import time
 from pathlib import Path
 
+from hps_core.cli.arguments import device_choice, positive_int
 from hps_core.errors import OVERWRITE_HINT, ModelFileError
 from hps_core.host_memory import keep_freed_memory
 from hps_core.offline import InferenceModel, write_predictions
@@ -13,12 +14,16 @@ from hps_core.offline import InferenceModel, write_predictions
 
 def run(args: argparse.Namespace) -> int:
     """Score the dataset, write the predictions (with the labels) and print the AUC."""
+    # Before scoring, which may take long.
+    if args.out is not None and "://" in args.out:
+        raise ModelFileError(f"--out {args.out}: predictions are written to a local file")
+    if args.out is not None and Path(args.out).is_dir():
+        raise ModelFileError(f"--out {args.out} is a folder; give the Parquet file to write")
     if args.out is not None and Path(args.out).exists() and not args.overwrite:
-        # Before scoring, which may take long.
         raise ModelFileError(f"{args.out} exists; {OVERWRITE_HINT}")
     started = time.perf_counter()
     keep_freed_memory()  # the process scores batch after batch: they reuse their pages
-    device = "auto" if args.device == "auto" else None if args.device == "cpu" else int(args.device)
+    device = None if args.device == "cpu" else args.device
     model = InferenceModel.from_ps_json(args.ps_json, args.model, device, args.precision)
     try:
         result = model.predict_dataset(args.dataset, batch_size=args.batch_size, progress=True)
@@ -54,11 +59,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--overwrite", action="store_true", help="replace --out if it exists")
     parser.add_argument(
         "--device",
+        type=device_choice,
         default="auto",
         help="GPU id, or 'cpu' (default 'auto': GPU 0 when there is one, else the CPU)",
     )
     parser.add_argument("--precision", default="fp32", choices=("fp32", "tf32", "fp16"))
     parser.add_argument(
-        "--batch-size", type=int, help="samples per batch (default: the model's max_batch_size)"
+        "--batch-size",
+        type=positive_int,
+        help="samples per batch (default: the model's max_batch_size)",
     )
     parser.set_defaults(func=run)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from hps_core.cli.arguments import positive_int
 from hps_core.demo import DEMO_MODELS, ZOO_MODELS
 from hps_core.infer import is_ranking_model
 
@@ -101,6 +102,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "scores, for hps predict",
     )
     parser.add_argument(
-        "--sample-rows", type=int, default=10000, metavar="N", help="samples per file (10,000)"
+        "--sample-rows",
+        type=positive_int,
+        default=10000,
+        metavar="N",
+        help="samples per file (10,000)",
     )
     parser.set_defaults(func=run)

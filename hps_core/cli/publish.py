@@ -16,7 +16,7 @@ from __future__ import annotations
 import argparse
 import time
 
-from hps_core.cli.convert_parquet import positive_int
+from hps_core.cli.arguments import positive_int
 from hps_core.updates.messages import DEFAULT_SEND_BUFFER_SIZE, topic_for
 from hps_core.updates.producer import (
     DEFAULT_NUM_KEY_GROUPS,
