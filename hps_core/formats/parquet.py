@@ -95,8 +95,15 @@ def _list_remote(root: FsPath) -> list[ModelPath]:
 
 
 def open_parquet(file: ModelPath) -> pq.ParquetFile:
-    """A Parquet file of :func:`list_parquet_files`, local or remote, opened for reading."""
-    return pq.ParquetFile(file.open_input_file() if isinstance(file, FsPath) else file)
+    """A Parquet file of :func:`list_parquet_files`, local or remote, opened for reading.
+
+    Raises:
+        ModelFileError: it is not a Parquet file, or its footer is damaged (naming it).
+    """
+    try:
+        return pq.ParquetFile(file.open_input_file() if isinstance(file, FsPath) else file)
+    except (pa.ArrowException, OSError) as exc:
+        raise ModelFileError(f"{file}: not a readable Parquet file ({exc})") from None
 
 
 @dataclass

@@ -128,6 +128,8 @@ def _listed_files(listing: ModelPath) -> list[ModelPath]:
     ]
     if len(files) != int(lines[0]):
         raise ModelFileError(f"{listing}: says {lines[0]} files but lists {len(files)}")
+    if not files:
+        raise ModelFileError(f"{listing}: lists no files")
     missing = [str(f) for f in files if not f.is_file()]
     if missing:
         raise ModelFileError(f"{listing}: listed files do not exist: {', '.join(missing[:5])}")
@@ -210,6 +212,8 @@ def expected_columns(layout: RankingLayout) -> DatasetColumns:
 def _from_metadata(path: ModelPath, layout: RankingLayout, names: Sequence[str]) -> DatasetColumns:
     try:
         doc = json.loads(path.read_text())
+        if not isinstance(doc, dict):
+            raise TypeError(f"a JSON {type(doc).__name__}, not an object")
         groups = {
             key: tuple(str(entry["col_name"]) for entry in doc.get(key, []))
             for key in ("labels", "conts", "cats")
@@ -258,7 +262,8 @@ def iter_dataset(
             if missing:
                 raise ModelFileError(f"{path}: missing columns {', '.join(missing[:5])}")
             row = 0
-            for record in reader.iter_batches(batch_size=per_read, columns=list(columns.all)):
+            records = reader.iter_batches(batch_size=per_read, columns=list(columns.all))
+            for record in _named_errors(records, path):
                 read = _batch(record, path, row, columns, layout)
                 n = read.samples.batch_size
                 for first in range(0, n, batch_size):
@@ -269,6 +274,14 @@ def iter_dataset(
 
 
 T = TypeVar("T")
+
+
+def _named_errors(records: Iterator[T], path: ModelPath) -> Iterator[T]:
+    """``records``, a damaged file's read error (a page cut short) naming the file."""
+    try:
+        yield from records
+    except (pa.ArrowException, OSError) as exc:
+        raise ModelFileError(f"{path}: not a readable Parquet file ({exc})") from None
 
 _END = object()
 """What :func:`read_ahead`'s thread puts after the last item (with the error, if any)."""

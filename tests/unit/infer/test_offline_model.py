@@ -236,6 +236,23 @@ def test_dataset_errors_name_file_column_and_row(tmp_path: Path) -> None:
     (tmp_path / "bad_list.txt").write_text("3\nd.parquet\n")
     with pytest.raises(ModelFileError, match="says 3 files but lists 1"):
         model.predict_dataset(tmp_path / "bad_list.txt")
+    (tmp_path / "empty_list.txt").write_text("0\n")
+    with pytest.raises(ModelFileError, match=r"empty_list\.txt: lists no files"):
+        model.predict_dataset(tmp_path / "empty_list.txt")
+    (tmp_path / "text.txt.parquet").write_text("not parquet")
+    with pytest.raises(ModelFileError, match=r"text.txt.parquet: not a readable Parquet file"):
+        model.predict_dataset(tmp_path / "text.txt.parquet")
+    cut = tmp_path / "cut" / "d.parquet"
+    cut.parent.mkdir()
+    cut.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+    with pytest.raises(ModelFileError, match=r"cut/d.parquet: not a readable Parquet file"):
+        model.predict_dataset(cut)
+    meta = tmp_path / "meta"
+    meta.mkdir()
+    (meta / "d.parquet").write_bytes(path.read_bytes())
+    (meta / "_metadata.json").write_text("[1, 2]")
+    with pytest.raises(ModelFileError, match=r"_metadata.json: not a dataset metadata file"):
+        model.predict_dataset(meta)
 
 
 def test_list_columns_of_every_layout_score_alike(tmp_path: Path) -> None:
