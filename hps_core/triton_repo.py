@@ -606,7 +606,9 @@ def write_repository(
     gets that version next to the ones it has (the version folder holds its own ps.json), to
     be served once the model is loaded again (``hps reload``); a model whose config.pbtxt
     sets ``freeze_sparse`` (or ``options.freeze_sparse``) keeps the sparse files of its
-    previous version (:func:`frozen_sparse_files`).
+    previous version (:func:`frozen_sparse_files`). An existing config.pbtxt keeps what the
+    operator set there (instances, batching, version policy, parameters such as the
+    precision): only the inputs, outputs and warm-up follow the new version's files.
 
     Args:
         ps_json: the HugeCTR ps.json.
@@ -660,8 +662,35 @@ def write_repository(
     for model in config.models:
         # A frozen model stays frozen: its config.pbtxt keeps the parameter.
         own = replace(options, freeze_sparse=options.freeze_sparse or frozen.get(model.name, False))
+        before = {}
+        if version is not None:
+            before = {f: read_config(f / "config.pbtxt") for f in triton_folders(repo, model)
+                      if (f / "config.pbtxt").is_file()}  # fmt: skip
         if is_ranking_model(model):
-            folders.extend(write_ranking_model(repo, config, model, own, version=version))
+            written = write_ranking_model(repo, config, model, own, version=version)
         else:
-            folders.append(write_embedding_model(repo, config, model, own, version=version))
+            written = [write_embedding_model(repo, config, model, own, version=version)]
+        for folder in written:
+            if folder in before:
+                _keep_operator_settings(folder / "config.pbtxt", before[folder])
+        folders.extend(written)
     return folders
+
+
+def _keep_operator_settings(path: Path, before: pb.ModelConfig) -> None:
+    """Rewrite the config.pbtxt just written at ``path`` as ``before`` (what the operator
+    set: instances, batching, version policy, parameters) with the written one's inputs,
+    outputs, warm-up (where ``before`` had one) and the parameters the writer owns."""
+    written = read_config(path)
+    kept = pb.ModelConfig()
+    kept.CopyFrom(before)
+    del kept.input[:], kept.output[:]
+    kept.input.extend(written.input)
+    kept.output.extend(written.output)
+    if before.model_warmup:
+        del kept.model_warmup[:]
+        kept.model_warmup.extend(written.model_warmup)
+    for key in (PS_JSON_PARAMETER, HPS_MODEL_PARAMETER, FREEZE_SPARSE_PARAMETER):
+        if key in written.parameters:
+            kept.parameters[key].CopyFrom(written.parameters[key])
+    write_config(path, kept)

@@ -97,7 +97,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         default=None,
         metavar="N",
         help="add version N of each model (its own ps.json in <model>/N/), above the "
-        "versions it has; Triton serves the highest version once the model is reloaded",
+        "versions it has; Triton serves the highest version once the model is reloaded. "
+        "The model's config.pbtxt keeps its instances, batching and parameters (the options "
+        "above apply to new models only)",
     )
     parser.add_argument(
         "--freeze-sparse",

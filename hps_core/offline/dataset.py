@@ -283,6 +283,7 @@ def _named_errors(records: Iterator[T], path: ModelPath) -> Iterator[T]:
     except (pa.ArrowException, OSError) as exc:
         raise ModelFileError(f"{path}: not a readable Parquet file ({exc})") from None
 
+
 _END = object()
 """What :func:`read_ahead`'s thread puts after the last item (with the error, if any)."""
 

@@ -18,6 +18,7 @@ from hps_core.triton_repo import (
     is_frozen,
     model_versions,
     read_config,
+    write_config,
     write_repository,
 )
 from triton_backend.model_settings import read_settings
@@ -139,6 +140,28 @@ def test_ranking_model_versions_both_triton_models(tmp_path: Path) -> None:
         assert model.sparse_files == load_ps_config(folder / "ps.json").model("dcn").sparse_files
     # Version 1 of the samples model still reads the main folder's ps.json.
     assert read_settings(_args(samples, 1)).ps_json == (folder / "ps.json").resolve()
+
+
+def test_a_new_version_keeps_what_the_operator_set_in_config_pbtxt(tmp_path: Path) -> None:
+    """Instances, batching, warm-up and parameters such as the precision stay as the
+    operator set them (by hps repo's options or by hand); the version's files decide only the
+    inputs and outputs."""
+    repo = tmp_path / "repo"
+    folder = write_dcn_demo(repo)
+    args = ["--kind", "KIND_GPU", "--gpus", "1", "--instances", "3", "--max-batch-size", "8"]
+    assert main(["repo", str(folder / "ps.json"), str(repo), *args, "--no-warmup"]) == 0
+    for name in ("dcn", "dcn_samples"):
+        path = repo / name / "config.pbtxt"
+        config = read_config(path)
+        config.parameters["precision"].string_value = "tf32"  # set by hand
+        write_config(path, config)
+    before = {name: read_config(repo / name / "config.pbtxt") for name in ("dcn", "dcn_samples")}
+    assert main(["repo", str(folder / "ps.json"), str(repo), "--version", "2"]) == 0
+    for name, config in before.items():
+        assert read_config(repo / name / "config.pbtxt") == config, name
+    group = before["dcn"].instance_group[0]
+    assert (group.count, list(group.gpus), before["dcn"].max_batch_size) == (3, [1], 8)
+    assert not before["dcn"].model_warmup
 
 
 def test_a_malformed_config_pbtxt_is_named(tmp_path: Path) -> None:
