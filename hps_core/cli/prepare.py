@@ -13,6 +13,7 @@ from pathlib import Path
 from hps_core.cli.arguments import positive_int
 from hps_core.demo import DEMO_MODELS, ZOO_MODELS
 from hps_core.infer import is_ranking_model
+from hps_core.wording import plural
 
 
 def run(args: argparse.Namespace) -> int:
@@ -39,8 +40,11 @@ def run(args: argparse.Namespace) -> int:
             if not is_ranking_model(load_ps_config(folder / "ps.json").model(name)):
                 continue  # an embedding table alone scores nothing
             out = args.sample_data / f"{name}.parquet"
+            if out.exists():  # as the model files: what is there is kept
+                print(f"kept {out}: it exists (remove it to write new sample data)")
+                continue
             write_sample_dataset(folder / "ps.json", name, out, rows=args.sample_rows)
-            print(f"sample data: {out} ({args.sample_rows:,} labelled samples)")
+            print(f"sample data: {out} ({plural(args.sample_rows, 'labelled sample')})")
     return 0
 
 

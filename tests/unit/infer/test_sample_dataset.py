@@ -70,3 +70,13 @@ def test_a_missing_named_column_is_named(prepared: Path, tmp_path: Path) -> None
     model = InferenceModel.from_ps_json(prepared / "repo" / "dlrm" / "ps.json", "dlrm")
     with pytest.raises(ModelFileError, match="missing: I3, C7"):
         model.predict_dataset(tmp_path / "short.parquet")
+
+
+def test_an_existing_sample_file_is_kept(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "dlrm.parquet").write_bytes(b"the user's own file")
+    argv = ["prepare", str(tmp_path / "repo"), "--model", "dlrm", "--sample-data", str(data)]
+    assert hps_main(argv) == 0
+    assert (data / "dlrm.parquet").read_bytes() == b"the user's own file"
+    assert f"kept {data / 'dlrm.parquet'}: it exists" in capsys.readouterr().out
