@@ -54,6 +54,13 @@ _TOP_FIELDS: dict[str, str] = {
     ),
 }
 
+_DATABASE_FIELDS: dict[str, str] = {
+    "update_filters": (
+        "HugeCTR applies Kafka updates to this database's tables only where the table's name "
+        "matches one of these patterns; here every table of the model takes them"
+    ),
+}
+
 
 # Model fields that act here on some models: no warning for a model they act on.
 _ACTS_ON: dict[str, Callable[[ModelConfig], bool]] = {
@@ -109,6 +116,13 @@ def inert_settings(config: PSConfig, model: ModelConfig | None = None) -> list[s
         f"{name} = {_json(value)}: accepted without effect: {meaning}"
         for name, value, meaning in _non_default(config, _TOP_FIELDS)
     ]
+    for section in ("volatile_db", "persistent_db"):
+        database = getattr(config, section)
+        if database is not None:
+            lines += [
+                f"{section}.{name} = {_json(value)}: accepted without effect: {meaning}"
+                for name, value, meaning in _non_default(database, _DATABASE_FIELDS)
+            ]
     for index, entry in enumerate(config.models):
         if model is not None and entry is not model:
             continue
@@ -125,4 +139,6 @@ def inert_settings(config: PSConfig, model: ModelConfig | None = None) -> list[s
 
 
 def _json(value: Any) -> str:
+    if isinstance(value, tuple):
+        return "[" + ", ".join(f'"{v}"' for v in value) + "]"
     return str(value).lower() if isinstance(value, bool) else str(value)

@@ -348,14 +348,19 @@ def test_fields_without_effect_are_warned_about_one_line_each(
     )  # fmt: skip
     doc = json.loads(ps.read_text())
     doc["fuse_embedding_table"] = True
+    doc["volatile_db"] = {"type": "hash_map", "update_filters": ["^hps_et\\.wdl\\..+$"]}
     ps.write_text(json.dumps(doc))
     code, out, err = run_check(capsys, str(ps))
     assert code == 0, err
     warnings = [line for line in err.splitlines() if line.startswith("warning: ")]
     assert [w.split(":")[1].split(" = ")[0].strip() for w in warnings] == [
-        "fuse_embedding_table", "models[0].fp8_quant", "models[0].thread_pool_size",
-        "models[0].use_context_stream",
+        "fuse_embedding_table", "volatile_db.update_filters", "models[0].fp8_quant",
+        "models[0].thread_pool_size", "models[0].use_context_stream",
     ]  # fmt: skip
+    assert warnings[1].startswith(
+        'warning: volatile_db.update_filters = ["^hps_et\\.wdl\\..+$"]: accepted without effect'
+    )
+    warnings.pop(1)
     assert warnings[1] == (
         "warning: models[0].fp8_quant = true (model 'wdl'): accepted without effect: it applies "
         'to static tables only (embedding_cache_type "static" or use_static_table, with '
