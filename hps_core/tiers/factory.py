@@ -107,6 +107,7 @@ def check_tiers_available(config: PSConfig) -> None:
 
     Raises:
         NotAvailableError: naming the ps.json field and the value that is not available yet.
+        ModelFileError: ``persistent_db.path`` is a file.
     """
     volatile = config.volatile_db.type
     if volatile not in _SHARED_MEMORY_TYPES | {DatabaseType.DISABLED, DatabaseType.REDIS_CLUSTER}:
@@ -118,6 +119,13 @@ def check_tiers_available(config: PSConfig) -> None:
         raise NotAvailableError(
             f"persistent_db.type: '{config.persistent_db.type.value}' is not available; use "
             "'rocks_db' or 'disabled'"
+        )
+    rocks = config.persistent_db
+    path = Path(rocks.path)
+    if rocks.type is DatabaseType.ROCKS_DB and path.exists() and not path.is_dir():
+        raise ModelFileError(
+            f"persistent_db.path: '{rocks.path}' is a file; RocksDB keeps its database in "
+            "a folder (give a folder, new or existing)"
         )
     if config.update_source.type not in (
         UpdateSourceType.NULL,

@@ -164,6 +164,12 @@ def test_lower_tiers_and_update_sources_are_available(tmp_path: Path, sections: 
     assert has_lower_tiers(kafka)
 
 
+def test_a_rocksdb_path_that_is_a_file_is_named(tmp_path: Path) -> None:
+    (tmp_path / "db").write_text("not a database")
+    with pytest.raises(ModelFileError, match=r"persistent_db.path: '.*db' is a file; RocksDB"):
+        check_tiers_available(config(tmp_path, 4, persistent_db=rocks(tmp_path)))
+
+
 # --- shared tier + RocksDB against the reference ---------------------------------------------
 
 
