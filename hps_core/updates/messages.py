@@ -323,4 +323,11 @@ def decode_update(
     keys = records["key"].astype(np.int64)
     # A copy: the result must not pin (or alias) the consumer's message buffer.
     vectors = np.array(records["value"], copy=True, order="C").view(VALUE_DTYPE).reshape(n, dim)
+    finite = np.isfinite(vectors)
+    if not finite.all():  # a row that would score NaN (an int8 row turns inf into NaN too)
+        row, j = (int(i[0]) for i in np.nonzero(~finite))
+        raise MalformedMessageError(
+            f"row {row} (key {int(keys[row])}) holds {vectors[row, j]} at {j}; embedding "
+            "values must be finite numbers"
+        )
     return UpdateMessage(keys, vectors, value_size)

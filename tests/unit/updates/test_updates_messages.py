@@ -97,6 +97,9 @@ MALFORMED = [
     (hugectr_payload([1, 2], [[1.0, 2.0], [3.0, 4.0]])[:-3], "not a whole number of 16-byte"),
     # Written with dim 3, read as a table of dim 2.
     (hugectr_payload([1], [[1.0, 2.0, 3.0]]), "the table has dim 2"),
+    # Values that would score NaN: the message is refused, not applied.
+    (hugectr_payload([1, 7], [[1.0, 2.0], [3.0, float("nan")]]), r"row 1 \(key 7\) holds nan"),
+    (hugectr_payload([5], [[float("inf"), 2.0]]), r"holds inf at 0; embedding values must"),
 ]
 
 
