@@ -74,6 +74,12 @@ def load_checkpoint(path: str | os.PathLike[str], allow_pickle: bool = False) ->
                 "if you trust the file, pass --allow-pickle (Python: allow_pickle=True)"
             ) from None
         raise ModelFileError(f"{where}: cannot load as a PyTorch file: {reason}") from None
+    except (AttributeError, ModuleNotFoundError) as exc:
+        # A whole pickled module: its class must be importable here to load it.
+        raise ModelFileError(
+            f"{where}: holds a pickled Python object whose class cannot be found here ({exc}); "
+            "save the model's state dict instead: torch.save(model.state_dict(), path)"
+        ) from None
     except (OSError, RuntimeError, EOFError, ValueError) as exc:
         raise ModelFileError(f"{where}: cannot load as a PyTorch file: {exc}") from None
     return unwrap_checkpoint(loaded, where)

@@ -4,6 +4,8 @@ part or file, and a failed export writes nothing."""
 from __future__ import annotations
 
 import fractions
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -149,6 +151,25 @@ def test_checkpoint_with_other_objects_needs_allow_pickle(tmp_path: Path):
     ):
         load_checkpoint(path)
     assert set(load_checkpoint(path, allow_pickle=True)) == set(ARCH.expected_shapes())
+
+
+def test_a_whole_pickled_module_says_to_save_its_state_dict(tmp_path: Path):
+    """A module saved whole (``torch.save(model)``) loads only where its class imports."""
+    path = tmp_path / "whole.pt"
+    script = (
+        "import sys, torch\n"
+        "class DLRM_Net(torch.nn.Module):\n"
+        "    def __init__(self):\n"
+        "        super().__init__()\n"
+        "        self.fc = torch.nn.Linear(2, 1)\n"
+        "torch.save(DLRM_Net(), sys.argv[1])\n"
+    )
+    subprocess.run([sys.executable, "-c", script, str(path)], check=True)
+    with pytest.raises(ModelFileError) as info:
+        load_checkpoint(path, allow_pickle=True)
+    message = str(info.value)
+    assert "whole.pt: holds a pickled Python object whose class cannot be found" in message
+    assert "DLRM_Net" in message and "torch.save(model.state_dict(), path)" in message
 
 
 def test_files_that_are_not_state_dicts(tmp_path: Path):
