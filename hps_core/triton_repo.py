@@ -467,7 +467,8 @@ def frozen_sparse_files(folder: Path, version: int, model: ModelConfig) -> Model
             Problem(
                 where,
                 f"freeze_sparse keeps its tables {old}, but the new version has {new}; "
-                "write the model without freeze_sparse to change tables",
+                "a model with other tables goes into a new repository (or under another "
+                "model name), written without --freeze-sparse",
             )
         )
     return replace(model, sparse_files=previous.sparse_files)
@@ -636,6 +637,18 @@ def write_repository(
     if version is not None and version < 1:
         raise ConfigError(Problem("--version", f"must be 1 or more, got {version}"))
     frozen: dict[str, bool] = {}
+    if version is None:
+        # Version 1 is rewritten in place; over later versions it would no longer be what
+        # they were added to (and not be served: Triton serves the highest).
+        for model in config.models:
+            for folder in triton_folders(repo, model):
+                if [v for v in model_versions(folder) if v != 1]:
+                    problems.append(Problem(
+                        str(folder),
+                        f"has versions {model_versions(folder)}; writing it again would "
+                        "rewrite version 1 under them: add a version (--version N) or write "
+                        "a new repository",
+                    ))  # fmt: skip
     if version is not None:
         models = []
         for model in config.models:

@@ -123,6 +123,14 @@ def test_freeze_sparse_keeps_the_previous_sparse_files(tmp_path: Path, capsys) -
     assert main(["repo", str(ps2), str(repo), "--version", "3"]) == 1
     assert "freeze_sparse keeps its tables" in capsys.readouterr().err
     assert model_versions(folder) == [1, 2]
+    # Nor is version 1 rewritten under version 2 (it was, in place, by hps repo without
+    # --version).
+    v1_files = {p: p.read_bytes() for p in folder.rglob("*") if p.is_file()}
+    assert main(["repo", str(ps2), str(repo)]) == 1
+    assert "has versions [1, 2]; writing it again would rewrite version 1" in (
+        capsys.readouterr().err
+    )
+    assert {p: p.read_bytes() for p in folder.rglob("*") if p.is_file()} == v1_files
 
 
 def test_ranking_model_versions_both_triton_models(tmp_path: Path) -> None:
