@@ -52,6 +52,7 @@ class EmbeddingModel:
         self.contract = HpsContract.from_model(model)
         self.service = LookupService(settings)
         self.service.publish_tier_bytes(checked.footprint)
+        self.service.start_at_load()
         logger.info(
             "model '%s' version %d: ps.json %s, model '%s', %s (dims %s), %s instance%s",
             settings.triton_model,

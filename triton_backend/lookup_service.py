@@ -189,6 +189,19 @@ class LookupService:
                     self._started = True
         return self.lookup
 
+    def start_at_load(self) -> None:
+        """:meth:`start` now, in ``initialize``, when the model has a warm-up request (its
+        tables are to open before it is READY anyway).
+
+        Opened by the warm-up request instead, a table that cannot open (a database that does
+        not answer) fails the warm-up, and Triton 2.51 then crashes now and then (3 of 10
+        starts beside another loading model, on the CPU machine); a failed ``initialize``
+        makes the model UNAVAILABLE, the others serving (0 of 10). Without a warm-up the
+        tables open on the first request, as HugeCTR's implicit initialisation does.
+        """
+        if self.settings.config.get("model_warmup"):
+            self.start()
+
     def _start(self) -> None:
         s, lookup = self.settings, self.lookup
         lookup.open_all()

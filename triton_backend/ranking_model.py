@@ -82,6 +82,7 @@ class _RankingModel:
             "" if settings.lookup_device is None else f" on GPU {settings.lookup_device}",
             settings.precision.upper(),
         )
+        self.service.start_at_load()
 
     def execute(self, requests: list[Any]) -> list[Any]:
         """Answer a batch of requests with one lookup per table and one forward pass.

@@ -72,6 +72,27 @@ def test_a_broken_model_fails_alone(triton_server, repo, stub_watchdog) -> None:
     np.testing.assert_array_equal(lookup(url, "good", [5]), vectors["good"][[5]])
 
 
+def test_a_model_whose_database_does_not_answer_fails_alone_at_initialize(
+    triton_server, repo
+) -> None:
+    """Its tables open in initialize (the model has a warm-up): a failed warm-up request
+    crashed Triton 2.51 now and then, taking the good model down with it."""
+    folder, vectors = repo
+    ps = folder / "bad" / "ps.json"
+    doc = json.loads(ps.read_text())
+    doc["volatile_db"] = {"type": "redis_cluster", "address": "127.0.0.1:1"}
+    ps.write_text(json.dumps(doc))
+    (folder.parent / "data" / "bad").rename(folder.parent / "data" / "bad_cut")
+    shutil.copytree(folder.parent / "data" / "good", folder.parent / "data" / "bad")
+    server = triton_server(folder, strict_models=False)
+    url = server.http_url.removeprefix("http://")
+    np.testing.assert_array_equal(lookup(url, "good", [3, 999]), vectors["good"][[3, 999]])
+    states = server.model_states()
+    reason = states["bad"].reason
+    assert not states["bad"].ready and "volatile_db.address '127.0.0.1:1'" in reason, reason
+    assert "warmup" not in reason  # refused by initialize, not by the warm-up request
+
+
 def test_strict_models_keep_tritons_exit_naming_the_file(triton_server, repo) -> None:
     folder, _ = repo
     with pytest.raises(ServerStartError, match="failed to load all models") as info:
