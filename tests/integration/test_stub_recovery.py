@@ -74,18 +74,24 @@ def served_before(tmp_path: Path, kind: str) -> Path:
     return repo
 
 
-@pytest.mark.parametrize("kind", INSTANCE_KINDS)
-def test_a_killed_stub_is_replaced_and_the_model_serves_again(
-    module_triton_server, tmp_path: Path, kind: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def watched(module_triton_server, tmp_path: Path, monkeypatch, kind: str = "KIND_CPU"):
+    """``(repository, shared-memory folder, server)``, served as hps serve runs it: the
+    watchdog on, and host-tier segments whose users all died (the stubs the watchdog killed)
+    removed once the server is gone."""
     repo = served_before(tmp_path, kind)
     shm = private_shm_dir(tmp_path, monkeypatch)  # the server's host-tier segments
-    # As hps serve runs it: the watchdog on, and host-tier segments whose users all died (the
-    # stubs the watchdog killed) removed once the server is gone.
     server = module_triton_server(
         repo, startup_timeout_s=180, stub_watchdog=True,
         on_stopped=[lambda _: remove_stale_segments()],
     )  # fmt: skip
+    return repo, shm, server
+
+
+@pytest.mark.parametrize("kind", INSTANCE_KINDS)
+def test_a_killed_stub_is_replaced_and_the_model_serves_again(
+    module_triton_server, tmp_path: Path, kind: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    repo, shm, server = watched(module_triton_server, tmp_path, monkeypatch, kind)
     regions = server._shm_prefix
     client = grpcclient.InferenceServerClient(server.grpc_url.split("//")[-1])
     model = Model(repo, NAME)
@@ -179,12 +185,7 @@ def test_a_failed_reload_is_said_with_its_reason_and_tried_again_until_the_files
     module_triton_server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
     caplog: pytest.LogCaptureFixture,
 ) -> None:  # fmt: skip
-    repo = served_before(tmp_path, "KIND_CPU")
-    private_shm_dir(tmp_path, monkeypatch)
-    server = module_triton_server(
-        repo, startup_timeout_s=180, stub_watchdog=True,
-        on_stopped=[lambda _: remove_stale_segments()],
-    )  # fmt: skip
+    repo, _, server = watched(module_triton_server, tmp_path, monkeypatch)
     assert server._watchdog is not None
     server._watchdog.retry_s = 1.0
     client = grpcclient.InferenceServerClient(server.grpc_url.split("//")[-1])
@@ -233,12 +234,7 @@ def test_a_reload_brings_back_the_version_that_served_not_a_newer_broken_one(
     """A version added to the folder but not switched to (hps reload) may be broken: the
     watchdog reloads the versions that served, so killing a stub never turns into a failed
     switch to it."""
-    repo = served_before(tmp_path, "KIND_CPU")
-    private_shm_dir(tmp_path, monkeypatch)
-    server = module_triton_server(
-        repo, startup_timeout_s=180, stub_watchdog=True,
-        on_stopped=[lambda _: remove_stale_segments()],
-    )  # fmt: skip
+    repo, _, server = watched(module_triton_server, tmp_path, monkeypatch)
     client = grpcclient.InferenceServerClient(server.grpc_url.split("//")[-1])
     model = Model(repo, NAME)
     rng = np.random.default_rng(7)

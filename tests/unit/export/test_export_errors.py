@@ -153,6 +153,8 @@ def test_checkpoint_with_other_objects_needs_allow_pickle(tmp_path: Path):
     assert set(load_checkpoint(path, allow_pickle=True)) == set(ARCH.expected_shapes())
 
 
+# Unpickling looks the missing class up in __main__, which Python 3.11's importlib warns of.
+@pytest.mark.filterwarnings("ignore:BuiltinImporter.module_repr:DeprecationWarning")
 def test_a_whole_pickled_module_says_to_save_its_state_dict(tmp_path: Path):
     """A module saved whole (``torch.save(model)``) loads only where its class imports."""
     path = tmp_path / "whole.pt"

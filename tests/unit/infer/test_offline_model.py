@@ -255,17 +255,22 @@ def test_dataset_errors_name_file_column_and_row(tmp_path: Path) -> None:
         model.predict_dataset(meta)
 
 
+def wdl_dataset(tmp_path: Path, samples: int, hot: int, seed: int):
+    """The zoo's W&D and a Parquet file of ``samples`` samples with ``hot`` keys in every
+    slot (list columns): ``(model, path, table)``."""
+    files = write_ranking_files(tmp_path / "m", OWN["wdl"], seed=seed, max_batch_size=8)
+    rng = np.random.default_rng(seed + 1)
+    keys = random_keys(rng, samples, files.slot_nums, files.known_keys(), hot)
+    keys = [[[slot[:hot] or [0] * hot for slot in table] for table in sample] for sample in keys]
+    dense = rng.standard_normal((samples, 13)).astype(np.float32)
+    path = tmp_path / "d.parquet"
+    write_dataset(path, files, dense, keys)
+    return InferenceModel.from_ps_json(files.ps_json), path, pq.read_table(path)
+
+
 def test_list_columns_of_every_layout_score_alike(tmp_path: Path) -> None:
     """list, large_list (Polars' default) and fixed_size_list hold the same keys."""
-    files = write_ranking_files(tmp_path / "m", OWN["wdl"], seed=43, max_batch_size=8)
-    model = InferenceModel.from_ps_json(files.ps_json)
-    rng = np.random.default_rng(44)
-    keys = random_keys(rng, 6, files.slot_nums, files.known_keys(), 2)
-    keys = [[[slot[:1] or [0] for slot in table] for table in sample] for sample in keys]
-    dense = rng.standard_normal((6, 13)).astype(np.float32)
-    path = tmp_path / "list.parquet"
-    write_dataset(path, files, dense, keys)
-    table = pq.read_table(path)
+    model, path, table = wdl_dataset(tmp_path, samples=6, hot=1, seed=43)
     want = model.predict_dataset(path).scores
     for kind in (pa.large_list(pa.int64()), pa.list_(pa.int64(), 1)):
         cast = table.cast(pa.schema([
@@ -276,15 +281,7 @@ def test_list_columns_of_every_layout_score_alike(tmp_path: Path) -> None:
 
 
 def test_values_the_server_refuses_are_refused_naming_column_and_row(tmp_path: Path) -> None:
-    files = write_ranking_files(tmp_path / "m", OWN["wdl"], seed=45, max_batch_size=8)
-    model = InferenceModel.from_ps_json(files.ps_json)
-    rng = np.random.default_rng(46)
-    keys = random_keys(rng, 4, files.slot_nums, files.known_keys(), 2)
-    keys = [[[slot[:2] or [0] for slot in table] for table in sample] for sample in keys]
-    dense = rng.standard_normal((4, 13)).astype(np.float32)
-    path = tmp_path / "d.parquet"
-    write_dataset(path, files, dense, keys)
-    table = pq.read_table(path)
+    model, _, table = wdl_dataset(tmp_path, samples=4, hot=2, seed=45)
     for values, kind, word in (
         ([1.0, 2.0, np.nan, 3.0], pa.float32(), "nan"),
         ([1.0, 2.0, -np.inf, 3.0], pa.float32(), "-inf"),
