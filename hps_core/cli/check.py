@@ -137,9 +137,13 @@ def run(args: argparse.Namespace) -> int:
     if report.problems:
         for problem in report.problems:
             print(problem, file=sys.stderr)
+        if args.json:  # a program reading stdout learns the outcome there too
+            problems = [{"where": p.where, "message": p.message} for p in report.problems]
+            doc = {"ok": False, "problems": problems, "warnings": report.warnings}
+            print(json.dumps(doc, indent=2))
         return 1
     if args.json:
-        print(json.dumps(summary_document(report), indent=2))
+        print(json.dumps({**summary_document(report), "warnings": report.warnings}, indent=2))
     else:
         print_summary(report)
     return 0
@@ -159,6 +163,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--json",
         action="store_true",
-        help="print the summary as JSON, with the exact bytes of each tier",
+        help="print the summary as JSON (exact bytes of each tier); on problems, "
+        '{"ok": false, "problems": [...]}',
     )
     parser.set_defaults(func=run)

@@ -237,6 +237,16 @@ def test_a_key_file_that_repeats_a_key_is_a_problem(
     assert_problem_lines(code, out, err, [pattern])
 
 
+def test_json_says_the_problems_on_stdout_too(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    ps = _ranking_copy(tmp_path, embedding_vecsize_per_table=[1, 8])
+    code, out, err = run_check(capsys, str(ps), "--json")
+    doc = json.loads(out)
+    assert code == 1 and doc["ok"] is False and doc["warnings"] == []
+    assert [f"{p['where']}: {p['message']}" for p in doc["problems"]] == err.splitlines()
+
+
 def assert_problem_lines(code: int, out: str, err: str, expected: list[str]) -> None:
     """Exit 1, nothing on stdout, exactly one stderr line per problem, no traceback."""
     assert code == 1
