@@ -17,7 +17,13 @@ import argparse
 import sys
 import time
 
-from hps_core.server.control import ControlError, load_model, read_control_file, version_states
+from hps_core.server.control import (
+    ControlError,
+    load_model,
+    read_control_file,
+    repository_index,
+    version_states,
+)
 
 _POLL_S = 0.2
 
@@ -80,7 +86,16 @@ def run(args: argparse.Namespace) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     code = 0
+    try:
+        served = {entry["name"] for entry in repository_index(info.http_url, info.token)}
+    except ControlError:
+        served = None  # the load below says what is wrong with the server
     for model in args.models:
+        if served is not None and model not in served:
+            print(f"error: model '{model}' is not in the served repository; it has: "
+                  f"{', '.join(sorted(served)) or 'no model'}", file=sys.stderr)  # fmt: skip
+            code = 1
+            continue
         try:
             seconds = load_model(info.http_url, info.token, model, args.timeout)
         except ControlError as exc:

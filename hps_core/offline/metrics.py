@@ -7,7 +7,7 @@ import numpy as np
 from hps_core.errors import RequestError
 
 
-def auc(labels: np.ndarray, scores: np.ndarray) -> float:
+def auc(labels: np.ndarray, scores: np.ndarray, what: str = "labels") -> float:
     """Area under the ROC curve, as HugeCTR's ``evaluate`` reports it for binary labels.
 
     Computed exactly from ranks (the Mann-Whitney statistic), tied scores sharing their
@@ -16,6 +16,7 @@ def auc(labels: np.ndarray, scores: np.ndarray) -> float:
     Args:
         labels: 0/1 labels (any shape; flattened), float or integer.
         scores: predictions of the same number of elements.
+        what: where the labels come from, for messages (e.g. ``label column 'label'``).
 
     Returns:
         The AUC in [0, 1].
@@ -32,8 +33,12 @@ def auc(labels: np.ndarray, scores: np.ndarray) -> float:
     if y.shape != s.shape:
         raise RequestError(f"AUC: {y.size} labels but {s.size} scores")
     positive = y == 1
-    if not np.all(positive | (y == 0)):
-        raise RequestError("AUC needs labels of 0 and 1 only")
+    other = ~(positive | (y == 0))
+    if other.any():
+        first = int(np.flatnonzero(other)[0])
+        raise RequestError(
+            f"AUC needs labels of 0 and 1 only: {what} holds {y[first]} at row {first}"
+        )
     n_pos = int(positive.sum())
     n_neg = y.size - n_pos
     if n_pos == 0 or n_neg == 0:

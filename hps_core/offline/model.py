@@ -56,7 +56,9 @@ class DatasetPredictions:
         """
         if self.labels is None:
             raise RequestError("the dataset has no label columns: no AUC")
-        return auc(self.labels[:, 0], self.scores[:, 0])
+        if not len(self.labels):
+            raise RequestError("the dataset has no rows: no AUC")
+        return auc(self.labels[:, 0], self.scores[:, 0], f"label column '{self.columns.labels[0]}'")
 
 
 class InferenceModel:
@@ -109,6 +111,8 @@ class InferenceModel:
         """
         if device_id == "auto":
             device_id = first_gpu()
+        elif device_id == "cpu":  # as hps predict --device cpu
+            device_id = None
         if model_name is None:
             models = load_ps_config(ps_json).models
             if len(models) != 1:
@@ -269,7 +273,11 @@ class InferenceModel:
         width = self.layout.label_dim
         return DatasetPredictions(
             np.concatenate(scores) if scores else np.empty((0, width), np.float32),
-            np.concatenate(labels) if labels else None,
+            np.concatenate(labels)
+            if labels
+            else np.empty((0, len(columns.labels)), np.float32)
+            if columns.labels
+            else None,
             columns,
         )
 

@@ -373,6 +373,23 @@ def test_hps_predict_writes_labels_and_predictions(tmp_path: Path, capsys) -> No
     assert "pass --overwrite" in capsys.readouterr().err
 
 
+def test_an_auc_that_cannot_be_computed_says_why(tmp_path: Path) -> None:
+    files = write_ranking_files(tmp_path / "m", OWN["wdl"], seed=47, max_batch_size=8)
+    model = InferenceModel.from_ps_json(files.ps_json, device_id="cpu")  # as --device cpu
+    assert model.session.device_id is None
+    rng = np.random.default_rng(48)
+    keys = random_keys(rng, 4, files.slot_nums, files.known_keys(), 1)
+    dense = rng.standard_normal((4, 13)).astype(np.float32)
+    labels = np.array([0.0, 1.0, 0.5, 1.0])
+    write_dataset(tmp_path / "half.parquet", files, dense, keys, labels=labels)
+    with pytest.raises(RequestError, match=r"label column 'label' holds 0.5 at row 2"):
+        model.evaluate(tmp_path / "half.parquet")
+    table = pq.read_table(tmp_path / "half.parquet")
+    pq.write_table(table.slice(0, 0), tmp_path / "empty.parquet")
+    with pytest.raises(RequestError, match="the dataset has no rows"):
+        model.evaluate(tmp_path / "empty.parquet")
+
+
 def test_auc_against_pairs() -> None:
     rng = np.random.default_rng(45)
     labels = (rng.random(300) < 0.3).astype(np.int64)
@@ -382,7 +399,7 @@ def test_auc_against_pairs() -> None:
     assert auc(labels, scores) == pytest.approx(pairs / (pos.size * neg.size))
     with pytest.raises(RequestError, match="both classes"):
         auc(np.zeros(4), np.ones(4))
-    with pytest.raises(RequestError, match="labels of 0 and 1"):
+    with pytest.raises(RequestError, match=r"labels of 0 and 1 only: labels holds 2 at row 1"):
         auc(np.array([0, 2]), np.ones(2))
 
 

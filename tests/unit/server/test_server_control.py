@@ -54,7 +54,7 @@ class FakeRepositoryApi(http.server.BaseHTTPRequestHandler):
         if self.path == "/v2/repository/index":
             cls = type(self)
             cls.index_calls += 1
-            entries = [{"name": "m", "version": "2", "state": "READY"}]
+            entries = [{"name": "m", "version": "2", "state": "READY"}, {"name": "broken"}]
             if cls.loads:  # old version: unloading at first, then gone
                 old = "UNLOADING" if cls.index_calls < 3 else "UNAVAILABLE"
                 entries.append({"name": "m", "version": "1", "state": old, "reason": "unloaded"})
@@ -153,6 +153,16 @@ def test_hps_reload_reports_a_failed_load(fake_api: str, capsys) -> None:
     assert "no ps.json" in err
 
 
+def test_hps_reload_of_a_model_the_repository_lacks_names_those_it_has(
+    fake_api: str, capsys
+) -> None:
+    write_control_file(8000, ControlInfo(os.getpid(), fake_api, TOKEN))
+    assert main(["reload", "nosuch", "--http-port", "8000", "--no-wait"]) == 1
+    err = capsys.readouterr().err
+    assert "model 'nosuch' is not in the served repository; it has: broken, m" in err
+    assert FakeRepositoryApi.loads == []
+
+
 def test_hps_reload_without_a_server(capsys) -> None:
     assert main(["reload", "m", "--http-port", "8124"]) == 1
     assert "no hps serve with model control on HTTP port 8124" in capsys.readouterr().err
@@ -162,7 +172,7 @@ def test_hps_models_lists_the_index_with_its_states(fake_api: str, capsys) -> No
     write_control_file(8000, ControlInfo(os.getpid(), fake_api, TOKEN))
     assert main(["models", "--http-port", "8000"]) == 0
     out = capsys.readouterr().out
-    assert out.splitlines() == ["m  2  READY"]
+    assert out.splitlines() == ["broken  -  not loaded", "m       2  READY"]
     assert TOKEN not in out
 
 
