@@ -203,13 +203,19 @@ def read_control_file(http_port: int) -> ControlInfo:
 
 
 def _request(
-    http_url: str, token: str, path: str, timeout: float, body: dict[str, Any] | None = None
+    http_url: str,
+    token: str,
+    path: str,
+    timeout: float,
+    body: dict[str, Any] | None = None,
+    method: str = "POST",
 ) -> Any:
-    """POST ``body`` (default: an empty object) to ``path`` with the token; its JSON answer."""
+    """Send ``body`` (POST: an empty object by default; GET: none) to ``path`` with the
+    token; its JSON answer."""
     request = urllib.request.Request(
         f"{http_url.rstrip('/')}{path}",
-        data=json.dumps(body or {}).encode(),
-        method="POST",
+        data=json.dumps(body or {}).encode() if method == "POST" else None,
+        method=method,
         headers={HEADER: token, "Content-Type": "application/json"},
     )
     try:
@@ -219,7 +225,10 @@ def _request(
         raise ControlError(f"{path}: Triton answered {exc.code}: {_triton_error(exc)}") from exc
     except (urllib.error.URLError, OSError) as exc:
         raise ControlError(f"{http_url}{path} failed: {exc}") from exc
-    return json.loads(answer) if answer else None
+    try:
+        return json.loads(answer) if answer else None
+    except ValueError as exc:
+        raise ControlError(f"{http_url}{path}: not a JSON answer ({exc})") from exc
 
 
 def _triton_error(exc: urllib.error.HTTPError) -> str:
@@ -269,7 +278,13 @@ def control_args(token: str) -> list[str]:
     ]
 
 
-def load_model(http_url: str, token: str, model: str, timeout: float = LOAD_TIMEOUT_S) -> float:
+def load_model(
+    http_url: str,
+    token: str,
+    model: str,
+    timeout: float = LOAD_TIMEOUT_S,
+    config: dict[str, Any] | None = None,
+) -> float:
     """Ask Triton to load ``model`` again: the new versions of its folder are loaded.
 
     Returns when Triton's load returns: the new version serves, the old one is being
@@ -280,6 +295,8 @@ def load_model(http_url: str, token: str, model: str, timeout: float = LOAD_TIME
         token: the model-control token.
         model: the model name.
         timeout: seconds to wait for the load.
+        config: load with this model config (Triton's JSON form) instead of the folder's
+            config.pbtxt.
 
     Returns:
         Seconds the load took.
@@ -288,9 +305,13 @@ def load_model(http_url: str, token: str, model: str, timeout: float = LOAD_TIME
         ControlError: Triton refused or failed the load (its message), or cannot be reached.
     """
     started = time.perf_counter()
-    quoted = urllib.parse.quote(model, safe="")
-    _request(http_url, token, f"/v2/repository/models/{quoted}/load", timeout)
+    body = None if config is None else {"parameters": {"config": json.dumps(config)}}
+    _request(http_url, token, f"/v2/repository/models/{_quoted(model)}/load", timeout, body)
     return time.perf_counter() - started
+
+
+def _quoted(model: str) -> str:
+    return urllib.parse.quote(model, safe="")
 
 
 RELOAD_PARAMETER = "hps_reload"
@@ -331,20 +352,11 @@ def reload_model(
         ControlError: Triton refused or failed the load (its message), or cannot be reached.
     """
     started = time.perf_counter()
-    quoted = urllib.parse.quote(model, safe="")
-    try:
-        with _NO_PROXY.open(f"{http_url.rstrip('/')}/v2/models/{quoted}/config", timeout=10) as r:
-            config = json.loads(r.read())
-    except urllib.error.HTTPError as exc:
-        raise ControlError(f"model '{model}' config: Triton answered {exc.code}: "
-                           f"{_triton_error(exc)}") from exc  # fmt: skip
-    except (urllib.error.URLError, OSError, ValueError) as exc:
-        raise ControlError(f"model '{model}' config: {exc}") from exc
+    config = _request(http_url, token, f"/v2/models/{_quoted(model)}/config", 10, method="GET")
     config.setdefault("parameters", {})[RELOAD_PARAMETER] = {"string_value": str(reload)}
     if versions:
         config["version_policy"] = {"specific": {"versions": [int(v) for v in versions]}}
-    body = {"parameters": {"config": json.dumps(config)}}
-    _request(http_url, token, f"/v2/repository/models/{quoted}/load", timeout, body)
+    load_model(http_url, token, model, timeout, config)
     return time.perf_counter() - started
 
 
