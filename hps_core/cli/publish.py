@@ -14,10 +14,11 @@ Example:
 from __future__ import annotations
 
 import argparse
+import difflib
 import time
 
 from hps_core.cli.arguments import positive_int
-from hps_core.updates.messages import DEFAULT_SEND_BUFFER_SIZE, topic_for
+from hps_core.updates.messages import DEFAULT_SEND_BUFFER_SIZE, parse_tag, topic_for
 from hps_core.updates.producer import (
     DEFAULT_NUM_KEY_GROUPS,
     DEFAULT_TOPIC_PARTITIONS,
@@ -42,6 +43,8 @@ def _publish(args: argparse.Namespace) -> int:
     except ValueError as exc:  # a bad name or broker list: one line, no traceback
         raise PublishError(str(exc)) from exc
     with producer:
+        if not args.create_topic:
+            _check_topic(args.model, args.table, topic, producer.existing_topics(), args.brokers)
         report = None
         if args.sparse is not None:
             sent = producer.publish_sparse(args.model, args.table, args.sparse, args.dim)
@@ -73,6 +76,33 @@ def _publish(args: argparse.Namespace) -> int:
             f"the old table (not sent: updates cannot delete)"
         )
     return 0
+
+
+def _check_topic(model: str, table: str, topic: str, existing: set[str], brokers: str) -> None:
+    """Refuse a topic no server has made: the servers create their tables' topics when they
+    start, so a missing one is usually a misspelt model or table, whose rows nobody would
+    ever read."""
+    if topic in existing:
+        return
+    tags = []
+    for name in existing:
+        try:
+            tags.append(parse_tag(name))
+        except ValueError:  # not a table's topic
+            continue
+    tables = sorted(other for owner, other in tags if owner == model)
+    if tables:
+        close = difflib.get_close_matches(table, tables, n=1, cutoff=0.6)
+        hint = f'; did you mean --table "{close[0]}"?' if close else ""
+        known = f"the tables of model {model!r} there: {', '.join(tables)}{hint}"
+    else:
+        close = difflib.get_close_matches(model, sorted({owner for owner, _ in tags}), n=1)
+        hint = f'; did you mean --model "{close[0]}"?' if close else ""
+        known = f"no table of model {model!r} has a topic there{hint}"
+    raise PublishError(
+        f"topic {topic!r} does not exist at {brokers} ({known}). Servers create the topics "
+        "of their tables when they start; pass --create-topic to publish before any has"
+    )
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -140,6 +170,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--int32-keys",
         action="store_true",
         help="4-byte keys, for models with supportlonglong false",
+    )
+    parser.add_argument(
+        "--create-topic",
+        action="store_true",
+        help="publish even if no server has created the table's topic yet (it is created "
+        "with --partitions partitions; by default a missing topic is refused as a likely typo)",
     )
     parser.add_argument(
         "--linger-ms",

@@ -237,6 +237,18 @@ class UpdateProducer:
         self._partitions[topic] = count
         return count
 
+    def existing_topics(self, timeout_s: float = 10.0) -> set[str]:
+        """The names of the topics the brokers hold now.
+
+        Raises:
+            PublishError: the brokers do not answer.
+        """
+        try:
+            metadata = self._producer.list_topics(timeout=timeout_s)
+        except Exception as exc:  # KafkaException: brokers unreachable
+            raise PublishError(f"no answer from the Kafka brokers {self.brokers}: {exc}") from exc
+        return {name for name, info in metadata.topics.items() if info.error is None}
+
     # -- publishing -----------------------------------------------------------------------
 
     def _produce(self, topic: str, payload: bytes, partition: int | None) -> None:

@@ -14,6 +14,7 @@ from updates_testlib import Collector, make_consumer, poll_until, rows
 from hps_core.cli.main import main
 from hps_core.formats.sparse_writer import SparseTableWriter
 from hps_core.updates import topic_for
+from hps_core.updates.producer import create_topics
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -29,7 +30,13 @@ def test_hps_publish_sparse_parquet_and_changed(broker, model, tmp_path, capsys)
     write_sparse(tmp_path / "v1", keys, vectors)
     base = ["publish", "--brokers", broker, "--model", model, "--table", "emb"]
 
-    assert main([*base, "--sparse", str(tmp_path / "v1"), "--linger-ms", "5"]) == 0
+    # No server has made the table's topic yet: refused unless asked for.
+    assert main([*base, "--sparse", str(tmp_path / "v1")]) == 2
+    err = capsys.readouterr().err
+    assert f"topic '{tag}' does not exist at {broker}" in err and "--create-topic" in err
+    assert (
+        main([*base, "--sparse", str(tmp_path / "v1"), "--linger-ms", "5", "--create-topic"]) == 0
+    )
     out = capsys.readouterr().out
     assert re.search(rf"sent 3000 keys in \d+ messages to {re.escape(tag)} .* keys/s\)", out)
 
@@ -73,3 +80,25 @@ def test_hps_publish_reports_bad_arguments_in_one_line(tmp_path, capsys):
     bad_model = ["publish", "--brokers", "k:9092", "--model", "a.b", "--table", "t"]
     assert main([*bad_model, "--sparse", str(tmp_path)]) == 2
     assert "contain no '.'" in capsys.readouterr().err
+
+
+def test_hps_publish_refuses_a_topic_no_server_made_and_names_the_model_s_tables(
+    broker, model, tmp_path, capsys
+):
+    create_topics(broker, [topic_for(model, "sparse_embedding0"), topic_for(model, "dense")], 1)
+    keys, vectors = rows(10, 4, seed=3)
+    write_sparse(tmp_path / "v1", keys, vectors)
+    base = ["publish", "--brokers", broker, "--sparse", str(tmp_path / "v1")]
+
+    assert main([*base, "--model", model, "--table", "sparse_embeding0"]) == 2
+    err = capsys.readouterr().err
+    assert f"the tables of model '{model}' there: dense, sparse_embedding0" in err
+    assert 'did you mean --table "sparse_embedding0"?' in err
+
+    assert main([*base, "--model", model + "x", "--table", "sparse_embedding0"]) == 2
+    err = capsys.readouterr().err
+    assert f"no table of model '{model}x' has a topic there" in err
+    assert f'did you mean --model "{model}"?' in err
+
+    assert main([*base, "--model", model, "--table", "sparse_embedding0"]) == 0
+    assert "sent 10 keys" in capsys.readouterr().out
