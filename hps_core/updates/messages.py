@@ -15,10 +15,13 @@ offset     size   content
 =========  =====  ==========================================================================
 
 HugeCTR writes the header and keys with native x86/ARM byte order, i.e. little-endian; the
-key width is not in the message, both ends must agree on it (``supportlonglong``). A
-message with no record is a *beacon* (HugeCTR's sink sends one to ``__hps_beacon`` to await
-a connection); it updates nothing. One message is at most the sink's ``send_buffer_size``
-(256 KiB by default), which the consumer's ``receive_buffer_size`` should equal.
+key width is not in the message, both ends must agree on it (``supportlonglong``). A body
+that is a whole number of records at one width only tells a mismatch by its length; one that
+is whole at both is refused when its values read as subnormal floats (key bytes below 2**23)
+at the table's width and as none at the other. A message with no record is a *beacon*
+(HugeCTR's sink sends one to ``__hps_beacon`` to await a connection); it updates nothing. One
+message is at most the sink's ``send_buffer_size`` (256 KiB by default), which the consumer's
+``receive_buffer_size`` should equal.
 
 Topics are the tables' tags, :func:`hps_core.tiers.backing.table_tag`:
 ``hps_et.<model>.<table>``, so one topic carries one table.
@@ -258,6 +261,20 @@ def iter_messages(
         yield rows, encode_message(keys[rows], vectors[rows], key_bytes)
 
 
+def _records(data: memoryview, key_bytes: int, value_size: int) -> tuple[np.ndarray, np.ndarray]:
+    n = (len(data) - HEADER_BYTES) // (key_bytes + value_size)
+    records = np.frombuffer(data, _record_dtype(key_bytes, value_size), count=n, offset=8)
+    keys = records["key"].astype(np.int64)
+    # A copy: the result must not pin (or alias) the consumer's message buffer.
+    vectors = np.array(records["value"], copy=True, order="C").view(VALUE_DTYPE)
+    return keys, vectors.reshape(n, value_size // VALUE_DTYPE.itemsize)
+
+
+def _has_subnormals(vectors: np.ndarray) -> bool:
+    magnitude = np.abs(vectors)
+    return bool(((magnitude < np.finfo(VALUE_DTYPE).tiny) & (magnitude > 0)).any())
+
+
 def decode_message(
     payload: bytes | memoryview | None,
     key_bytes: int = 8,
@@ -318,11 +335,22 @@ def decode_update(
             f"({key_bytes}-byte key + {value_size}-byte value): truncated, or another "
             f"key width or dim"
         )
-    n = body // per_row
-    records = np.frombuffer(data, _record_dtype(key_bytes, value_size), count=n, offset=8)
-    keys = records["key"].astype(np.int64)
-    # A copy: the result must not pin (or alias) the consumer's message buffer.
-    vectors = np.array(records["value"], copy=True, order="C").view(VALUE_DTYPE).reshape(n, dim)
+    keys, vectors = _records(data, key_bytes, value_size)
+    other = 4 if key_bytes == 8 else 8
+    # The key width is not in the message, and a body may be a whole number of records at
+    # both widths. Key bytes read as values are tiny (subnormal) floats, which trained
+    # embeddings do not hold: refuse rather than apply garbage rows.
+    if (
+        body % (other + value_size) == 0
+        and _has_subnormals(vectors)
+        and not _has_subnormals(_records(data, other, value_size)[1])
+    ):
+        raise MalformedMessageError(
+            f"its {body}-byte body reads as records of {key_bytes}-byte keys only with "
+            f"subnormal values, and cleanly as {other}-byte keys: the publisher's key "
+            f"width differs from this table's ({key_bytes} bytes; HugeCTR's "
+            "supportlonglong, hps publish --int32-keys)"
+        )
     finite = np.isfinite(vectors)
     if not finite.all():  # a row that would score NaN (an int8 row turns inf into NaN too)
         row, j = (int(i[0]) for i in np.nonzero(~finite))

@@ -81,6 +81,37 @@ def test_four_byte_keys_round_trip():
         encode_message(np.array([-1]), vectors[:1], key_bytes=4)
 
 
+@pytest.mark.parametrize(("written", "read"), [("<I", 8), ("<q", 4)])
+def test_a_body_whole_at_both_key_widths_is_read_as_the_width_it_was_written_in(written, read):
+    # dim 2: records of 12 bytes (4-byte keys) and 16 (8-byte keys); 4 x 12 = 3 x 16, so
+    # the length alone cannot tell the widths apart. Keys below 2**23 read as values are
+    # subnormal floats, which is how the misreading shows (larger keys read as ordinary
+    # floats: such a message is applied as it reads, as HugeCTR does).
+    rng = np.random.default_rng(5)
+    rows = 4 if written == "<I" else 3
+    keys = rng.integers(1, 2**23, rows).tolist()
+    vectors = rng.standard_normal((rows, 2)).astype(np.float32).tolist()
+    payload = hugectr_payload(keys, vectors, key_fmt=written)
+    assert (len(payload) - 8) % 12 == 0 and (len(payload) - 8) % 16 == 0
+    with pytest.raises(
+        MalformedMessageError,
+        match=f"publisher's key width differs from this table's \\({read} bytes",
+    ):
+        decode_message(payload, key_bytes=read, expected_dim=2)
+    got_keys, got_vectors = decode_message(payload, key_bytes=12 - read, expected_dim=2)
+    assert got_keys.tolist() == keys
+    np.testing.assert_array_equal(got_vectors, np.float32(vectors))
+
+
+def test_a_row_of_tiny_values_in_a_body_whole_at_both_widths_is_kept_when_neither_reads_clean():
+    # A genuine subnormal value cannot be told from key bytes; with subnormals in both
+    # readings the configured width stands.
+    tiny = float(np.finfo(np.float32).smallest_subnormal) * 3
+    payload = hugectr_payload([1, 2, 3], [[tiny, 1.0], [0.5, tiny], [tiny, tiny]])
+    keys, vectors = decode_message(payload, key_bytes=8, expected_dim=2)
+    assert keys.tolist() == [1, 2, 3] and vectors[0, 0] == np.float32(tiny)
+
+
 def test_beacon_decodes_to_no_rows():
     message = decode_update(encode_beacon())
     assert message.is_beacon and message.keys.shape == (0,) and message.vectors.shape == (0, 2)
