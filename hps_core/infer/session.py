@@ -10,6 +10,7 @@ on the host or CuPy on the session's GPU.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 from collections.abc import Sequence
 from types import ModuleType
@@ -21,6 +22,7 @@ from hps_core.errors import RequestError
 from hps_core.hps import HPS
 from hps_core.infer.inputs.batch import SparseBatch
 from hps_core.infer.inputs.layout import RankingLayout, load_ranking_graph
+from hps_core.log_every import LogEvery
 from hps_core.lookup.model_lookup import DEFAULT_OPTIONS, LookupOptions, ModelLookup
 from hps_core.nn import (
     Combiner,
@@ -31,6 +33,9 @@ from hps_core.nn import (
     read_dense_blob,
 )
 from hps_core.wording import plural
+
+logger = logging.getLogger("hps_core")
+_OFF_HOTNESS = LogEvery()  # a line per model and table every 10 s, not per request
 
 
 def _device(xp: ModuleType, device_id: int | None) -> contextlib.AbstractContextManager:
@@ -213,12 +218,47 @@ class RankingSession:
         Raises:
             RequestError: the batch does not fit the model (wrong widths, offsets).
         """
+        self._warn_off_hotness(batch)
         if self.pipeline is not None:
             self._check(batch)
             return self.pipeline.predict(batch)
         embeddings = self.embeddings(batch)
         with _device(self.xp, self.device_id):
             return self.executor.forward(self.xp.asarray(batch.dense), embeddings)
+
+    def _warn_off_hotness(self, batch: SparseBatch) -> None:
+        """Warn of slots whose key count differs from a fixed-length input's hotness.
+
+        HugeCTR pools the keys a slot holds whatever their number, and so does this engine,
+        so such a batch is scored; but a network declaring every slot ``h`` keys was trained
+        on ``h``, and a request of other lengths is most often a data bug (a column read as
+        another), which deserves a line rather than silence."""
+        for feed in self.layout.tables:
+            offsets = batch.row_offsets[feed.table] if feed.table < len(batch.row_offsets) else None
+            if feed.hotness == 1 or not isinstance(offsets, np.ndarray):
+                continue  # one-hot (lengths free) or no offsets (every slot holds h keys)
+            off = np.flatnonzero(np.diff(offsets) != feed.hotness)
+            if off.size == 0:
+                continue
+            sample, slot = divmod(int(off[0]), feed.slot_num)
+            samples = len(np.unique(off // feed.slot_num))
+            _OFF_HOTNESS.log(
+                logger,
+                logging.WARNING,
+                (self.layout.model, feed.table),
+                "model '%s' table %d ('%s'): slot %d of sample %d holds %s, but the "
+                "network's fixed-length input has %d in every slot (%d of %d samples differ); "
+                "scored as given, pooled over the keys each slot holds, as HugeCTR does",
+                self.layout.model,
+                feed.table,
+                feed.layer,
+                slot,
+                sample,
+                plural(int(offsets[off[0] + 1] - offsets[off[0]]), "key"),
+                feed.hotness,
+                samples,
+                batch.batch_size,
+            )
 
     def _check(self, batch: SparseBatch) -> None:
         layout = self.layout

@@ -182,3 +182,37 @@ def test_empty_table_keys_pool_to_zeros(tmp_path: Path) -> None:
     )
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
     assert json.loads(files.ps_json.read_text())["models"][0]["model"] == files.name
+
+
+def test_a_slot_off_a_fixed_length_inputs_hotness_is_scored_as_given_with_a_warning(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    network = json.loads(OWN["dcn"].read_text())
+    data = next(layer for layer in network["layers"] if layer["type"] == "Data")
+    data["sparse"][0].update(is_fixed_length=True, nnz_per_slot=2)
+    (tmp_path / "fixed.json").write_text(json.dumps(network))
+    files = write_ranking_files(tmp_path / "m", tmp_path / "fixed.json", seed=18, max_hot=2)
+    session = RankingSession.open(files.ps_json, files.name)
+    assert session.layout.hotness == (2,)
+    rng = np.random.default_rng(19)
+    known = files.known_keys()[0]
+    keys = [[[list(rng.choice(known, 2)) for _ in range(26)]] for _ in range(4)]
+    dense = random_dense(rng, 4, 13)
+    with caplog.at_level("WARNING", logger="hps_core"):
+        session.predict(to_sparse_batch(dense, keys))
+    assert not caplog.records  # every slot holds its 2 keys
+
+    keys[2][0][5] = keys[2][0][5][:1]  # sample 2, slot 5: one key
+    keys[3][0][0] = [*keys[3][0][0], known[0]]  # sample 3, slot 0: three
+    with caplog.at_level("WARNING", logger="hps_core"):
+        got = session.predict(to_sparse_batch(dense, keys))
+    (record,) = caplog.records
+    assert (
+        f"model '{files.name}' table 0 ('sparse_embedding1'): slot 5 of sample 2 holds 1 key, "
+        "but the network's fixed-length input has 2 in every slot (2 of 4 samples differ); "
+        "scored as given" in record.getMessage()
+    )
+    want = predict_reference(
+        files.network_file, files.dense_file, files.tables, files.defaults, dense, keys
+    )
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
