@@ -22,7 +22,9 @@ from hps_core.infer.inputs.layout import (
     load_ranking_graph,
     ps_json_disagreements,
 )
+from hps_core.tiers.backing import table_tag
 from hps_core.tiers.factory import check_tiers_available
+from hps_core.wording import plural
 
 logger = logging.getLogger("hps_core")
 
@@ -151,6 +153,82 @@ def _check_network(model: ModelConfig, where: str, report: CheckReport) -> None:
         report.problems += exc.problems or [Problem(f"{where}.network_file", str(exc))]
     else:
         report.warnings += ps_json_disagreements(model, layout, where)
+
+
+def check_connections(config: PSConfig, timeout_s: float = 5.0) -> tuple[list[Problem], list[str]]:
+    """Try the servers a ps.json names outside this machine's files: its Redis cluster
+    (``volatile_db``) and its Kafka brokers (``update_source``).
+
+    Args:
+        config: the parsed ps.json.
+        timeout_s: how long the brokers may take to answer.
+
+    Returns:
+        ``(problems, notes)``: a problem per server that does not answer or refuses us (naming
+        the ps.json field), a note per server that answers, with what it holds.
+    """
+    from hps_core.config import DatabaseType, UpdateSourceType
+
+    problems: list[Problem] = []
+    notes: list[str] = []
+    volatile = config.volatile_db
+    if volatile.type is DatabaseType.REDIS_CLUSTER:
+        from hps_core.tiers.redis_store import RedisClusterStore
+
+        try:
+            store = RedisClusterStore(volatile)
+        except ConfigError as exc:  # refused: password, TLS certificate
+            problems += exc.problems
+        except HPSError as exc:  # no node answers
+            message = str(exc).removeprefix(f"volatile_db.address '{volatile.address}': ")
+            problems.append(Problem("volatile_db.address", f"'{volatile.address}': {message}"))
+        else:
+            with store:
+                held = _held(config, store.tables())
+                nodes = store.primary_nodes
+            notes.append(
+                f"Redis cluster at {volatile.address}: {plural(nodes, 'primary node')} answer "
+                f"and hold rows of {held} (servers fill their tables when they first start)"
+            )
+    source = config.update_source
+    if source.type is UpdateSourceType.KAFKA_MESSAGE_QUEUE:
+        problem, note = _try_kafka(config, timeout_s)
+        if problem is not None:
+            problems.append(problem)
+        else:
+            notes.append(note)
+    return problems, notes
+
+
+def _try_kafka(config: PSConfig, timeout_s: float) -> tuple[Problem | None, str]:
+    """A problem if ``update_source.brokers`` do not answer, else a note of what they hold."""
+    from confluent_kafka.admin import AdminClient
+
+    from hps_core.updates.kafka_conf import bootstrap_servers
+
+    brokers = config.update_source.brokers
+    try:
+        # Connection failures come back as the exception below; librdkafka's own log
+        # would repeat each of them on stderr, 20 lines a second.
+        client = AdminClient({"bootstrap.servers": bootstrap_servers(brokers), "log_level": 0})
+        topics = client.list_topics(timeout=timeout_s).topics
+    except ValueError as exc:
+        return Problem("update_source.brokers", str(exc)), ""
+    except Exception as exc:  # KafkaException: no broker answered in time
+        reason = exc.args[0].str() if exc.args and hasattr(exc.args[0], "str") else str(exc)
+        return Problem("update_source.brokers", f"no answer from '{brokers}': {reason}"), ""
+    return None, (
+        f"Kafka brokers at {brokers} answer and have the topics of {_held(config, list(topics))}"
+        " (servers create their tables' topics when they start)"
+    )
+
+
+def _held(config: PSConfig, names: list[str]) -> str:
+    """``K of T tables of the ps.json``: those in ``names``, the listing of a database or a
+    broker (a table's rows may be stored under its tag with an ``@precision`` suffix)."""
+    stored = {name.partition("@")[0] for name in names}
+    tags = [table_tag(model.name, table.name) for model in config.models for table in model.tables]
+    return f"{sum(tag in stored for tag in tags)} of {plural(len(tags), 'table')} of the ps.json"
 
 
 def check_model_files(

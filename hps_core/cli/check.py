@@ -5,9 +5,11 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Sequence
 
+from hps_core.config import DatabaseType, PSConfig, UpdateSourceType
 from hps_core.footprint import ModelFootprint, TableFootprint
-from hps_core.model_check import CheckReport, check_ps_json
+from hps_core.model_check import CheckReport, check_connections, check_ps_json
 from hps_core.wording import plural
 
 
@@ -73,12 +75,13 @@ def model_bytes_line(footprint: ModelFootprint) -> str:
     )
 
 
-def print_summary(report: CheckReport) -> None:
+def print_summary(report: CheckReport, connections: Sequence[str] = ()) -> None:
     """Print models, tables, rows, dims and bytes of a clean report, then the bytes each tier
     will hold (:mod:`hps_core.footprint`).
 
     Args:
         report: a report without problems.
+        connections: a line per server outside this machine's files (answered or not tried).
     """
     total = 0
     for model_report in report.models:
@@ -99,6 +102,8 @@ def print_summary(report: CheckReport) -> None:
         for label, path in (("dense", model.dense_file), ("network", model.network_file)):
             if path is not None:
                 print(f"  {label}: {path}")
+    for line in connections:
+        print(line)
     print(f"ok: {plural(len(report.models), 'model')}, {_mib(total)} of sparse files")
 
 
@@ -132,6 +137,10 @@ def run(args: argparse.Namespace) -> int:
     """Check the ps.json; print a summary (exit 0) or one line per problem (exit 1), after a
     warning per field set without effect here."""
     report = check_ps_json(args.ps_json, args.model, keys=True)
+    notes: list[str] = []
+    if args.connect and report.config is not None:
+        problems, notes = check_connections(report.config)
+        report.problems += problems
     for line in report.warnings:
         print(f"warning: {line}", file=sys.stderr)
     if report.problems:
@@ -143,10 +152,25 @@ def run(args: argparse.Namespace) -> int:
             print(json.dumps(doc, indent=2))
         return 1
     if args.json:
-        print(json.dumps({**summary_document(report), "warnings": report.warnings}, indent=2))
-    else:
-        print_summary(report)
+        doc = {**summary_document(report), "warnings": report.warnings, "connections": notes}
+        print(json.dumps(doc, indent=2))
+        return 0
+    assert report.config is not None  # a clean report parsed its ps.json
+    servers = _servers(report.config)
+    if servers and not args.connect:
+        notes = [f"not contacted: {', '.join(servers)} (--connect tries them)"]
+    print_summary(report, [f"servers: {note}" for note in notes])
     return 0
+
+
+def _servers(config: PSConfig) -> list[str]:
+    """The servers outside this machine's files that a ps.json names."""
+    servers = []
+    if config.volatile_db.type is DatabaseType.REDIS_CLUSTER:
+        servers.append(f"Redis cluster at {config.volatile_db.address}")
+    if config.update_source.type is UpdateSourceType.KAFKA_MESSAGE_QUEUE:
+        servers.append(f"Kafka brokers at {config.update_source.brokers}")
+    return servers
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -160,6 +184,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("ps_json", help="path of the ps.json")
     parser.add_argument("--model", help="check only this model")
+    parser.add_argument(
+        "--connect",
+        action="store_true",
+        help="also try the Redis cluster (volatile_db) and the Kafka brokers (update_source) "
+        "the ps.json names; one that does not answer is a problem",
+    )
     parser.add_argument(
         "--json",
         action="store_true",

@@ -493,6 +493,11 @@ class RedisClusterStore:
         batches.sort(key=lambda b: (b[0], b[1]))
         return [(part, rows) for _, part, rows in batches]
 
+    @property
+    def primary_nodes(self) -> int:
+        """Primary nodes of the cluster, as last discovered."""
+        return len(self._rc.get_primaries())
+
     def tables(self) -> list[str]:
         """The tables with at least one partition in the cluster, sorted.
 
