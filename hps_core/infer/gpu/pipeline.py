@@ -223,15 +223,22 @@ class GpuRankingPipeline:
         """The device state of the tables (opened on first use)."""
         if self._bank is None:
             bank = CacheBank(self.lookup, [p.table for p in self.placement.tables])
+            try:
+                with cupy.cuda.Device(self.device_id):
+                    self._steps = KernelSteps(
+                        bank, self.placement, self.executor, self._read_given, self._stream,
+                        self._bank_kernels, bucket_for(self.layout.max_batch_size),
+                    )  # fmt: skip
+                    # Those fills and copies ran on the caller's stream, which the pipeline's
+                    # non-blocking streams do not wait for: finish them before the first
+                    # lookup.
+                    cupy.cuda.get_current_stream().synchronize()
+            except BaseException:
+                # Its host mappings stay registered otherwise, and the next try would map
+                # the same memory again (which CUDA refuses).
+                bank.close()
+                raise
             self._lower = any(bank.lower)
-            with cupy.cuda.Device(self.device_id):
-                self._steps = KernelSteps(
-                    bank, self.placement, self.executor, self._read_given, self._stream,
-                    self._bank_kernels, bucket_for(self.layout.max_batch_size),
-                )  # fmt: skip
-                # Those fills and copies ran on the caller's stream, which the pipeline's
-                # non-blocking streams do not wait for: finish them before the first lookup.
-                cupy.cuda.get_current_stream().synchronize()
             self._bank = bank
         return self._bank
 
@@ -519,7 +526,9 @@ class GpuRankingPipeline:
         the batch."""
         if self.executor.batch_dependent or not self._row_parts(bucket):
             return None
-        serving = self._buckets.get(bucket.layout.size) is bucket  # lane 0's: counted
+        # Lane 0's buckets count in schedules_chosen(). Decided when the trial is made (the
+        # first call), so _bucket() must have stored the bucket before its first batch runs.
+        serving = self._buckets.get(bucket.layout.size) is bucket
         return self._schedules.scoring(bucket, counted=serving)
 
     def _row_parts(self, bucket: Bucket) -> tuple[Part, ...]:
@@ -736,6 +745,7 @@ class GpuRankingPipeline:
                         stream.synchronize()
                 self._bank.close()
                 self._bank = None
+                self._steps = None  # holds the closed bank's device arrays
             self._drop_buckets()
             self._uploader.close()
 

@@ -173,6 +173,11 @@ class BucketSchedules:
         """Whether every trial made so far has chosen."""
         return all(t.chosen is not None for t in (*self._staging.values(), *self._scoring))
 
+    def staging_trial(self, size: int) -> ScheduleTrial | None:
+        """The choice between staging in parts and whole of bucket size ``size``, if host
+        batches of that size made one."""
+        return self._staging.get(size)
+
     def staged_whole(self, size: int) -> bool:
         """Whether host batches of bucket size ``size`` now run staged whole."""
         trial = self._staging.get(size)

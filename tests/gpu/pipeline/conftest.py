@@ -10,6 +10,6 @@ import pytest
 
 @pytest.fixture(autouse=True)
 def _staged_in_parts(monkeypatch: pytest.MonkeyPatch) -> None:
-    from hps_core.infer.gpu import pipeline as gpu_pipeline
+    from hps_core.infer.gpu import schedule
 
-    monkeypatch.setattr(gpu_pipeline, "_STAGED_IN_PARTS", True)
+    monkeypatch.setattr(schedule, "_STAGED_IN_PARTS", True)

@@ -463,12 +463,14 @@ def test_large_batches_staged_whole_or_in_parts_equal_numpy(
     for a, b in zip(*scores.values(), strict=True):
         np.testing.assert_array_equal(a, b)
     if staged == "too many keys":
-        assert not pipe._whole_buckets and not pipe._parts_trials
+        assert not pipe._whole_buckets
+        assert all(pipe._schedules.staging_trial(size) is None for size in (8, 128, 256))
         return
     assert 256 in pipe._whole_buckets
     assert not any(b.in_parts for b in pipe._whole_buckets.values())
     assert all(pipe._buckets[size].in_parts for size in pipe._whole_buckets)
-    trial = pipe._parts_trials[256]
+    trial = pipe._schedules.staging_trial(256)
+    assert trial is not None
     if staged == "whole":
         assert set(pipe._whole_buckets) == {8, 128, 256}  # batches of 5, 100 and 256
         assert trial.chosen is False and trial.times == ([], [])

@@ -250,13 +250,12 @@ def test_large_batches_staged_and_copied_in_groups(
     group (one lookup graph per group, each after its group's copy), filled by threads from
     _THREADED_STAGING_BYTES on (both lowered here so small batches take them); the same
     batch handed over on the GPU takes the grouped graphs too."""
-    from hps_core.infer.gpu import buckets, uploads
-    from hps_core.infer.gpu import pipeline as gpu_pipeline
+    from hps_core.infer.gpu import buckets, schedule, uploads
 
     monkeypatch.setattr(buckets, "_GROUPED_STAGING_SAMPLES", 8)
     monkeypatch.setattr(uploads, "_THREADED_STAGING_BYTES", 0 if threaded else 1 << 62)
     # Scored whole, so that a batch on the GPU and on the host share products, bit for bit.
-    monkeypatch.setattr(gpu_pipeline, "_DENSE_BY_PART", False)
+    monkeypatch.setattr(schedule, "_DENSE_BY_PART", False)
     ps = variant(repo, name, "dynamic")
     model = Model(repo, name)
     gpu = RankingSession.open(ps, name, device_id=0)
