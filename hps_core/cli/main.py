@@ -30,6 +30,7 @@ _SUBCOMMAND_MODULES = (
     "hps_core.cli.prepare",
     "hps_core.cli.predict",
     "hps_core.cli.publish",
+    "hps_core.cli.prune",
 )
 
 

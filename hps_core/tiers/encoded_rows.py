@@ -36,6 +36,19 @@ def encoded_tag(tag: str, precision: StoragePrecision) -> str:
     return f"{tag}@{precision.value}"
 
 
+def other_copies(names: list[str], tag: str, used: str) -> list[str]:
+    """The tables of a database listing (``names``) that hold ``tag``'s rows under another
+    name than ``used``: FP32 under ``tag`` or compressed under ``tag@precision``, left by an
+    earlier ``storage`` or ``store_compressed`` setting.
+
+    Example:
+        >>> other_copies(["hps_et.m.t", "hps_et.m.t@fp16", "hps_et.m.t2"], "hps_et.m.t",
+        ...              "hps_et.m.t@fp16")
+        ['hps_et.m.t']
+    """
+    return sorted(name for name in names if name.partition("@")[0] == tag and name != used)
+
+
 class EncodedRows:
     """A :class:`~hps_core.tiers.backing.BackingStore` whose tables hold stored rows of one
     precision, over a Redis or RocksDB store (shared by every table of the database).

@@ -80,7 +80,7 @@ from hps_core.formats.uris import model_path
 from hps_core.quant import StoragePrecision
 from hps_core.tiers.backing import BackingStore, table_tag
 from hps_core.tiers.cascade import LowerTier, TieredTable
-from hps_core.tiers.encoded_rows import EncodedRows, encoded_tag
+from hps_core.tiers.encoded_rows import EncodedRows, encoded_tag, other_copies
 from hps_core.tiers.host_table import LAYOUT_VERSION, SharedHostTable, file_identity, held_rows
 from hps_core.tiers.overlay import OverlayStore
 from hps_core.tiers.shm_segment import file_lock, shm_dir
@@ -271,6 +271,7 @@ def open_table_tiers(
             rows, name = _table_rows(redis.store, volatile.store_compressed, tag, table)
             if plan.redis_fraction:
                 _fill_redis(redis.store, rows, volatile, name, table, plan.redis_fraction)
+            _warn_other_copies(redis.store, f"volatile_db '{volatile.address}'", tag, name)
             lower.append(LowerTier(rows, name))
         if plan.rocks:
             path = str(Path(persistent.path).resolve())
@@ -278,6 +279,7 @@ def open_table_tiers(
             releases.append(rocks)
             rows, name = _table_rows(rocks.store, persistent.store_compressed, tag, table)
             _ensure_rocks_table(rocks.store, persistent, tag, table)
+            _warn_other_copies(rocks.store, f"persistent_db '{persistent.path}'", tag, name)
             lower.append(LowerTier(rows, name))
         shared = SharedHostTable(
             table.sparse_file,
@@ -299,18 +301,38 @@ def open_table_tiers(
     )
 
 
+def _warn_other_copies(store: BackingStore, database: str, tag: str, used: str) -> None:
+    """Name the copies of a table this server does not read (another storage or
+    store_compressed setting's): they hold memory or disk until ``hps prune`` removes them,
+    which servers must not do themselves: one still running the old setting reads them."""
+    try:
+        copies = other_copies(store.tables(), tag, used)
+    except TierUnavailableError:  # a node down: named by the lookups already
+        return
+    for copy in copies:
+        logger.warning(
+            "%s also holds '%s', a copy of the table under another storage or store_compressed "
+            "setting that this server does not read ('%s'); `hps prune PS_JSON` removes it "
+            "once no server reads it",
+            database,
+            copy,
+            used,
+        )
+
+
 def _table_rows(
     store: BackingStore, compressed: bool, tag: str, table: TableConfig
 ) -> tuple[BackingStore, str]:
     """How a database holds the table: what reads and writes its rows, and its name there.
     With ``store_compressed``, a compressed table's stored rows under :func:`encoded_tag`;
     else (and for fp32 tables) FP32 vectors under HPS's tag, as HugeCTR stores them."""
-    name = _stored_name(compressed, tag, table)
+    name = stored_name(compressed, tag, table)
     return (store if name == tag else EncodedRows(store, table.storage)), name
 
 
-def _stored_name(compressed: bool, tag: str, table: TableConfig) -> str:
-    """The table's name in a database (see :func:`_table_rows`)."""
+def stored_name(compressed: bool, tag: str, table: TableConfig) -> str:
+    """The table's name in a database whose ``store_compressed`` is ``compressed``: its tag
+    (HugeCTR's FP32 layout), or :func:`encoded_tag` for a compressed table stored compressed."""
     if not compressed or table.storage is StoragePrecision.FP32:
         return tag
     return encoded_tag(tag, table.storage)
@@ -478,7 +500,7 @@ def write_marker(store: BackingStore, tag: str, digest: bytes) -> None:
 def _ensure_rocks_table(
     reader: _RocksReader, config: PersistentDBConfig, hps_tag: str, table: TableConfig
 ) -> None:
-    tag = _stored_name(config.store_compressed, hps_tag, table)
+    tag = stored_name(config.store_compressed, hps_tag, table)
     if config.read_only or not config.initialize_after_startup:
         if not (reader.path / "CURRENT").is_file():
             raise ModelFileError(
