@@ -18,9 +18,9 @@ that serve those models with the same request contracts, the user's repository u
   ps.json's), ``mixed_precision`` (an FP16 network); its sizing parameters (``label_dim``,
   ``slots``, ``des_feature_num``: widths; ``cat_feature_num``, ``embedding_vector_size``,
   ``max_nnz``: bounds) are checked against the network file, which decides them, and each
-  one that disagrees is named; every other parameter, and
-  ``embeddingkey_long_type: false`` (INT32 keys: this contract takes INT64), is named as not
-  honoured;
+  one that disagrees is named; ``embeddingkey_long_type`` (over the ps.json's
+  ``supportlonglong``) chooses INT64 or UINT32 ``CATCOLUMN``; every other parameter is named
+  as not honoured; values are read as HugeCTR reads them (``"True"``, ``"1"``, ``"20.0"``);
 - on a machine without a usable GPU, ``KIND_GPU`` instances run as ``KIND_CPU`` (said so);
 - models of other backends are linked unchanged.
 
@@ -31,6 +31,7 @@ Example:
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
@@ -185,13 +186,21 @@ def _translate(
         raise ConfigError(located) from None
     model = config.model(name)  # the ps.json model has the Triton model's name, as in HugeCTR
     params = {key: value.string_value.strip() for key, value in user.parameters.items()}
-    model, precision, notes = _apply_parameters(folder, backend, model, params, ps_json)
+    model, precision, long_keys, notes = _apply_parameters(folder, backend, model, params, ps_json)
+    if long_keys is not None and long_keys != config.supportlonglong:
+        # This model's own copy of the ps.json carries the width its parameter asks for.
+        config = replace(config, supportlonglong=long_keys)
+    if backend == "hugectr" and not config.supportlonglong:
+        notes.append("32-bit keys: CATCOLUMN is UINT32, as in HugeCTR's backend")
     if backend == "hugectr":
         notes += _sizing_notes(model, params, where)
     notes = [f"model '{name}' (backend {backend}): {note}" for note in notes]
     options, placement_notes = _serving_options(user, model, gpu)
     notes += [f"model '{name}' (backend {backend}): {note}" for note in placement_notes]
-    options = replace(options, freeze_sparse=params.get(FREEZE_SPARSE_PARAMETER, "") == "true")
+    frozen = FREEZE_SPARSE_PARAMETER in params and _flag(
+        params, FREEZE_SPARSE_PARAMETER, f"{where} parameters"
+    )
+    options = replace(options, freeze_sparse=frozen)
     config = replace(config, models=tuple(model if m.name == name else m for m in config.models))
     versions = sorted(int(p.name) for p in folder.iterdir() if p.is_dir() and p.name.isdigit())
     for version in versions or [1]:
@@ -206,13 +215,19 @@ def _translate(
 
 def _apply_parameters(
     folder: Path, backend: str, model: ModelConfig, params: Mapping[str, str], ps_json: Path
-) -> tuple[ModelConfig, str | None, list[str]]:
+) -> tuple[ModelConfig, str | None, bool | None, list[str]]:
     """``model`` with the config.pbtxt parameters HugeCTR's backend applies, the dense
-    network's precision they ask for (or None), and notes on what is not honoured."""
+    network's precision they ask for (or None: the ps.json's ``use_mixed_precision``
+    decides), the key width ``embeddingkey_long_type`` asks for (or None: the ps.json's
+    ``supportlonglong``), and notes on what is not honoured or changed.
+
+    Values are read as HugeCTR's backends read them: booleans ``true``/``false`` in any case or
+    an integer (non-zero is true), numbers from their text (``"20.0"`` is an integer)."""
     where = f"{folder / 'config.pbtxt'} parameters"
     changes: dict[str, object] = {}
     notes: list[str] = []
     precision = None
+    long_keys = None
     known = _BOTH | (_RANKING | _SIZING if backend == "hugectr" else set())
     unread = sorted(key for key in params if key not in known)
     if unread:
@@ -221,7 +236,14 @@ def _apply_parameters(
             + ", ".join(unread)
         )
     if "refresh_interval" in params:
-        changes["refresh_interval"] = _number(params, "refresh_interval", int, where)
+        seconds = _number(params, "refresh_interval", float, where)
+        whole = max(1, math.ceil(seconds)) if seconds > 0 else 0
+        if whole != seconds:
+            notes.append(
+                f"refresh_interval {params['refresh_interval']} runs every {whole} s here (the "
+                "refresher counts whole seconds, as ps.json's refresh_interval)"
+            )
+        changes["refresh_interval"] = whole
     if "refresh_delay" in params:
         changes["refresh_delay"] = _number(params, "refresh_delay", float, where)
     if backend == "hugectr":
@@ -231,7 +253,7 @@ def _apply_parameters(
         if params.get("sparse_files"):
             files = [_path(folder, f) for f in params["sparse_files"].split(",") if f.strip()]
             changes["sparse_files"] = tuple(files)
-        if "gpucache" in params and _true(params["gpucache"]) != model.gpucache:
+        if "gpucache" in params and _flag(params, "gpucache", where) != model.gpucache:
             raise ConfigError(
                 Problem(
                     f"{where}.gpucache",
@@ -240,35 +262,53 @@ def _apply_parameters(
                 )
             )
         for key in ("gpucacheper", "hit_rate_threshold"):
-            if key in params:
-                value = _number(params, key, float, where)
-                limit = getattr(model, key)
-                if value > limit:
-                    raise ConfigError(
-                        Problem(
-                            f"{where}.{key}",
-                            f"{value} is more than the ps.json's {limit} ({ps_json}); "
-                            "HugeCTR refuses it too",
-                        )
+            if key not in params:
+                continue
+            value = _number(params, key, float, where)
+            limit = getattr(model, key)
+            # HugeCTR compares them with the ps.json's only where the GPU cache is on.
+            if value > limit and model.gpucache:
+                raise ConfigError(
+                    Problem(
+                        f"{where}.{key}",
+                        f"{value} is more than the ps.json's {limit} ({ps_json}); "
+                        "HugeCTR refuses it too",
                     )
-                changes[key] = value
-        if _true(params.get("mixed_precision", "false")):
-            precision = "fp16"
-        if params.get("embeddingkey_long_type", "true").lower() == "false":
-            notes.append(
-                "embeddingkey_long_type false (INT32 keys) is not honoured: CATCOLUMN is "
-                "INT64 here; send int64 keys"
-            )
-    return replace(model, **changes), precision, notes
+                )
+            changes[key] = value
+        if "mixed_precision" in params:
+            precision = "fp16" if _flag(params, "mixed_precision", where) else "fp32"
+        if "embeddingkey_long_type" in params:
+            long_keys = _flag(params, "embeddingkey_long_type", where)
+    return replace(model, **changes), precision, long_keys, notes
+
+
+def _flag(params: Mapping[str, str], key: str, where: str) -> bool:
+    """``params[key]`` as HugeCTR's backends read a boolean: ``true``/``false`` in any case, or
+    an integer, non-zero for true; anything else names the parameter."""
+    text = params[key].strip().lower()
+    if text in ("true", "false"):
+        return text == "true"
+    try:
+        return int(text) != 0
+    except ValueError:
+        raise ConfigError(
+            Problem(f"{where}.{key}", f"'{params[key]}' is not true, false or an integer")
+        ) from None
 
 
 def _number(params: Mapping[str, str], key: str, kind: type, where: str) -> Any:
-    """``params[key]`` as ``kind`` (int or float); a value that is not one names the parameter."""
+    """``params[key]`` as ``kind`` (int or float); an integer may be written ``"20.0"``. A value
+    that is not one names the parameter."""
+    text = params[key].strip()
+    noun = "an integer" if kind is int else "a number"
     try:
-        return kind(params[key])
+        value = float(text)
     except ValueError:
-        noun = "an integer" if kind is int else "a number"
-        raise ConfigError(Problem(f"{where}.{key}", f"'{params[key]}' is not {noun}")) from None
+        value = math.nan
+    if not math.isfinite(value) or (kind is int and not value.is_integer()):
+        raise ConfigError(Problem(f"{where}.{key}", f"'{params[key]}' is not {noun}"))
+    return kind(value)
 
 
 def _sizing_notes(model: ModelConfig, params: Mapping[str, str], where: str) -> list[str]:
@@ -282,14 +322,15 @@ def _sizing_notes(model: ModelConfig, params: Mapping[str, str], where: str) -> 
         _, layout = load_ranking_graph(model)
     except HPSError:
         return []  # the model's load names what is wrong with its files
-    try:
-        given = {
-            key: sum(int(v) for v in params[key].split(",") if v.strip())
-            for key in (*_WIDTHS, *_BOUNDS)
-            if key in params
-        }
-    except ValueError as exc:
-        raise ConfigError(Problem(f"{where} parameters", f"a value does not parse: {exc}")) from exc
+    given = {
+        key: sum(
+            _number({key: v}, key, int, f"{where} parameters")
+            for v in params[key].split(",")
+            if v.strip()
+        )
+        for key in (*_WIDTHS, *_BOUNDS)
+        if key in params
+    }
     network = {  # what the network takes: a count, its noun, and of what
         "label_dim": (layout.label_dim, "prediction", "per sample"),
         "slots": (layout.total_slots, "slot", "per sample"),
@@ -353,7 +394,3 @@ def _carry_over(path: Path, user: pb.ModelConfig, precision: str | None) -> None
 def _path(folder: Path, value: str) -> Path:
     path = Path(value.strip())
     return path if path.is_absolute() else (folder / path).resolve()
-
-
-def _true(value: str) -> bool:
-    return value.strip().lower() in ("true", "1", "yes")

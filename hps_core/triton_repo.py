@@ -46,13 +46,13 @@ from hps_core.infer.model_io import (
     EMBEDDING_IO,
     FREEZE_SPARSE_PARAMETER,
     HPS_MODEL_PARAMETER,
-    HUGECTR_IO,
     KEYS,
     NUMKEYS,
     PS_JSON_PARAMETER,
     ROWINDEX,
     SHARE_CACHE_PARAMETER,
     ModelIO,
+    hugectr_io,
     samples_io,
 )
 
@@ -247,7 +247,9 @@ def embedding_config_pbtxt(
     )
 
 
-def hugectr_config_pbtxt(triton_name: str, layout: RankingLayout, options: ServingOptions) -> str:
+def hugectr_config_pbtxt(
+    triton_name: str, layout: RankingLayout, options: ServingOptions, long_keys: bool = True
+) -> str:
     """config.pbtxt of a ranking model with HugeCTR's ``hugectr`` backend contract.
 
     Triton's ``max_batch_size`` counts requests here (each request flattens its samples into
@@ -259,6 +261,8 @@ def hugectr_config_pbtxt(triton_name: str, layout: RankingLayout, options: Servi
         triton_name: the Triton model name (the folder name).
         layout: the model's tables, slots and widths (``layout.model`` is the ps.json model).
         options: batching and placement.
+        long_keys: the ps.json's ``supportlonglong``: INT64 ``CATCOLUMN``, else UINT32 (as
+            HugeCTR's backend takes 32-bit keys).
 
     Returns:
         The file's text.
@@ -274,7 +278,7 @@ def hugectr_config_pbtxt(triton_name: str, layout: RankingLayout, options: Servi
         triton_name,
         options.max_batch_size,
         options,
-        HUGECTR_IO,
+        hugectr_io(long_keys),
         params=params,
         # One sample, one key (0) per slot: loading every table is the point.
         warmup=[
@@ -561,7 +565,8 @@ def write_ranking_model(
     layout = ranking_layout(config, model)
     name = triton_name or model.name
     folder = (repo_dir / name).resolve()
-    _write(folder / "config.pbtxt", hugectr_config_pbtxt(name, layout, options))
+    text = hugectr_config_pbtxt(name, layout, options, config.supportlonglong)
+    _write(folder / "config.pbtxt", text)
     _write(_version_folder(folder, version) / "model.py", HUGECTR_RANKING_MODEL_PY)
     _write_ps_json(_version_folder(folder, version) if version else folder, config)
     if options.warmup:

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from hps_core.config import ModelConfig
 from hps_core.errors import ConfigError, Problem
 from hps_core.infer.model_io import (
     FREEZE_SPARSE_PARAMETER,
@@ -53,8 +54,9 @@ class ModelSettings:
         freeze_sparse: HugeCTR's ``freeze_sparse``: new versions of this model keep the
             sparse files of the version they replace (applied when a version is written, see
             :mod:`hps_core.triton_repo`; here it is checked and logged).
-        precision: a ranking model's dense network: ``"fp32"`` (default), ``"tf32"`` or
-            ``"fp16"`` (parameter ``precision``; HugeCTR's ``mixed_precision`` is FP16).
+        precision: a ranking model's dense network: ``"fp32"``, ``"tf32"`` or ``"fp16"``
+            (parameter ``precision``; HugeCTR's ``mixed_precision`` is FP16); ``None`` when
+            not given: the ps.json's ``use_mixed_precision`` decides (FP16, else FP32).
     """
 
     triton_model: str
@@ -69,7 +71,7 @@ class ModelSettings:
     share_gpu_cache: bool = True
     version: int = 1
     freeze_sparse: bool = False
-    precision: str = "fp32"
+    precision: str | None = None
 
     @property
     def lookup_device(self) -> int | None:
@@ -133,6 +135,13 @@ def check_io(config: Mapping[str, Any], io: ModelIO) -> None:
                 problems.append(Problem(where, f"dims must be {list(spec.dims)}, got {dims}"))
     if problems:
         raise ConfigError(problems)
+
+
+def dense_precision(settings: ModelSettings, model: ModelConfig) -> str:
+    """The precision a ranking model's dense network runs in: config.pbtxt's ``precision``,
+    else FP16 where the ps.json says ``use_mixed_precision`` (as HugeCTR's ``hugectr``
+    backend reads it, unless config.pbtxt's ``mixed_precision`` says otherwise), else FP32."""
+    return settings.precision or ("fp16" if model.use_mixed_precision else "fp32")
 
 
 def check_instance_device(settings: ModelSettings, deployed: Sequence[int], where: str) -> None:
@@ -206,8 +215,8 @@ def read_settings(args: Mapping[str, str]) -> ModelSettings:
         )
     share = _boolean(config, SHARE_CACHE_PARAMETER, True)
     freeze = _boolean(config, FREEZE_SPARSE_PARAMETER, False)
-    precision = (_parameter(config, PRECISION_PARAMETER) or "fp32").lower()
-    if precision not in PRECISIONS:
+    precision = (_parameter(config, PRECISION_PARAMETER) or "").lower() or None
+    if precision is not None and precision not in PRECISIONS:
         raise ConfigError(
             Problem(
                 f"config.pbtxt parameters.{PRECISION_PARAMETER}",

@@ -19,19 +19,26 @@ through their GPU's embedding caches and run the dense network with CuPy on that
 from __future__ import annotations
 
 import logging
-from typing import Any, ClassVar
+from typing import Any
+
+import numpy as np
 
 from hps_core.arrays import to_host
 from hps_core.host_memory import keep_freed_memory
 from hps_core.infer import RankingSession, SparseBatch, concat_batches, split_samples
 from hps_core.infer.contracts import HugeCTRContract, SamplesContract
 from hps_core.infer.inputs.layout import RankingLayout
-from hps_core.infer.model_io import HUGECTR_IO, ModelIO, samples_io
+from hps_core.infer.model_io import ModelIO, hugectr_io, samples_io
 from hps_core.model_check import check_model_files
 from hps_core.wording import plural
 from triton_backend.batched_execute import execute_batched
 from triton_backend.lookup_service import LookupService, log_to_stderr
-from triton_backend.model_settings import check_instance_device, check_io, read_settings
+from triton_backend.model_settings import (
+    check_instance_device,
+    check_io,
+    dense_precision,
+    read_settings,
+)
 from triton_backend.tensors import input_array
 
 logger = logging.getLogger("hps_core")
@@ -40,11 +47,17 @@ logger = logging.getLogger("hps_core")
 class _RankingModel:
     """``TritonPythonModel`` of a ranking model; subclasses choose the contract."""
 
-    contract_type: ClassVar[type[HugeCTRContract] | type[SamplesContract]]
-
     @staticmethod
-    def model_io(layout: RankingLayout) -> ModelIO:
-        """The contract's tensors for a model of ``layout`` (inputs in ``parse`` order)."""
+    def model_io(layout: RankingLayout, long_keys: bool) -> ModelIO:
+        """The contract's tensors for a model of ``layout`` with 64-bit keys or not (inputs
+        in ``parse`` order)."""
+        raise NotImplementedError
+
+    @classmethod
+    def make_contract(
+        cls, layout: RankingLayout, long_keys: bool
+    ) -> HugeCTRContract | SamplesContract:
+        """The contract that reads and answers this model's requests."""
         raise NotImplementedError
 
     def initialize(self, args: dict[str, str]) -> None:
@@ -62,14 +75,16 @@ class _RankingModel:
         # The service makes the instance's lookup (its options fixed) and starts it on the
         # first execute; the session scores through that same object.
         self.service = LookupService(settings)
-        self.session = RankingSession.for_lookup(self.service.lookup, settings.precision)
+        precision = dense_precision(settings, model)
+        self.session = RankingSession.for_lookup(self.service.lookup, precision)
         self.service.publish_tier_bytes(
             checked.footprint, gpu_index=self.session.pipeline is not None
         )
         layout = self.session.layout
-        self.io = self.model_io(layout)
+        long_keys = self.service.lookup.config.supportlonglong
+        self.io = self.model_io(layout, long_keys)
         check_io(settings.config, self.io)
-        self.contract = self.contract_type(layout)
+        self.contract = self.make_contract(layout, long_keys)
         logger.info(
             "model '%s': ps.json %s, model '%s', %d dense, slots %s, %s, %s instance%s, %s",
             settings.triton_model,
@@ -80,7 +95,7 @@ class _RankingModel:
             plural(layout.label_dim, "output"),
             settings.instance_kind,
             "" if settings.lookup_device is None else f" on GPU {settings.lookup_device}",
-            settings.precision.upper(),
+            precision.upper(),
         )
         self.service.start_at_load()
 
@@ -114,18 +129,23 @@ class HugeCTRRankingModel(_RankingModel):
     """HugeCTR's ``hugectr`` backend contract: ``DES``, ``CATCOLUMN``, ``ROWINDEX`` ->
     ``OUTPUT0``."""
 
-    contract_type: ClassVar[type[HugeCTRContract]] = HugeCTRContract
-
     @staticmethod
-    def model_io(layout: RankingLayout) -> ModelIO:
-        return HUGECTR_IO
+    def model_io(layout: RankingLayout, long_keys: bool) -> ModelIO:
+        return hugectr_io(long_keys)
+
+    @classmethod
+    def make_contract(cls, layout: RankingLayout, long_keys: bool) -> HugeCTRContract:
+        return HugeCTRContract(layout, np.int64 if long_keys else np.uint32)
 
 
 class SamplesRankingModel(_RankingModel):
     """One sample per row of Triton's batch: ``dense``, ``sparse`` -> ``score``."""
 
-    contract_type: ClassVar[type[SamplesContract]] = SamplesContract
-
     @staticmethod
-    def model_io(layout: RankingLayout) -> ModelIO:
+    def model_io(layout: RankingLayout, long_keys: bool) -> ModelIO:
+        # The samples contract is this project's own: INT64 keys whatever their width.
         return samples_io(layout.dense_dim, layout.sample_width, layout.label_dim)
+
+    @classmethod
+    def make_contract(cls, layout: RankingLayout, long_keys: bool) -> SamplesContract:
+        return SamplesContract(layout)

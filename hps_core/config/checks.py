@@ -127,12 +127,20 @@ def describe(value: Any) -> str:
     return type(value).__name__
 
 
-def _looks_numeric(text: str) -> bool:
+def _unquoted(value: Any) -> Any:
+    """A string holding a number as the number (HugeCTR's Triton backends fall back to
+    ``stoll``/``stod`` on a string where they expect a number); anything else unchanged."""
+    if not isinstance(value, str):
+        return value
+    text = value.strip()
     try:
-        float(text)
+        return int(text)
     except ValueError:
-        return False
-    return True
+        pass
+    try:
+        return float(text)
+    except ValueError:
+        return value
 
 
 class Collector:
@@ -154,23 +162,30 @@ class Collector:
         self.problems.append(Problem(where, message))
 
     def _mismatch(self, where: str, expected: str, value: Any) -> None:
-        message = f"expected {expected}, found {describe(value)}"
-        if isinstance(value, str) and _looks_numeric(value):
-            message += " (write the number without quotes; HugeCTR does not read quoted numbers)"
-        elif isinstance(value, str) and value.lower() in ("true", "false"):
-            message += f" (write {value.lower()} without quotes)"
-        self.add(where, message)
+        self.add(where, f"expected {expected}, found {describe(value)}")
 
     def boolean(self, value: Any, where: str) -> bool | None:
-        """Accept JSON ``true``/``false`` only (HugeCTR rejects 0/1 and strings too)."""
+        """Accept JSON ``true``/``false``, or a string as HugeCTR's Triton backends read one:
+        ``"true"``/``"false"`` in any case, or an integer (non-zero is true). A JSON number
+        is refused, as there."""
+        if isinstance(value, str):
+            text = value.strip().lower()
+            if text in ("true", "false"):
+                return text == "true"
+            try:
+                return int(text) != 0
+            except ValueError:
+                pass
         if isinstance(value, bool):
             return value
         self._mismatch(where, "true or false", value)
         return None
 
     def integer(self, value: Any, where: str, bounds: Bounds = ANY) -> int | None:
-        """Accept an integer, or a float with an integral value such as ``1e6``."""
+        """Accept an integer, a float with an integral value such as ``1e6``, or a string of
+        one (HugeCTR's Triton backends read quoted numbers)."""
         expected = " ".join(filter(None, ("an integer", bounds.text())))
+        value = _unquoted(value)
         if isinstance(value, float) and math.isfinite(value):
             if not value.is_integer():
                 self.add(
@@ -189,8 +204,10 @@ class Collector:
         return value
 
     def number(self, value: Any, where: str, bounds: Bounds = ANY) -> float | None:
-        """Accept a finite JSON number (integer or float), returned as ``float``."""
+        """Accept a finite JSON number (integer or float), or a string of one, returned as
+        ``float``."""
         expected = " ".join(filter(None, ("a number", bounds.text())))
+        value = _unquoted(value)
         if isinstance(value, bool) or not isinstance(value, int | float):
             self._mismatch(where, expected, value)
             return None
@@ -259,7 +276,9 @@ class Collector:
         names: Mapping[str, E],
         allowed: Collection[E] | None = None,
     ) -> E | None:
-        """Accept one of the spellings in ``names`` (exact match, as in HugeCTR).
+        """Accept one of the spellings in ``names``, in any case and with spaces or dashes
+        for underscores (HugeCTR's Triton backends read ``"Parallel Hash-Map"`` as
+        ``parallel_hash_map``).
 
         Args:
             value: the JSON value.
@@ -273,6 +292,8 @@ class Collector:
         if text is None:
             return None
         member = names.get(text)
+        if member is None:
+            member = names.get(text.lower().replace(" ", "_").replace("-", "_"))
         if member is not None and member in members:
             return member
         if member is not None:

@@ -116,6 +116,11 @@ def inert_settings(config: PSConfig, model: ModelConfig | None = None) -> list[s
         f"{name} = {_json(value)}: accepted without effect: {meaning}"
         for name, value, meaning in _non_default(config, _TOP_FIELDS)
     ]
+    lines += [
+        f"{name} = {_json(value)}: accepted without effect: a key of HugeCTR before v3.3, "
+        "which ignores it since; volatile_db and persistent_db configure the tiers"
+        for name, value in config.legacy_keys
+    ]
     for section in ("volatile_db", "persistent_db"):
         database = getattr(config, section)
         if database is not None:
@@ -135,6 +140,7 @@ def inert_settings(config: PSConfig, model: ModelConfig | None = None) -> list[s
             f"models[{index}].fp8_quant = true (model '{entry.name}'): {note}"
             for note in _fp8_kept_fp32(entry)
         ]
+        lines += [f"models[{index}].{note} (model '{entry.name}')" for note in entry.notes]
     return lines
 
 

@@ -150,11 +150,13 @@ _MODEL_IGNORED = (
     "slots",
     "config",
     "mixed_precision",
-    "use_mixed_precision",
     "scaler",
     "use_algorithm_search",
     "use_cuda_graph",
 )
+# Top-level keys of HugeCTR before v3.3, whose volatile_db and persistent_db replaced them;
+# its parser has ignored them since, and its samples still carry some ("db_type": "local").
+_TOP_LEGACY = ("db_type", "redis_ip", "rocksdb_path", "cache_size_percentage_redis")
 _TOP_LEVEL_KEYS = (
     "supportlonglong",
     "fuse_embedding_table",
@@ -290,12 +292,13 @@ def _root(c: Collector, obj: Any, source: str, source_path: Path) -> PSConfig | 
         defaults,
         _MISSING_HINTS,
     )
-    model_keys = {f.name for f in fields(ModelConfig) if f.init} - {"ignored_keys"}
-    r.finish(
+    model_keys = {f.name for f in fields(ModelConfig) if f.init} - {"ignored_keys", "notes"}
+    legacy = r.finish(
+        _TOP_LEGACY,
         hints={
             **{k: f'"{k}" belongs inside an entry of "models"' for k in model_keys},
             "i64_input_key": 'the ps.json key is "supportlonglong"',
-        }
+        },
     )
     if any(v is None for v in values.values()):
         return None
@@ -312,7 +315,8 @@ def _root(c: Collector, obj: Any, source: str, source_path: Path) -> PSConfig | 
             "in RocksDB are written up to the Redis cluster as they are stored",
         )
         return None
-    return PSConfig(**values, source_path=source_path)
+    legacy_keys = tuple((key, root[key]) for key in legacy)
+    return PSConfig(**values, source_path=source_path, legacy_keys=legacy_keys)
 
 
 def _models(c: Collector, value: Any, where: str) -> tuple[ModelConfig, ...] | None:
@@ -373,6 +377,7 @@ def _model(c: Collector, value: Any, where: str) -> ModelConfig | None:
             "init_ec": c.boolean,
             "enable_pagelock": c.boolean,
             "fp8_quant": c.boolean,
+            "use_mixed_precision": c.boolean,
             "thread_pool_size": c.int_in(),
             "storage_precision": partial(c.choice, names=_STORAGE_PRECISION_NAMES),
             "storage_precision_per_table": c.list_of(
@@ -429,7 +434,7 @@ def _count(n: int, noun: str) -> str:
 def _check_tables(
     c: Collector, r: ObjectReader, obj: Mapping[str, Any], values: dict[str, Any]
 ) -> None:
-    """Check the per-table lists against ``sparse_files``; pad all-zero default values.
+    """Check the per-table lists against ``sparse_files``; fit the default values to it.
 
     Lengths are taken from the raw lists, so a bad item in one list does not hide a length
     mismatch in another.
@@ -463,20 +468,21 @@ def _check_tables(
                 f"has {_count(len(given), 'entry')} but sparse_files lists {tables}; "
                 "give one per table",
             )
-    defaults = obj.get("default_value_for_each_table")
-    if not isinstance(defaults, list) or len(defaults) == n:
+    defaults = values["default_value_for_each_table"]
+    if defaults is None or len(defaults) == n:
         return
-    where = r.path_of("default_value_for_each_table")
+    # HugeCTR reads the first n values and gives the tables without one 0.0 (its own samples
+    # list two values for one table): so here, with a warning.
     if len(defaults) > n:
-        c.add(where, f"has {_count(len(defaults), 'entry')} but sparse_files lists {tables}")
-    elif not all(isinstance(v, int | float) and v == 0 for v in defaults):
-        c.add(
-            where,
-            f"has {_count(len(defaults), 'entry')} for {tables}; HugeCTR would use 0.0 for the "
-            "tables without a value, which is rarely meant: give one value per table",
-        )
-    elif values["default_value_for_each_table"] is not None:
-        values["default_value_for_each_table"] += (0.0,) * (n - len(defaults))
+        change = f"the {_count(len(defaults) - n, 'value')} after the first {n} ignored"
+    else:
+        change = f"0.0 for the {_count(n - len(defaults), 'table')} without one"
+    values["default_value_for_each_table"] = (defaults + (0.0,) * n)[:n]
+    values["notes"] = (
+        *values.get("notes", ()),
+        f"default_value_for_each_table has {_count(len(defaults), 'entry')} for {tables}: "
+        f"{change}, as HugeCTR reads it",
+    )
 
 
 def _check_storage(

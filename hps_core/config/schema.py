@@ -264,10 +264,13 @@ class ModelConfig:
     init_ec: bool = True
     enable_pagelock: bool = False
     fp8_quant: bool = False
+    use_mixed_precision: bool = False
     thread_pool_size: int = 16
     storage_precision: StoragePrecision | None = None
     storage_precision_per_table: tuple[StoragePrecision, ...] | None = None
     ignored_keys: tuple[str, ...] = field(default=(), compare=False)
+    notes: tuple[str, ...] = field(default=(), compare=False)
+    """What reading the entry changed, as HugeCTR changes it (a warning each)."""
     tables: tuple[TableConfig, ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -418,6 +421,8 @@ class ModelConfig:
                 "thread_pool_size": self.thread_pool_size,
             }
         )
+        if self.use_mixed_precision:  # HugeCTR's hugectr backend reads it; its docs omit it
+            out["use_mixed_precision"] = True
         # Extensions of this project, written only when given: HugeCTR's files stay unchanged.
         if self.storage_precision is not None:
             out["storage_precision"] = self.storage_precision.value
@@ -617,6 +622,8 @@ class PSConfig:
         update_source: online update stream.
         source_path: the ps.json this came from (``None`` if built in code); relative paths
             in it were resolved against its folder.
+        legacy_keys: keys of HugeCTR before v3.3 present in the file (read by nothing, as
+            by HugeCTR since), with their values.
     """
 
     models: tuple[ModelConfig, ...]
@@ -626,6 +633,7 @@ class PSConfig:
     persistent_db: PersistentDBConfig = field(default_factory=PersistentDBConfig)
     update_source: UpdateSourceConfig = field(default_factory=UpdateSourceConfig)
     source_path: Path | None = field(default=None, compare=False)
+    legacy_keys: tuple[tuple[str, Any], ...] = field(default=(), compare=False)
 
     @property
     def model_names(self) -> tuple[str, ...]:

@@ -28,8 +28,8 @@ Where this differs from HugeCTR's backend, on purpose: offsets are checked (star
 decrease, end where ``CATCOLUMN`` ends) instead of trusted; every error is ``INVALID_ARG``
 naming the input (HugeCTR answers ``UNSUPPORTED`` or reads out of bounds); ``OUTPUT0`` has
 ``B * label_dim`` values (HugeCTR copies ``B`` whatever ``label_dim`` is) and keeps Triton's
-batch dimension (HugeCTR returns ``[B * label_dim]``) because the model batches requests;
-keys are INT64 whatever ``supportlonglong`` says (HugeCTR wants UINT32 when it is false).
+batch dimension (HugeCTR returns ``[B * label_dim]``) because the model batches requests.
+Keys are INT64, or UINT32 for a model with ``supportlonglong: false``, as in HugeCTR.
 
 **Samples** (:class:`SamplesContract`), for models with a fixed number of keys per slot and
 Triton's batching: Triton's batch dimension is the sample.
@@ -115,9 +115,12 @@ class HugeCTRContract:
 
     Args:
         layout: the model's tables, slots and widths.
+        key_dtype: ``CATCOLUMN``'s dtype: ``np.int64``, or ``np.uint32`` for a model with
+            32-bit keys (``supportlonglong: false``).
     """
 
     layout: RankingLayout
+    key_dtype: type = np.int64
 
     def parse(self, des: np.ndarray, catcolumn: np.ndarray, rowindex: np.ndarray) -> SparseBatch:
         """Validate one request and regroup its keys per table.
@@ -134,10 +137,10 @@ class HugeCTRContract:
             RequestError: naming the input and what is wrong with it.
         """
         _check_dtype(DES, des, np.float32)
-        _check_dtype(CATCOLUMN, catcolumn, np.int64)
+        _check_dtype(CATCOLUMN, catcolumn, self.key_dtype)
         _check_dtype(ROWINDEX, rowindex, np.int32)
         dense = _flat_row(DES, des)
-        keys = _flat_row(CATCOLUMN, catcolumn)
+        keys = _flat_row(CATCOLUMN, catcolumn).astype(np.int64, copy=False)
         rows = _flat_row(ROWINDEX, rowindex)
         batch = self._batch_size(len(rows))
         layout = self.layout

@@ -16,7 +16,7 @@ Example:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -49,6 +49,7 @@ REPLAY_PARAMETER = "update_replay"
 _TRITON_TYPES = {
     np.dtype(np.float32): "TYPE_FP32",
     np.dtype(np.int32): "TYPE_INT32",
+    np.dtype(np.uint32): "TYPE_UINT32",
     np.dtype(np.int64): "TYPE_INT64",
 }
 
@@ -59,7 +60,7 @@ class TensorSpec:
 
     Args:
         name: the tensor's name in requests and config.pbtxt.
-        dtype: its NumPy dtype (``np.float32``, ``np.int32`` or ``np.int64``).
+        dtype: its NumPy dtype (``np.float32``, ``np.int32``, ``np.uint32`` or ``np.int64``).
         dims: its dims without Triton's batch dimension (``-1``: any length).
         ragged: requests of different lengths may be batched (``allow_ragged_batch``).
     """
@@ -107,6 +108,21 @@ HUGECTR_IO = ModelIO(
 )
 """HugeCTR's ``hugectr`` backend: one request's samples flattened (dense features, keys, CSR
 row offsets per table) -> their scores."""
+
+
+def hugectr_io(long_keys: bool = True) -> ModelIO:
+    """The ``hugectr`` contract of a model whose keys are 64-bit (``supportlonglong``, INT64
+    ``CATCOLUMN``: :data:`HUGECTR_IO`) or 32-bit (UINT32 ``CATCOLUMN``, as HugeCTR's backend
+    reads them then).
+
+    Example:
+        >>> hugectr_io(long_keys=False).inputs[1].data_type
+        'TYPE_UINT32'
+    """
+    if long_keys:
+        return HUGECTR_IO
+    des, catcolumn, rowindex = HUGECTR_IO.inputs
+    return ModelIO((des, replace(catcolumn, dtype=np.uint32), rowindex), HUGECTR_IO.outputs)
 
 
 def samples_io(dense_dim: int, sample_width: int, label_dim: int) -> ModelIO:

@@ -17,6 +17,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from hugectr_repository import digest, write_hugectr_repository
+from tritonclient.utils import InferenceServerException
 
 from hps_core import HPS
 from hps_core.arrays import first_gpu
@@ -32,9 +33,14 @@ _READY = re.compile(r"ready on HTTP http://(\S+), gRPC (\S+),")
 
 
 @pytest.fixture
-def served(tmp_path: Path, triton_installation):
-    """``hps serve`` on the HugeCTR repository, as a user starts it; its URLs and files."""
+def served(request, tmp_path: Path, triton_installation):
+    """``hps serve`` on the HugeCTR repository, as a user starts it; its URLs and files
+    (``request.param``: the ranking model's ``embeddingkey_long_type``, "true" by default)."""
     hugectr = write_hugectr_repository(tmp_path)
+    long_keys = getattr(request, "param", "true")
+    config = hugectr.repo / "dlrm" / "config.pbtxt"
+    setting = 'key: "embeddingkey_long_type" value: { string_value: "%s" }'
+    config.write_text(config.read_text().replace(setting % "true", setting % long_keys))
     before = digest(hugectr.repo)
     ports = [f"--{service}-port=0" for service in ("http", "grpc", "metrics")]
     command = [
@@ -103,3 +109,37 @@ def test_a_hugectr_repository_answers_what_its_ps_json_answers(served, protocol)
     got = client.infer("dlrm", inputs).as_numpy("OUTPUT0").reshape(-1)
     want = session.predict(HugeCTRContract(layout).parse(*arrays)).reshape(-1)
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("served", ["0"], indirect=True)
+def test_a_hugectr_model_of_32_bit_keys_takes_uint32_keys(served) -> None:
+    """embeddingkey_long_type "0" (false, as HugeCTR reads it): CATCOLUMN is UINT32, as
+    HugeCTR's clients of such a model send it, and scores what the same keys score as int64."""
+    hugectr, (http_url, _), log = served
+    assert "model 'dlrm' (backend hugectr): 32-bit keys: CATCOLUMN is UINT32" in log.read_text()
+    client = httpclient.InferenceServerClient(http_url)
+    session = RankingSession.open(hugectr.reference_ps, "dlrm")
+    layout = session.layout
+    rng = np.random.default_rng(6)
+    dense = rng.random((4, layout.dense_dim), dtype=np.float32)
+    known = [np.array([k for k in table if 0 <= k < 2**32])
+             for table in model_tables(hugectr.reference_ps, "dlrm")[1]]  # fmt: skip
+    samples = random_keys(rng, 4, layout.slot_nums, known)
+    des, catcolumn, rowindex = encode_hugectr(dense, samples)
+
+    def infer(keys: np.ndarray, dtype: str) -> np.ndarray:
+        inputs = [httpclient.InferInput(name, list(a.shape), t)
+                  for name, a, t in (("DES", des, "FP32"), ("CATCOLUMN", keys, dtype),
+                                     ("ROWINDEX", rowindex, "INT32"))]  # fmt: skip
+        for entry, array in zip(inputs, (des, keys, rowindex), strict=True):
+            entry.set_data_from_numpy(array)
+        return client.infer("dlrm", inputs).as_numpy("OUTPUT0").reshape(-1)
+
+    try:
+        got = infer(catcolumn.astype(np.uint32), "UINT32")
+        want = session.predict(HugeCTRContract(layout).parse(des, catcolumn, rowindex))
+        np.testing.assert_allclose(got, want.reshape(-1), rtol=1e-5, atol=1e-6)
+        with pytest.raises(InferenceServerException, match=r"CATCOLUMN.*expects 'UINT32'"):
+            infer(catcolumn, "INT64")
+    finally:
+        client.close()  # an open connection holds tritonserver's exit (exit_timeout)

@@ -59,6 +59,24 @@ def test_hugectr_parse_equals_the_reference(flat: bool) -> None:
         assert_same_batch(parsed, to_sparse_batch(dense, keys))
 
 
+def test_hugectr_parse_of_32_bit_keys_equals_the_reference() -> None:
+    """A model with supportlonglong false takes UINT32 CATCOLUMN (as HugeCTR's backend), keys
+    up to 2**32 - 1, and refuses INT64 naming the dtype it wants."""
+    rng = np.random.default_rng(37)
+    layout = make_layout([2, 3], 4, 8, [6, 9])
+    known = [rng.integers(0, 2**32, 30) for _ in layout.tables]
+    known[0][0] = 2**32 - 1
+    keys = random_keys(rng, 5, layout.slot_nums, known, 3, empty=0.2)
+    dense = rng.standard_normal((5, 4)).astype(np.float32)
+    des, catcolumn, rowindex = encode_hugectr(dense, keys)
+    contract = HugeCTRContract(layout, key_dtype=np.uint32)
+    parsed = contract.parse(des, catcolumn.astype(np.uint32), rowindex)
+    assert all(k.dtype == np.int64 for k in parsed.keys)
+    assert_same_batch(parsed, to_sparse_batch(dense, keys))
+    with pytest.raises(RequestError, match="input 'CATCOLUMN': expected uint32, got int64"):
+        contract.parse(des, catcolumn, rowindex)
+
+
 def test_hugectr_worked_example_of_the_docstring() -> None:
     """Two tables (2 and 1 slots), sample 0 = {t0: [[5], [6, 7]], t1: [[9]]}, sample 1 =
     {t0: [[], [8]], t1: [[4]]}."""

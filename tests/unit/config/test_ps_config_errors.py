@@ -35,10 +35,11 @@ SINGLE_PROBLEM_CASES = [
         "expected an integer >= 1, found 0",
     ),
     ({"models.0.gpucacheper": 1.5}, "models[0].gpucacheper", "a number in [0, 1], found 1.5"),
-    ({"models.0.gpucacheper": "0.5"}, "models[0].gpucacheper", "without quotes"),
     ({"models.0.hit_rate_threshold": -0.1}, "models[0].hit_rate_threshold", "a number >= 0"),
     ({"models.0.gpucache": 1}, "models[0].gpucache", "expected true or false, found 1"),
-    ({"models.0.gpucache": "true"}, "models[0].gpucache", "write true without quotes"),
+    ({"models.0.gpucache": "yes"}, "models[0].gpucache", 'true or false, found the string "yes"'),
+    ({"models.0.gpucacheper": "half"}, "models[0].gpucacheper", "in [0, 1], found the string"),
+    ({"models.0.max_batch_size": "64.5"}, "models[0].max_batch_size", "truncate it to 64"),
     ({"models.0.max_batch_size": 64.5}, "models[0].max_batch_size", "truncate it to 64"),
     ({"models.0.max_batch_size": True}, "models[0].max_batch_size", "integer >= 1, found true"),
     ({"models.0.refresh_interval": 1.5}, "models[0].refresh_interval", "truncate it to 1"),
@@ -91,16 +92,6 @@ SINGLE_PROBLEM_CASES = [
         "models[0].embedding_table_names",
         "has 1 entry",
     ),
-    (
-        {"models.0.default_value_for_each_table": [0.0, 0.0, 0.0]},
-        "models[0].default_value_for_each_table",
-        "has 3 entries",
-    ),
-    (
-        {"models.0.default_value_for_each_table": [0.5]},
-        "models[0].default_value_for_each_table",
-        "rarely meant",
-    ),
     ({"models.0.sparse_files": []}, "models[0].sparse_files", "at least one sparse model"),
     ({"models.0.dense_file": None}, "models[0].dense_file", "found null (leave the key out"),
     (
@@ -117,7 +108,6 @@ SINGLE_PROBLEM_CASES = [
     ({"models": []}, "models", "at least one model"),
     ({"models": {}}, "models", "expected a list, found an object"),
     ({"supportlonglong": DELETE}, "supportlonglong", "requires it"),
-    ({"supportlonglong": "true"}, "supportlonglong", "write true without quotes"),
     ({"fuse_embedding_table": 0}, "fuse_embedding_table", "true or false, found 0"),
     (
         {"volatile_db.type": "redis_clster"},
@@ -164,7 +154,7 @@ def test_all_problems_are_reported_together(tmp_path):
     doc = copy.deepcopy(REALISTIC_PS)
     edits = {
         "models.0.embedding_vecsize_per_table.1": 0,
-        "models.0.gpucacheper": "0.5",
+        "models.0.gpucacheper": "1.5",
         "models.0.gpucache": 1,
         "models.0.max_batch_size": 64.5,
         "models.1.deployed_device_list": [],
@@ -355,3 +345,53 @@ def test_valid_config_after_fixing_reported_problem(minimal):
 
     minimal["models"][0]["gpucacheper"] = 1.0
     assert parse_ps_config(minimal, "/repo").model("tiny").gpucacheper == 1.0
+
+
+@pytest.mark.parametrize(
+    ("edits", "field", "value"),
+    [
+        ({"models.0.gpucacheper": "0.5"}, "gpucacheper", 0.5),
+        ({"models.0.hit_rate_threshold": " 0.9 "}, "hit_rate_threshold", 0.9),
+        ({"models.0.max_batch_size": "64"}, "max_batch_size", 64),
+        ({"models.0.gpucache": "True"}, "gpucache", True),
+        ({"models.0.gpucache": "FALSE"}, "gpucache", False),
+        ({"models.0.gpucache": "0"}, "gpucache", False),
+        ({"models.0.gpucache": "1"}, "gpucache", True),
+        ({"supportlonglong": "true"}, "supportlonglong", True),
+    ],
+)
+def test_quoted_numbers_and_booleans_read_as_hugectrs_triton_backends_read_them(
+    tmp_path, edits, field, value
+) -> None:
+    """The hps and hugectr backends fall back to the string where they expect a number or a
+    boolean (true/false in any case, else stoll/stod): HugeCTR's own samples quote some."""
+    doc = copy.deepcopy(REALISTIC_PS)
+    for dotted, new in edits.items():
+        _set(doc, dotted, new)
+    config = load_ps_config(write_ps(tmp_path, doc))
+    holder = config if field == "supportlonglong" else config.models[0]
+    got = getattr(holder, field)
+    assert got == value and type(got) is type(value)
+
+
+@pytest.mark.parametrize(
+    ("dotted", "spelling", "read"),
+    [
+        ("volatile_db.type", "Redis-Cluster", ("volatile_db", "type", "redis_cluster")),
+        ("volatile_db.overflow_policy", "Evict Random",
+         ("volatile_db", "overflow_policy", "evict_random")),
+        ("models.1.embedding_cache_type", "Static", ("models", "embedding_cache_type", "static")),
+    ],
+)  # fmt: skip
+def test_names_are_read_in_any_case_with_spaces_or_dashes_for_underscores(
+    tmp_path, dotted, spelling, read
+) -> None:
+    """As HugeCTR's Triton backends read an enum: lowercased, ' ' and '-' as '_'."""
+    doc = copy.deepcopy(REALISTIC_PS)
+    _set(doc, dotted, spelling)
+    if dotted.startswith("models.1"):
+        doc["models"][1].pop("use_static_table", None)
+    config = load_ps_config(write_ps(tmp_path, doc))
+    section, field, value = read
+    holder = config.models[1] if section == "models" else getattr(config, section)
+    assert getattr(holder, field).value == value

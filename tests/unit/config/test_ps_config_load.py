@@ -18,6 +18,7 @@ from hps_core.config import (
     load_ps_config,
     parse_ps_config,
 )
+from hps_core.config.inert import inert_settings
 from hps_core.errors import ConfigError
 
 
@@ -299,19 +300,48 @@ def test_use_static_table_means_static_cache(minimal, explicit):
     assert model.embedding_cache_type is EmbeddingCacheType.STATIC
 
 
-@pytest.mark.parametrize("n_tables", [2, 3, 7])
-def test_short_all_zero_default_values_are_padded_like_hugectr(minimal, n_tables):
+@pytest.mark.parametrize(
+    ("n_tables", "given", "note"),
+    [
+        (2, [0.0], "0.0 for the 1 table without one"),
+        (7, [0.5, 0.25], "0.0 for the 5 tables without one"),
+        (1, [0.0, 0.0], "the 1 value after the first 1 ignored"),  # HugeCTR's DLRM sample
+        (3, [1.0, 2.0, 3.0, 4.0, 5.0], "the 2 values after the first 3 ignored"),
+    ],
+)
+def test_default_values_are_fitted_to_the_tables_like_hugectr_with_a_warning(
+    minimal, n_tables, given, note
+):
     model = minimal["models"][0]
     model["sparse_files"] = [f"t{i}" for i in range(n_tables)]
     model["maxnum_catfeature_query_per_table_per_sample"] = [1] * n_tables
     model["embedding_vecsize_per_table"] = list(range(4, 4 + n_tables))
-    model["default_value_for_each_table"] = [0.0] * (n_tables - 1)
+    model["default_value_for_each_table"] = given
 
-    parsed = parse_ps_config(minimal, "/repo").model("tiny")
+    config = parse_ps_config(minimal, "/repo")
+    parsed = config.model("tiny")
 
-    assert parsed.default_value_for_each_table == (0.0,) * n_tables
-    assert [t.name for t in parsed.tables] == [f"sparse_embedding{i}" for i in range(n_tables)]
+    want = (tuple(given) + (0.0,) * n_tables)[:n_tables]
+    assert parsed.default_value_for_each_table == want
+    assert [t.default_value for t in parsed.tables] == list(want)
     assert [t.dim for t in parsed.tables] == list(range(4, 4 + n_tables))
+    tables = f"{n_tables} table{'s' if n_tables > 1 else ''}"
+    assert (
+        f"models[0].default_value_for_each_table has {len(given)} "
+        f"entr{'y' if len(given) == 1 else 'ies'} for {tables}: "
+        f"{note}, as HugeCTR reads it (model 'tiny')"
+    ) in inert_settings(config)
+
+
+def test_legacy_top_level_keys_are_accepted_with_a_warning(minimal):
+    minimal["db_type"] = "local"  # HugeCTR's DLRM inference sample still writes it
+
+    config = parse_ps_config(minimal, "/repo")
+
+    assert inert_settings(config) == [
+        "db_type = local: accepted without effect: a key of HugeCTR before v3.3, which "
+        "ignores it since; volatile_db and persistent_db configure the tiers"
+    ]
 
 
 def test_integral_floats_are_integers(minimal):

@@ -200,9 +200,9 @@ ALLOWED = '"fp32", "fp16", "int8", "fp8"'
     ("fields", "where", "message"),
     [
         (
-            {"storage_precision": "FP16"},
+            {"storage_precision": "FP-16"},
             "models[0].storage_precision",
-            f'unknown value "FP16" (did you mean "fp16"?); expected one of {ALLOWED}',
+            f'unknown value "FP-16" (did you mean "fp16"?); expected one of {ALLOWED}',
         ),
         (
             {"storage_precision": "bfloat16"},

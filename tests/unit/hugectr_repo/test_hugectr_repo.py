@@ -10,12 +10,13 @@ from pathlib import Path
 
 import pytest
 from hugectr_repository import HugeCTRRepository, digest, write_hugectr_repository
+from tritonclient.grpc import model_config_pb2 as pb
 
 from hps_core.config import load_ps_config
 from hps_core.errors import ConfigError
 from hps_core.hugectr_repo import hugectr_models, split_backend_configs, translate_repository
 from hps_core.infer.model_io import EMBEDDING_IO, HUGECTR_IO
-from hps_core.triton_repo import read_config
+from hps_core.triton_repo import read_config, write_config
 
 
 @pytest.fixture
@@ -96,7 +97,47 @@ def test_hugectr_parameters_apply_over_the_ps_json(
     assert served.gpucacheper == 0.1 and served.refresh_interval == 30
     config = read_config(tmp_path / "out" / "dlrm" / "config.pbtxt")
     assert config.parameters["precision"].string_value == "fp16"
-    assert any("embeddingkey_long_type false" in n for n in notes)
+    # 32-bit keys, as HugeCTR's backend reads them: UINT32 CATCOLUMN, a 4-byte key model.
+    assert (
+        "model 'dlrm' (backend hugectr): 32-bit keys: CATCOLUMN is UINT32, as in HugeCTR's "
+        "backend" in notes
+    )
+    catcolumn = next(i for i in config.input if i.name == "CATCOLUMN")
+    assert pb.DataType.Name(catcolumn.data_type) == "TYPE_UINT32"
+    assert load_ps_config(tmp_path / "out" / "dlrm" / "ps.json").supportlonglong is False
+
+
+@pytest.mark.parametrize(
+    ("values", "served", "precision", "note"),
+    [
+        ({"freeze_sparse": "True", "refresh_interval": "20.0", "label_dim": "1.0"},
+         {"refresh_interval": 20}, None, None),
+        ({"freeze_sparse": "1", "refresh_interval": "0.5", "mixed_precision": "0"},
+         {"refresh_interval": 1}, "fp32", "refresh_interval 0.5 runs every 1 s here"),
+        ({"embeddingkey_long_type": "0", "mixed_precision": "TRUE"},
+         {}, "fp16", "32-bit keys: CATCOLUMN is UINT32"),
+    ],
+)  # fmt: skip
+def test_parameters_are_read_as_hugectrs_backends_read_them(
+    hugectr: HugeCTRRepository, tmp_path: Path, values, served, precision, note
+) -> None:
+    """Booleans in any case or as integers, integers written as floats (triton_helpers.cpp)."""
+    path = hugectr.repo / "dlrm" / "config.pbtxt"
+    config = read_config(path)
+    for key, value in values.items():
+        config.parameters[key].string_value = value
+    write_config(path, config)
+    notes = translate(hugectr, tmp_path / "out")
+    written = read_config(tmp_path / "out" / "dlrm" / "config.pbtxt")
+    model = load_ps_config(tmp_path / "out" / "dlrm" / "ps.json").model("dlrm")
+    assert all(getattr(model, key) == value for key, value in served.items())
+    got = (
+        written.parameters["precision"].string_value if "precision" in written.parameters else None
+    )
+    assert got == precision
+    if "freeze_sparse" in values:
+        assert written.parameters["freeze_sparse"].string_value == "true"
+    assert note is None or any(note in n for n in notes), notes
 
 
 def test_sizing_parameters_that_disagree_with_the_network_are_named(
@@ -140,21 +181,48 @@ def test_settings_hugectr_refuses_are_refused_naming_the_file(
     assert str(path) in message and all(w in message for w in words), message
 
 
-def test_a_parameter_that_is_not_a_number_is_named(
-    hugectr: HugeCTRRepository, tmp_path: Path
+@pytest.mark.parametrize(
+    ("key", "value", "message"),
+    [
+        ("gpucacheper", "abc", "'abc' is not a number"),
+        ("label_dim", "1.5", "'1.5' is not an integer"),
+        ("freeze_sparse", "yes please", "'yes please' is not true, false or an integer"),
+    ],
+)
+def test_a_parameter_that_does_not_read_is_named(
+    hugectr: HugeCTRRepository, tmp_path: Path, key: str, value: str, message: str
 ) -> None:
     path = hugectr.repo / "dlrm" / "config.pbtxt"
-    path.write_text(path.read_text().replace('"0.2"', '"abc"'))
+    config = read_config(path)
+    config.parameters[key].string_value = value
+    write_config(path, config)
     with pytest.raises(ConfigError) as info:
         translate(hugectr, tmp_path / "out")
-    assert str(info.value) == f"{path} parameters.gpucacheper: 'abc' is not a number"
+    assert str(info.value) == f"{path} parameters.{key}: {message}"
+
+
+def test_cache_settings_above_the_ps_json_pass_where_the_cache_is_off(
+    hugectr: HugeCTRRepository, tmp_path: Path
+) -> None:
+    """HugeCTR compares gpucacheper and hit_rate_threshold with the ps.json's only with
+    gpucache on."""
+    document = json.loads(hugectr.hugectr_ps.read_text())
+    document["models"][0]["gpucache"] = False
+    hugectr.hugectr_ps.write_text(json.dumps(document))
+    path = hugectr.repo / "dlrm" / "config.pbtxt"
+    config = read_config(path)
+    config.parameters["gpucache"].string_value = "false"
+    config.parameters["gpucacheper"].string_value = "0.5"
+    write_config(path, config)
+    translate(hugectr, tmp_path / "out")
+    assert load_ps_config(tmp_path / "out" / "dlrm" / "ps.json").model("dlrm").gpucacheper == 0.5
 
 
 def test_a_broken_ps_json_is_named_among_the_two_backends(
     hugectr: HugeCTRRepository, tmp_path: Path
 ) -> None:
     document = json.loads(hugectr.hugectr_ps.read_text())
-    document["models"][0]["embedding_vecsize_per_table"][0] = "16"
+    document["models"][0]["embedding_vecsize_per_table"][0] = "sixteen"
     hugectr.hugectr_ps.write_text(json.dumps(document))
     with pytest.raises(ConfigError) as info:
         translate(hugectr, tmp_path / "out")
