@@ -374,7 +374,7 @@ def _serving_options(
     if user.HasField("dynamic_batching"):
         delay = user.dynamic_batching.max_queue_delay_microseconds
     options = ServingOptions(
-        max_batch_size=user.max_batch_size or model.max_batch_size,
+        max_batch_size=user.max_batch_size,  # 0: unbatched, as Triton reads it
         max_queue_delay_us=delay,
         instances=tuple(groups),
     )
@@ -382,10 +382,26 @@ def _serving_options(
 
 
 def _carry_over(path: Path, user: pb.ModelConfig, precision: str | None) -> None:
-    """Give the written config.pbtxt the user's version policy and the network precision."""
+    """Give the written config.pbtxt the user's version policy, the network precision and,
+    unbatched, the user's tensor shapes."""
     config = read_config(path)
     if user.HasField("version_policy"):
         config.version_policy.CopyFrom(user.version_policy)
+    if config.max_batch_size == 0:
+        # Unbatched, a request's tensors are whole: keep the shapes the user's clients send
+        # (HugeCTR's ensemble samples declare KEYS [-1, -1], others [-1]), and a warm-up
+        # request of the same ranks.
+        declared = {t.name: list(t.dims) for t in (*user.input, *user.output)}
+        for tensor in (*config.input, *config.output):
+            if tensor.name in declared:
+                del tensor.dims[:]
+                tensor.dims.extend(declared[tensor.name])
+        ranks = {t.name: len(t.dims) for t in config.input}
+        for sample in config.model_warmup:
+            for name, entry in sample.inputs.items():
+                size = math.prod(entry.dims)
+                entry.ClearField("dims")
+                entry.dims.extend([1] * (ranks[name] - 1) + [size])
     if precision is not None:
         config.parameters[PRECISION_PARAMETER].string_value = precision
     write_config(path, config)

@@ -44,6 +44,7 @@ from hps_core.infer.model_io import (
     CATCOLUMN,
     DES,
     EMBEDDING_IO,
+    EMBEDDING_IO_UNBATCHED,
     FREEZE_SPARSE_PARAMETER,
     HPS_MODEL_PARAMETER,
     KEYS,
@@ -106,7 +107,8 @@ class ServingOptions:
     Args:
         max_batch_size: requests Triton's dynamic batcher may hand to one ``execute`` (for a
             ``_samples`` ranking model Triton counts samples instead, and the ps.json
-            ``max_batch_size`` is used).
+            ``max_batch_size`` is used); 0: no batching, each request as it is (HugeCTR's
+            HPS ensemble samples).
         max_queue_delay_us: how long the batcher waits to fill a batch.
         instances: the instance groups.
         warmup: add a warm-up request that loads the tables before the model is READY.
@@ -168,13 +170,14 @@ def _config_pbtxt(
     """The text of a Python-backend config.pbtxt, built as Triton's ``ModelConfig`` message
     (warm-up only if ``options.warmup``)."""
     config = pb.ModelConfig(name=name, backend="python", max_batch_size=max_batch_size)
-    config.dynamic_batching.max_queue_delay_microseconds = options.max_queue_delay_us
+    if max_batch_size > 0:  # 0: Triton hands each request over as it is, unbatched
+        config.dynamic_batching.max_queue_delay_microseconds = options.max_queue_delay_us
     for spec in io.inputs:
         config.input.add(
             name=spec.name,
             data_type=pb.DataType.Value(spec.data_type),
             dims=spec.dims,
-            allow_ragged_batch=spec.ragged,
+            allow_ragged_batch=spec.ragged and max_batch_size > 0,
         )
     for spec in io.outputs:
         config.output.add(
@@ -237,13 +240,15 @@ def embedding_config_pbtxt(
     if hps_model and hps_model != triton_name:
         params.append((HPS_MODEL_PARAMETER, hps_model))
     t = len(model.tables)
+    batched = options.max_batch_size > 0
+    shape = (t,) if batched else (1, t)  # without batching, the request's whole shape
     return _config_pbtxt(
         triton_name,
         options.max_batch_size,
         options,
-        EMBEDDING_IO,
+        EMBEDDING_IO if batched else EMBEDDING_IO_UNBATCHED,
         params=params,
-        warmup=[_WarmupInput(KEYS, (t,), "keys"), _WarmupInput(NUMKEYS, (t,), "numkeys")],
+        warmup=[_WarmupInput(KEYS, shape, "keys"), _WarmupInput(NUMKEYS, shape, "numkeys")],
     )
 
 

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from hps_core.host_memory import keep_freed_memory
-from hps_core.infer.model_io import EMBEDDING_IO, KEYS, NUMKEYS, OUTPUT0
+from hps_core.infer.model_io import EMBEDDING_IO, EMBEDDING_IO_UNBATCHED, KEYS, NUMKEYS, OUTPUT0
 from hps_core.model_check import check_model_files
 from hps_core.wording import plural
 from triton_backend.batched_execute import execute_batched
@@ -31,6 +31,14 @@ from triton_backend.model_settings import check_instance_device, check_io, read_
 from triton_backend.tensors import input_array
 
 logger = logging.getLogger("hps_core")
+
+
+def _declared_rank(config: dict[str, Any], name: str) -> int:
+    """How many dims config.pbtxt declares for output ``name`` (1 when it says nothing)."""
+    for output in config.get("output", []):
+        if output.get("name") == name:
+            return max(1, len(output.get("dims", [])))
+    return 1
 
 
 class EmbeddingModel:
@@ -45,7 +53,10 @@ class EmbeddingModel:
         log_to_stderr()
         keep_freed_memory()  # this instance's process: its batches reuse their pages
         settings = read_settings(args)
-        check_io(settings.config, EMBEDDING_IO)
+        # max_batch_size 0: each request whole, OUTPUT0 of the rank config.pbtxt declares.
+        self.batched = int(settings.config.get("max_batch_size", 0)) > 0
+        check_io(settings.config, EMBEDDING_IO if self.batched else EMBEDDING_IO_UNBATCHED)
+        self.output_rank = 2 if self.batched else _declared_rank(settings.config, OUTPUT0)
         checked = check_model_files(settings.ps_json, settings.hps_model, network=False)
         model = checked.model
         check_instance_device(settings, model.deployed_device_list, f"model '{model.name}'")
@@ -78,12 +89,15 @@ class EmbeddingModel:
 
     def _parse(self, request: Any) -> list[Any]:
         return self.contract.parse(
-            input_array(request, KEYS, np.int64), input_array(request, NUMKEYS, np.int32)
+            input_array(request, KEYS, np.int64),
+            input_array(request, NUMKEYS, np.int32),
+            self.batched,
         )
 
     def _lookup(self, parsed: list[list[Any]]) -> list[Any]:
         values = self.service.start().lookup_tables(batch_tables(parsed))
-        return split_outputs(values, parsed)
+        outputs = split_outputs(values, parsed)  # [1, n] each
+        return outputs if self.output_rank == 2 else [o.reshape(-1) for o in outputs]
 
     def finalize(self) -> None:
         """Stop background work and detach from the shared tables."""

@@ -76,12 +76,17 @@ class HpsContract:
         """Number of tables."""
         return len(self.dims)
 
-    def parse(self, keys: np.ndarray, numkeys: np.ndarray) -> list[np.ndarray]:
+    def parse(
+        self, keys: np.ndarray, numkeys: np.ndarray, batched: bool = True
+    ) -> list[np.ndarray]:
         """Validate one request and split its keys per table.
 
         Args:
             keys: the ``KEYS`` input as received.
             numkeys: the ``NUMKEYS`` input as received.
+            batched: the model batches requests (``[1, N]`` rows); ``False``
+                (``max_batch_size: 0``): tensors of any shape, read flat, as HugeCTR's
+                backend reads their bytes.
 
         Returns:
             One int64 key array per table.
@@ -93,8 +98,11 @@ class HpsContract:
             raise RequestError(f"input '{KEYS}': expected INT64, got {keys.dtype}")
         if numkeys.dtype != np.int32:
             raise RequestError(f"input '{NUMKEYS}': expected INT32, got {numkeys.dtype}")
-        flat_keys = _one_row(KEYS, keys)
-        counts = to_host(_one_row(NUMKEYS, numkeys)).astype(np.int64)
+        if batched:
+            flat_keys, counts = _one_row(KEYS, keys), _one_row(NUMKEYS, numkeys)
+        else:
+            flat_keys, counts = keys.reshape(-1), numkeys.reshape(-1)
+        counts = to_host(counts).astype(np.int64)
         if len(counts) != self.num_tables:
             raise RequestError(
                 f"input '{NUMKEYS}': expected {self.num_tables} counts (one per table), "

@@ -85,6 +85,8 @@ class _RankingModel:
         self.io = self.model_io(layout, long_keys)
         check_io(settings.config, self.io)
         self.contract = self.make_contract(layout, long_keys)
+        # max_batch_size 0 (a HugeCTR repository's): OUTPUT0 is the request's whole tensor.
+        self.batched = int(settings.config.get("max_batch_size", 0)) > 0
         logger.info(
             "model '%s': ps.json %s, model '%s', %d dense, slots %s, %s, %s instance%s, %s",
             settings.triton_model,
@@ -118,7 +120,8 @@ class _RankingModel:
         self.service.start()  # first execute: open tables, warm caches, start the refresher
         scores = self.session.predict(concat_batches(batches))
         pieces = split_samples(scores, [b.batch_size for b in batches])
-        return [self.contract.response(piece) for piece in pieces]
+        responses = [self.contract.response(piece) for piece in pieces]
+        return responses if self.batched else [r.reshape(-1) for r in responses]
 
     def finalize(self) -> None:
         """Stop background work and detach from the shared tables."""

@@ -98,6 +98,14 @@ EMBEDDING_IO = ModelIO(
 )
 """HugeCTR's ``hps`` backend: every table's keys, each table's key count -> the vectors."""
 
+EMBEDDING_IO_UNBATCHED = ModelIO(
+    inputs=(TensorSpec(KEYS, np.int64, (-1, -1)), TensorSpec(NUMKEYS, np.int32, (-1, -1))),
+    outputs=(TensorSpec(OUTPUT0, np.float32, (-1,)),),
+)
+"""The same for a model with ``max_batch_size: 0`` (HugeCTR's HPS ensemble samples): a
+request's tensors whole, ``KEYS`` of any shape (read flat), ``NUMKEYS`` ``[1, T]`` ->
+``OUTPUT0`` ``[sum N_t * dim_t]``, as HugeCTR's backend answers."""
+
 HUGECTR_IO = ModelIO(
     inputs=(
         TensorSpec(DES, np.float32, (-1,), ragged=True),

@@ -35,12 +35,12 @@ _READY = re.compile(r"ready on HTTP http://(\S+), gRPC (\S+),")
 @pytest.fixture
 def served(request, tmp_path: Path, triton_installation):
     """``hps serve`` on the HugeCTR repository, as a user starts it; its URLs and files
-    (``request.param``: the ranking model's ``embeddingkey_long_type``, "true" by default)."""
+    (``request.param``: edits of the models' config.pbtxt, ``(model, old text, new text)``)."""
     hugectr = write_hugectr_repository(tmp_path)
-    long_keys = getattr(request, "param", "true")
-    config = hugectr.repo / "dlrm" / "config.pbtxt"
-    setting = 'key: "embeddingkey_long_type" value: { string_value: "%s" }'
-    config.write_text(config.read_text().replace(setting % "true", setting % long_keys))
+    for model, old, new in getattr(request, "param", ()):
+        config = hugectr.repo / model / "config.pbtxt"
+        assert old in config.read_text()
+        config.write_text(config.read_text().replace(old, new))
     before = digest(hugectr.repo)
     ports = [f"--{service}-port=0" for service in ("http", "grpc", "metrics")]
     command = [
@@ -111,7 +111,12 @@ def test_a_hugectr_repository_answers_what_its_ps_json_answers(served, protocol)
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize("served", ["0"], indirect=True)
+_LONG_KEYS = 'key: "embeddingkey_long_type" value: { string_value: "%s" }'
+
+
+@pytest.mark.parametrize(
+    "served", [[("dlrm", _LONG_KEYS % "true", _LONG_KEYS % "0")]], indirect=True
+)
 def test_a_hugectr_model_of_32_bit_keys_takes_uint32_keys(served) -> None:
     """embeddingkey_long_type "0" (false, as HugeCTR reads it): CATCOLUMN is UINT32, as
     HugeCTR's clients of such a model send it, and scores what the same keys score as int64."""
@@ -143,3 +148,52 @@ def test_a_hugectr_model_of_32_bit_keys_takes_uint32_keys(served) -> None:
             infer(catcolumn, "INT64")
     finally:
         client.close()  # an open connection holds tritonserver's exit (exit_timeout)
+
+
+_UNBATCHED = [
+    ("hps_embedding", "max_batch_size: 16", "max_batch_size: 0"),
+    ("hps_embedding", "TYPE_INT64 dims: [ -1 ]", "TYPE_INT64 dims: [ -1, -1 ]"),
+    ("hps_embedding", "TYPE_INT32 dims: [ -1 ]", "TYPE_INT32 dims: [ -1, -1 ]"),
+    ("dlrm", "max_batch_size: 16", "max_batch_size: 0"),
+]
+
+
+@pytest.mark.parametrize("served", [_UNBATCHED], indirect=True)
+def test_unbatched_models_take_their_requests_whole(served) -> None:
+    """max_batch_size 0, as HugeCTR's HPS ensemble sample configures its hps model (KEYS and
+    NUMKEYS [-1, -1]): a [1024, 3] KEYS tensor with NUMKEYS [[3072]] answers the 3072 vectors,
+    OUTPUT0 1-D; an unbatched hugectr model takes its three 1-D inputs."""
+    hugectr, (http_url, _), _ = served
+    client = httpclient.InferenceServerClient(http_url)
+    try:
+        rng = np.random.default_rng(8)
+        keys = rng.integers(0, 120_000, (64, 3))
+        counts = np.array([[keys.size - 10, 10]], np.int32)
+        inputs = [httpclient.InferInput("KEYS", list(keys.shape), "INT64"),
+                  httpclient.InferInput("NUMKEYS", list(counts.shape), "INT32")]  # fmt: skip
+        inputs[0].set_data_from_numpy(keys)
+        inputs[1].set_data_from_numpy(counts)
+        got = client.infer("hps_embedding", inputs).as_numpy("OUTPUT0")
+        flat = keys.reshape(-1)
+        hps = HPS(hugectr.hps_ps)
+        want = np.concatenate([hps.lookup(flat[:-10], "hps_embedding", 0).reshape(-1),
+                               hps.lookup(flat[-10:], "hps_embedding", 1).reshape(-1)])  # fmt: skip
+        assert got.shape == want.shape
+        np.testing.assert_array_equal(got, want)
+
+        session = RankingSession.open(hugectr.reference_ps, "dlrm")
+        layout = session.layout
+        dense = rng.random((3, layout.dense_dim), dtype=np.float32)
+        known = [np.array(list(t)) for t in model_tables(hugectr.reference_ps, "dlrm")[1]]
+        arrays = [a[0] for a in encode_hugectr(dense, random_keys(rng, 3, layout.slot_nums, known))]
+        inputs = [httpclient.InferInput(name, list(a.shape), dtype)
+                  for name, a, dtype in zip(("DES", "CATCOLUMN", "ROWINDEX"), arrays,
+                                            ("FP32", "INT64", "INT32"), strict=True)]  # fmt: skip
+        for entry, array in zip(inputs, arrays, strict=True):
+            entry.set_data_from_numpy(array)
+        got = client.infer("dlrm", inputs).as_numpy("OUTPUT0")
+        want = session.predict(HugeCTRContract(layout).parse(*arrays)).reshape(-1)
+        assert got.shape == want.shape
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    finally:
+        client.close()

@@ -65,6 +65,21 @@ def test_parse_splits_keys_per_table(batched: bool) -> None:
         assert all(p.dtype == np.int64 for p in parsed)
 
 
+def test_an_unbatched_request_is_read_flat_whatever_its_shape() -> None:
+    """max_batch_size 0 (HugeCTR's ensemble sample sends KEYS [1024, 3], NUMKEYS [[3072]]):
+    KEYS of any shape in row-major order, NUMKEYS flat; the checks stay."""
+    rng = np.random.default_rng(9)
+    contract = HpsContract(dims=(4, 2), max_keys=(3072, 100))
+    keys = rng.integers(-(2**40), 2**40, (1024, 3))
+    (first, second) = contract.parse(keys, np.array([[3000, 72]], np.int32), batched=False)
+    assert first.tolist() == keys.reshape(-1)[:3000].tolist()
+    assert second.tolist() == keys.reshape(-1)[3000:].tolist()
+    with pytest.raises(RequestError, match="counts sum to 3000 but 'KEYS' holds 3,072 keys"):
+        contract.parse(keys, np.array([[3000, 0]], np.int32), batched=False)
+    with pytest.raises(RequestError, match="expected shape \\[1, N\\]"):
+        contract.parse(keys, np.array([[3000, 72]], np.int32))  # batched: one row only
+
+
 def test_limits_are_inclusive_and_tables_may_be_empty() -> None:
     contract = HpsContract(dims=(2, 3), max_keys=(3, 5))
     keys, numkeys = request(np.random.default_rng(1), [3, 0])

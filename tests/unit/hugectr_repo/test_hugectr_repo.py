@@ -246,3 +246,27 @@ def test_models_of_other_backends_are_linked_unchanged(
     translate(hugectr, tmp_path / "out")
     linked = tmp_path / "out" / "ranker"
     assert linked.is_symlink() and linked.resolve() == other.resolve()
+
+
+def test_an_unbatched_model_stays_unbatched_with_the_users_shapes(
+    hugectr: HugeCTRRepository, tmp_path: Path
+) -> None:
+    """max_batch_size 0 (HugeCTR's HPS ensemble sample): no batching, the user's dims, a
+    warm-up request of the same rank (Triton checks it at load)."""
+    path = hugectr.repo / "hps_embedding" / "config.pbtxt"
+    config = read_config(path)
+    config.max_batch_size = 0
+    for tensor in config.input:
+        tensor.dims[:] = [-1, -1]
+    write_config(path, config)
+    translate(hugectr, tmp_path / "out")
+    written = read_config(tmp_path / "out" / "hps_embedding" / "config.pbtxt")
+    assert written.max_batch_size == 0 and not written.HasField("dynamic_batching")
+    assert [list(t.dims) for t in written.input] == [[-1, -1], [-1, -1]]
+    assert not any(t.allow_ragged_batch for t in written.input)
+    assert [list(t.dims) for t in written.output] == [[-1]]
+    (warmup,) = written.model_warmup
+    assert {name: list(e.dims) for name, e in warmup.inputs.items()} == {
+        "KEYS": [1, 2],
+        "NUMKEYS": [1, 2],
+    }
