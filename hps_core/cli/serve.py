@@ -26,6 +26,7 @@ from pathlib import Path
 from types import FrameType
 
 from hps_core.arrays import first_gpu
+from hps_core.errors import HPSError
 from hps_core.hugectr_repo import hugectr_models, split_backend_configs, translate_repository
 from hps_core.server.control import (
     CONTROL_OPTIONS,
@@ -149,10 +150,76 @@ def run(args: argparse.Namespace) -> int:
     extra = list(args.tritonserver_args)
     if extra[:1] == ["--"]:
         extra = extra[1:]
+    extra = take_tritonserver_options(args, extra)
     repository = Path(args.model_repository or default_model_repository())
     with contextlib.ExitStack() as stack:
         repository, extra = _serve_hugectr_models(repository, extra, stack)
         return _serve(args, repository, extra)
+
+
+# tritonserver options a HugeCTR user's command line carries that hps serve owns: taken as the
+# hps serve option of that name (the one after `--` wins, as on a command line).
+_OWN_OPTIONS = {
+    "--model-repository": "model_repository",
+    "--model-store": "model_repository",
+    "--http-port": "http_port",
+    "--grpc-port": "grpc_port",
+    "--metrics-port": "metrics_port",
+    "--log-verbose": "log_verbose",
+}
+
+
+def take_tritonserver_options(args: argparse.Namespace, extra: list[str]) -> list[str]:
+    """Take from the tritonserver options after ``--`` those ``hps serve`` owns, as a HugeCTR
+    user's ``tritonserver`` command line passes them: ``--model-repository`` (one), the ports
+    and ``--log-verbose`` set the ``hps serve`` options; ``--backend-directory`` (HugeCTR's
+    samples name its backends' folder) is dropped, as the Python backend's is this project's.
+
+    Args:
+        args: ``hps serve``'s parsed options (updated).
+        extra: the options after ``--``.
+
+    Returns:
+        The options left for tritonserver.
+
+    Raises:
+        HPSError: a second model repository, or an option without its value.
+    """
+    rest: list[str] = []
+    i = 0
+    while i < len(extra):
+        name, eq, value = extra[i].partition("=")
+        known = name in _OWN_OPTIONS or name == "--backend-directory"
+        if not known:
+            rest.append(extra[i])
+            i += 1
+            continue
+        if not eq:
+            if i + 1 >= len(extra):
+                raise HPSError(f"tritonserver option {name} needs a value")
+            value = extra[i + 1]
+            i += 1
+        i += 1
+        if name == "--backend-directory":
+            print(f"hps serve: {name}={value} dropped: hps serve runs hps-triton's Python "
+                  "backend from its own folder (HugeCTR's backends are not needed)",
+                  file=sys.stderr, flush=True)  # fmt: skip
+            continue
+        field = _OWN_OPTIONS[name]
+        if field == "model_repository":
+            given = args.model_repository
+            if given is not None and Path(given).resolve() != Path(value).resolve():
+                raise HPSError(
+                    f"two model repositories: --model-repository {given} and {name}={value} "
+                    "after --; hps serve serves one"
+                )
+            args.model_repository = Path(value)
+        else:
+            try:
+                setattr(args, field, int(value))
+            except ValueError:
+                raise HPSError(f"tritonserver option {name}: '{value}' is not an integer") from None
+    return rest
 
 
 def _serve_hugectr_models(

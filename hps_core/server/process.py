@@ -59,6 +59,15 @@ MANAGED_OPTIONS = (
     "--log-verbose",
     "--log-file",
 )
+_MANAGED_HINTS = {
+    **dict.fromkeys(
+        ("--http-address", "--grpc-address", "--metrics-address"),
+        "give it as hps serve's --host (TritonServer.host)",
+    ),
+    "--log-file": "TritonServer.log_file (hps serve logs to its stdout)",
+    "--backend-directory": "hps-triton's Python backend runs from its installation's folder",
+}
+"""What to do instead of passing a managed option, where it is not hps serve's option."""
 LOG_TAIL_LINES = 40
 # Triton's --exit-timeout-secs bounds the whole shutdown: in-flight requests, model unloading
 # *and* idle keep-alive HTTP connections. Its own default, 30 s, makes every stop with a client
@@ -485,8 +494,8 @@ class TritonServer:
         for option in MANAGED_OPTIONS:
             if _passes(self.extra_args, option):
                 raise ServerError(
-                    f"TritonServer.extra_args: {option} is set by the launcher "
-                    "(use the TritonServer field instead)"
+                    f"tritonserver option {option} is set by the launcher: "
+                    + _MANAGED_HINTS.get(option, f"give it as hps serve's {option}")
                 )
         if self.controls_models:
             for option in CONTROL_OPTIONS:
