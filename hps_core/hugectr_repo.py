@@ -152,7 +152,7 @@ def translate_repository(
             os.symlink(folder.resolve(), out / folder.name, target_is_directory=True)
             continue
         try:
-            notes += _translate(folder, backend, ps_files, out, gpu)
+            notes += translate_model(folder, backend, ps_files, out, gpu)
         except ConfigError as exc:
             problems += exc.problems
     if problems:
@@ -160,10 +160,25 @@ def translate_repository(
     return notes
 
 
-def _translate(
-    folder: Path, backend: str, ps_files: Mapping[str, Path], out: Path, gpu: bool
+def translate_model(
+    folder: Path, backend: str, ps_files: Mapping[str, Path], out: Path, gpu: bool = False
 ) -> list[str]:
-    """Write one model of a HugeCTR backend (see the module docstring); returns its notes."""
+    """Write into ``out`` the translation of one model of a HugeCTR backend (see the module
+    docstring).
+
+    Args:
+        folder: the model's folder in the user's repository.
+        backend: ``hps`` or ``hugectr``.
+        ps_files: the ps.json of each HugeCTR backend.
+        out: the translated repository.
+        gpu: a GPU is usable here.
+
+    Returns:
+        Its notes (settings changed or not honoured).
+
+    Raises:
+        ConfigError: as :func:`translate_repository`, for this model.
+    """
     where = str(folder / "config.pbtxt")
     user = read_config(folder / "config.pbtxt")
     name = user.name or folder.name

@@ -16,7 +16,9 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from pathlib import Path
 
+from hps_core.hugectr_watch import wait_for_scan
 from hps_core.server.control import (
     ControlError,
     load_model,
@@ -80,11 +82,17 @@ def run(args: argparse.Namespace) -> int:
         0 when every model loaded (and its old versions unloaded unless ``--no-wait``), 1
         otherwise.
     """
+    started = time.time()
     try:
         info = read_control_file(args.http_port)
     except ControlError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
+    if info.translation is not None and not wait_for_scan(Path(info.translation), started):
+        # A HugeCTR repository: its translation follows the user's edits; load what it
+        # holds after a scan that saw them, or say the scan did not come.
+        print("warning: the served HugeCTR repository was not rescanned within 5 s; loading "
+              "what its translation holds", file=sys.stderr)  # fmt: skip
     code = 0
     try:
         served = {entry["name"] for entry in repository_index(info.http_url, info.token)}

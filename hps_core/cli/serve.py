@@ -27,7 +27,8 @@ from types import FrameType
 
 from hps_core.arrays import first_gpu
 from hps_core.errors import HPSError
-from hps_core.hugectr_repo import hugectr_models, split_backend_configs, translate_repository
+from hps_core.hugectr_repo import hugectr_models, split_backend_configs
+from hps_core.hugectr_watch import TranslationWatch
 from hps_core.server.control import (
     CONTROL_OPTIONS,
     ControlError,
@@ -153,8 +154,8 @@ def run(args: argparse.Namespace) -> int:
     extra = take_tritonserver_options(args, extra)
     repository = Path(args.model_repository or default_model_repository())
     with contextlib.ExitStack() as stack:
-        repository, extra = _serve_hugectr_models(repository, extra, stack)
-        return _serve(args, repository, extra)
+        repository, extra, translation = _serve_hugectr_models(repository, extra, stack)
+        return _serve(args, repository, extra, translation)
 
 
 # tritonserver options a HugeCTR user's command line carries that hps serve owns: taken as the
@@ -224,25 +225,35 @@ def take_tritonserver_options(args: argparse.Namespace, extra: list[str]) -> lis
 
 def _serve_hugectr_models(
     repository: Path, extra: list[str], stack: contextlib.ExitStack
-) -> tuple[Path, list[str]]:
-    """The repository to serve and the tritonserver options: a repository with models of
-    HugeCTR's ``hps``/``hugectr`` backends is served through a translation of it in a
-    temporary folder (:mod:`hps_core.hugectr_repo`; removed when serving ends), their ps.json
-    taken from ``--backend-config=<backend>,ps=PS``; other repositories as they are."""
+) -> tuple[Path, list[str], Path | None]:
+    """The repository to serve, the tritonserver options and the translation's folder (or
+    None): a repository with models of HugeCTR's ``hps``/``hugectr`` backends is served
+    through a translation of it in a temporary folder (:mod:`hps_core.hugectr_repo`, kept in
+    step by :mod:`hps_core.hugectr_watch`; removed when serving ends), their ps.json taken
+    from ``--backend-config=<backend>,ps=PS``; other repositories as they are."""
     ps_files, extra = split_backend_configs(extra)
     if not repository.is_dir() or not hugectr_models(repository):
-        return repository, extra
+        return repository, extra, None
     out = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="hps-hugectr-repo-")))
-    notes = translate_repository(repository, ps_files, out / "repo", gpu=first_gpu() is not None)
+    watch = TranslationWatch(repository, ps_files, out, gpu=first_gpu() is not None)
+    notes = watch.translate_all()
     print(f"hps serve: {repository} has models of HugeCTR's backends; serving them through "
           "hps-triton's Python backend from a translation in a temporary folder (yours is "
-          "untouched)", flush=True)  # fmt: skip
+          "untouched, and changes to it are translated as they come)", flush=True)  # fmt: skip
     for note in notes:
-        print(f"hps serve: {note}", file=sys.stderr, flush=True)
-    return out / "repo", extra
+        _say(note)
+    watch.start(_say)
+    stack.callback(watch.stop)
+    return out / "repo", extra, out
 
 
-def _serve(args: argparse.Namespace, repository: Path, extra: list[str]) -> int:
+def _say(line: str) -> None:
+    print(f"hps serve: {line}", file=sys.stderr, flush=True)
+
+
+def _serve(
+    args: argparse.Namespace, repository: Path, extra: list[str], translation: Path | None
+) -> int:
     # A user who controls models (explicit mode, restricted APIs) keeps that control.
     own_control = any(a.startswith(CONTROL_OPTIONS) for a in extra)
     watchdog = args.stub_watchdog and not own_control
@@ -269,7 +280,7 @@ def _serve(args: argparse.Namespace, repository: Path, extra: list[str]) -> int:
     with _stop_signals_raise():
         try:
             server.start()
-            control_file = _publish_control(server)
+            control_file = _publish_control(server, translation)
             try:
                 states = server.model_states()
             except ServerError as exc:  # the user's own model control may close it to us
@@ -334,11 +345,16 @@ def _nothing_serves(
     return f"the repository {repository} holds no model (a folder with a config.pbtxt each)"
 
 
-def _publish_control(server: TritonServer) -> os.PathLike[str] | None:
+def _publish_control(server: TritonServer, translation: Path | None) -> os.PathLike[str] | None:
     """Write the control file ``hps reload`` reads; ``None`` without model control."""
     if not server.controls_models:
         return None
-    info = ControlInfo(os.getpid(), server.http_url, server.control_token)
+    info = ControlInfo(
+        os.getpid(),
+        server.http_url,
+        server.control_token,
+        None if translation is None else str(translation),
+    )
     try:
         return write_control_file(server.ports.http, info)
     except (ControlError, OSError) as exc:  # serving matters more than reloading

@@ -74,11 +74,14 @@ class ControlInfo:
         pid: the ``hps serve`` process that wrote the file.
         http_url: the server's HTTP endpoint, e.g. ``http://127.0.0.1:8000``.
         token: the model-control token (a secret: never printed).
+        translation: the folder of the translation a HugeCTR repository is served through
+            (:mod:`hps_core.hugectr_watch`), or None.
     """
 
     pid: int
     http_url: str
     token: str
+    translation: str | None = None
 
 
 @dataclass(frozen=True)
@@ -181,7 +184,13 @@ def read_control_file(http_port: int) -> ControlInfo:
     path = control_path(http_port)
     try:
         data = json.loads(path.read_text())
-        info = ControlInfo(int(data["pid"]), str(data["http_url"]), str(data["token"]))
+        translation = data.get("translation")
+        info = ControlInfo(
+            int(data["pid"]),
+            str(data["http_url"]),
+            str(data["token"]),
+            None if translation is None else str(translation),
+        )
     except FileNotFoundError:
         raise ControlError(
             f"no hps serve with model control on HTTP port {http_port} ({path} is missing); "

@@ -6,6 +6,7 @@ without a GPU included, and leaves the repository's files as they were."""
 
 from __future__ import annotations
 
+import json
 import re
 import signal
 import subprocess
@@ -21,6 +22,8 @@ from tritonclient.utils import InferenceServerException
 
 from hps_core import HPS
 from hps_core.arrays import first_gpu
+from hps_core.formats.sparse import read_sparse_table
+from hps_core.formats.sparse_writer import write_sparse_table
 from hps_core.infer import RankingSession
 from hps_core.infer.contracts import HugeCTRContract
 
@@ -65,7 +68,8 @@ def served(request, tmp_path: Path, triton_installation):
     finally:
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=120) == 0
-        assert digest(hugectr.repo) == before  # the user's repository is untouched
+        if request.node.get_closest_marker("edits_repository") is None:
+            assert digest(hugectr.repo) == before  # the user's repository is untouched
         HPS.close_all()
 
 
@@ -197,3 +201,52 @@ def test_unbatched_models_take_their_requests_whole(served) -> None:
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
     finally:
         client.close()
+
+
+@pytest.mark.edits_repository
+def test_a_model_updated_as_hugectr_users_do_serves_its_new_files_after_a_reload(
+    served,
+) -> None:
+    """HugeCTR's model update: new sparse files, the ps.json pointing at them, a version
+    folder and the config's version policy; then a load (here `hps reload`, which waits for
+    the translation to have seen the edit). The new version serves the new rows."""
+    hugectr, (http_url, _), log = served
+    document = json.loads(hugectr.hps_ps.read_text())
+    model = document["models"][0]
+    folders = []
+    for t, old in enumerate(model["sparse_files"]):
+        keys, vectors = read_sparse_table(old)
+        folder = hugectr.repo.parent / "retrained" / f"table{t}"
+        write_sparse_table(folder, keys, vectors + 100)
+        folders.append(str(folder))
+    model["sparse_files"] = folders
+    (hugectr.repo / "hps_embedding" / "2").mkdir()
+    hugectr.hps_ps.write_text(json.dumps(document))
+    config = hugectr.repo / "hps_embedding" / "config.pbtxt"
+    config.write_text(config.read_text().replace("versions: 1", "versions: 2"))
+
+    port = http_url.rsplit(":", 1)[1]
+    reload = subprocess.run(
+        [sys.executable, "-m", "hps_core.cli.main", "reload", "hps_embedding",
+         "--http-port", port, "--timeout", "120"],
+        capture_output=True, text=True, timeout=180,
+    )  # fmt: skip
+    assert reload.returncode == 0, reload.stderr
+    assert "serving version 2" in reload.stdout
+    assert "model 'hps_embedding' changed in" in log.read_text()
+
+    client = httpclient.InferenceServerClient(http_url)
+    try:
+        keys = np.array([[0, 5, 7]], np.int64)
+        inputs = [httpclient.InferInput("KEYS", [1, 3], "INT64"),
+                  httpclient.InferInput("NUMKEYS", [1, 2], "INT32")]  # fmt: skip
+        inputs[0].set_data_from_numpy(keys)
+        inputs[1].set_data_from_numpy(np.array([[2, 1]], np.int32))
+        got = client.infer("hps_embedding", inputs).as_numpy("OUTPUT0").reshape(-1)
+    finally:
+        client.close()
+    hps = HPS(hugectr.hps_ps)  # the edited ps.json: the retrained files
+    want = np.concatenate([hps.lookup(keys[0, :2], "hps_embedding", 0).reshape(-1),
+                           hps.lookup(keys[0, 2:], "hps_embedding", 1).reshape(-1)])  # fmt: skip
+    np.testing.assert_array_equal(got, want)
+    assert want.min() > 50  # the new rows, not the old ones
