@@ -27,14 +27,18 @@ def execute_batched(
     parse: Callable[[Any], Parsed],
     run: Callable[[list[Parsed]], Sequence[Any]],
     output_name: str,
+    on_failure: Callable[[str], None] | None = None,
 ) -> list[Any]:
     """Answer ``requests`` with one ``run`` over all the requests that parse.
 
     Args:
         requests: Triton inference requests.
         parse: turns one request into its parsed form; raises ``RequestError``.
-        run: maps the parsed requests to one output array per request, in order.
+        run: maps the parsed requests to one output array per request, in order; an output
+            may be a ``RequestError`` instead, which fails that request alone.
         output_name: name of the output tensor.
+        on_failure: called once per request answered with an error, with the reason
+            (``invalid_argument`` or ``internal``).
 
     Returns:
         One ``pb_utils.InferenceResponse`` per request, in order.
@@ -42,16 +46,22 @@ def execute_batched(
     responses: list[Any] = [None] * len(requests)
     parsed: list[Parsed] = []
     served: list[int] = []
+    failed = on_failure or (lambda reason: None)
     for i, request in enumerate(requests):
         try:
             parsed.append(parse(request))
         except RequestError as exc:
             responses[i] = error_response(str(exc))
+            failed("invalid_argument")
             continue
         served.append(i)
     if parsed:
         try:
             for i, out in zip(served, run(parsed), strict=True):
+                if isinstance(out, RequestError):
+                    responses[i] = error_response(str(out))
+                    failed("invalid_argument")
+                    continue
                 responses[i] = pb_utils.InferenceResponse(
                     output_tensors=[output_tensor(output_name, out)]
                 )
@@ -59,4 +69,5 @@ def execute_batched(
             logger.error("batch of %d requests failed: %s", len(served), exc)
             for i in served:
                 responses[i] = error_response(f"server error: {exc}", pb_utils.TritonError.INTERNAL)
+                failed("internal")
     return responses

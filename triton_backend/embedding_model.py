@@ -85,7 +85,9 @@ class EmbeddingModel:
         Returns:
             One response per request, in order.
         """
-        return execute_batched(requests, self._parse, self._lookup, OUTPUT0)
+        return execute_batched(
+            requests, self._parse, self._lookup, OUTPUT0, self.service.count_failed
+        )
 
     def _parse(self, request: Any) -> list[Any]:
         return self.contract.parse(

@@ -41,8 +41,10 @@ from hps_core.lookup import LookupOptions, ModelLookup
 from hps_core.lookup.refresher import CacheRefresher
 from hps_core.updates.apply import ModelUpdates, instance_group_id
 from triton_backend.metrics import (
+    FAILURE_REASONS,
     LookupMetrics,
     MetricsPublisher,
+    RequestMetrics,
     TierBytesMetrics,
     UpdateMetrics,
 )
@@ -147,6 +149,8 @@ class LookupService:
         """The ``hps_tier_bytes`` gauges, once :meth:`publish_tier_bytes` set them."""
         self._publisher: MetricsPublisher | None = None
         self._lock = threading.Lock()
+        self._failed = dict.fromkeys(FAILURE_REASONS, 0)
+        self._request_metrics: RequestMetrics | None = None
 
     @property
     def device(self) -> str:
@@ -225,12 +229,23 @@ class LookupService:
         self._updates = ModelUpdates.start(lookup, group, replay=replay, kafka_options=options)
         if self._updates is not None:
             self._update_metrics = UpdateMetrics(s.triton_model, s.instance_name, device)
+        self._request_metrics = RequestMetrics(s.triton_model, s.instance_name, device)
         self._publisher = MetricsPublisher(
             self._report, METRICS_PERIOD_S, f"{s.triton_model} {s.instance_name}"
         ).start()
 
+    def count_failed(self, reason: str) -> None:
+        """Count a request answered with an error (``invalid_argument`` or ``internal``),
+        published with the other counters."""
+        with self._lock:
+            self._failed[reason] += 1
+
     def _report(self) -> None:
         """Publish the counters' change since the last publication (the publisher's thread)."""
+        if self._request_metrics is not None:
+            with self._lock:
+                failed = dict(self._failed)
+            self._request_metrics.report(failed)
         if self._metrics is not None:
             self._metrics.report(self.lookup.counters())
         if self._update_metrics is not None and self._updates is not None:

@@ -50,7 +50,10 @@ _COUNTERS = {
     "unique_keys": ("hps_lookup_unique_keys_total", "Distinct keys per lookup, summed"),
     "cache_hits": ("hps_cache_hits_total", "Unique keys answered by the GPU embedding cache"),
     "cache_misses": ("hps_cache_misses_total", "Unique keys the GPU embedding cache missed"),
-    "unknown_keys": ("hps_unknown_keys_total", "Keys the table lacks (default vector answered)"),
+    "unknown_keys": (
+        "hps_unknown_keys_total",
+        "Distinct keys per lookup the table lacks (default vector answered), summed",
+    ),
     "default_answers": (
         "hps_default_answers_for_known_keys_total",
         "Keys the table holds that were answered with the default vector",
@@ -240,6 +243,52 @@ class UpdateMetrics:
             if now > self._last[field]:
                 metric.increment(now - self._last[field])
             self._last[field] = now
+
+
+_FAILED = (
+    "hps_requests_failed_total",
+    "Requests the model answered with an error, by reason (invalid_argument: the request; "
+    "internal: the server); Triton's nv_inference_request_failure does not count them",
+)
+FAILURE_REASONS = ("invalid_argument", "internal")
+
+
+class RequestMetrics:
+    """Publishes one model instance's failed requests (``hps_requests_failed_total``).
+
+    Triton's Python backend counts every response a model returns as a success, errors
+    included, so its ``nv_inference_request_failure`` misses the requests a model refuses
+    (a malformed request) or fails (a tier that vanished); this counts them.
+
+    Args:
+        model: Triton model name.
+        instance: instance name.
+        device: ``"cpu"`` or ``"gpuN"``.
+    """
+
+    def __init__(self, model: str, instance: str, device: str) -> None:
+        labels = {"model": model, "device": device, "instance": instance}
+        # Kept as long as its metrics (see LookupMetrics).
+        self._family = pb_utils.MetricFamily(
+            name=_FAILED[0], description=_FAILED[1], kind=pb_utils.MetricFamily.COUNTER
+        )
+        self._metrics = {
+            reason: self._family.Metric(labels={**labels, "reason": reason})
+            for reason in FAILURE_REASONS
+        }
+        self._last = dict.fromkeys(FAILURE_REASONS, 0)
+
+    def report(self, failed: dict[str, int]) -> None:
+        """Add the change since the last report.
+
+        Args:
+            failed: requests failed so far, by reason.
+        """
+        for reason, metric in self._metrics.items():
+            now = failed.get(reason, 0)
+            if now > self._last[reason]:
+                metric.increment(now - self._last[reason])
+            self._last[reason] = now
 
 
 _TIER_BYTES = (

@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from hps_core.arrays import to_host
+from hps_core.errors import RequestError
 from hps_core.host_memory import keep_freed_memory
 from hps_core.infer import RankingSession, SparseBatch, concat_batches, split_samples
 from hps_core.infer.contracts import HugeCTRContract, SamplesContract
@@ -110,7 +111,13 @@ class _RankingModel:
         Returns:
             One response per request, in order.
         """
-        return execute_batched(requests, self._parse, self._predict, self.io.outputs[0].name)
+        return execute_batched(
+            requests,
+            self._parse,
+            self._predict,
+            self.io.outputs[0].name,
+            self.service.count_failed,
+        )
 
     def _parse(self, request: Any) -> SparseBatch:
         arrays = [to_host(input_array(request, t.name, t.dtype)) for t in self.io.inputs]
@@ -120,12 +127,36 @@ class _RankingModel:
         self.service.start()  # first execute: open tables, warm caches, start the refresher
         scores = self.session.predict(concat_batches(batches))
         pieces = split_samples(scores, [b.batch_size for b in batches])
-        responses = [self.contract.response(piece) for piece in pieces]
-        return responses if self.batched else [r.reshape(-1) for r in responses]
+        responses: list[Any] = []
+        for piece in pieces:
+            refused = _non_finite(piece)
+            if refused is not None:
+                responses.append(refused)
+                continue
+            response = self.contract.response(piece)
+            responses.append(response if self.batched else response.reshape(-1))
+        return responses
 
     def finalize(self) -> None:
         """Stop background work and detach from the shared tables."""
         self.service.close()
+
+
+def _non_finite(scores: Any) -> RequestError | None:
+    """A request whose scores are not all finite numbers is refused, naming the first
+    sample: finite dense features can still overflow float32 inside the network (3e38 in a
+    dense input), and a NaN score answered as a success would pass unseen."""
+    host = to_host(scores)
+    bad = np.flatnonzero(~np.isfinite(host).all(axis=tuple(range(1, host.ndim))))
+    if bad.size == 0:
+        return None
+    sample = int(bad[0])
+    return RequestError(
+        f"sample {sample} of the request scores {host[sample].reshape(-1)[0]}: its dense "
+        "features overflow float32 inside the network (values far outside what it was "
+        f"trained on), so the request is refused ({bad.size} of its "
+        f"{plural(len(host), 'sample')})"
+    )
 
 
 class HugeCTRRankingModel(_RankingModel):

@@ -5,7 +5,8 @@ Hypothesis draws requests for the DCN demo model (26 multi-hot slots, 13 dense f
 ``max_batch_size`` 256) through both ranking contracts (``hugectr``: DES, CATCOLUMN, ROWINDEX;
 ``_samples``: dense, sparse) over HTTP and gRPC, starting from a valid request and applying one
 fault: a wrong dtype, a dropped, added or reshaped tensor, an empty tensor, more samples than
-``max_batch_size``, NaN/Inf dense features, negative, zero and extreme keys (int64's minimum is
+``max_batch_size``, NaN/Inf dense features, finite dense features that overflow float32 in
+the network (refused, never answered NaN), negative, zero and extreme keys (int64's minimum is
 the caches' empty-slot marker), ROWINDEX offsets that decrease, leave their range or overflow
 int32, or a missing or unknown input. A request whose fault leaves it valid (extreme keys) must
 be answered with the float64 reference's scores; any other must fail with an error message (a
@@ -16,6 +17,8 @@ must still be answered correctly.
 from __future__ import annotations
 
 import sys
+import time
+import urllib.request
 from collections import Counter
 from pathlib import Path
 
@@ -53,6 +56,7 @@ FAULTS = (
     *VALID_FAULTS,
     "nan_dense",
     "inf_dense",
+    "huge_dense",
     "dtype",
     "drop_last",
     "add_dim",
@@ -108,6 +112,8 @@ def build(model: Model, contract: str, fault: str, batch: int, seed: int):
     if fault in ("nan_dense", "inf_dense"):
         bad = np.nan if fault == "nan_dense" else float(rng.choice([np.inf, -np.inf]))
         dense[rng.integers(0, batch), rng.integers(0, DENSE)] = bad
+    if fault == "huge_dense":  # finite, but past what float32 holds once multiplied
+        dense[rng.integers(0, batch)] = 3e38
     if fault in ("extreme_keys", "negative_keys"):
         for sample in keys:
             for slot in sample[0]:
@@ -192,8 +198,15 @@ def test_fuzzed_requests_get_an_answer_or_a_clear_error(served, protocol: str) -
             assert len(str(exc)) > 10, f"{fault}: unclear error {exc!r}"
             if fault in ("nan_dense", "inf_dense"):
                 assert "dense features must be finite" in str(exc), exc
+            if fault == "huge_dense":
+                assert "overflow float32 inside the network" in str(exc), exc
             outcomes[(contract, fault, "refused")] += 1
         else:
+            if fault == "huge_dense":  # answered only where every score stayed finite
+                assert np.isfinite(got).all(), got
+                outcomes[(contract, fault, "answered")] += 1
+                check_good_request(model, module, client, rng)
+                return
             assert samples is not None, f"{contract} request with fault {fault} was answered"
             dense, keys = samples
             model.check(got.reshape(len(keys), -1), dense, keys)
@@ -213,3 +226,22 @@ def test_fuzzed_requests_get_an_answer_or_a_clear_error(served, protocol: str) -
     assert client.is_server_live() and client.is_server_ready()
     assert client.is_model_ready(NAME) and client.is_model_ready(f"{NAME}_samples")
     assert server.is_running
+    # The models' own refusals are counted (Triton counts them as successes).
+    refused_by_models = metric_sum(server, "hps_requests_failed_total", 'reason="invalid_argument"')
+    assert (
+        0
+        < refused_by_models
+        <= sum(n for (_, _, outcome), n in outcomes.items() if outcome == "refused") * 2
+    )  # both protocols' runs, and this module's other protocol before
+
+
+def metric_sum(server, name: str, label: str) -> float:
+    """The sum of a counter's series carrying ``label`` on the server's metrics endpoint,
+    once the instances' publishers had time to report (twice a second)."""
+    time.sleep(1.2)
+    text = urllib.request.urlopen(server.metrics_url, timeout=10).read().decode()
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith(name + "{") and label in line
+    )
