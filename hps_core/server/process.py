@@ -15,7 +15,9 @@ import contextlib
 import ctypes
 import functools
 import json
+import logging
 import os
+import re
 import secrets
 import signal
 import subprocess
@@ -46,6 +48,7 @@ from hps_core.server.control import (
 from hps_core.server.install import TritonInstallation, find_triton, prepend_paths
 from hps_core.server.ports import busy_ports, listening_ports, pick_free_ports
 from hps_core.server.stub_watchdog import StubWatchdog
+from hps_core.wording import plural
 
 # Options the launcher sets itself; passing them in extra_args would contradict its state.
 MANAGED_OPTIONS = (
@@ -79,7 +82,11 @@ _GROUP_EXIT_WAIT_S = 5.0
 _FALSE_WORDS = frozenset({"false", "0", "no", "off"})
 SERVICES = {"http": "HTTP", "grpc": "gRPC", "metrics": "metrics"}
 """The endpoints of a server, by the name of their port option, with the name users know."""
+logger = logging.getLogger("hps_core")
 _SHM_DIR = Path("/dev/shm")
+_REGION_PREFIX = "triton_python_backend_shm_region_hps"
+_REGION_OWNER = re.compile(re.escape(_REGION_PREFIX) + r"(\d+)p[0-9a-f]+_")
+"""A region of a server launched here: the launcher's pid."""
 
 
 class ServerError(HPSError):
@@ -528,7 +535,10 @@ class TritonServer:
         if not any("shm-region-prefix-name" in arg for arg in self.extra_args):
             # A prefix of our own names this server's shared-memory regions, so the ones a
             # killed stub leaves in /dev/shm can be removed without touching other servers'.
-            self._shm_prefix = f"triton_python_backend_shm_region_hps{secrets.token_hex(6)}_"
+            # It carries the launcher's pid: regions of a launcher killed before it could
+            # remove them (its tritonserver dies with it) go at the next launch.
+            remove_stale_backend_regions()
+            self._shm_prefix = f"{_REGION_PREFIX}{os.getpid()}p{secrets.token_hex(4)}_"
             args.append(f"--backend-config=python,shm-region-prefix-name={self._shm_prefix}")
         if self.controls_models:
             self._control_token = new_token()
@@ -758,6 +768,30 @@ def _exit_with_launcher() -> Callable[[], None] | None:
             os._exit(1)
 
     return set_parent_death_signal
+
+
+def remove_stale_backend_regions(directory: Path = _SHM_DIR) -> list[str]:
+    """Remove the Python backend's shared-memory regions of servers whose launcher has exited.
+
+    Args:
+        directory: where the regions live.
+
+    Returns:
+        The names removed.
+    """
+    removed = []
+    for path in sorted(directory.glob(f"{_REGION_PREFIX}*")):
+        match = _REGION_OWNER.match(path.name)
+        if match is not None and not psutil.pid_exists(int(match.group(1))):
+            path.unlink(missing_ok=True)
+            removed.append(path.name)
+    if removed:
+        logger.info(
+            "removed %s of exited servers' Python backends: %s",
+            plural(len(removed), "shared-memory region"),
+            ", ".join(removed),
+        )
+    return removed
 
 
 def _remove_shared_memory(prefix: str) -> None:

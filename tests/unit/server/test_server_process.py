@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
 import sys
 import time
 import urllib.request
@@ -269,3 +271,23 @@ def test_wildcard_host_is_reached_through_loopback(fake_triton, model_repository
     with wildcard:
         assert wildcard.http_url.startswith("http://127.0.0.1:")
         assert "--http-address=0.0.0.0" in wildcard.command
+
+
+def test_backend_regions_of_exited_launchers_are_removed(tmp_path: Path) -> None:
+    """The Python backend's regions carry their launcher's pid: after a launcher's kill -9
+    (its tritonserver dies with it) the next launch removes them, and only them."""
+    from hps_core.server.process import remove_stale_backend_regions
+
+    done = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True)  # fmt: skip
+    dead = int(done.stdout)
+    names = [
+        f"triton_python_backend_shm_region_hps{dead}p1a2b3c4d_dlrm_0_0",
+        f"triton_python_backend_shm_region_hps{os.getpid()}p00ff00ff_dlrm_0_0",
+        "triton_python_backend_shm_region_1",  # another server's own prefix
+        "triton_python_backend_shm_region_hps0123456789ab_x",  # no pid: left alone
+    ]
+    for name in names:
+        (tmp_path / name).write_bytes(b"")
+    assert remove_stale_backend_regions(tmp_path) == [names[0]]
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(names[1:])
