@@ -157,10 +157,13 @@ class HugeCTRContract:
         offsets = self._table_offsets(rows, batch)
         ends = [int(o[-1]) for o in offsets]
         if sum(ends) != len(keys):
-            per_table = " + ".join(f"{n} (table {t})" for t, n in enumerate(ends))
+            per_table = "; ".join(
+                f"{_tables(first, last)}: {end}{'' if first == last else ' each'}"
+                for first, last, end in _runs(ends)
+            )
             raise RequestError(
                 f"input '{CATCOLUMN}': holds {len(keys)} keys, but the offsets in "
-                f"'{ROWINDEX}' end at {per_table} = {sum(ends)}"
+                f"'{ROWINDEX}' end at {sum(ends)} in all ({per_table})"
             )
         table_keys = _keys_per_table(keys, offsets, layout.slot_nums, batch)
         return SparseBatch(dense.reshape(batch, layout.dense_dim), table_keys, tuple(offsets))
@@ -319,6 +322,21 @@ class SamplesContract:
         return scores
 
 
+def _runs(values: Sequence[int]) -> list[tuple[int, int, int]]:
+    """``(first table, last table, value)`` of each run of tables with one value."""
+    runs: list[tuple[int, int, int]] = []
+    for table, value in enumerate(values):
+        if runs and runs[-1][2] == value:
+            runs[-1] = (runs[-1][0], table, value)
+        else:
+            runs.append((table, table, value))
+    return runs
+
+
+def _tables(first: int, last: int) -> str:
+    return f"table {first}" if first == last else f"tables {first}-{last}"
+
+
 def _per_table_offsets(slot_nums: tuple[int, ...]) -> str:
     """How many offsets each table takes, said once per run of tables with one slot count.
 
@@ -334,15 +352,6 @@ def _per_table_offsets(slot_nums: tuple[int, ...]) -> str:
         return f"one table: {slot_nums[0]} x batch + 1"
     if len(set(slot_nums)) == 1:
         return f"each of the {len(slot_nums)} tables: {slot_nums[0]} x batch + 1"
-    runs: list[tuple[int, int, int]] = []  # first table, last table, slot count
-    for table, slots in enumerate(slot_nums):
-        if runs and runs[-1][2] == slots:
-            runs[-1] = (runs[-1][0], table, slots)
-        else:
-            runs.append((table, table, slots))
     return "; ".join(
-        f"table {first}: {slots} x batch + 1"
-        if first == last
-        else f"tables {first}-{last}: {slots} x batch + 1"
-        for first, last, slots in runs
+        f"{_tables(first, last)}: {slots} x batch + 1" for first, last, slots in _runs(slot_nums)
     )

@@ -150,7 +150,10 @@ BAD_HUGECTR = [
     (hugectr(row=rows(0, 1, 3, 3, 4, 1, 1, 2)), ["ROWINDEX", "table 1", "start at 0, got 1"]),
     (hugectr(row=rows(0, 1, 3, 3, 4, 0, 2, 1)), ["ROWINDEX", "table 1", "entry 7 is 1 after 2"]),
     (hugectr(row=rows(0, 3, 1, 3, 4, 0, 1, 2)), ["ROWINDEX", "table 0", "entry 2 is 1 after 3"]),
-    (hugectr(row=rows(0, 1, 3, 3, 3, 0, 1, 2)), ["CATCOLUMN", "holds 6 keys", "3 (table 0)"]),
+    (
+        hugectr(row=rows(0, 1, 3, 3, 3, 0, 1, 2)),
+        ["CATCOLUMN", "holds 6 keys", "end at 5 in all (table 0: 3; table 1: 2)"],
+    ),
     (
         hugectr(cat=np.zeros((1, 21), np.int64), row=rows(0, 9, 19, 19, 19, 0, 1, 2)),
         ["ROWINDEX", "table 0", "19 keys, more than the 16 allowed"],
@@ -310,3 +313,17 @@ def test_samples_request_of_a_fixed_hotness_model_must_carry_every_key() -> None
     layout = fixed_layout([1, 1], [3, 2])
     with pytest.raises(RequestError, match=r"input 'sparse': expected shape \[batch, 5\]"):
         SamplesContract(layout).parse(np.zeros((2, 2), np.float32), np.zeros((2, 2), np.int64))
+
+
+def test_offsets_ending_elsewhere_than_the_keys_are_said_once_per_run_of_tables() -> None:
+    """26 tables whose offsets end at 1 but one: 'tables 1-25: 1 each', not 26 terms."""
+    layout = make_layout([1] * 26, dense_dim=1)
+    rows_ = np.concatenate([[0, 2]] + [[0, 1]] * 25).astype(np.int32)[None]
+    with pytest.raises(RequestError) as info:
+        HugeCTRContract(layout).parse(
+            np.zeros((1, 1), np.float32), np.zeros((1, 26), np.int64), rows_
+        )
+    assert str(info.value) == (
+        "input 'CATCOLUMN': holds 26 keys, but the offsets in 'ROWINDEX' end at 27 in all "
+        "(table 0: 2; tables 1-25: 1 each)"
+    )
