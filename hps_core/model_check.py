@@ -130,7 +130,8 @@ def check_ps_json(
                     check_unique_keys(read_keys(info.path, info.rows), where_keys)
             except HPSError as exc:
                 info = None
-                report.problems.append(Problem(f"{where}.sparse_files[{table.index}]", str(exc)))
+                message = str(exc) + _relative_hint(config, table.sparse_file)
+                report.problems.append(Problem(f"{where}.sparse_files[{table.index}]", message))
             model_report.tables.append(info)
         if all(info is not None for info in model_report.tables):
             rows = [info.rows for info in model_report.tables if info is not None]
@@ -138,6 +139,24 @@ def check_ps_json(
         if network and is_ranking_model(model) and len(report.problems) == problems_before:
             _check_network(model, where, report)
     return report
+
+
+def _relative_hint(config: PSConfig, path: Path | str) -> str:
+    """Where a missing path given relative in the ps.json exists from the current folder
+    instead (HugeCTR reads it from the server's folder; here from the ps.json's): say so."""
+    if config.source_path is None or not isinstance(path, Path) or path.exists():
+        return ""
+    try:
+        relative = path.relative_to(config.source_path.parent)
+    except ValueError:  # given absolute
+        return ""
+    if not (Path.cwd() / relative).exists():
+        return ""
+    return (
+        f" (a relative path in a ps.json is read from its folder, {config.source_path.parent}; "
+        f"{relative} exists from the current folder: give it from the ps.json's folder, or "
+        "absolute)"
+    )
 
 
 def _check_network(model: ModelConfig, where: str, report: CheckReport) -> None:

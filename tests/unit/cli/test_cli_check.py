@@ -397,3 +397,21 @@ def test_a_models_load_logs_each_warning_once(
     with caplog.at_level(logging.WARNING, logger="hps_core"):
         check_model_files(ps, "wdl", network=False)  # an embedding model never reads it
     assert [r.getMessage() for r in caplog.records] == [lines[0]]
+
+
+def test_a_relative_path_found_from_the_current_folder_only_is_explained(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """HugeCTR reads a relative path from the server's folder, hps-triton from the ps.json's:
+    a path that exists only the HugeCTR way says so."""
+    ps, _ = write_model(tmp_path)
+    conf = tmp_path / "conf"
+    conf.mkdir()
+    (conf / "ps.json").write_text(ps.read_text())
+    monkeypatch.chdir(tmp_path)
+    code, out, err = run_check(capsys, str(conf / "ps.json"))
+    assert code == 1 and out == ""
+    assert (
+        f"sparse model folder does not exist (a relative path in a ps.json is read from its "
+        f"folder, {conf}; wdl/0_sparse exists from the current folder" in err
+    ), err
