@@ -388,6 +388,11 @@ def _serving_options(
     delay = ServingOptions().max_queue_delay_us
     if user.HasField("dynamic_batching"):
         delay = user.dynamic_batching.max_queue_delay_microseconds
+    elif user.max_batch_size > 0:
+        notes.append(
+            f"dynamic_batching added (max_queue_delay_microseconds {delay}): concurrent "
+            "requests are batched into one lookup and one forward pass"
+        )
     options = ServingOptions(
         max_batch_size=user.max_batch_size,  # 0: unbatched, as Triton reads it
         max_queue_delay_us=delay,
