@@ -85,8 +85,9 @@ SERVICES = {"http": "HTTP", "grpc": "gRPC", "metrics": "metrics"}
 logger = logging.getLogger("hps_core")
 _SHM_DIR = Path("/dev/shm")
 _REGION_PREFIX = "triton_python_backend_shm_region_hps"
-_REGION_OWNER = re.compile(re.escape(_REGION_PREFIX) + r"(\d+)p[0-9a-f]+_")
-"""A region of a server launched here: the launcher's pid."""
+_REGION_OWNER = re.compile(re.escape(_REGION_PREFIX) + r"(\d+)n(\d+)p[0-9a-f]+_")
+"""A region of a server launched here: the launcher's pid namespace and pid (containers that
+share /dev/shm, ``--ipc=host``, see each other's regions but not each other's processes)."""
 
 
 class ServerError(HPSError):
@@ -538,7 +539,9 @@ class TritonServer:
             # It carries the launcher's pid: regions of a launcher killed before it could
             # remove them (its tritonserver dies with it) go at the next launch.
             remove_stale_backend_regions()
-            self._shm_prefix = f"{_REGION_PREFIX}{os.getpid()}p{secrets.token_hex(4)}_"
+            self._shm_prefix = (
+                f"{_REGION_PREFIX}{_pid_namespace()}n{os.getpid()}p{secrets.token_hex(4)}_"
+            )
             args.append(f"--backend-config=python,shm-region-prefix-name={self._shm_prefix}")
         if self.controls_models:
             self._control_token = new_token()
@@ -771,7 +774,8 @@ def _exit_with_launcher() -> Callable[[], None] | None:
 
 
 def remove_stale_backend_regions(directory: Path = _SHM_DIR) -> list[str]:
-    """Remove the Python backend's shared-memory regions of servers whose launcher has exited.
+    """Remove the Python backend's shared-memory regions of servers whose launcher has exited
+    (launchers of this pid namespace only: another container's pids are not visible here).
 
     Args:
         directory: where the regions live.
@@ -780,9 +784,12 @@ def remove_stale_backend_regions(directory: Path = _SHM_DIR) -> list[str]:
         The names removed.
     """
     removed = []
+    namespace = _pid_namespace()
     for path in sorted(directory.glob(f"{_REGION_PREFIX}*")):
         match = _REGION_OWNER.match(path.name)
-        if match is not None and not psutil.pid_exists(int(match.group(1))):
+        if match is None or int(match.group(1)) != namespace:
+            continue  # another container's, or not ours to judge
+        if not psutil.pid_exists(int(match.group(2))):
             path.unlink(missing_ok=True)
             removed.append(path.name)
     if removed:
@@ -792,6 +799,14 @@ def remove_stale_backend_regions(directory: Path = _SHM_DIR) -> list[str]:
             ", ".join(removed),
         )
     return removed
+
+
+def _pid_namespace() -> int:
+    """This process's pid namespace (its inode), 0 where /proc does not say."""
+    try:
+        return os.stat("/proc/self/ns/pid").st_ino
+    except OSError:
+        return 0
 
 
 def _remove_shared_memory(prefix: str) -> None:

@@ -281,9 +281,12 @@ def test_backend_regions_of_exited_launchers_are_removed(tmp_path: Path) -> None
     done = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
                           capture_output=True, text=True, check=True)  # fmt: skip
     dead = int(done.stdout)
+    ns = os.stat("/proc/self/ns/pid").st_ino
     names = [
-        f"triton_python_backend_shm_region_hps{dead}p1a2b3c4d_dlrm_0_0",
-        f"triton_python_backend_shm_region_hps{os.getpid()}p00ff00ff_dlrm_0_0",
+        f"triton_python_backend_shm_region_hps{ns}n{dead}p1a2b3c4d_dlrm_0_0",
+        f"triton_python_backend_shm_region_hps{ns}n{os.getpid()}p00ff00ff_dlrm_0_0",
+        # Another container sharing /dev/shm: its pids are not ours to judge.
+        f"triton_python_backend_shm_region_hps{ns + 1}n{dead}p1a2b3c4d_dlrm_0_0",
         "triton_python_backend_shm_region_1",  # another server's own prefix
         "triton_python_backend_shm_region_hps0123456789ab_x",  # no pid: left alone
     ]
