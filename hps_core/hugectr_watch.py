@@ -5,8 +5,9 @@ version folder, then ask Triton to load the model again (``load_model``, HugeCTR
 repository extension"), and Triton reloads a model whose folder changed. Here Triton reads the
 translation (:func:`hps_core.hugectr_repo.translate_repository`), so :class:`TranslationWatch`
 scans the user's repository twice a second and translates again, in place, each model whose
-folder or ps.json changed: its translated folder changes with it (the ``hugectr_source`` stamp
-at least), and the next load reloads it. Models added to the repository are translated, models
+folder or ps.json changed, once its files have rested :data:`SETTLE_S` (a file being written is
+not read half way). Its translated folder changes with it (the ``hugectr_source`` stamp at
+least), and the next load reloads it. Models added to the repository are translated, models
 removed are removed. A model whose new files cannot be served keeps its previous translation;
 the reason is reported, and a load keeps serving the previous files.
 
@@ -23,6 +24,7 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import filecmp
 import hashlib
 import os
@@ -34,14 +36,16 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from hps_core.errors import ConfigError, HPSError
-from hps_core.hugectr_repo import hugectr_models, translate_model, translate_repository
+from hps_core.hugectr_repo import BACKENDS, hugectr_models, translate_model, translate_repository
+from hps_core.triton_repo import read_config
 
 SCAN_INTERVAL_S = 0.5
+SETTLE_S = 1.0
+"""A model's files changed more recently than this are left for a later scan (half written)."""
 STAMP = "hugectr_source"
 """File in each translated model folder naming the state of the files it was translated from."""
 SCANNED = "scanned"
 """File beside the translated repository: the start time of the last finished scan."""
-_LINKED = "linked"  # the fingerprint of a model of another backend, linked as it is
 
 
 def fingerprint(folder: Path, ps_files: Mapping[str, Path]) -> str:
@@ -128,13 +132,10 @@ class TranslationWatch:
         started = time.time()
         backends = hugectr_models(self.repo)
         # Taken before translating: a change meanwhile is translated by the first scan.
-        seen = {
-            folder.name: fingerprint(folder, self.ps_files) if folder.name in backends else _LINKED
-            for folder in self._model_folders()
-        }
+        seen = {f.name: fingerprint(f, self.ps_files) for f in self._model_folders()}
         notes = translate_repository(self.repo, self.ps_files, self.out, self.gpu)
         for name, digest in seen.items():
-            if digest != _LINKED:
+            if name in backends:
                 (self.out / name / STAMP).write_text(digest + "\n")
         self._seen = seen
         self._write_scanned(started)
@@ -143,35 +144,31 @@ class TranslationWatch:
     def scan(self) -> list[str]:
         """Bring the translation in step with the repository once.
 
+        A model whose files (or the ps.json files) changed within :data:`SETTLE_S` seconds
+        is left for a later scan, as it may be half written; the ``scanned`` stamp then
+        stays as it was, so ``hps reload`` waits for it.
+
         Returns:
             A line per model translated again, added, removed or left as it was (with why).
         """
         started = time.time()
         lines: list[str] = []
-        try:
-            backends = hugectr_models(self.repo)
-        except ConfigError as exc:  # a config.pbtxt being written: the next scan reads it
-            return [f"{self.repo}: not read this time: {exc}"]
         folders = {folder.name: folder for folder in self._model_folders()}
         for name in sorted(set(self._seen) - set(folders)):
-            target = self.out / name
-            if target.is_symlink() or target.is_file():
-                target.unlink()
-            elif target.exists():
-                shutil.rmtree(target)
+            _remove(self.out / name)
             del self._seen[name]
             lines.append(f"model '{name}' left {self.repo}: removed from the translation")
+        settling = False
         for name, folder in sorted(folders.items()):
-            backend = backends.get(name)
-            if backend is None:
-                if self._seen.get(name) != _LINKED:
-                    _replace_with_link(folder, self.out / name)
-                    self._seen[name] = _LINKED
+            digest = fingerprint(folder, self.ps_files)
+            if self._seen.get(name) == digest:
                 continue
-            if self._seen.get(name) == fingerprint(folder, self.ps_files):
+            if _newest_change(folder, self.ps_files) > started - SETTLE_S:
+                settling = True
                 continue
-            lines += self._translate_again(folder, backend)
-        self._write_scanned(started)
+            lines += self._bring_in_step(folder, digest)
+        if not settling:
+            self._write_scanned(started)
         return lines
 
     def start(self, report: Callable[[str], None]) -> None:
@@ -205,18 +202,28 @@ class TranslationWatch:
     def _model_folders(self) -> list[Path]:
         return sorted(p for p in self.repo.iterdir() if p.is_dir())
 
-    def _translate_again(self, folder: Path, backend: str) -> list[str]:
+    def _bring_in_step(self, folder: Path, digest: str) -> list[str]:
+        """Translate (or link) one changed model again; ``digest``: its files' fingerprint,
+        taken before (a change meanwhile comes next)."""
         name = folder.name
         seen = self._seen.get(name)
-        digest = fingerprint(folder, self.ps_files)  # before: a change meanwhile comes next
+        config = folder / "config.pbtxt"
+        try:
+            backend = read_config(config).backend if config.is_file() else None
+        except ConfigError as exc:
+            return self._not_served(name, digest, exc)
+        if backend not in BACKENDS:  # another backend's model: served as it is
+            if not (self.out / name).is_symlink():
+                _remove(self.out / name)
+                os.symlink(folder.resolve(), self.out / name, target_is_directory=True)
+            self._seen[name] = digest
+            return []
         staging = Path(tempfile.mkdtemp(prefix=".staging-", dir=self.folder))
         try:
             try:
                 notes = translate_model(folder, backend, self.ps_files, staging, self.gpu)
             except ConfigError as exc:
-                self._seen[name] = digest  # reported once per state of the files
-                kept = "keeps its previous translation" if seen else "is not served"
-                return [f"model '{name}' changed in {self.repo} but {kept}: {exc}"]
+                return self._not_served(name, digest, exc)
             (staging / name / STAMP).write_text(digest + "\n")
             self._seen[name] = digest
             if (self.out / name).is_symlink():
@@ -231,18 +238,34 @@ class TranslationWatch:
             *notes,
         ]
 
+    def _not_served(self, name: str, digest: str, exc: ConfigError) -> list[str]:
+        """The line of a model whose changed files cannot be served (said once per state of
+        its files: the digest is taken as seen)."""
+        kept = "keeps its previous translation" if name in self._seen else "is not served"
+        self._seen[name] = digest
+        return [f"model '{name}' changed in {self.repo} but {kept}: {exc}"]
+
     def _write_scanned(self, started: float) -> None:
         tmp = self.folder / f".{SCANNED}.tmp"
         tmp.write_text(repr(started))
         os.replace(tmp, self.folder / SCANNED)
 
 
-def _replace_with_link(source: Path, target: Path) -> None:
+def _remove(target: Path) -> None:
+    """Remove a translated model: its folder, or the link to another backend's."""
     if target.is_symlink() or target.is_file():
         target.unlink()
     elif target.exists():
         shutil.rmtree(target)
-    os.symlink(source.resolve(), target, target_is_directory=True)
+
+
+def _newest_change(folder: Path, ps_files: Mapping[str, Path]) -> float:
+    """The latest modification time among a model's files and the ps.json files."""
+    newest = 0.0
+    for path in [*folder.rglob("*"), folder, *map(Path, ps_files.values())]:
+        with contextlib.suppress(OSError):
+            newest = max(newest, path.stat().st_mtime)
+    return newest
 
 
 def _sync_tree(source: Path, target: Path) -> None:

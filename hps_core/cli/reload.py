@@ -28,6 +28,7 @@ from hps_core.server.control import (
 )
 
 _POLL_S = 0.2
+_SCAN_WAIT_S = 10.0
 
 
 def add_http_port(parser: argparse.ArgumentParser) -> None:
@@ -88,11 +89,14 @@ def run(args: argparse.Namespace) -> int:
     except ControlError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
-    if info.translation is not None and not wait_for_scan(Path(info.translation), started):
+    if info.translation is not None and not wait_for_scan(
+        Path(info.translation), started, _SCAN_WAIT_S
+    ):
         # A HugeCTR repository: its translation follows the user's edits; load what it
         # holds after a scan that saw them, or say the scan did not come.
-        print("warning: the served HugeCTR repository was not rescanned within 5 s; loading "
-              "what its translation holds", file=sys.stderr)  # fmt: skip
+        print(f"warning: the served HugeCTR repository was not rescanned within "
+              f"{_SCAN_WAIT_S:g} s (are its files still being written?); loading what its "
+              "translation holds", file=sys.stderr)  # fmt: skip
     code = 0
     try:
         served = {entry["name"] for entry in repository_index(info.http_url, info.token)}

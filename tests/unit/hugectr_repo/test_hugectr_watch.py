@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from hugectr_repository import HugeCTRRepository, write_hugectr_repository
 
+from hps_core import hugectr_watch
 from hps_core.config import load_ps_config
 from hps_core.hugectr_watch import SCANNED, STAMP, TranslationWatch, wait_for_scan
 from hps_core.triton_repo import read_config, write_config
@@ -23,7 +24,10 @@ def hugectr(tmp_path: Path) -> HugeCTRRepository:
 
 
 @pytest.fixture
-def watch(hugectr: HugeCTRRepository, tmp_path: Path) -> TranslationWatch:
+def watch(
+    hugectr: HugeCTRRepository, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> TranslationWatch:
+    monkeypatch.setattr(hugectr_watch, "SETTLE_S", 0.0)  # files written here are whole
     ps = {"hps": hugectr.hps_ps, "hugectr": hugectr.hugectr_ps}
     translation = TranslationWatch(hugectr.repo, ps, tmp_path / "translation")
     translation.translate_all()
@@ -112,3 +116,22 @@ def test_the_thread_reports_what_it_translates(
     finally:
         watch.stop()
     assert any(line.startswith("model 'hps_embedding' changed") for line in lines), lines
+
+
+def test_files_being_written_are_left_for_a_later_scan(
+    watch: TranslationWatch, hugectr: HugeCTRRepository, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A change younger than SETTLE_S is not read (it may be half written), and the scanned
+    stamp waits for it; a config.pbtxt that does not parse fails its model alone."""
+    monkeypatch.setattr(hugectr_watch, "SETTLE_S", 60.0)
+    started = time.time()
+    edit_ps(hugectr.hugectr_ps, refresh_delay=3.0)
+    assert watch.scan() == []
+    assert not wait_for_scan(watch.folder, started, timeout_s=0.1)
+    monkeypatch.setattr(hugectr_watch, "SETTLE_S", 0.0)
+    (hugectr.repo / "hps_embedding" / "config.pbtxt").write_text("name: [broken")
+    lines = watch.scan()
+    assert any("model 'hps_embedding' changed" in x and "keeps its previous" in x for x in lines)
+    assert any(x.startswith("model 'dlrm' changed") for x in lines), lines
+    assert load_ps_config(watch.out / "dlrm" / "ps.json").model("dlrm").refresh_delay == 3.0
+    assert wait_for_scan(watch.folder, started, timeout_s=0.1)
