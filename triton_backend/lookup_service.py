@@ -151,6 +151,7 @@ class LookupService:
         self._lock = threading.Lock()
         self._failed = dict.fromkeys(FAILURE_REASONS, 0)
         self._request_metrics: RequestMetrics | None = None
+        self._failed_lock = threading.Lock()  # not _lock: start() holds that while tables open
 
     @property
     def device(self) -> str:
@@ -229,23 +230,29 @@ class LookupService:
         self._updates = ModelUpdates.start(lookup, group, replay=replay, kafka_options=options)
         if self._updates is not None:
             self._update_metrics = UpdateMetrics(s.triton_model, s.instance_name, device)
-        self._request_metrics = RequestMetrics(s.triton_model, s.instance_name, device)
         self._publisher = MetricsPublisher(
             self._report, METRICS_PERIOD_S, f"{s.triton_model} {s.instance_name}"
         ).start()
 
     def count_failed(self, reason: str) -> None:
         """Count a request answered with an error (``invalid_argument`` or ``internal``),
-        published with the other counters."""
-        with self._lock:
+        published with the other counters; at once while the tables are not open (no
+        publisher runs yet, and may never: a model whose tables fail to open)."""
+        with self._failed_lock:
             self._failed[reason] += 1
+        if self._publisher is None:
+            self._publish_failed()
+
+    def _publish_failed(self) -> None:
+        with self._failed_lock:
+            if self._request_metrics is None:
+                s = self.settings
+                self._request_metrics = RequestMetrics(s.triton_model, s.instance_name, self.device)
+            self._request_metrics.report(dict(self._failed))
 
     def _report(self) -> None:
         """Publish the counters' change since the last publication (the publisher's thread)."""
-        if self._request_metrics is not None:
-            with self._lock:
-                failed = dict(self._failed)
-            self._request_metrics.report(failed)
+        self._publish_failed()
         if self._metrics is not None:
             self._metrics.report(self.lookup.counters())
         if self._update_metrics is not None and self._updates is not None:

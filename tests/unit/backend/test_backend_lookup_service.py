@@ -8,6 +8,7 @@ import dataclasses
 import importlib
 import sys
 import types
+from typing import ClassVar
 
 import numpy as np
 import pytest
@@ -78,3 +79,44 @@ def test_closing_a_service_closes_its_lookup_alone(
     service.close()
     np.testing.assert_array_equal(other.lookup(0, keys), before)  # still open
     assert hps.model("wdl", None, service.lookup.options) is not service.lookup  # forgotten
+
+
+class _Recorded:
+    """A stand-in metric family whose metrics record their increments by labels."""
+
+    COUNTER = GAUGE = 0
+    seen: ClassVar[dict[tuple, float]] = {}
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        pass
+
+    def Metric(self, labels: dict[str, str]) -> object:  # Triton's name
+        key = tuple(sorted(labels.items()))
+        _Recorded.seen.setdefault(key, 0)
+
+        def increment(value: float) -> None:
+            _Recorded.seen[key] += value
+
+        return types.SimpleNamespace(increment=increment, set=lambda value: None)
+
+
+def test_failed_requests_are_published_before_the_tables_open(
+    settings: ModelSettings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A model whose tables never open (every request refused, or its start failing) still
+    publishes hps_requests_failed_total: at once, while no publisher runs."""
+    monkeypatch.setitem(
+        sys.modules, "triton_python_backend_utils", types.SimpleNamespace(MetricFamily=_Recorded)
+    )
+    for name in ("triton_backend.metrics", "triton_backend.lookup_service"):
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    service = importlib.import_module("triton_backend.lookup_service").LookupService(settings)
+    _Recorded.seen.clear()
+    try:
+        service.count_failed("invalid_argument")
+        service.count_failed("invalid_argument")
+        service.count_failed("internal")
+    finally:
+        service.close()
+    got = {dict(k)["reason"]: v for k, v in _Recorded.seen.items()}
+    assert got == {"invalid_argument": 2, "internal": 1}
