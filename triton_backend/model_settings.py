@@ -13,7 +13,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hps_core.config import ModelConfig
 from hps_core.errors import ConfigError, Problem
 from hps_core.infer.model_io import (
     FREEZE_SPARSE_PARAMETER,
@@ -135,13 +134,6 @@ def check_io(config: Mapping[str, Any], io: ModelIO) -> None:
                 problems.append(Problem(where, f"dims must be {list(spec.dims)}, got {dims}"))
     if problems:
         raise ConfigError(problems)
-
-
-def dense_precision(settings: ModelSettings, model: ModelConfig) -> str:
-    """The precision a ranking model's dense network runs in: config.pbtxt's ``precision``,
-    else FP16 where the ps.json says ``use_mixed_precision`` (as HugeCTR's ``hugectr``
-    backend reads it, unless config.pbtxt's ``mixed_precision`` says otherwise), else FP32."""
-    return settings.precision or ("fp16" if model.use_mixed_precision else "fp32")
 
 
 def check_instance_device(settings: ModelSettings, deployed: Sequence[int], where: str) -> None:

@@ -30,14 +30,15 @@ from hps_core.infer import RankingSession, SparseBatch, concat_batches, split_sa
 from hps_core.infer.contracts import HugeCTRContract, SamplesContract
 from hps_core.infer.inputs.layout import RankingLayout
 from hps_core.infer.model_io import ModelIO, hugectr_io, samples_io
+from hps_core.infer.session import dense_precision
 from hps_core.model_check import check_model_files
+from hps_core.nn import Precision
 from hps_core.wording import plural
 from triton_backend.batched_execute import execute_batched
 from triton_backend.lookup_service import LookupService, log_to_stderr
 from triton_backend.model_settings import (
     check_instance_device,
     check_io,
-    dense_precision,
     read_settings,
 )
 from triton_backend.tensors import input_array
@@ -76,7 +77,7 @@ class _RankingModel:
         # The service makes the instance's lookup (its options fixed) and starts it on the
         # first execute; the session scores through that same object.
         self.service = LookupService(settings)
-        precision = dense_precision(settings, model)
+        precision = dense_precision(model, settings.precision)
         self.session = RankingSession.for_lookup(self.service.lookup, precision)
         self.service.publish_tier_bytes(
             checked.footprint, gpu_index=self.session.pipeline is not None
@@ -98,7 +99,7 @@ class _RankingModel:
             plural(layout.label_dim, "output"),
             settings.instance_kind,
             "" if settings.lookup_device is None else f" on GPU {settings.lookup_device}",
-            precision.upper(),
+            Precision(precision).value.upper(),
         )
         self.service.start_at_load()
 

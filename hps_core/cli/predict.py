@@ -63,7 +63,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         default="auto",
         help="GPU id, or 'cpu' (default 'auto': GPU 0 when there is one, else the CPU)",
     )
-    parser.add_argument("--precision", default="fp32", choices=("fp32", "tf32", "fp16"))
+    parser.add_argument(
+        "--precision",
+        choices=("fp32", "tf32", "fp16"),
+        help="the dense network's (default: fp16 where the ps.json says use_mixed_precision, "
+        "else fp32, as served)",
+    )
     parser.add_argument(
         "--batch-size",
         type=positive_int,

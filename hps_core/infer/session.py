@@ -18,6 +18,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from hps_core.config import ModelConfig
 from hps_core.errors import RequestError
 from hps_core.hps import HPS
 from hps_core.infer.inputs.batch import SparseBatch
@@ -41,6 +42,20 @@ _OFF_HOTNESS = LogEvery()  # a line per model and table every 10 s, not per requ
 def _device(xp: ModuleType, device_id: int | None) -> contextlib.AbstractContextManager:
     # CuPy allocates on the current device; a GPU session makes its own current.
     return contextlib.nullcontext() if device_id is None else xp.cuda.Device(device_id)
+
+
+def dense_precision(model: ModelConfig, given: str | Precision | None = None) -> str | Precision:
+    """The precision a ranking model's dense network runs in: ``given``, else FP16 where the
+    ps.json says ``use_mixed_precision`` (as HugeCTR's ``hugectr`` backend reads it, unless
+    config.pbtxt's ``mixed_precision`` says otherwise), else FP32.
+
+    Example:
+        >>> dense_precision(model, "tf32"), dense_precision(model)  # doctest: +SKIP
+        ('tf32', 'fp32')
+    """
+    if given is not None:
+        return given
+    return Precision.FP16 if model.use_mixed_precision else Precision.FP32
 
 
 class EmbeddingSource(Protocol):
@@ -100,7 +115,7 @@ class RankingSession:
         ps_json: str | os.PathLike[str],
         model_name: str,
         device_id: int | None = None,
-        precision: str | Precision = Precision.FP32,
+        precision: str | Precision | None = None,
         graphs: bool = True,
         options: LookupOptions = DEFAULT_OPTIONS,
     ) -> RankingSession:
@@ -114,7 +129,8 @@ class RankingSession:
             model_name: a model of it with ``network_file`` and ``dense_file``.
             device_id: GPU that runs the lookups (through its embedding caches) and the dense
                 network with CuPy; ``None``: the host and NumPy.
-            precision: ``"fp32"``, ``"tf32"`` or ``"fp16"``.
+            precision: ``"fp32"``, ``"tf32"`` or ``"fp16"``; ``None``: the model's
+                (:func:`dense_precision`).
             graphs: on a GPU, record each batch size bucket as CUDA graphs.
             options: how the lookup serves (miss policy, shared GPU caches).
 
@@ -135,7 +151,7 @@ class RankingSession:
     def for_lookup(
         cls,
         lookup: ModelLookup,
-        precision: str | Precision = Precision.FP32,
+        precision: str | Precision | None = None,
         graphs: bool = True,
     ) -> RankingSession:
         """The session of ``lookup``'s model (network and dense parameters loaded now), on
@@ -143,7 +159,8 @@ class RankingSession:
 
         Args:
             lookup: the model's lookup (its tables may still be closed).
-            precision: ``"fp32"``, ``"tf32"`` or ``"fp16"``.
+            precision: ``"fp32"``, ``"tf32"`` or ``"fp16"``; ``None``: the model's
+                (:func:`dense_precision`).
             graphs: on a GPU, record each batch size bucket as CUDA graphs.
 
         Returns:
@@ -155,7 +172,7 @@ class RankingSession:
             model.dense_file, graph.dense_layout(), model.non_trainable_params_file
         )
         with _device(lookup.xp, lookup.device_id):
-            executor = DenseExecutor(graph, params, lookup.xp, precision)
+            executor = DenseExecutor(graph, params, lookup.xp, dense_precision(model, precision))
         return cls(layout, lookup, executor, lookup.device_id, graphs)
 
     @property

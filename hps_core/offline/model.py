@@ -92,7 +92,7 @@ class InferenceModel:
         ps_json: str | os.PathLike[str],
         model_name: str | None = None,
         device_id: int | str | None = "auto",
-        precision: str = "fp32",
+        precision: str | None = None,
     ) -> InferenceModel:
         """Open a model of a ps.json (its ``network_file``, ``dense_file`` and tables).
 
@@ -101,7 +101,8 @@ class InferenceModel:
             model_name: the model (default: the only one).
             device_id: GPU to score on; None: the CPU; ``"auto"``: GPU 0 when there is one,
                 else the CPU.
-            precision: ``"fp32"``, ``"tf32"`` or ``"fp16"``.
+            precision: ``"fp32"``, ``"tf32"`` or ``"fp16"``; ``None``: the ps.json's
+                ``use_mixed_precision`` (FP16), else FP32, as served.
 
         Returns:
             The model.
@@ -132,7 +133,7 @@ class InferenceModel:
         max_batch_size: int = 1024,
         default_values: Sequence[float] | None = None,
         device_id: int | str | None = "auto",
-        precision: str = "fp32",
+        precision: str | None = None,
         workdir: str | os.PathLike[str] | None = None,
     ) -> InferenceModel:
         """Open a model from HugeCTR's files without a ps.json, as ``InferenceParams`` names
@@ -146,7 +147,8 @@ class InferenceModel:
             max_batch_size: most samples per batch (HugeCTR's ``max_batchsize``).
             default_values: the vector value of unknown keys per table (default 0).
             device_id: as :meth:`from_ps_json`.
-            precision: ``"fp32"``, ``"tf32"`` or ``"fp16"``.
+            precision: ``"fp32"``, ``"tf32"`` or ``"fp16"``; ``None``: the ps.json's
+                ``use_mixed_precision`` (FP16), else FP32, as served.
             workdir: folder for the generated ps.json (default: a new temporary folder).
 
         Returns:

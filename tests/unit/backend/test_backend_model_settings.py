@@ -22,7 +22,6 @@ from triton_backend.model_settings import (
     ModelSettings,
     check_instance_device,
     check_io,
-    dense_precision,
     read_settings,
 )
 
@@ -240,26 +239,3 @@ def test_unknown_precision_is_named(tmp_path: Path) -> None:
     config = with_parameter(triton_config(), "precision", "bf16")
     with pytest.raises(ConfigError, match=r"parameters\.precision: must be one of fp32"):
         read_settings(triton_args(tmp_path, config))
-
-
-@pytest.mark.parametrize(
-    ("parameter", "mixed", "want"),
-    [(None, False, "fp32"), (None, True, "fp16"), ("fp32", True, "fp32"), ("tf32", False, "tf32")],
-)
-def test_dense_precision_falls_back_to_the_ps_jsons_use_mixed_precision(
-    tmp_path: Path, parameter: str | None, mixed: bool, want: str
-) -> None:
-    """As HugeCTR's hugectr backend: ps.json's use_mixed_precision unless config.pbtxt says."""
-    (tmp_path / "ps.json").write_text("{}")
-    settings = read_settings(
-        triton_args(tmp_path, with_parameter(triton_config(), "precision", parameter))
-    )
-    model = parse_ps_config(
-        {"supportlonglong": True, "models": [{
-            "model": "m", "sparse_files": ["t0"], "deployed_device_list": [0],
-            "default_value_for_each_table": [0.0], "embedding_vecsize_per_table": [4],
-            "maxnum_catfeature_query_per_table_per_sample": [1], "use_mixed_precision": mixed,
-        }]},
-        tmp_path,
-    ).models[0]  # fmt: skip
-    assert dense_precision(settings, model) == want

@@ -216,3 +216,17 @@ def test_a_slot_off_a_fixed_length_inputs_hotness_is_scored_as_given_with_a_warn
         files.network_file, files.dense_file, files.tables, files.defaults, dense, keys
     )
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    ("given", "mixed", "want"),
+    [(None, False, "fp32"), (None, True, "fp16"), ("fp32", True, "fp32"), ("tf32", False, "tf32")],
+)
+def test_the_dense_precision_defaults_to_the_ps_jsons_use_mixed_precision(
+    tmp_path: Path, given: str | None, mixed: bool, want: str
+) -> None:
+    """As HugeCTR's hugectr backend, served and offline alike: the ps.json's
+    use_mixed_precision unless a precision is given (config.pbtxt, hps predict --precision)."""
+    files = write_ranking_files(tmp_path / "m", OWN["wdl"], seed=21, use_mixed_precision=mixed)
+    session = RankingSession.open(files.ps_json, files.name, precision=given)
+    assert session.executor.ctx.precision.value == want
