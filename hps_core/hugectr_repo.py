@@ -252,6 +252,10 @@ def _apply_parameters(
         )
     if "refresh_interval" in params:
         seconds = _number(params, "refresh_interval", float, where)
+        if seconds < 0:
+            raise ConfigError(
+                Problem(f"{where}.refresh_interval", f"{seconds:g} is negative (0: no refresh)")
+            )
         whole = max(1, math.ceil(seconds)) if seconds > 0 else 0
         if whole != seconds:
             notes.append(

@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from hps_core.arrays import to_host
+from hps_core.arrays import module_of, to_host
 from hps_core.errors import RequestError
 from hps_core.host_memory import keep_freed_memory
 from hps_core.infer import RankingSession, SparseBatch, concat_batches, split_samples
@@ -129,8 +129,9 @@ class _RankingModel:
         scores = self.session.predict(concat_batches(batches))
         pieces = split_samples(scores, [b.batch_size for b in batches])
         responses: list[Any] = []
+        every_finite = bool(module_of(scores).isfinite(scores).all())  # one check, most batches
         for piece in pieces:
-            refused = _non_finite(piece)
+            refused = None if every_finite else _non_finite(piece)
             if refused is not None:
                 responses.append(refused)
                 continue
@@ -148,15 +149,16 @@ def _non_finite(scores: Any) -> RequestError | None:
     sample: finite dense features can still overflow float32 inside the network (3e38 in a
     dense input), and a NaN score answered as a success would pass unseen."""
     host = to_host(scores)
-    bad = np.flatnonzero(~np.isfinite(host).all(axis=tuple(range(1, host.ndim))))
+    finite = np.isfinite(host)
+    bad = np.flatnonzero(~finite.all(axis=tuple(range(1, host.ndim))))
     if bad.size == 0:
         return None
     sample = int(bad[0])
+    value = host[sample][~finite[sample]].reshape(-1)[0]
     return RequestError(
-        f"sample {sample} of the request scores {host[sample].reshape(-1)[0]}: its dense "
-        "features overflow float32 inside the network (values far outside what it was "
-        f"trained on), so the request is refused ({bad.size} of its "
-        f"{plural(len(host), 'sample')})"
+        f"sample {sample} of the request scores {value}: a value overflowed float32 inside "
+        "the network (most often dense features far outside what it was trained on), so the "
+        f"request is refused ({bad.size} of its {plural(len(host), 'sample')})"
     )
 
 

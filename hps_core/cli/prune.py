@@ -15,18 +15,14 @@ from __future__ import annotations
 import argparse
 
 from hps_core.config import load_ps_config
-from hps_core.errors import ConfigError, Problem
 from hps_core.tiers.unread_copies import find_unread_copies, remove_copies
 from hps_core.wording import plural
 
 
 def _prune(args: argparse.Namespace) -> int:
     config = load_ps_config(args.ps_json)
-    names = [model.name for model in config.models]
-    if args.model is not None and args.model not in names:
-        raise ConfigError(
-            Problem("models", f"no model named '{args.model}'; the ps.json has {names}")
-        )
+    if args.model is not None:
+        config.model(args.model)  # an unknown model is refused, with the ps.json's names
     copies = find_unread_copies(config, args.model)
     verb = "would remove" if args.dry_run else "removing"
     for copy in copies:

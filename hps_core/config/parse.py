@@ -29,9 +29,12 @@ Strictness (where this parser rejects files HugeCTR would accept):
       truncates them. Integral floats such as ``1e6`` are accepted, as in HugeCTR.
     - Ranges are checked (``gpucacheper`` in [0, 1], sizes >= 1, ...); HugeCTR wraps negative
       sizes around to huge unsigned values.
-    - Per-table lists must have one entry per ``sparse_files`` entry. HugeCTR pads a short
-      ``default_value_for_each_table`` with ``0.0`` and drops extra entries; here a short list
-      is accepted only when all its values are ``0.0`` (padding cannot change its meaning).
+    - Per-table lists must have one entry per ``sparse_files`` entry, but for
+      ``default_value_for_each_table``, which is fitted as HugeCTR fits it (a short list padded
+      with ``0.0``, extra entries dropped) with a warning (``ModelConfig.notes``).
+    - Quoted numbers and booleans, and names in any case with spaces or dashes, are read as
+      HugeCTR's Triton backends read them; keys of HugeCTR before v3.3 (``db_type``, ...) are
+      warned about (``PSConfig.legacy_keys``).
     - A key written twice in one object with different values is a problem (HugeCTR keeps the
       last). JSON comments and trailing commas are rejected, as HugeCTR's JSON reader does.
     - ``model`` must be a non-empty, unique name (HugeCTR defaults it to ``""``), and at least

@@ -263,8 +263,9 @@ class RankingSession:
                 logger,
                 logging.WARNING,
                 (self.layout.model, feed.table),
-                "model '%s' table %d ('%s'): slot %d of sample %d holds %s, but the "
-                "network's fixed-length input has %d in every slot (%d of %d samples differ); "
+                "model '%s' table %d ('%s'): slot %d of sample %d of a batch holds %s, but the "
+                "network's fixed-length input has %d in every slot (%d of the batch's %d "
+                "samples differ); "
                 "scored as given, pooled over the keys each slot holds, as HugeCTR does",
                 self.layout.model,
                 feed.table,

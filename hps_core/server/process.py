@@ -501,9 +501,11 @@ class TritonServer:
             raise ServerError("TritonServer: log_file and log_to_stdout exclude each other")
         for option in MANAGED_OPTIONS:
             if _passes(self.extra_args, option):
+                field = option.lstrip("-").replace("-", "_")
+                hint = f"hps serve's {option}, TritonServer.{field}"
                 raise ServerError(
                     f"tritonserver option {option} is set by the launcher: "
-                    + _MANAGED_HINTS.get(option, f"give it as hps serve's {option}")
+                    + _MANAGED_HINTS.get(option, f"give it as {hint}")
                 )
         if self.controls_models:
             for option in CONTROL_OPTIONS:

@@ -199,7 +199,7 @@ def test_fuzzed_requests_get_an_answer_or_a_clear_error(served, protocol: str) -
             if fault in ("nan_dense", "inf_dense"):
                 assert "dense features must be finite" in str(exc), exc
             if fault == "huge_dense":
-                assert "overflow float32 inside the network" in str(exc), exc
+                assert "overflowed float32 inside the network" in str(exc), exc
             outcomes[(contract, fault, "refused")] += 1
         else:
             if fault == "huge_dense":  # answered only where every score stayed finite

@@ -208,8 +208,9 @@ def test_a_slot_off_a_fixed_length_inputs_hotness_is_scored_as_given_with_a_warn
         got = session.predict(to_sparse_batch(dense, keys))
     (record,) = caplog.records
     assert (
-        f"model '{files.name}' table 0 ('sparse_embedding1'): slot 5 of sample 2 holds 1 key, "
-        "but the network's fixed-length input has 2 in every slot (2 of 4 samples differ); "
+        f"model '{files.name}' table 0 ('sparse_embedding1'): slot 5 of sample 2 of a batch "
+        "holds 1 key, but the network's fixed-length input has 2 in every slot (2 of the "
+        "batch's 4 samples differ); "
         "scored as given" in record.getMessage()
     )
     want = predict_reference(

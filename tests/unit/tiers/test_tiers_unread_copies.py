@@ -111,4 +111,4 @@ def test_a_copy_of_an_earlier_setting_is_named_at_open_and_removed_by_prune(
 def test_prune_of_an_unknown_model_is_refused(tmp_path: Path, cluster: RedisCluster, capsys):
     ps = write_ps(tmp_path, cluster, compressed=False)
     assert main(["prune", str(ps), "--model", "nope"]) == 2
-    assert "no model named 'nope'" in capsys.readouterr().err
+    assert 'no model named "nope"; known models: "pruned"' in capsys.readouterr().err

@@ -112,6 +112,17 @@ def test_a_row_of_tiny_values_in_a_body_whole_at_both_widths_is_kept_when_neithe
     assert keys.tolist() == [1, 2, 3] and vectors[0, 0] == np.float32(tiny)
 
 
+def test_one_genuine_tiny_value_does_not_make_a_message_misread():
+    # 6 rows of 8-byte keys (96 bytes, also 8 records of 4-byte keys); one row holds a
+    # subnormal value, as a trained table may: not the key bytes of a misread width.
+    tiny = float(np.finfo(np.float32).smallest_subnormal) * 5
+    vectors = [[0.25 * (i + 1), -0.5] for i in range(6)]
+    vectors[3][1] = tiny
+    payload = hugectr_payload(list(range(101, 107)), vectors)
+    keys, got = decode_message(payload, key_bytes=8, expected_dim=2)
+    assert keys.tolist() == list(range(101, 107)) and got[3, 1] == np.float32(tiny)
+
+
 def test_beacon_decodes_to_no_rows():
     message = decode_update(encode_beacon())
     assert message.is_beacon and message.keys.shape == (0,) and message.vectors.shape == (0, 2)
