@@ -210,7 +210,7 @@ def translate_model(
     if backend == "hugectr":
         notes += _sizing_notes(model, params, where)
     notes = [f"model '{name}' (backend {backend}): {note}" for note in notes]
-    options, placement_notes = _serving_options(user, model, gpu)
+    options, placement_notes = _serving_options(user, gpu)
     notes += [f"model '{name}' (backend {backend}): {note}" for note in placement_notes]
     frozen = FREEZE_SPARSE_PARAMETER in params and _flag(
         params, FREEZE_SPARSE_PARAMETER, f"{where} parameters"
@@ -374,9 +374,7 @@ def _sizing_notes(model: ModelConfig, params: Mapping[str, str], where: str) -> 
     return notes
 
 
-def _serving_options(
-    user: pb.ModelConfig, model: ModelConfig, gpu: bool
-) -> tuple[ServingOptions, list[str]]:
+def _serving_options(user: pb.ModelConfig, gpu: bool) -> tuple[ServingOptions, list[str]]:
     """Batching and placement of the user's config.pbtxt (and notes on what changed)."""
     notes = []
     groups = []

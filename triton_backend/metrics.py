@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import fields
 from typing import Any
 
@@ -211,6 +211,15 @@ _UPDATE_COUNTERS = {
 }
 
 
+def _increment(metrics: dict[str, Any], last: dict[str, int], now: Mapping[str, int]) -> None:
+    """Add to each counter what its count gained since ``last`` (updated in place)."""
+    for key, metric in metrics.items():
+        count = now.get(key, 0)
+        if count > last[key]:
+            metric.increment(count - last[key])
+        last[key] = count
+
+
 class UpdateMetrics:
     """Publishes one model instance's online-update counters
     (:class:`~hps_core.updates.consumer.UpdateStats`).
@@ -238,11 +247,7 @@ class UpdateMetrics:
         Args:
             stats: the consumer's :class:`~hps_core.updates.consumer.UpdateStats`.
         """
-        for field, metric in self._metrics.items():
-            now = int(getattr(stats, field))
-            if now > self._last[field]:
-                metric.increment(now - self._last[field])
-            self._last[field] = now
+        _increment(self._metrics, self._last, {f: int(getattr(stats, f)) for f in self._metrics})
 
 
 _FAILED = (
@@ -284,11 +289,7 @@ class RequestMetrics:
         Args:
             failed: requests failed so far, by reason.
         """
-        for reason, metric in self._metrics.items():
-            now = failed.get(reason, 0)
-            if now > self._last[reason]:
-                metric.increment(now - self._last[reason])
-            self._last[reason] = now
+        _increment(self._metrics, self._last, failed)
 
 
 _TIER_BYTES = (
