@@ -33,6 +33,7 @@ import numpy as np
 from hps_core.errors import ModelFileError
 from hps_core.formats.progress import RowProgress, wants_progress
 from hps_core.formats.uris import ModelPath, model_path
+from hps_core.wording import plural
 
 logger = logging.getLogger(__name__)
 
@@ -144,21 +145,16 @@ def inspect_sparse_table(path: str | os.PathLike[str], dim: int | None = None) -
             f"{key_path}: size {key_bytes} bytes is not a multiple of {KEY_DTYPE.itemsize} "
             f"(int64 keys); the file is truncated or not a HugeCTR key file"
         )
-    if vector_bytes % VECTOR_DTYPE.itemsize:
-        keys = key_bytes // KEY_DTYPE.itemsize
-        expected = None if dim is None else keys * dim * VECTOR_DTYPE.itemsize
-        short = (
-            f"; {keys} keys of dim {dim} need {expected:,} bytes: "
-            f"{expected - vector_bytes:,} bytes missing"
-            if expected is not None and vector_bytes < expected
-            else ""
-        )
-        raise ModelFileError(
-            f"{vec_path}: size {vector_bytes} bytes is not a multiple of "
-            f"{VECTOR_DTYPE.itemsize} (float32 values); the file is truncated or not a "
-            f"HugeCTR emb_vector file{short}"
-        )
     rows = key_bytes // KEY_DTYPE.itemsize
+    if dim is not None and rows and vector_bytes < rows * dim * VECTOR_DTYPE.itemsize:
+        # The ps.json's dim is trusted: a smaller emb_vector was cut short.
+        raise ModelFileError(_short_vectors_message(vec_path, rows, vector_bytes, dim))
+    if vector_bytes % VECTOR_DTYPE.itemsize:
+        raise ModelFileError(
+            f"{vec_path}: size {vector_bytes:,} bytes is not a multiple of "
+            f"{VECTOR_DTYPE.itemsize} (float32 values); the file is truncated or not a "
+            f"HugeCTR emb_vector file"
+        )
     floats = vector_bytes // VECTOR_DTYPE.itemsize
 
     if rows == 0:
@@ -173,7 +169,7 @@ def inspect_sparse_table(path: str | os.PathLike[str], dim: int | None = None) -
     else:
         per_key = f"{floats} floats for {rows} keys ({floats / rows:.2f} per key)"
         if dim is not None and floats != rows * dim:
-            raise ModelFileError(_mismatch_message(key_path, vec_path, rows, floats, dim))
+            raise ModelFileError(_long_vectors_message(key_path, vec_path, rows, floats, dim))
         if dim is None:
             if floats % rows or floats == 0:
                 raise ModelFileError(
@@ -195,55 +191,106 @@ def inspect_sparse_table(path: str | os.PathLike[str], dim: int | None = None) -
     return SparseTableInfo(folder, rows, int(dim), key_bytes, vector_bytes, has_slot_id)
 
 
-def _mismatch_message(key_path: Path, vec_path: Path, rows: int, floats: int, dim: int) -> str:
-    """Say which file looks wrong when ``emb_vector`` does not hold ``rows * dim`` floats.
+def _short_vectors_message(vec_path: Path, rows: int, vector_bytes: int, dim: int) -> str:
+    """Say how much of ``emb_vector`` is missing when it is smaller than ``rows * dim`` floats.
+
+    ``dim`` is the one the ps.json gives, so it is trusted: the file was cut short, even when
+    what is left happens to be whole rows of a smaller dim (a file of dim 16 cut at exactly
+    half reads as dim 8). That other dim is named second.
+
+    Args:
+        vec_path: the vector file.
+        rows: keys in ``key`` (at least 1).
+        vector_bytes: size of ``emb_vector``, below ``rows * dim * 4``.
+        dim: the expected floats per vector.
+
+    Returns:
+        The message: the vectors (or bytes) missing, and the bytes the file holds of those its
+        keys need.
+
+    Example:
+        100,000 keys of dim 16 and an ``emb_vector`` cut at half::
+
+            .../emb_vector looks truncated, 50,000 vectors (3,200,000 bytes) short: key holds
+            100,000 keys of dim 16, which need 6,400,000 bytes; emb_vector holds 3,200,000
+            (50%), 50,000 vectors; or dim 16 is wrong: both files agree on dim 8
+    """
+    row_bytes = dim * VECTOR_DTYPE.itemsize
+    expected = rows * row_bytes
+    need = (
+        f"{KEY_FILE} holds {rows:,} keys of dim {dim}, which need {expected:,} bytes; "
+        f"emb_vector holds {vector_bytes:,} ({_percent(vector_bytes, expected)})"
+    )
+    if vector_bytes % row_bytes == 0:
+        vec_rows = vector_bytes // row_bytes
+        message = (
+            f"{vec_path} looks truncated, {plural(rows - vec_rows, 'vector')} "
+            f"({expected - vector_bytes:,} bytes) short: {need}, {plural(vec_rows, 'vector')}"
+        )
+    else:
+        inside = "a float" if vector_bytes % VECTOR_DTYPE.itemsize else "a vector"
+        message = (
+            f"{vec_path} looks truncated, {plural(expected - vector_bytes, 'byte')} short, cut "
+            f"inside {inside}: {need}"
+        )
+    if vector_bytes and vector_bytes % (rows * VECTOR_DTYPE.itemsize) == 0:
+        other_dim = vector_bytes // (rows * VECTOR_DTYPE.itemsize)
+        return f"{message}; or dim {dim} is wrong: both files agree on dim {other_dim}"
+    if vector_bytes % row_bytes:
+        return f"{message}; or it is not this table's file"
+    return message
+
+
+def _long_vectors_message(key_path: Path, vec_path: Path, rows: int, floats: int, dim: int) -> str:
+    """Say which file looks wrong when ``emb_vector`` holds more than ``rows * dim`` floats.
+
+    A vector file larger than its keys need is no cut ``emb_vector``. When both files are
+    whole rows of another dim, a ps.json dim smaller than the files' is the common mistake,
+    said first, and a ``key`` file cut short second; otherwise whole vectors of ``dim`` mean
+    the key file was cut.
 
     Args:
         key_path: the key file.
         vec_path: the vector file.
         rows: keys in ``key`` (at least 1).
-        floats: floats in ``emb_vector``.
+        floats: floats in ``emb_vector``, more than ``rows * dim``.
         dim: the expected floats per vector.
 
     Returns:
-        The message, the likeliest cause first: a wrong dim, a file cut short (with the bytes
-        missing), or bytes beyond whole vectors.
+        The message, the likeliest cause first.
     """
-    per_key = f"emb_vector holds {floats} floats for {rows} keys ({floats / rows:.2f} per key)"
-    if floats and floats % rows == 0:
-        # Both files are whole rows of another dim: more likely a wrong dim than a file
-        # cut off at exactly a row boundary by chance.
-        return (
-            f"{vec_path}: dim {dim} does not match: {per_key}; the two files agree on dim "
-            f"{floats // rows}"
-        )
-    expected = rows * dim * VECTOR_DTYPE.itemsize
-    actual = floats * VECTOR_DTYPE.itemsize
-    if floats % dim and floats < rows * dim:
-        return (
-            f"{vec_path}: {expected - actual:,} bytes missing: {rows} keys of dim {dim} need "
-            f"{expected:,} bytes of emb_vector, it holds {actual:,} (cut inside a vector, or "
-            f"not this table's file)"
-        )
+    per_key = f"emb_vector holds {floats:,} floats for {rows:,} keys ({floats / rows:.2f} per key)"
+    other_dim = floats // rows if floats % rows == 0 else None
+    wrong_dim = (
+        f"{vec_path}: dim {dim} does not match: {per_key}; the two files agree on dim {other_dim}"
+    )
     if floats % dim:
+        if other_dim is not None:
+            return wrong_dim
+        expected = rows * dim * VECTOR_DTYPE.itemsize
         return (
-            f"{vec_path}: {actual - expected:,} bytes more than {rows} keys of dim {dim} "
-            f"need ({expected:,}), not whole vectors; {per_key}"
+            f"{vec_path}: {floats * VECTOR_DTYPE.itemsize - expected:,} bytes more than "
+            f"{rows:,} keys of dim {dim} need ({expected:,}), not whole vectors; {per_key}"
         )
     vec_rows = floats // dim
-    if vec_rows > rows:
-        missing = vec_rows - rows
-        return (
-            f"{key_path} looks truncated, {missing} key{'s' if missing > 1 else ''} "
-            f"({missing * KEY_DTYPE.itemsize} bytes) short: emb_vector holds {vec_rows} vectors "
-            f"of dim {dim}, key {rows} keys"
-        )
-    missing = rows - vec_rows
-    return (
-        f"{vec_path} looks truncated, {missing} vector{'s' if missing > 1 else ''} "
-        f"({missing * dim * VECTOR_DTYPE.itemsize} bytes) short: key holds {rows} keys, "
-        f"emb_vector {vec_rows} vectors of dim {dim}"
+    key_bytes, expected_keys = rows * KEY_DTYPE.itemsize, vec_rows * KEY_DTYPE.itemsize
+    key_cut = (
+        f"{key_path} looks truncated, {plural(vec_rows - rows, 'key')} "
+        f"({expected_keys - key_bytes:,} bytes) short: emb_vector holds {vec_rows:,} vectors "
+        f"of dim {dim}, which need {expected_keys:,} bytes of keys; key holds {key_bytes:,} "
+        f"({_percent(key_bytes, expected_keys)}), {plural(rows, 'key')}"
     )
+    return key_cut if other_dim is None else f"{wrong_dim}; or {key_cut}"
+
+
+def _percent(part: int, whole: int) -> str:
+    """``part`` as a share of ``whole``, rounded down (a file one byte short never reads 100%).
+
+    Example:
+        >>> _percent(1, 2), _percent(6_399_999, 6_400_000)
+        ('50%', '99%')
+    """
+    return f"{100 * part // whole}%"
 
 
 def _fill(stream: RawIOBase, out: np.ndarray, path: Path, offset: int) -> None:

@@ -419,7 +419,7 @@ def test_export_refuses_existing_output(tmp_path: Path, random_table: RandomTabl
     assert pq.read_metadata(tmp_path / "o.parquet").num_rows == 3
     with pytest.raises(ModelFileError, match="is a folder; expected a Parquet file name"):
         sparse_table_to_parquet(tmp_path / "t", tmp_path, overwrite=True)
-    with pytest.raises(ModelFileError, match="dim 3 does not match"):
+    with pytest.raises(ModelFileError, match="or dim 3 is wrong: both files agree on dim 2"):
         sparse_table_to_parquet(tmp_path / "t", tmp_path / "p.parquet", dim=3)
     assert not (tmp_path / "p.parquet").exists()
     with pytest.raises(ModelFileError, match="key and vector column are both 'k'"):

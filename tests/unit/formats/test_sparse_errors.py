@@ -63,14 +63,18 @@ def test_truncated_key_file(tmp_path: Path) -> None:
 def test_truncated_emb_vector(tmp_path: Path) -> None:
     folder = _folder(tmp_path, 80, 4 * 40 - 1)
     message = _error(folder, 4)
+    assert message.startswith(f"{folder / 'emb_vector'} looks truncated, 1 byte short")
+    # Without a dim to trust, the size alone says it is not whole floats.
+    message = _error(folder)
     assert message.startswith(f"{folder / 'emb_vector'}: size 159 bytes is not a multiple of 4")
 
 
 def test_wrong_dim(tmp_path: Path) -> None:
     folder = _folder(tmp_path, 8 * 100, 4 * 1234)
     assert _error(folder, 16) == (
-        f"{folder / 'emb_vector'}: 1,464 bytes missing: 100 keys of dim 16 need 6,400 bytes of "
-        f"emb_vector, it holds 4,936 (cut inside a vector, or not this table's file)"
+        f"{folder / 'emb_vector'} looks truncated, 1,464 bytes short, cut inside a vector: key "
+        f"holds 100 keys of dim 16, which need 6,400 bytes; emb_vector holds 4,936 (77%); or it "
+        f"is not this table's file"
     )
 
 
