@@ -28,6 +28,7 @@ from triton_backend.batched_execute import execute_batched
 from triton_backend.hps_contract import HpsContract, batch_tables, split_outputs
 from triton_backend.lookup_service import LookupService, log_to_stderr
 from triton_backend.model_settings import check_instance_device, check_io, read_settings
+from triton_backend.served_files import ServedFiles
 from triton_backend.tensors import input_array
 
 logger = logging.getLogger("hps_core")
@@ -53,6 +54,7 @@ class EmbeddingModel:
         log_to_stderr()
         keep_freed_memory()  # this instance's process: its batches reuse their pages
         settings = read_settings(args)
+        files = ServedFiles.settle(settings)  # before anything reads them
         # max_batch_size 0: each request whole, OUTPUT0 of the rank config.pbtxt declares.
         self.batched = int(settings.config.get("max_batch_size", 0)) > 0
         check_io(settings.config, EMBEDDING_IO if self.batched else EMBEDDING_IO_UNBATCHED)
@@ -61,7 +63,7 @@ class EmbeddingModel:
         model = checked.model
         check_instance_device(settings, model.deployed_device_list, f"model '{model.name}'")
         self.contract = HpsContract.from_model(model)
-        self.service = LookupService(settings)
+        self.service = LookupService(settings, files)
         self.service.publish_tier_bytes(checked.footprint)
         self.service.start_at_load()
         logger.info(

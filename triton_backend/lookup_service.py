@@ -49,6 +49,7 @@ from triton_backend.metrics import (
     UpdateMetrics,
 )
 from triton_backend.model_settings import ModelSettings
+from triton_backend.served_files import ServedFiles
 
 logger = logging.getLogger("hps_core")
 
@@ -124,15 +125,19 @@ class LookupService:
 
     Args:
         settings: the instance's settings.
+        files: the instance's files (:class:`~triton_backend.served_files.ServedFiles`),
+            settled again before its tables open and compared with the last load's once they
+            are; ``None``: not watched.
 
     Example:
-        >>> service = LookupService(settings)  # doctest: +SKIP
+        >>> service = LookupService(settings, ServedFiles.settle(settings))  # doctest: +SKIP
         >>> session = RankingSession.for_lookup(service.lookup)  # doctest: +SKIP
         >>> service.start().lookup_tables(tables)  # first execute: tables open  # doctest: +SKIP
     """
 
-    def __init__(self, settings: ModelSettings) -> None:
+    def __init__(self, settings: ModelSettings, files: ServedFiles | None = None) -> None:
         self.settings = settings
+        self.files = files
         self._options = LookupOptions(
             miss_policy=settings.miss_policy, share_caches=settings.share_gpu_cache
         )
@@ -209,7 +214,11 @@ class LookupService:
 
     def _start(self) -> None:
         s, lookup = self.settings, self.lookup
+        if self.files is not None:
+            self.files.before_opening()
         lookup.open_all()
+        if self.files is not None:
+            self.files.opened(self.device)
         model = lookup.model
         if lookup.uses_cache and model.cache_refresh_percentage_per_iteration > 0:
             if model.init_ec:  # HugeCTR's switch for this initial fill

@@ -41,6 +41,7 @@ from triton_backend.model_settings import (
     check_io,
     read_settings,
 )
+from triton_backend.served_files import ServedFiles
 from triton_backend.tensors import input_array
 
 logger = logging.getLogger("hps_core")
@@ -71,12 +72,13 @@ class _RankingModel:
         log_to_stderr()
         keep_freed_memory()  # this instance's process: its batches reuse their pages
         settings = read_settings(args)
+        files = ServedFiles.settle(settings)  # before anything reads them
         checked = check_model_files(settings.ps_json, settings.hps_model)
         model = checked.model
         check_instance_device(settings, model.deployed_device_list, f"model '{model.name}'")
         # The service makes the instance's lookup (its options fixed) and starts it on the
         # first execute; the session scores through that same object.
-        self.service = LookupService(settings)
+        self.service = LookupService(settings, files)
         precision = dense_precision(model, settings.precision)
         self.session = RankingSession.for_lookup(self.service.lookup, precision)
         self.service.publish_tier_bytes(

@@ -1,9 +1,13 @@
-"""``hps reload MODEL...``: switch models of a running ``hps serve`` to their newest version.
+"""``hps reload MODEL...``: load models of a running ``hps serve`` again, from their files.
 
 Reads the server's control file (:mod:`hps_core.server.control`, written by ``hps serve`` for
-this user only) and asks Triton to load each model again. Triton loads the newest version of
-the model folder while the old one keeps serving, switches requests when the load returns and
-unloads the old version after its in-flight requests; this command then waits until the old
+this user only) and asks Triton to load each model again, with the config.pbtxt of its folder
+(:func:`~hps_core.server.control.reload_model`: Triton would skip a plain load of a folder
+that did not change, whatever happened to the files its ps.json names elsewhere). Triton loads
+the newest version of the model folder while the old instances keep serving, switches
+requests when the load returns and unloads the old instances after their in-flight requests.
+The new instances read again every table whose files changed (size, modification time or
+inode) and attach to the host-tier copy of the others. This command then waits until older
 versions are unloaded (their stubs have exited and released their host-tier segments).
 
 Example:
@@ -18,11 +22,14 @@ import sys
 import time
 from pathlib import Path
 
+from hps_core.errors import ConfigError
 from hps_core.hugectr_watch import wait_for_scan
+from hps_core.load_record import load_marker
 from hps_core.server.control import (
     ControlError,
-    load_model,
+    folder_config,
     read_control_file,
+    reload_model,
     repository_index,
     version_states,
 )
@@ -51,10 +58,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     """
     parser = subparsers.add_parser(
         "reload",
-        help="load models of a running hps serve again (switch to their newest version)",
-        description="Switch models of a running `hps serve` on this machine to the newest "
-        "version in their folders, without failing requests: the old version serves until "
-        "the new one is loaded. Only the user who runs `hps serve` can do this.",
+        help="load models of a running hps serve again (their newest version, files re-read)",
+        description="Load models of a running `hps serve` on this machine again, without "
+        "failing requests: the newest version in their folders, with their config.pbtxt, "
+        "reading again the tables whose files changed; the old instances serve until the new "
+        "ones are loaded. Only the user who runs `hps serve` can do this.",
     )
     parser.add_argument("models", nargs="+", metavar="MODEL", help="Triton model names")
     add_http_port(parser)
@@ -89,6 +97,13 @@ def run(args: argparse.Namespace) -> int:
     except ControlError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
+    if info.repository is None:
+        print(
+            "error: the control file of this hps serve names no model repository (an hps "
+            "serve older than this command wrote it); restart hps serve",
+            file=sys.stderr,
+        )
+        return 1
     if info.translation is not None and not wait_for_scan(
         Path(info.translation), started, _SCAN_WAIT_S
     ):
@@ -109,8 +124,12 @@ def run(args: argparse.Namespace) -> int:
             code = 1
             continue
         try:
-            seconds = load_model(info.http_url, info.token, model, args.timeout)
-        except ControlError as exc:
+            config = folder_config(Path(info.repository), model)
+            seconds = reload_model(
+                info.http_url, info.token, model, load_marker(), timeout=args.timeout,
+                config=config,
+            )  # fmt: skip
+        except (ControlError, ConfigError) as exc:
             print(f"error: model '{model}': load failed, the serving version stays: {exc}",
                   file=sys.stderr)  # fmt: skip
             code = 1

@@ -311,15 +311,6 @@ def _serve(
             _ignore_stop_signals()
             if control_file is not None:
                 remove_control_file(control_file, os.getpid())
-            if reloaded := sorted(set(server.stub_reloads)):
-                print(
-                    f"hps serve: stopping after a reload of {', '.join(reloaded)}: Triton 2.51 "
-                    "never finishes unloading a version whose stub died, so it waits its exit "
-                    "timeout and says 'Exit timeout expired'; what it leaves is then ended and "
-                    "removed here (docs/RELIABILITY.md)",
-                    file=sys.stderr,
-                    flush=True,
-                )
             code = server.stop()
     if code is None or nothing_serves:  # never launched, or served nothing
         return 1
@@ -354,6 +345,7 @@ def _publish_control(server: TritonServer, translation: Path | None) -> os.PathL
         server.http_url,
         server.control_token,
         None if translation is None else str(translation),
+        str(Path(server.model_repository).resolve()),
     )
     try:
         return write_control_file(server.ports.http, info)

@@ -5,15 +5,19 @@ token drawn at start (:func:`control_args`), so clients cannot
 load or unload models. The operator's tools reach it through a *control file*: ``hps serve``
 writes the server's HTTP address and token to ``serve-<http port>.json`` in a folder only
 this user can read (:func:`runtime_dir`, mode 0700, the file 0600) and removes it at stop;
-``hps reload`` reads it and asks Triton to load a model again. Loading a model whose folder
-has a new version switches to it (Triton's default version policy serves the highest):
+``hps reload`` reads it and asks Triton to load a model again, with its folder's config.pbtxt
+marked so that Triton loads it even when the folder did not change (:func:`reload_model`: the
+files a ps.json names elsewhere may have). Loading a model whose folder has a new version
+switches to it (Triton's default version policy serves the highest):
 Triton loads the new version while the old one serves, routes requests to the new one when
 the load returns, and unloads the old one once its in-flight requests are answered; its
 stubs exit and release their host-tier segments (the last user removes a segment).
 
 Example:
     >>> info = read_control_file(8000)  # doctest: +SKIP
-    >>> seconds = load_model(info.http_url, info.token, "hps_embedding")  # doctest: +SKIP
+    >>> config = folder_config(Path(info.repository), "hps_embedding")  # doctest: +SKIP
+    >>> seconds = reload_model(info.http_url, info.token, "hps_embedding", load_marker(),
+    ...                        config=config)  # doctest: +SKIP
 """
 
 from __future__ import annotations
@@ -34,7 +38,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from hps_core.errors import HPSError
+from hps_core.errors import ConfigError, HPSError, Problem
+from hps_core.load_record import RELOAD_PARAMETER
 
 # Triton's refusal of a request without the header names the header and nothing else ("This
 # API is restricted, expecting header '<name>'"; gRPC prefixes triton-grpc-protocol-), and it
@@ -76,12 +81,16 @@ class ControlInfo:
         token: the model-control token (a secret: never printed).
         translation: the folder of the translation a HugeCTR repository is served through
             (:mod:`hps_core.hugectr_watch`), or None.
+        repository: the model repository the server serves (the translation's folder for a
+            HugeCTR repository), where ``hps reload`` reads each model's config.pbtxt; None in
+            a file written before the field existed.
     """
 
     pid: int
     http_url: str
     token: str
     translation: str | None = None
+    repository: str | None = None
 
 
 @dataclass(frozen=True)
@@ -184,12 +193,13 @@ def read_control_file(http_port: int) -> ControlInfo:
     path = control_path(http_port)
     try:
         data = json.loads(path.read_text())
-        translation = data.get("translation")
+        translation, repository = data.get("translation"), data.get("repository")
         info = ControlInfo(
             int(data["pid"]),
             str(data["http_url"]),
             str(data["token"]),
             None if translation is None else str(translation),
+            None if repository is None else str(repository),
         )
     except FileNotFoundError:
         raise ControlError(
@@ -319,40 +329,60 @@ def load_model(
     return time.perf_counter() - started
 
 
+def unload_model(http_url: str, token: str, model: str, timeout: float = 10.0) -> None:
+    """Ask Triton to unload ``model`` (every version it serves). Triton unloads in the
+    background: the index shows each version ``UNAVAILABLE`` once its instances are ended
+    (:func:`version_states`).
+
+    Args:
+        http_url: the server's HTTP endpoint.
+        token: the model-control token.
+        model: the model name.
+        timeout: seconds to wait for Triton to take the request.
+
+    Raises:
+        ControlError: Triton refused the request, or cannot be reached.
+    """
+    _request(http_url, token, f"/v2/repository/models/{_quoted(model)}/unload", timeout)
+
+
 def _quoted(model: str) -> str:
     return urllib.parse.quote(model, safe="")
-
-
-RELOAD_PARAMETER = "hps_reload"
-"""The config.pbtxt parameter :func:`reload_model` sets in the config it hands Triton."""
 
 
 def reload_model(
     http_url: str,
     token: str,
     model: str,
-    reload: int,
+    marker: str,
     versions: Sequence[int] = (),
     timeout: float = LOAD_TIMEOUT_S,
+    config: dict[str, Any] | None = None,
 ) -> float:
     """Load ``model`` again, new instances in place of the old ones, even when nothing changed
     in its folder.
 
     Triton 2.51 skips the load of a model whose folder and config are as it loaded them, so
-    :func:`load_model` of such a model does nothing. This load hands Triton the model's
-    loaded config with the parameter :data:`RELOAD_PARAMETER` set to ``reload`` (which the
-    models do not read): a config Triton has not loaded. A later load of the folder
-    (:func:`load_model`) reads its config.pbtxt again.
+    :func:`load_model` of such a model does nothing, however its files outside that folder
+    (sparse, dense and network files a ps.json names) changed. This load hands Triton the
+    config with the parameter :data:`~hps_core.load_record.RELOAD_PARAMETER` set to
+    ``marker``: a config Triton has not loaded. The new instances open their tables by the
+    files' identity: files that changed are read again, unchanged ones attach to the host-tier
+    copy the old instances hold.
 
     Args:
         http_url: the server's HTTP endpoint.
         token: the model-control token.
         model: the model name.
-        reload: a number other than that of the model's previous reload.
+        marker: :func:`~hps_core.load_record.restart_marker` or
+            :func:`~hps_core.load_record.load_marker`; a value other than that of the model's
+            previous reload.
         versions: load exactly these versions (those that served), not the folder's newest
-            (a version added since, not yet switched to, may be broken); empty: the model's
+            (a version added since, not yet switched to, may be broken); empty: the config's
             own version policy.
         timeout: seconds to wait for the load.
+        config: the config to load (Triton's JSON form, e.g. the folder's config.pbtxt, so
+            that an edit of it is served); ``None``: the config the model is loaded with.
 
     Returns:
         Seconds the load took.
@@ -361,12 +391,47 @@ def reload_model(
         ControlError: Triton refused or failed the load (its message), or cannot be reached.
     """
     started = time.perf_counter()
-    config = _request(http_url, token, f"/v2/models/{_quoted(model)}/config", 10, method="GET")
-    config.setdefault("parameters", {})[RELOAD_PARAMETER] = {"string_value": str(reload)}
+    if config is None:
+        config = _request(http_url, token, f"/v2/models/{_quoted(model)}/config", 10, method="GET")
+    config = {**config, "name": model}
+    config["parameters"] = {
+        **config.get("parameters", {}),
+        RELOAD_PARAMETER: {"string_value": marker},
+    }
     if versions:
         config["version_policy"] = {"specific": {"versions": [int(v) for v in versions]}}
     load_model(http_url, token, model, timeout, config)
     return time.perf_counter() - started
+
+
+def folder_config(repository: Path, model: str) -> dict[str, Any]:
+    """A model's config.pbtxt, in the JSON form Triton loads (:func:`reload_model`'s
+    ``config``), so that a load from it serves what the folder says.
+
+    Args:
+        repository: the model repository.
+        model: the model name (its folder).
+
+    Returns:
+        The config; empty when the folder has no config.pbtxt (Triton completes it, as it
+        does that of a folder without one).
+
+    Raises:
+        ConfigError: the config.pbtxt is not a Triton model configuration (naming the line).
+    """
+    # Imported here: the models import this module (for the reload markers), and the gRPC
+    # client library would add its weight to every stub process.
+    from google.protobuf import json_format, text_format
+    from tritonclient.grpc import model_config_pb2
+
+    path = Path(repository) / model / "config.pbtxt"
+    if not path.is_file():
+        return {}
+    try:
+        message = text_format.Parse(path.read_text(), model_config_pb2.ModelConfig())
+    except text_format.ParseError as exc:
+        raise ConfigError([Problem(str(path), f"not a Triton model configuration: {exc}")]) from exc
+    return json_format.MessageToDict(message, preserving_proto_field_name=True)
 
 
 def repository_index(http_url: str, token: str, timeout: float = 10.0) -> list[dict[str, str]]:

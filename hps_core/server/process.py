@@ -19,6 +19,7 @@ import logging
 import os
 import re
 import secrets
+import shutil
 import signal
 import subprocess
 import sys
@@ -36,13 +37,17 @@ import psutil
 
 from hps_core.cache.ipc_files import remove_cuda_event_files
 from hps_core.errors import HPSError
+from hps_core.load_record import LOAD_RECORDS_ENV, load_marker
 from hps_core.server.control import (
     CONTROL_OPTIONS,
     HEADER,
+    ControlError,
     VersionState,
     control_args,
-    load_model,
+    folder_config,
     new_token,
+    reload_model,
+    unload_model,
     version_states,
 )
 from hps_core.server.install import TritonInstallation, find_triton, prepend_paths
@@ -88,6 +93,10 @@ _REGION_PREFIX = "triton_python_backend_shm_region_hps"
 _REGION_OWNER = re.compile(re.escape(_REGION_PREFIX) + r"(\d+)n(\d+)p[0-9a-f]+_")
 """A region of a server launched here: the launcher's pid namespace and pid (containers that
 share /dev/shm, ``--ipc=host``, see each other's regions but not each other's processes)."""
+_LOAD_RECORDS_PREFIX = "hps-triton-loads-"
+_LOAD_RECORDS_OWNER = re.compile(re.escape(_LOAD_RECORDS_PREFIX) + r"(\d+)n(\d+)p")
+"""A server's folder of load records (:mod:`~hps_core.load_record`), named as regions."""
+_LIVE_STATES = frozenset({"READY", "LOADING", "UNLOADING"})
 
 
 class ServerError(HPSError):
@@ -208,6 +217,7 @@ class TritonServer:
     _pid: int | None = field(default=None, init=False, repr=False)
     _shm_prefix: str | None = field(default=None, init=False, repr=False)
     _command: tuple[str, ...] = field(default=(), init=False, repr=False)
+    _load_records: Path | None = field(default=None, init=False, repr=False)
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -282,17 +292,30 @@ class TritonServer:
         ``stop_timeout_s``, then SIGKILLs whatever is left in its process group. Safe to call
         more than once.
 
+        After a stub died under load, Triton 2.51 keeps that model version loaded for good
+        (:mod:`~hps_core.server.stub_watchdog` says why), and its own shutdown would wait its
+        exit timeout for it and exit 1 ("Exit timeout expired"). With model control, such a
+        server is stopped by unloading every model through the control API instead, each
+        instance finalised as on a shutdown; once only those versions are left, the server
+        is ended (:meth:`_stop_stranded`) and 0 is returned.
+
         Returns:
-            The server's exit code (negative: killed by that signal); ``None`` if never started.
+            The server's exit code (negative: killed by that signal; 0 also when it was ended
+            after every model it could unload was unloaded); ``None`` if never started.
         """
+        stranded: set[int] = set()
         if self._watchdog is not None:  # first: the stubs are about to exit on purpose
             self._watchdog.stop()
+            stranded = self._watchdog.stranded_stubs()
             self._watchdog = None
         proc = self._process
         if proc is None:
             return self._returncode
         members = _group_members(proc.pid)
+        ended = False
         try:
+            if proc.poll() is None:
+                ended = self._stop_stranded(proc, stranded)
             if proc.poll() is None:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(proc.pid, signal.SIGTERM)
@@ -302,14 +325,63 @@ class TritonServer:
             _kill_group(proc.pid)
             proc.wait()
             self._process = None
-            self._returncode = proc.returncode
+            self._returncode = 0 if ended else proc.returncode
             _RUNNING.discard(self)
             if self._shm_prefix:
                 _remove_shared_memory(self._shm_prefix)
+            if self._load_records is not None:
+                shutil.rmtree(self._load_records, ignore_errors=True)
+                self._load_records = None
             # Stubs that shared GPU caches and had to be killed leave CUDA's event files.
             remove_cuda_event_files(members)
             self._run_on_stopped()
         return self._returncode
+
+    def _stop_stranded(self, proc: subprocess.Popen[bytes], stranded: set[int]) -> bool:
+        """Stop a server that holds model versions it can never unload, without its exit
+        timeout: unload every model through model control, wait until each version is
+        unloaded (its instances finalised, its stubs waited for), then end the server, whose
+        only work left would be to wait for those versions.
+
+        A server holds such versions when a stub died and Triton never waited for it (a
+        zombie child) or the watchdog knows stubs of a version that lost one (``stranded``).
+
+        Args:
+            proc: the running server.
+            stranded: :meth:`StubWatchdog.stranded_stubs`.
+
+        Returns:
+            Whether the server was ended here; ``False`` leaves it to the ordinary stop.
+        """
+        if not self.controls_models or not (stranded or _zombie_children(proc.pid)):
+            return False
+        deadline = time.monotonic() + _exit_timeout(self.extra_args)
+        try:
+            for state in self.version_states():
+                if state.state == "READY":
+                    unload_model(self.http_url, self._control_token, state.model)
+            while any(s.state in _LIVE_STATES for s in self.version_states()):
+                if time.monotonic() > deadline:
+                    # As long as Triton's own stop would wait for it: a version still loaded
+                    # (held by a dead stub, or slow to finalise) is left to that stop.
+                    return False
+                time.sleep(_POLL_S)
+        except (ControlError, ServerError):
+            return False  # the ordinary stop says what is wrong
+        left = _zombie_children(proc.pid) | (stranded & set(_group_members(proc.pid)))
+        if not left:
+            return False  # nothing holds the server: its own stop ends in order
+        logger.warning(
+            "tritonserver: every model is unloaded; %s of model versions whose stub died under "
+            "load remain (Triton 2.51 never unloads such a version, nor waits for its stubs: "
+            "docs/RELIABILITY.md); ending it instead of letting it wait its exit timeout for "
+            "them",
+            plural(len(left), "stub"),
+        )
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+        return True
 
     def wait(self, timeout: float | None = None) -> int | None:
         """Wait for the server process to exit on its own (call ``stop()`` afterwards).
@@ -360,11 +432,13 @@ class TritonServer:
         return self._control_token
 
     def load_model(self, name: str, timeout: float = 600.0) -> float:
-        """Load ``name`` again through the restricted model-repository API.
+        """Load ``name`` again through the restricted model-repository API, with its folder's
+        config.pbtxt (as ``hps reload`` does).
 
-        A new version folder of the model is loaded while the old version serves; requests
-        go to the new version when this returns, and Triton unloads the old one once its
-        in-flight requests are answered (see :mod:`~hps_core.server.control`).
+        The newest version folder of the model is loaded while the old instances serve;
+        requests go to the new ones when this returns, and Triton unloads the old ones once
+        their in-flight requests are answered (see :mod:`~hps_core.server.control`). The new
+        instances read again the tables whose files changed, even outside the model folder.
 
         Args:
             name: the model.
@@ -376,11 +450,15 @@ class TritonServer:
         Raises:
             ServerError: no model control here.
             ControlError: Triton failed the load (the old version keeps serving).
+            ConfigError: the model's config.pbtxt does not parse.
 
         Example:
             >>> seconds = server.load_model("hps_embedding")  # doctest: +SKIP
         """
-        return load_model(self.http_url, self.control_token, name, timeout)
+        config = folder_config(Path(self.model_repository).resolve(), name)
+        return reload_model(
+            self.http_url, self.control_token, name, load_marker(), timeout=timeout, config=config
+        )
 
     def version_states(self) -> list[VersionState]:
         """Every version of every model Triton has loaded or tried to, with its state.
@@ -548,6 +626,11 @@ class TritonServer:
         if self.controls_models:
             self._control_token = new_token()
             args.extend(control_args(self._control_token))
+        if self._load_records is None:
+            remove_stale_load_records()
+            self._load_records = Path(
+                tempfile.mkdtemp(prefix=f"{_LOAD_RECORDS_PREFIX}{_pid_namespace()}n{os.getpid()}p")
+            )
         if not self.strict_models:
             for option in ("--exit-on-error", "--strict-readiness"):
                 if not _passes(self.extra_args, option):
@@ -579,6 +662,8 @@ class TritonServer:
         # (measured: DLRM, 64 samples, 2 cores: 13.7 ms -> 9.5 ms per request).
         for name in _BLAS_THREAD_VARIABLES:
             env.setdefault(name, "1")
+        if self._load_records is not None:  # what each model's last load read (restarts compare)
+            env[LOAD_RECORDS_ENV] = str(self._load_records)
         if installation.stub_library_dirs:
             env["LD_LIBRARY_PATH"] = prepend_paths(
                 list(installation.stub_library_dirs), env.get("LD_LIBRARY_PATH")
@@ -801,6 +886,56 @@ def remove_stale_backend_regions(directory: Path = _SHM_DIR) -> list[str]:
             ", ".join(removed),
         )
     return removed
+
+
+def remove_stale_load_records(directory: Path | None = None) -> list[str]:
+    """Remove the load-record folders of servers whose launcher has exited (of this pid
+    namespace only, as :func:`remove_stale_backend_regions`).
+
+    Args:
+        directory: where the folders live; the temporary folder by default.
+
+    Returns:
+        The names removed.
+    """
+    removed = []
+    namespace = _pid_namespace()
+    for path in sorted((directory or Path(tempfile.gettempdir())).glob(f"{_LOAD_RECORDS_PREFIX}*")):
+        match = _LOAD_RECORDS_OWNER.match(path.name)
+        if match is None or int(match.group(1)) != namespace:
+            continue
+        if not psutil.pid_exists(int(match.group(2))):
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(path.name)
+    return removed
+
+
+def _zombie_children(pid: int) -> set[int]:
+    """Children of ``pid`` that exited and that it has not waited for."""
+    try:
+        children = psutil.Process(pid).children()
+    except psutil.Error:
+        return set()
+    found = set()
+    for child in children:
+        with contextlib.suppress(psutil.Error):
+            if child.status() == psutil.STATUS_ZOMBIE:
+                found.add(child.pid)
+    return found
+
+
+def _exit_timeout(extra_args: Sequence[str]) -> float:
+    """The ``--exit-timeout-secs`` a server runs with: the user's, else the launcher's."""
+    value = None
+    for i, arg in enumerate(extra_args):
+        if arg == "--exit-timeout-secs" and i + 1 < len(extra_args):
+            value = extra_args[i + 1]
+        elif arg.startswith("--exit-timeout-secs="):
+            value = arg.split("=", 1)[1]
+    try:
+        return float(value) if value is not None else DEFAULT_EXIT_TIMEOUT_S
+    except ValueError:
+        return DEFAULT_EXIT_TIMEOUT_S
 
 
 def _pid_namespace() -> int:

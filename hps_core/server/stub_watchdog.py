@@ -11,13 +11,18 @@ is gone while the server is ready, it reloads that model through Triton's model-
 (:func:`~hps_core.server.control.reload_model`: the versions that served, even when the
 folder has not changed since they loaded, and never a newer version added to the folder and
 not switched to, which may be broken): new stubs start, requests go to them as soon as
-the load returns (about 2 s for the demo models on the CPU machine). A reload that fails (a
-model file damaged since the server started) is logged with Triton's reason and tried again
-every ``retry_s``; meanwhile the model's other instances serve. Stubs that exit because
-their version was unloaded on purpose (a switch to a new version,
-:mod:`~hps_core.server.control`) are not reloaded: the watchdog reloads a model only while the
-version of the vanished stub is still ``READY`` in Triton's repository index (a version being
-unloaded is ``UNLOADING``, then ``UNAVAILABLE``). This needs ``--model-control-mode=explicit
+the load returns (about 2 s for the demo models on the CPU machine). The reload is marked a
+*restart* (:func:`~hps_core.load_record.restart_marker`): its instances should serve what
+the model's last load served, and say loudly when the files changed in place since
+(``triton_backend.served_files``). A reload that fails (a model file damaged since the server
+started) is logged with Triton's reason and tried again every ``retry_s``; meanwhile the
+model's other instances serve. Stubs that exit because Triton ended them are not reloaded: a
+switch to a new version, or a load of the same version again (``hps reload``,
+:mod:`~hps_core.server.control`). Triton waits for a stub it ends at once, so such a stub is
+gone from the process table, while one that died on its own stays a zombie of the server
+(:func:`died_on_their_own`); and the watchdog reloads a model only while the version of the
+vanished stub is still ``READY`` in Triton's repository index (a version being unloaded is
+``UNLOADING``, then ``UNAVAILABLE``). This needs ``--model-control-mode=explicit
 --load-model=*`` (every model loaded at start, as without model control) and the
 model-repository API restricted to requests that carry a header with a token drawn per server
 start (:func:`~hps_core.server.control.control_args`), so clients still cannot load or unload
@@ -34,9 +39,14 @@ model before a reload that succeeded are ended, never while the server is not re
 lost: their Python-backend shared memory belongs to the server process and the host-tier
 segments count their users with locks that the kernel drops. Triton does not notice: the old
 version never shows in the repository index (which lists the new one ``READY``), yet it stays a
-live model, so the server's stop still takes its exit timeout and exits with code 1, as without
-the release; an ended stub stays a zombie process, without memory, until the server exits, and
-``TritonServer.stop`` removes the shared memory left.
+live model. Why: Triton 2.51's Python backend makes a response factory for each request it
+hands a stub and deletes it when the stub answers; a request routed to a dead stub fails
+without that, and each factory left holds the model version, so the version is never
+destroyed, and Triton waits for (reaps) a stub only when it destroys its instance. The dead
+stub and the released one therefore stay zombies, without memory, as long as the server runs
+(only their parent may reap them); the server's own stop would wait its exit timeout for that
+version and exit 1 ("Exit timeout expired"), so ``TritonServer.stop`` ends the server once
+only such versions are left (:meth:`StubWatchdog.stranded_stubs`).
 
 Example:
     >>> from hps_core.server.control import control_args, new_token
@@ -53,11 +63,13 @@ import os
 import signal
 import threading
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
 
+from hps_core.load_record import restart_marker
 from hps_core.server.control import (
     ControlError,
     reload_model,
@@ -70,6 +82,8 @@ logger = logging.getLogger("hps_core")
 STUB_EXECUTABLE = "triton_python_backend_stub"
 
 _CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+REAP_WAIT_S = 0.2
+"""How long a server gets to wait for a stub it ended before the stub counts as dead on its own."""
 
 
 def stub_processes(server_pid: int) -> dict[int, str]:
@@ -115,6 +129,44 @@ def stub_versions(server_pid: int) -> dict[int, tuple[str, int]]:
             version = int(version_dir.name) if version_dir.name.isdigit() else 0
             stubs[child.pid] = (version_dir.parent.name, version)
     return stubs
+
+
+def died_on_their_own(
+    server_pid: int, pids: Iterable[int], wait_s: float = REAP_WAIT_S
+) -> set[int]:
+    """The stubs among ``pids`` that died without the server ending them.
+
+    Triton 2.51's Python backend (its code is the same up to late 2025) waits for a stub it
+    ends, on an unload or a load of the model again, right after the stub exits, and for no
+    other: a stub that dies on its own (killed, crashed) stays its zombie. So a stub that is
+    still the server's zombie after ``wait_s`` died on its own; one gone from the process table
+    was ended by Triton.
+
+    Args:
+        server_pid: the tritonserver process.
+        pids: stubs no longer running.
+        wait_s: the moment Triton takes to wait for a stub it ended, looked again after.
+
+    Returns:
+        The pids that died on their own.
+    """
+
+    def zombies() -> set[int]:
+        found = set()
+        for pid in pids:
+            try:
+                process = psutil.Process(pid)
+                if process.status() == psutil.STATUS_ZOMBIE and process.ppid() == server_pid:
+                    found.add(pid)
+            except psutil.Error:  # gone: reaped
+                continue
+        return found
+
+    first = zombies()
+    if not first:
+        return first
+    time.sleep(wait_s)
+    return first & zombies()
 
 
 def cpu_ticks(pid: int) -> tuple[int, int] | None:
@@ -241,6 +293,8 @@ class StubWatchdog:
         self._releasing: dict[int, RetiredStub] = {}
         self._due: dict[str, float] = {}  # model -> time.monotonic() of its next reload attempt
         self._failures: dict[str, str] = {}  # model -> why its last reload failed
+        # Stubs of a model version one of whose stubs died: Triton may never end them.
+        self._stranded: set[int] = set()
 
     def start(self) -> StubWatchdog:
         """Start watching (a daemon thread); returns ``self``."""
@@ -255,6 +309,16 @@ class StubWatchdog:
             self._thread.join()
             self._thread = None
 
+    def stranded_stubs(self) -> set[int]:
+        """Stubs still running that Triton may never end: those of a model version one of
+        whose stubs died (the dead stub's requests keep that version loaded, see the module
+        docstring), whether a reload replaced it or not.
+
+        Returns:
+            Their pids (call after :meth:`stop`; processes that exited are left out).
+        """
+        return {pid for pid in self._stranded if cpu_ticks(pid) is not None}
+
     def _run(self) -> None:
         known = stub_versions(self.server_pid)
         while not self._stop.wait(self.interval_s):
@@ -264,12 +328,19 @@ class StubWatchdog:
                 for pid, served in known.items()
                 if pid not in current and pid not in self._retired
             }
+            if gone:  # those Triton ended (an unload, a load again) are not to be brought back
+                dead = died_on_their_own(self.server_pid, gone)
+                gone = {pid: served for pid, served in gone.items() if pid in dead}
+                self._stranded.update(
+                    pid for pid, served in current.items() if served in gone.values()
+                )
             if (gone or self._due) and server_ready(self.http_url):
                 ready = self._ready_versions()
                 self._note_lost(gone, ready)
                 self._reload_due(current, ready)
                 current = stub_versions(self.server_pid)
             self._retired &= set(current)
+            self._stranded &= set(current)
             known = current
             if self._releasing:
                 self._release(self._releasing)
@@ -305,6 +376,7 @@ class StubWatchdog:
                 del self._due[model]
                 self._failures.pop(model, None)
                 self._retired.update(old)
+                self._stranded.update(old)
                 replaced_at = time.monotonic()
                 for pid in old:
                     if (ticks := cpu_ticks(pid)) is not None:
@@ -354,7 +426,7 @@ class StubWatchdog:
         else its reason."""
         try:
             seconds = reload_model(
-                self.http_url, self._token, model, len(self.reloads) + 1, versions
+                self.http_url, self._token, model, restart_marker(len(self.reloads) + 1), versions
             )
         except ControlError as exc:
             return str(exc)

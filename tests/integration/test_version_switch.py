@@ -110,7 +110,8 @@ def test_switch_to_a_new_version_under_load(
     )  # fmt: skip
     regions = server._shm_prefix
     write_control_file(
-        server.ports.http, ControlInfo(os.getpid(), server.http_url, server.control_token)
+        server.ports.http,
+        ControlInfo(os.getpid(), server.http_url, server.control_token, None, str(repo)),
     )
     client = grpcclient.InferenceServerClient(server.grpc_url)
     rng = np.random.default_rng(7)

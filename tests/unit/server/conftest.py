@@ -25,7 +25,7 @@ opts = dict(a[2:].split("=", 1) for a in sys.argv[1:] if a.startswith("--") and 
 mode = os.environ.get("FAKE_MODE", "ok")
 record = os.environ["FAKE_RECORD"]
 with open(record, "a") as f:
-    names = ("PATH", "LD_LIBRARY_PATH", "HPS_FAKE_SET", "HPS_FAKE_UNSET")
+    names = ("PATH", "LD_LIBRARY_PATH", "HPS_FAKE_SET", "HPS_FAKE_UNSET", "HPS_LOAD_RECORDS")
     env = {k: os.environ.get(k) for k in names}
     f.write(json.dumps({"argv": sys.argv, "env": env}) + "\n")
 with open(record) as f:

@@ -21,6 +21,7 @@ import pytest
 
 from hps_core.cli.main import main
 from hps_core.cli.models import format_index
+from hps_core.load_record import RELOAD_PARAMETER, is_restart
 from hps_core.server.control import (
     HEADER,
     ControlError,
@@ -41,6 +42,7 @@ class FakeRepositoryApi(http.server.BaseHTTPRequestHandler):
     """Triton's load and index, version 1 of ``m`` unloading after a load of version 2."""
 
     loads: ClassVar[list[str]] = []
+    bodies: ClassVar[list[dict]] = []
     index_calls: ClassVar[int] = 0
 
     def do_POST(self) -> None:
@@ -50,6 +52,8 @@ class FakeRepositoryApi(http.server.BaseHTTPRequestHandler):
             return self._reply(400, {"error": "failed to load 'broken': no ps.json"})
         if self.path.endswith("/load"):
             type(self).loads.append(self.path.split("/")[-2])
+            length = int(self.headers.get("Content-Length", 0))
+            type(self).bodies.append(json.loads(self.rfile.read(length) or b"{}"))
             return self._reply(200, None)
         if self.path == "/v2/repository/index":
             cls = type(self)
@@ -75,6 +79,7 @@ class FakeRepositoryApi(http.server.BaseHTTPRequestHandler):
 @pytest.fixture
 def fake_api() -> Iterator[str]:
     FakeRepositoryApi.loads = []
+    FakeRepositoryApi.bodies = []
     FakeRepositoryApi.index_calls = 0
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), FakeRepositoryApi)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
@@ -136,17 +141,40 @@ def test_load_and_index_carry_the_token(fake_api: str) -> None:
         load_model(fake_api, TOKEN, "broken")
 
 
-def test_hps_reload_waits_for_the_old_version(fake_api: str, capsys) -> None:
-    write_control_file(8000, ControlInfo(os.getpid(), fake_api, TOKEN))
+def test_hps_reload_waits_for_the_old_version(fake_api: str, capsys, tmp_path: Path) -> None:
+    repo = tmp_path / "repo"
+    (repo / "m").mkdir(parents=True)
+    (repo / "m" / "config.pbtxt").write_text(
+        'backend: "python"\nmax_batch_size: 8\nparameters { key: "ps_json" value { '
+        'string_value: "ps.json" } }\n'
+    )
+    write_control_file(8000, ControlInfo(os.getpid(), fake_api, TOKEN, None, str(repo)))
     assert main(["reload", "m", "--http-port", "8000"]) == 0
     out = capsys.readouterr().out
     assert "model 'm': loaded in" in out and "serving version 2" in out
     assert "model 'm': older versions unloaded" in out
     assert TOKEN not in out
+    # Loaded with the folder's config.pbtxt, marked as a load someone asked for: Triton loads
+    # it even when the folder did not change, and its instances read changed files again.
+    [body] = FakeRepositoryApi.bodies
+    config = json.loads(body["parameters"]["config"])
+    marker = config["parameters"].pop(RELOAD_PARAMETER)["string_value"]
+    assert marker.startswith("load-") and not is_restart(marker)
+    assert config == {
+        "name": "m", "backend": "python", "max_batch_size": 8,
+        "parameters": {"ps_json": {"string_value": "ps.json"}},
+    }  # fmt: skip
 
 
-def test_hps_reload_reports_a_failed_load(fake_api: str, capsys) -> None:
-    write_control_file(8000, ControlInfo(os.getpid(), fake_api, TOKEN))
+def test_hps_reload_needs_the_repository_in_the_control_file(fake_api: str, capsys) -> None:
+    write_control_file(8000, ControlInfo(os.getpid(), fake_api, TOKEN))  # an older hps serve's
+    assert main(["reload", "m", "--http-port", "8000"]) == 1
+    assert "names no model repository" in capsys.readouterr().err
+    assert FakeRepositoryApi.loads == []
+
+
+def test_hps_reload_reports_a_failed_load(fake_api: str, capsys, tmp_path: Path) -> None:
+    write_control_file(8000, ControlInfo(os.getpid(), fake_api, TOKEN, None, str(tmp_path)))
     assert main(["reload", "broken", "--http-port", "8000", "--no-wait"]) == 1
     err = capsys.readouterr().err
     assert "model 'broken': load failed, the serving version stays" in err
@@ -154,9 +182,9 @@ def test_hps_reload_reports_a_failed_load(fake_api: str, capsys) -> None:
 
 
 def test_hps_reload_of_a_model_the_repository_lacks_names_those_it_has(
-    fake_api: str, capsys
+    fake_api: str, capsys, tmp_path: Path
 ) -> None:
-    write_control_file(8000, ControlInfo(os.getpid(), fake_api, TOKEN))
+    write_control_file(8000, ControlInfo(os.getpid(), fake_api, TOKEN, None, str(tmp_path)))
     assert main(["reload", "nosuch", "--http-port", "8000", "--no-wait"]) == 1
     err = capsys.readouterr().err
     assert "model 'nosuch' is not in the served repository; it has: broken, m" in err
@@ -213,6 +241,7 @@ def test_hps_serve_publishes_the_control_file_until_it_stops(
         [path] = run_dir.glob("serve-*.json")
         info = json.loads(path.read_text())
         assert info["pid"] == proc.pid and info["http_url"] in line
+        assert info["repository"] == str(model_repository.resolve())
         assert stat.S_IMODE(path.stat().st_mode) == 0o600
         (launch,) = fake_triton.launches()
         restricted = [a for a in launch["argv"] if a.startswith("--http-restricted-api=")]

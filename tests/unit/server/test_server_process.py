@@ -294,3 +294,44 @@ def test_backend_regions_of_exited_launchers_are_removed(tmp_path: Path) -> None
         (tmp_path / name).write_bytes(b"")
     assert remove_stale_backend_regions(tmp_path) == [names[0]]
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(names[1:])
+
+
+def test_each_server_gets_a_folder_of_load_records_removed_at_its_stop(
+    fake_triton, model_repository, tmp_path
+):
+    server = _server(fake_triton, model_repository, tmp_path)
+    with server:
+        folder = Path(fake_triton.launches()[0]["env"]["HPS_LOAD_RECORDS"])
+        assert folder.is_dir() and folder.name.startswith("hps-triton-loads-")
+        assert f"n{os.getpid()}p" in folder.name  # its launcher, as the regions name it
+    assert not folder.exists()
+
+
+def test_load_records_of_exited_launchers_are_removed(tmp_path: Path) -> None:
+    from hps_core.server.process import remove_stale_load_records
+
+    done = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True)  # fmt: skip
+    dead = int(done.stdout)
+    ns = os.stat("/proc/self/ns/pid").st_ino
+    names = [
+        f"hps-triton-loads-{ns}n{dead}pab12",
+        f"hps-triton-loads-{ns}n{os.getpid()}pcd34",
+        f"hps-triton-loads-{ns + 1}n{dead}pef56",  # another container's
+    ]
+    for name in names:
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "dlrm.1.json").write_text("{}")
+    assert remove_stale_load_records(tmp_path) == [names[0]]
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(names[1:])
+
+
+@pytest.mark.parametrize(
+    ("args", "seconds"),
+    [((), DEFAULT_EXIT_TIMEOUT_S), (("--exit-timeout-secs=9",), 9.0),
+     (("--exit-timeout-secs", "12"), 12.0), (("--exit-timeout-secs=x",), DEFAULT_EXIT_TIMEOUT_S)],
+)  # fmt: skip
+def test_the_exit_timeout_a_stranded_stop_waits_at_most(args, seconds) -> None:
+    from hps_core.server.process import _exit_timeout
+
+    assert _exit_timeout(args) == seconds

@@ -12,13 +12,15 @@ from pathlib import Path
 
 import pytest
 
+from hps_core.load_record import is_restart, restart_marker
 from hps_core.server import stub_watchdog
-from hps_core.server.control import HEADER, control_args, new_token
+from hps_core.server.control import HEADER, VersionState, control_args, new_token
 from hps_core.server.process import ServerError, TritonServer
 from hps_core.server.stub_watchdog import (
     RetiredStub,
     StubWatchdog,
     cpu_ticks,
+    died_on_their_own,
     idle_stubs,
     stub_processes,
 )
@@ -135,3 +137,72 @@ def test_idle_old_stubs_are_ended_only_while_the_server_is_ready(monkeypatch) ->
     finally:
         stub.kill()
         stub.wait()
+
+
+def test_a_stub_left_a_zombie_died_on_its_own_one_waited_for_was_ended_by_the_server() -> None:
+    ended, crashed = (subprocess.Popen(["sleep", "30"]) for _ in range(2))
+    for process in (ended, crashed):
+        process.kill()
+    ended.wait()  # Triton waits for a stub it ends, at once
+    os.waitid(os.P_PID, crashed.pid, os.WEXITED | os.WNOWAIT)  # exited, not waited for
+    try:
+        found = died_on_their_own(os.getpid(), [ended.pid, crashed.pid], wait_s=0.05)
+        assert found == {crashed.pid}
+        assert died_on_their_own(os.getppid(), [crashed.pid], wait_s=0.05) == set()  # not its
+    finally:
+        crashed.wait()
+
+
+def test_the_watchdog_restarts_a_model_whose_stub_died_not_one_whose_stubs_were_replaced(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """This process plays the server: its children are the stubs."""
+    script = tmp_path / "emb" / "1" / "model.py"
+    script.parent.mkdir(parents=True)
+    script.write_text("sleep 30\n")
+
+    def stub() -> subprocess.Popen:
+        return subprocess.Popen(["triton_python_backend_stub", str(script)], executable="/bin/sh")
+
+    reloads: list[tuple[str, str, list[int]]] = []
+    monkeypatch.setattr(stub_watchdog, "server_ready", lambda url: True)
+    monkeypatch.setattr(
+        stub_watchdog, "version_states",
+        lambda *args, **kwargs: [VersionState("emb", 1, "READY", "")],
+    )  # fmt: skip
+    monkeypatch.setattr(
+        stub_watchdog, "reload_model",
+        lambda url, token, model, marker, versions: reloads.append((model, marker, versions))
+        or 0.5,  # seconds the load took
+    )  # fmt: skip
+    stubs = [stub(), stub()]
+    watchdog = StubWatchdog(os.getpid(), "http://127.0.0.1:1", "token", interval_s=0.1)
+    try:
+        deadline = time.monotonic() + 5
+        while len(stub_processes(os.getpid())) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        watchdog.start()
+        time.sleep(0.3)
+        # A load of the same version again (hps reload): new stubs, the old ones ended and
+        # waited for by the server. Nothing to bring back.
+        stubs += [stub(), stub()]
+        time.sleep(0.3)
+        for process in stubs[:2]:
+            process.kill()
+            process.wait()
+        time.sleep(0.6)
+        assert reloads == []
+        # One of the new ones killed and left a zombie: the model is restarted.
+        stubs[2].kill()
+        deadline = time.monotonic() + 5
+        while not reloads and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert reloads == [("emb", restart_marker(1), [1])]
+        assert is_restart(reloads[0][1])
+        watchdog.stop()
+        assert watchdog.stranded_stubs() == {stubs[3].pid}  # its sibling, never ended by Triton
+    finally:
+        watchdog.stop()
+        for process in stubs:
+            process.kill()
+            process.wait()
