@@ -37,11 +37,13 @@ from pathlib import Path
 
 from hps_core.errors import ConfigError, HPSError
 from hps_core.hugectr_repo import BACKENDS, hugectr_models, translate_model, translate_repository
+from hps_core.load_record import SETTLE_S as LOAD_SETTLE_S
 from hps_core.triton_repo import read_config
 
 SCAN_INTERVAL_S = 0.5
-SETTLE_S = 1.0
-"""A model's files changed more recently than this are left for a later scan (half written)."""
+SETTLE_S = LOAD_SETTLE_S
+"""A model's files changed more recently than this are left for a later scan (half written):
+the rule a model's load follows for the files it reads (:mod:`hps_core.load_record`)."""
 STAMP = "hugectr_source"
 """File in each translated model folder naming the state of the files it was translated from."""
 SCANNED = "scanned"
