@@ -70,6 +70,8 @@ class RequestError(HPSError):
 class TierUnavailableError(HPSError):
     """A tier below the host tier (a Redis node, a database) did not answer.
 
-    The lookup cascade counts it and answers the keys from the tiers below, or with the
-    default vector: a lost tier costs accuracy for a while, never the request.
+    The lookup cascade counts it and answers the keys from the tiers below. When none below
+    can say whether a key exists (no tier there holds every row the silent one held), the
+    lookup raises it and the request fails ``UNAVAILABLE``: a tier down never turns into
+    default vectors answered as if they were the model's.
     """

@@ -1,9 +1,11 @@
 """The ``execute`` loop every model here shares: parse each request, run the rest as one batch.
 
 A request that fails to parse gets its own ``INVALID_ARG`` response naming the input; the
-others run together in one call. If that call fails on the server's side (a sparse file
-vanished, say), each of its requests gets an ``INTERNAL`` error saying why, and the next
-``execute`` tries again: the stub never dies from a request.
+others run together in one call. If that call fails on the server's side, each of its requests
+gets an error saying why, and the next ``execute`` tries again: the stub never dies from a
+request. A tier that may hold the batch's keys and did not answer (a Redis node down, with
+nothing below that holds its rows) is ``UNAVAILABLE``, which a client may retry; anything else
+(a sparse file vanished, say) is ``INTERNAL``.
 """
 
 from __future__ import annotations
@@ -14,10 +16,12 @@ from typing import Any, TypeVar
 
 import triton_python_backend_utils as pb_utils
 
-from hps_core.errors import HPSError, RequestError
+from hps_core.errors import HPSError, RequestError, TierUnavailableError
+from hps_core.log_every import LogEvery
 from triton_backend.tensors import error_response, output_tensor
 
 logger = logging.getLogger("hps_core")
+_EVERY = LogEvery()  # a tier down fails batches for as long as it is down: a line per 10 s
 
 Parsed = TypeVar("Parsed")
 
@@ -38,7 +42,7 @@ def execute_batched(
             may be a ``RequestError`` instead, which fails that request alone.
         output_name: name of the output tensor.
         on_failure: called once per request answered with an error, with the reason
-            (``invalid_argument`` or ``internal``).
+            (``invalid_argument``, ``unavailable`` or ``internal``).
 
     Returns:
         One ``pb_utils.InferenceResponse`` per request, in order.
@@ -65,6 +69,14 @@ def execute_batched(
                 responses[i] = pb_utils.InferenceResponse(
                     output_tensors=[output_tensor(output_name, out)]
                 )
+        except TierUnavailableError as exc:
+            _EVERY.log(logger, logging.ERROR, "unavailable",
+                       "batch of %d requests failed: %s", len(served), exc)  # fmt: skip
+            for i in served:
+                responses[i] = error_response(
+                    f"tier unavailable: {exc}", pb_utils.TritonError.UNAVAILABLE
+                )
+                failed("unavailable")
         except HPSError as exc:
             logger.error("batch of %d requests failed: %s", len(served), exc)
             for i in served:

@@ -71,18 +71,30 @@ _TIER_COUNTERS = {
     "tier_overlay_hits": ("hps_tier_hits_total", "overlay"),
     "tier_redis_cluster_hits": ("hps_tier_hits_total", "redis_cluster"),
     "tier_rocks_db_hits": ("hps_tier_hits_total", "rocks_db"),
+    "tier_model_files_hits": ("hps_tier_hits_total", "model_files"),
     "tier_default_keys": ("hps_tier_hits_total", "default"),
     "tier_overlay_errors": ("hps_tier_errors_total", "overlay"),
     "tier_redis_cluster_errors": ("hps_tier_errors_total", "redis_cluster"),
     "tier_rocks_db_errors": ("hps_tier_errors_total", "rocks_db"),
+    "tier_model_files_errors": ("hps_tier_errors_total", "model_files"),
+    "tier_unanswered_keys": ("hps_tier_unanswered_keys_total", "all"),
     "tier_elevated_keys": ("hps_tier_elevated_keys_total", "redis_cluster"),
+    "tier_refilled_keys": ("hps_tier_refilled_keys_total", "redis_cluster"),
     "tier_dropped_elevations": ("hps_tier_dropped_elevations_total", "redis_cluster"),
     "tier_overlay_evictions": ("hps_tier_evictions_total", "overlay"),
 }
 _TIER_HELP = {
     "hps_tier_hits_total": "Keys answered by each host-side tier (default: no tier holds them)",
     "hps_tier_errors_total": "Failed requests to a tier below the shared host tier",
-    "hps_tier_elevated_keys_total": "Rows found in RocksDB written to Redis",
+    "hps_tier_unanswered_keys_total": (
+        "Keys a request needed that a tier that may hold them did not answer, and no tier "
+        "below could (their requests failed UNAVAILABLE)"
+    ),
+    "hps_tier_elevated_keys_total": (
+        "Rows found below the Redis cluster written to it (RocksDB's with "
+        "cache_missed_embeddings; the model files' for rows the cluster lost)"
+    ),
+    "hps_tier_refilled_keys_total": "Rows offered to refill a Redis cluster that lost them",
     "hps_tier_dropped_elevations_total": "Batches of such rows dropped (too many pending)",
     "hps_tier_evictions_total": "Rows a tier evicted to stay within volatile_db.overflow_margin",
 }
@@ -253,9 +265,10 @@ class UpdateMetrics:
 _FAILED = (
     "hps_requests_failed_total",
     "Requests the model answered with an error, by reason (invalid_argument: the request; "
-    "internal: the server); Triton's nv_inference_request_failure does not count them",
+    "unavailable: a tier that may hold its keys did not answer; internal: the server); "
+    "Triton's nv_inference_request_failure does not count them",
 )
-FAILURE_REASONS = ("invalid_argument", "internal")
+FAILURE_REASONS = ("invalid_argument", "unavailable", "internal")
 
 
 class RequestMetrics:

@@ -72,12 +72,18 @@ class TableCounters:
         tier_overlay_hits: keys answered by rows online updates added (new keys).
         tier_redis_cluster_hits: keys answered by the Redis cluster below it.
         tier_rocks_db_hits: keys answered by RocksDB.
+        tier_model_files_hits: keys answered by the model's sparse files (below a Redis
+            cluster without RocksDB: keys a lost node held).
         tier_default_keys: keys no tier holds (the default vector answered).
         tier_overlay_errors: failed lookups in the update overlay (not expected).
         tier_redis_cluster_errors: failed Redis requests (their keys fell through).
         tier_rocks_db_errors: failed RocksDB requests (their keys fell through).
-        tier_elevated_keys: rows found in RocksDB written to Redis
-            (``cache_missed_embeddings``).
+        tier_model_files_errors: failed reads of the model files (changed or vanished).
+        tier_unanswered_keys: keys no tier could answer while one that may hold them was
+            down (their lookups failed).
+        tier_elevated_keys: rows found below Redis written to it (RocksDB's with
+            ``cache_missed_embeddings``, the model files' for rows it lost).
+        tier_refilled_keys: rows offered to refill a Redis cluster that lost them.
         tier_dropped_elevations: batches of such rows dropped because too many were pending.
         tier_overlay_evictions: rows the update overlay evicted (``overflow_margin``).
 
@@ -105,11 +111,15 @@ class TableCounters:
     tier_overlay_hits: int = 0
     tier_redis_cluster_hits: int = 0
     tier_rocks_db_hits: int = 0
+    tier_model_files_hits: int = 0
     tier_default_keys: int = 0
     tier_overlay_errors: int = 0
     tier_redis_cluster_errors: int = 0
     tier_rocks_db_errors: int = 0
+    tier_model_files_errors: int = 0
+    tier_unanswered_keys: int = 0
     tier_elevated_keys: int = 0
+    tier_refilled_keys: int = 0
     tier_dropped_elevations: int = 0
     tier_overlay_evictions: int = 0
 

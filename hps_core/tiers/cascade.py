@@ -24,7 +24,19 @@ shared tier lacks (:mod:`hps_core.updates.apply` writes it, and the shared tier'
 place). Such a table is a cascade even when nothing else lies below the shared tier.
 
 A lower tier that fails (a node down, a timeout, any exception) is counted in its errors and
-its keys fall through to the next tier or the default vector: the request is still answered.
+its keys fall through to the next tier. A key is answered with the default vector only when a
+tier that holds every row the failed one could hold answered that it lacks it (a *complete*
+tier: RocksDB, or the model's sparse files, for a table without online updates). Otherwise
+nothing can say whether the key exists: the lookup raises
+:class:`~hps_core.errors.TierUnavailableError` naming the tier that did not answer, and the
+request fails instead of being answered wrong.
+
+A Redis cluster without RocksDB below it has the model's own sparse files below it
+(:class:`~hps_core.tiers.file_rows.ModelFileRows`): they answer the keys of a lost node, and
+the keys of a node that came back empty. Rows the files answer for keys the cluster reported
+absent (not lost with a node) are written back to the cluster, and a refill of what the
+cluster lost runs in the background (``refill``, at most once per :data:`REFILL_PERIOD_S`),
+so the cluster holds the table again without a reload.
 
 Interface for the GPU pipeline (``CachedTableLookup.host`` is a :class:`TieredTable` when the
 model has lower tiers, else the :class:`~hps_core.tiers.host_table.SharedHostTable` itself):
@@ -58,17 +70,36 @@ from pathlib import Path
 
 import numpy as np
 
+from hps_core.errors import TierUnavailableError
+from hps_core.log_every import LogEvery
 from hps_core.tiers.backing import BackingStore
 from hps_core.tiers.hash_layout import HashLayout
 from hps_core.tiers.host_table import SharedHostTable
 
 logger = logging.getLogger("hps_core")
+_EVERY = LogEvery()
 
 # Background writes of rows elevated to Redis waiting at most; more are dropped (counted):
 # the answer never waits for them, and a slow Redis must not grow an unbounded queue.
 MAX_PENDING_ELEVATIONS = 8
 # At most one log line per tier and table in this many seconds while a tier keeps failing.
 _ERROR_LOG_PERIOD_S = 10.0
+REFILL_PERIOD_S = 30.0
+"""A table's refill of a Redis cluster that lost rows runs at most once in this many seconds
+per process (it compares every partition's size with the files' first, which costs a pass over
+the keys)."""
+
+
+def store_reports_unanswered(store: BackingStore) -> bool:
+    """Whether ``store.lookup`` takes an ``unanswered`` mask to fill with the keys it could
+    not answer (a Redis cluster: the keys of a node down), rather than all or nothing."""
+    return bool(getattr(store, "reports_unanswered", False))
+
+
+def _down_reason(store: BackingStore) -> str:
+    nodes = getattr(store, "down_nodes", None)
+    down = nodes() if nodes is not None else []
+    return f"node {', '.join(down)} down" if down else "requests failed"
 
 
 @dataclass
@@ -84,11 +115,18 @@ class TierCounters:
         overlay_hits: keys answered by the rows online updates added (new keys).
         redis_cluster_hits: keys answered by the Redis cluster.
         rocks_db_hits: keys answered by RocksDB.
+        model_files_hits: keys answered by the model's sparse files (below a Redis cluster
+            without RocksDB: keys of a lost node, or of one that came back empty).
         default_keys: keys no tier holds (answered with the default vector).
         overlay_errors: overlay lookups that failed (never expected; counted like the others).
         redis_cluster_errors: Redis requests that failed (keys fell through).
         rocks_db_errors: RocksDB requests that failed (keys fell through).
-        elevated_keys: rows found in RocksDB written to Redis (``cache_missed_embeddings``).
+        model_files_errors: lookups in the model files that failed (they changed or vanished).
+        unanswered_keys: keys whose lookup failed because a tier that may hold them did not
+            answer and none below could say (their requests failed).
+        elevated_keys: rows found below the Redis cluster written to it: from RocksDB with
+            ``cache_missed_embeddings``, from the model files where the cluster lost them.
+        refilled_keys: rows a refill wrote back to a Redis cluster that lost them.
         dropped_elevations: batches of such rows not written because too many were pending.
         overlay_evictions: rows the update overlay evicted to stay within
             ``volatile_db.overflow_margin`` (read from the overlay when a snapshot is taken).
@@ -99,11 +137,15 @@ class TierCounters:
     overlay_hits: int = 0
     redis_cluster_hits: int = 0
     rocks_db_hits: int = 0
+    model_files_hits: int = 0
     default_keys: int = 0
     overlay_errors: int = 0
     redis_cluster_errors: int = 0
     rocks_db_errors: int = 0
+    model_files_errors: int = 0
+    unanswered_keys: int = 0
     elevated_keys: int = 0
+    refilled_keys: int = 0
     dropped_elevations: int = 0
     overlay_evictions: int = 0
     lower_seconds: float = 0.0
@@ -118,12 +160,17 @@ class LowerTier:
     """A store below the shared host tier and the name it keeps this table under.
 
     Args:
-        store: the store (its ``kind`` is ``overlay``, ``redis_cluster`` or ``rocks_db``).
+        store: the store (its ``kind`` is ``overlay``, ``redis_cluster``, ``rocks_db`` or
+            ``model_files``).
         table: the table's name in the store, :func:`~hps_core.tiers.backing.table_tag`.
+        complete: it holds every row a tier above it may hold, so a key it answers absent is
+            unknown to the table even when a tier above did not answer (RocksDB or the model
+            files of a table without online updates; updates reach neither).
     """
 
     store: BackingStore
     table: str
+    complete: bool = False
 
 
 class TieredTable:
@@ -133,8 +180,12 @@ class TieredTable:
         shared: the shared host tier (whole, partial or empty).
         lower: the stores below it, highest first.
         name: label for logs, e.g. ``"dlrm.t0"``.
-        cache_missed_embeddings: write rows found in a lower tier to the first tier above it
-            that is a Redis cluster (ps.json ``volatile_db.cache_missed_embeddings``).
+        cache_missed_embeddings: write rows found in RocksDB to the Redis cluster above it
+            (ps.json ``volatile_db.cache_missed_embeddings``).
+        refill: for a Redis cluster that should hold every row of the model files below it:
+            writes back what the cluster lost and returns how many rows it wrote. Given, the
+            rows the files answer for keys the cluster reported absent are written back to it
+            at once, and ``refill`` runs in the background.
         release: called once by :meth:`close` after the shared tier is closed (the factory
             drops its references to the stores there).
 
@@ -153,6 +204,7 @@ class TieredTable:
         lower: Sequence[LowerTier],
         name: str = "table",
         cache_missed_embeddings: bool = False,
+        refill: Callable[[], int] | None = None,
         release: Callable[[], None] | None = None,
     ) -> None:
         self.shared = shared
@@ -166,13 +218,20 @@ class TieredTable:
         self._lock = threading.Lock()
         self._release = release
         self._next_error_log: dict[str, float] = {}
-        # Tier index -> index of the Redis tier above it that receives its rows.
+        # Tier index -> index of the Redis tier above it that receives its rows (those of
+        # keys the cluster answered absent).
         self._elevate_to: dict[int, int] = {}
-        if cache_missed_embeddings:
-            for i in range(len(self.lower)):
+        for i, tier in enumerate(self.lower):
+            kind = tier.store.kind
+            if (kind == "rocks_db" and cache_missed_embeddings) or (
+                kind == "model_files" and refill is not None
+            ):
                 above = [j for j in range(i) if self.lower[j].store.kind == "redis_cluster"]
                 if above:
                     self._elevate_to[i] = above[-1]
+        self._refill = refill
+        self._next_refill = 0.0
+        self._refilling: concurrent.futures.Future[None] | None = None
         self._worker: concurrent.futures.ThreadPoolExecutor | None = None
         self._pending: list[concurrent.futures.Future[None]] = []
 
@@ -330,51 +389,85 @@ class TieredTable:
     def _lookup_below(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """The stored rows the tiers below the shared one hold for ``keys`` (FP32 tiers'
         rows encoded here), the encoded default vector for the others, and the found mask;
-        counted. For an fp32 table: the rows themselves."""
+        counted. For an fp32 table: the rows themselves.
+
+        Raises:
+            TierUnavailableError: a tier that may hold some of the keys did not answer, and
+                no complete tier below it could say they are unknown.
+        """
         start = time.perf_counter()
         fmt = self.row_format
         keys = np.ascontiguousarray(keys, dtype=np.int64).ravel()
         unique, inverse, counts = np.unique(keys, return_inverse=True, return_counts=True)
         values = np.repeat(self.shared.default_stored[None], len(unique), axis=0)
         found = np.zeros(len(unique), dtype=bool)
+        # Keys a tier that did not answer may hold, until a complete tier vouches for them.
+        unanswered = np.zeros(len(unique), dtype=bool)
+        silent: dict[str, str] = {}  # kind -> why it did not answer (for the error)
+        # Tier index -> keys (indices into unique) that this Redis tier answered absent.
+        absent: dict[int, np.ndarray] = {}
         remaining = np.arange(len(unique))
         hits: dict[str, int] = {}
         errors: dict[str, int] = {}
+        written_back = 0
         for i, tier in enumerate(self.lower):
             if not len(remaining):
                 break
-            kind = tier.store.kind
+            store, kind = tier.store, tier.store.kind
             asked = unique[remaining]
-            before = tier.store.errors
+            before = store.errors
+            lost = np.zeros(len(asked), dtype=bool) if store_reports_unanswered(store) else None
+            extra = {} if lost is None else {"unanswered": lost}
+            why = ""
             try:
                 # The overlay stores a compressed table's rows encoded already, as Redis and
                 # RocksDB do with store_compressed; else they hold FP32 rows, encoded below
                 # once they come up.
-                encoded = getattr(tier.store, "stores_encoded", False)
+                encoded = getattr(store, "stores_encoded", False)
                 if encoded:
-                    got, got_found = tier.store.lookup_stored(tier.table, asked, self.dim)
+                    got, got_found = store.lookup_stored(tier.table, asked, self.dim, **extra)
                 else:
-                    got, got_found = tier.store.lookup(
-                        tier.table, asked, self.dim, self.default_value
+                    got, got_found = store.lookup(
+                        tier.table, asked, self.dim, self.default_value, **extra
                     )
             except Exception as exc:  # any failure of a tier: its keys fall through
-                got_found = None
+                got_found, why = None, str(exc)
                 self._log_error(kind, exc)
             # Failures the store counted itself (keys of a lost node), else the one raised.
-            failed = max(tier.store.errors - before, 0 if got_found is not None else 1)
+            failed = max(store.errors - before, 0 if got_found is not None else 1)
             errors[kind] = errors.get(kind, 0) + failed
-            if got_found is None or not got_found.any():
+            if got_found is None:
+                lost = np.ones(len(asked), dtype=bool)
+            elif lost is None:  # a store that cannot say which keys failed: all it missed
+                lost = ~got_found if failed else np.zeros(len(asked), dtype=bool)
+            if lost.any():
+                unanswered[remaining[lost]] = True
+                silent[kind] = why or _down_reason(store)
+            if tier.complete:  # what it answered absent is unknown to the table
+                unanswered[remaining[~lost]] = False
+            if got_found is None:
+                continue
+            if kind == "redis_cluster":
+                absent[i] = remaining[~got_found & ~lost]
+            if not got_found.any():
                 continue
             hit_rows = got[got_found]
-            if i in self._elevate_to:  # rows of RocksDB written up to Redis as they are stored
-                self._elevate(self.lower[self._elevate_to[i]], asked[got_found], hit_rows, encoded)
+            rows = remaining[got_found]
+            target = self._elevate_to.get(i)
+            if target is not None and target in absent:
+                # Only rows of keys the cluster answered absent: a node that did not answer
+                # would refuse them too.
+                back = np.isin(rows, absent[target], assume_unique=True)
+                if back.any():
+                    self._elevate(self.lower[target], unique[rows[back]], hit_rows[back], encoded)
+                    written_back += int(back.sum())
             if not (encoded or fmt.is_identity):
                 hit_rows = fmt.encode_stored(hit_rows)
-            rows = remaining[got_found]
             values[rows] = hit_rows
             found[rows] = True
             hits[kind] = hits.get(kind, 0) + int(counts[rows].sum())
             remaining = remaining[~got_found]
+        lost_keys = remaining[unanswered[remaining]]
         with self._lock:
             c = self.counters
             for kind, n in hits.items():
@@ -382,9 +475,49 @@ class TieredTable:
             for kind, n in errors.items():
                 if n:
                     setattr(c, f"{kind}_errors", getattr(c, f"{kind}_errors") + n)
-            c.default_keys += int(counts[remaining].sum())
+            c.unanswered_keys += int(counts[lost_keys].sum())
+            c.default_keys += int(counts[remaining].sum()) - int(counts[lost_keys].sum())
             c.lower_seconds += time.perf_counter() - start
+        if written_back and self._refill is not None:
+            self._cluster_lost_rows(written_back)
+        if len(lost_keys):
+            tiers = "; ".join(f"{kind}: {why}" for kind, why in silent.items())
+            raise TierUnavailableError(
+                f"table {self.name}: {len(lost_keys)} keys cannot be answered: a tier that may "
+                f"hold them did not answer ({tiers}) and no tier below holds them"
+            )
         return values[inverse], found[inverse]
+
+    def _cluster_lost_rows(self, rows: int) -> None:
+        """The model files answered ``rows`` keys the Redis cluster should hold: say so (at
+        most once per period) and refill the cluster in the background."""
+        _EVERY.log(
+            logger,
+            logging.WARNING,
+            ("lost", self.name),
+            "%s: the Redis cluster lacks %d rows of the model files (a node lost its data?): "
+            "answered from the model files and written back; refilling what it lost",
+            self.name,
+            rows,
+        )
+        now = time.monotonic()
+        worker = self._background()
+        with self._lock:
+            if now < self._next_refill or (self._refilling and not self._refilling.done()):
+                return
+            self._next_refill = now + REFILL_PERIOD_S
+            self._refilling = worker.submit(self._run_refill)
+
+    def _run_refill(self) -> None:
+        assert self._refill is not None
+        try:
+            written = self._refill()
+        except Exception as exc:
+            self._log_error("redis_cluster", exc)
+            return
+        if written:
+            with self._lock:
+                self.counters.refilled_keys += written
 
     def _log_error(self, kind: str, exc: Exception) -> None:
         now = time.monotonic()
@@ -405,11 +538,17 @@ class TieredTable:
             with self._lock:
                 self.counters.dropped_elevations += 1
             return
-        if self._worker is None:
-            self._worker = concurrent.futures.ThreadPoolExecutor(
-                1, thread_name_prefix=f"hps-elevate-{self.name}"
-            )
-        self._pending.append(self._worker.submit(self._write_up, tier, keys, rows, stored))
+        self._pending.append(self._background().submit(self._write_up, tier, keys, rows, stored))
+
+    def _background(self) -> concurrent.futures.ThreadPoolExecutor:
+        """The thread that writes rows up to Redis and refills it (one per table: writes
+        never wait for each other's tables, and never for a lookup)."""
+        with self._lock:
+            if self._worker is None:
+                self._worker = concurrent.futures.ThreadPoolExecutor(
+                    1, thread_name_prefix=f"hps-elevate-{self.name}"
+                )
+            return self._worker
 
     def _write_up(self, tier: LowerTier, keys: np.ndarray, rows: np.ndarray, stored: bool) -> None:
         field = f"{tier.store.kind}_errors"
@@ -432,9 +571,11 @@ class TieredTable:
             setattr(self.counters, field, getattr(self.counters, field) + failed)
 
     def flush(self) -> None:
-        """Wait until the rows being written to Redis (``cache_missed_embeddings``) are."""
-        for future in list(self._pending):
-            future.exception()  # waits; failures were counted and logged
+        """Wait until the rows being written to Redis (``cache_missed_embeddings``, write-backs
+        and a refill) are."""
+        for future in [*self._pending, self._refilling]:
+            if future is not None:
+                future.exception()  # waits; failures were counted and logged
         self._pending = []
 
     # --- counters and life cycle ------------------------------------------------------------

@@ -87,6 +87,16 @@ class EncodedRows:
         """The database's failed requests."""
         return self.store.errors
 
+    @property
+    def reports_unanswered(self) -> bool:
+        """Whether lookups say which keys the database did not answer (a Redis cluster)."""
+        return bool(getattr(self.store, "reports_unanswered", False))
+
+    def down_nodes(self) -> list[str]:
+        """The database's nodes that did not answer lately (none for RocksDB)."""
+        nodes = getattr(self.store, "down_nodes", None)
+        return nodes() if nodes is not None else []
+
     def tables(self) -> list[str]:
         """The database's tables, sorted."""
         return self.store.tables()
@@ -122,22 +132,22 @@ class EncodedRows:
         return copy_sparse_folder(self, table, folder, dim)
 
     def lookup_stored(
-        self, table: str, keys: np.ndarray, dim: int
+        self, table: str, keys: np.ndarray, dim: int, **unanswered: np.ndarray
     ) -> tuple[np.ndarray, np.ndarray]:
         """The stored rows of ``keys`` (uint32 ``[n, row_words]``, zero where missing) and a
-        bool found mask."""
+        bool found mask; ``unanswered=mask`` goes to a store that :attr:`reports_unanswered`."""
         fmt = RowFormat(self.precision, dim)
-        words, found = self.store.lookup(table, keys, fmt.row_words, 0.0)
+        words, found = self.store.lookup(table, keys, fmt.row_words, 0.0, **unanswered)
         stored = np.ascontiguousarray(words).view(fmt.stored_dtype)
         stored[~found] = 0
         return stored, found
 
     def lookup(
-        self, table: str, keys: np.ndarray, dim: int, default: float = 0.0
+        self, table: str, keys: np.ndarray, dim: int, default: float = 0.0, **unanswered: np.ndarray
     ) -> tuple[np.ndarray, np.ndarray]:
         """Decoded float32 ``[n, dim]`` vectors (``default`` where missing) and the found
-        mask."""
-        stored, found = self.lookup_stored(table, keys, dim)
+        mask; ``unanswered`` as :meth:`lookup_stored`."""
+        stored, found = self.lookup_stored(table, keys, dim, **unanswered)
         values = np.full((len(found), dim), default, np.float32)
         if found.any():
             values[found] = RowFormat(self.precision, dim).decode_stored(stored[found])

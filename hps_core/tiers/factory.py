@@ -18,11 +18,14 @@ disabled              empty                               -                    e
 ====================  ==================================  ===================  ============
 
 Without RocksDB, ``initial_cache_rate`` is ignored (warned): the volatile level holds every
-row, since nothing below could answer the others. ``initialize_after_startup: false`` leaves
-the volatile level empty (for a hash map: an empty shared tier) and RocksDB unfilled (it must
-then hold the table already, as with ``read_only``). HugeCTR applies the rate only when a
-table exceeds the volatile database's capacity (``overflow_margin``); here it is the share of
-the rows, as HugeCTR's documentation describes it.
+row, since nothing below could answer the others. A Redis cluster without RocksDB has the
+model's sparse files below it (:mod:`hps_core.tiers.file_rows`), which answer what a lost node
+held; an index of their keys takes about 18 bytes a row of ``/dev/shm``, once per machine.
+``initialize_after_startup: false`` leaves the volatile level empty (for a hash map: an empty
+shared tier) and RocksDB unfilled (it must then hold the table already, as with
+``read_only``). HugeCTR applies the rate only when a table exceeds the volatile database's
+capacity (``overflow_margin``); here it is the share of the rows, as HugeCTR's documentation
+describes it.
 
 Loading happens once per database, not once per process (Triton instances are processes):
 
@@ -77,10 +80,12 @@ from hps_core.formats.sparse import (
     iter_sparse_table,
 )
 from hps_core.formats.uris import model_path
+from hps_core.hashing import partition_of
 from hps_core.quant import StoragePrecision
 from hps_core.tiers.backing import BackingStore, table_tag
 from hps_core.tiers.cascade import LowerTier, TieredTable
 from hps_core.tiers.encoded_rows import EncodedRows, encoded_tag, other_copies
+from hps_core.tiers.file_rows import ModelFileRows, index_name
 from hps_core.tiers.host_table import LAYOUT_VERSION, SharedHostTable, file_identity, held_rows
 from hps_core.tiers.overlay import OverlayStore
 from hps_core.tiers.shm_segment import file_lock, shm_dir
@@ -168,6 +173,12 @@ class TierPlan:
     redis_fraction: float | None
     rocks: bool
     overlay: bool
+
+    @property
+    def model_files(self) -> bool:
+        """Whether the model's sparse files are the last tier (:mod:`hps_core.tiers.file_rows`:
+        a Redis cluster without RocksDB below it; their index takes shared memory)."""
+        return self.redis_fraction is not None and not self.rocks
 
     @property
     def cascade(self) -> bool:
@@ -264,6 +275,7 @@ def open_table_tiers(
             precision=table.storage,
         )
         lower.append(LowerTier(overlay, tag))
+    refill = None
     try:
         if has_redis:
             redis = _acquire(("redis", _redis_key(volatile)), lambda: _open_redis(volatile))
@@ -280,7 +292,24 @@ def open_table_tiers(
             rows, name = _table_rows(rocks.store, persistent.store_compressed, tag, table)
             _ensure_rocks_table(rocks.store, persistent, tag, table)
             _warn_other_copies(rocks.store, f"persistent_db '{persistent.path}'", tag, name)
-            lower.append(LowerTier(rows, name))
+            # Updates are not written to RocksDB: it vouches for keys only without them.
+            lower.append(LowerTier(rows, name, complete=not updates))
+        if plan.model_files:
+            # The cluster is the only copy the server reads: the files it was filled from
+            # answer what a lost node held (module docstring of hps_core.tiers.cascade).
+            folder = model_path(table.sparse_file)
+            handle = _acquire(
+                ("files", index_name(folder, table.dim)),
+                lambda: ModelFileRows(folder, table.dim),
+            )
+            releases.append(handle)
+            files = handle.store
+            lower.append(LowerTier(files, tag, complete=not updates))
+            if plan.redis_fraction:
+                redis_tier = lower[-2]
+                refill = functools.partial(
+                    _refill_redis, redis.store, redis_tier.store, volatile, redis_tier.table, files
+                )
         shared = SharedHostTable(
             table.sparse_file,
             table.dim,
@@ -297,6 +326,7 @@ def open_table_tiers(
         lower,
         name=f"{model}.{table.name}",
         cache_missed_embeddings=volatile.cache_missed_embeddings,
+        refill=refill,
         release=functools.partial(_release_all, releases),
     )
 
@@ -572,8 +602,7 @@ def _fill_redis(
     digest = source_digest(table, rows)
     if _redis_holds(store, tag, digest, rows):
         return
-    name = hashlib.sha256(f"{config.address}|{tag}".encode()).hexdigest()[:24]
-    lock = shm_dir() / f"hps-triton-redis-load.{name}.lock"
+    lock = _redis_lock(config, tag)
     with file_lock(lock):
         try:
             if _redis_holds(store, tag, digest, rows):
@@ -611,6 +640,85 @@ def _fill_redis(
             )
         finally:
             lock.unlink(missing_ok=True)
+
+
+_REFILL_CHUNK = 65536  # rows per write: bounds the memory a refill of a large table takes
+
+
+def _refill_redis(
+    store: BackingStore,
+    rows_store: BackingStore,
+    config: VolatileDBConfig,
+    tag: str,
+    files: ModelFileRows,
+) -> int:
+    """Write back the rows a Redis cluster lost (a node that came back empty) from the model
+    files it was filled from: each partition holding fewer rows than the files put there gets
+    the files' rows of its keys that it lacks (``HSETNX``: a row an update wrote stays).
+
+    One process of the machine refills at a time (the lock of :func:`_fill_redis`); a process
+    that finds it taken leaves the work to the holder.
+
+    Args:
+        store: the cluster.
+        rows_store: what writes the table's rows there (the cluster, or its EncodedRows).
+        config: ps.json ``volatile_db``.
+        tag: the table's name in the cluster.
+        files: the model files the cluster was filled from.
+
+    Returns:
+        Rows written (0 when nothing was lost, or another process refills).
+
+    Raises:
+        TierUnavailableError: a node does not answer (the next refill tries again).
+    """
+    if not hasattr(store, "partition_sizes"):
+        return 0
+    lock = _redis_lock(config, tag)
+    with file_lock(lock, blocking=False) as held:
+        if held is None:
+            return 0
+        try:
+            return _refill_partitions(store, rows_store, config, tag, files)
+        finally:
+            lock.unlink(missing_ok=True)  # still held: a waiter re-creates it
+
+
+def _refill_partitions(
+    store: Any, rows_store: BackingStore, config: VolatileDBConfig, tag: str, files: ModelFileRows
+) -> int:
+    """:func:`_refill_redis`'s work, under its lock."""
+    started = time.perf_counter()
+    keys = files.keys()
+    parts = partition_of(keys, config.resolved_num_partitions)
+    expected = np.bincount(parts, minlength=config.resolved_num_partitions)
+    margin = config.overflow_margin
+    if margin is not None and int(expected.max(initial=0)) > margin:
+        return 0  # the cluster cannot hold them all: its misses are the files' to answer
+    short = np.flatnonzero(np.asarray(store.partition_sizes(tag)) < expected)
+    if not len(short):
+        return 0
+    lost = keys[np.isin(parts, short)]
+    for first in range(0, len(lost), _REFILL_CHUNK):
+        chunk = lost[first : first + _REFILL_CHUNK]
+        vectors, _ = files.lookup(tag, chunk, files.dim)
+        rows_store.insert_missing(tag, chunk, vectors)
+    logger.warning(
+        "volatile tier: refilled %d partitions of %s in the Redis cluster from %s (%d rows "
+        "offered, those it lacked written) in %.2f s",
+        len(short),
+        tag,
+        files.sparse_dir,
+        len(lost),
+        time.perf_counter() - started,
+    )
+    return len(lost)
+
+
+def _redis_lock(config: VolatileDBConfig, tag: str) -> Path:
+    """The machine's lock on filling ``tag`` in the cluster ``config`` names."""
+    name = hashlib.sha256(f"{config.address}|{tag}".encode()).hexdigest()[:24]
+    return shm_dir() / f"hps-triton-redis-load.{name}.lock"
 
 
 def _redis_holds(store: BackingStore, tag: str, digest: bytes, rows: int) -> bool:

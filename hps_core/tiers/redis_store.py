@@ -176,6 +176,9 @@ class RedisClusterStore:
         ...     vectors, found = store.lookup("hps_et.dlrm.t0", keys, dim=128)
     """
 
+    reports_unanswered = True
+    """:meth:`lookup` says which keys' node did not answer (its ``unanswered`` mask)."""
+
     def __init__(
         self,
         config: VolatileDBConfig,
@@ -448,7 +451,9 @@ class RedisClusterStore:
                 job.error = f"node {name}: {reason}"
             return False
         with self._lock:
-            self._down_until.pop(name, None)
+            was_down = self._down_until.pop(name, None) is not None
+        if was_down:
+            logger.warning("volatile_db: Redis node %s answers again", name)
         start = 0
         for job in jobs:
             job.replies = replies[start : start + len(job.commands)]
@@ -492,6 +497,11 @@ class RedisClusterStore:
                 batches.append((n, part, rows[start : start + self.max_batch_size]))
         batches.sort(key=lambda b: (b[0], b[1]))
         return [(part, rows) for _, part, rows in batches]
+
+    def down_nodes(self) -> list[str]:
+        """The nodes that did not answer lately (skipped until their ``retry_after`` ends)."""
+        with self._lock:
+            return sorted(self._down_until)
 
     @property
     def primary_nodes(self) -> int:
@@ -622,7 +632,12 @@ class RedisClusterStore:
         return copy_sparse_folder(self, table, folder, dim)
 
     def lookup(
-        self, table: str, keys: np.ndarray, dim: int, default: float = 0.0
+        self,
+        table: str,
+        keys: np.ndarray,
+        dim: int,
+        default: float = 0.0,
+        unanswered: np.ndarray | None = None,
     ) -> tuple[np.ndarray, np.ndarray]:
         """The stored vectors of ``keys``.
 
@@ -634,6 +649,9 @@ class RedisClusterStore:
             keys: int64 ``[n]``, any order, repeats allowed.
             dim: floats per vector.
             default: the value of every float of a key not found.
+            unanswered: a bool ``[n]`` array set True here for the keys of a node that did
+                not answer (not found, and not known to be absent); left as it is for the
+                others.
 
         Returns:
             float32 ``[n, dim]`` vectors and a bool ``[n]`` mask of the keys found.
@@ -660,8 +678,10 @@ class RedisClusterStore:
         unique_out = np.full((unique.shape[0], dim), default, dtype=np.float32)
         unique_found = np.zeros(unique.shape[0], dtype=bool)
         touched: list[tuple[int, list[bytes]]] = []
+        unique_lost = np.zeros(unique.shape[0], dtype=bool)
         for part_job in jobs:
             if part_job.replies is None:
+                unique_lost[part_job.rows] = True
                 continue
             values = part_job.replies[0]
             hits = [i for i, value in enumerate(values) if value is not None]
@@ -683,6 +703,8 @@ class RedisClusterStore:
             self._touch(table, touched)
         out[:] = unique_out[inverse]
         found[:] = unique_found[inverse]
+        if unanswered is not None:
+            unanswered |= unique_lost[inverse]
         return out, found
 
     def _wrong_width(

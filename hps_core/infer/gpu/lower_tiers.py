@@ -83,9 +83,17 @@ class LowerTierFetch:
         had_extras, self.extras = self.extras is not None, None
         n = min(int(pending_count[0]), bucket.pending.nbytes // PENDING_DTYPE.itemsize)
         rows["extra_keys"] = rows["extra_values"] = rows["extra_count"] = 0
-        if n:
-            pending = bucket.pending[: n * PENDING_DTYPE.itemsize].get().view(PENDING_DTYPE)
-            self.extras = self._extra_rows(bank, pending, rows)
+        try:
+            if n:
+                pending = bucket.pending[: n * PENDING_DTYPE.itemsize].get().view(PENDING_DTYPE)
+                self.extras = self._extra_rows(bank, pending, rows)
+        except BaseException:
+            # A lower tier that cannot answer fails the batch; the descriptors must not keep
+            # pointing at the last batch's extra rows, which are freed now.
+            if had_extras:
+                with cache:
+                    descriptors.set(rows.view(np.uint8), stream=cache)
+            raise
         if self.extras is not None or had_extras:
             with cache:
                 descriptors.set(rows.view(np.uint8), stream=cache)

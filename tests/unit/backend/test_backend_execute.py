@@ -1,5 +1,6 @@
 """The shared ``execute`` loop: a request that does not parse, or whose output the run refuses,
-fails alone with INVALID_ARG; a server-side failure fails its batch with INTERNAL; each failed
+fails alone with INVALID_ARG; a tier down fails its batch with UNAVAILABLE, any other server-side
+failure with INTERNAL; each failed
 request is counted by reason (Triton's Python backend counts every response as a success)."""
 
 from __future__ import annotations
@@ -12,11 +13,11 @@ from typing import Any
 import numpy as np
 import pytest
 
-from hps_core.errors import RequestError, TierUnavailableError
+from hps_core.errors import ModelFileError, RequestError, TierUnavailableError
 
 
 class _Error:
-    INVALID_ARG, INTERNAL = "INVALID_ARG", "INTERNAL"
+    INVALID_ARG, INTERNAL, UNAVAILABLE = "INVALID_ARG", "INTERNAL", "UNAVAILABLE"
 
     def __init__(self, message: str, code: str) -> None:
         self.message, self.code = message, code
@@ -71,6 +72,15 @@ def test_failures_are_answered_alone_and_counted_by_reason(execute_batched) -> N
 
     failed.clear()
     responses = execute_batched([1, -5, 2], parse, broken, "OUT", failed.append)
-    assert [r.error.code for r in responses] == ["INTERNAL", "INVALID_ARG", "INTERNAL"]
-    assert "server error: volatile_db: no node answered" in responses[0].error.message
-    assert sorted(failed) == ["internal", "internal", "invalid_argument"]
+    assert [r.error.code for r in responses] == ["UNAVAILABLE", "INVALID_ARG", "UNAVAILABLE"]
+    assert "tier unavailable: volatile_db: no node answered" in responses[0].error.message
+    assert sorted(failed) == ["invalid_argument", "unavailable", "unavailable"]
+
+    def vanished(parsed: list[int]) -> list[Any]:
+        raise ModelFileError("t0/emb_vector: cannot open")
+
+    failed.clear()
+    responses = execute_batched([1, 2], parse, vanished, "OUT", failed.append)
+    assert [r.error.code for r in responses] == ["INTERNAL", "INTERNAL"]
+    assert "server error: t0/emb_vector: cannot open" in responses[0].error.message
+    assert failed == ["internal", "internal"]

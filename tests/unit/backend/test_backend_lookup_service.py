@@ -116,7 +116,8 @@ def test_failed_requests_are_published_before_the_tables_open(
         service.count_failed("invalid_argument")
         service.count_failed("invalid_argument")
         service.count_failed("internal")
+        service.count_failed("unavailable")
     finally:
         service.close()
     got = {dict(k)["reason"]: v for k, v in _Recorded.seen.items()}
-    assert got == {"invalid_argument": 2, "internal": 1}
+    assert got == {"invalid_argument": 2, "unavailable": 1, "internal": 1}

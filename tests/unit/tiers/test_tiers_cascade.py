@@ -358,7 +358,7 @@ def test_a_row_written_up_never_replaces_one_an_update_wrote_meanwhile(
 
 
 @pytest.mark.parametrize("failure", ["all", "half"])
-def test_a_failing_tier_is_counted_and_the_request_still_answers(
+def test_a_failing_tier_above_a_complete_one_is_counted_and_every_answer_right(
     tmp_path: Path, rng: np.random.Generator, failure: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     dim = 4
@@ -368,21 +368,53 @@ def test_a_failing_tier_is_counted_and_the_request_still_answers(
     redis = DictStore("redis_cluster", dict(zip(keys.tolist(), vectors, strict=True)))
     redis.fail = failure
     shared = SharedHostTable(tmp_path / "t0", dim, DEFAULT, fraction=0.25)
-    # RocksDB holds the even file rows only: the rest of what Redis loses gets the default.
-    rocks_store = DictStore("rocks_db", dict(zip(keys[::2].tolist(), vectors[::2], strict=True)))
-    table = TieredTable(shared, [LowerTier(redis, TAG), LowerTier(rocks_store, TAG)])
+    # RocksDB holds every row: what Redis loses it answers, and what it lacks is unknown.
+    rocks_store = DictStore("rocks_db", dict(zip(keys.tolist(), vectors, strict=True)))
+    table = TieredTable(shared, [LowerTier(redis, TAG), LowerTier(rocks_store, TAG, complete=True)])
+    unknown = np.array([7, 11], np.int64)  # odd: a "half" failure loses them too
     with caplog.at_level(logging.ERROR, logger="hps_core"):
-        values, found = table.lookup(keys)
-    lost = np.zeros(64, bool)
-    lost[16:] = True if failure == "all" else (keys[16:] % 2 != 0)
-    answered = ~lost | (np.arange(64) % 2 == 0)
-    np.testing.assert_array_equal(found, answered)
-    np.testing.assert_array_equal(values[answered], vectors[answered])
-    assert (values[~answered] == DEFAULT).all()
+        values, found = table.lookup(np.concatenate([keys, unknown]))
+    np.testing.assert_array_equal(found, np.r_[np.ones(64, bool), False, False])
+    np.testing.assert_array_equal(values[:64], vectors)
+    assert (values[64:] == DEFAULT).all()
     c = table.tier_counters()
-    assert c.redis_cluster_errors == 1 and c.rocks_db_errors == 0
-    assert tier_sum(c) == 64 and c.default_keys == int(np.count_nonzero(~answered))
+    assert c.redis_cluster_errors == 1 and c.rocks_db_errors == 0 and c.unanswered_keys == 0
+    assert tier_sum(c) == 66 and c.default_keys == 2
     assert ("redis_cluster lookup failed" in caplog.text) == (failure == "all")
+    table.close()
+
+
+@pytest.mark.parametrize("failure", ["all", "half"])
+def test_keys_a_failed_tier_may_hold_that_nothing_below_vouches_for_fail_the_lookup(
+    tmp_path: Path, rng: np.random.Generator, failure: str
+) -> None:
+    """Below the failed tier only a store that does not hold every row (complete=False, as
+    RocksDB with online updates): the keys it lacks may be rows the lost node held, so the
+    lookup fails naming the tier instead of answering their default vector."""
+    dim = 4
+    rows_of = write_table(tmp_path, rng, 64, dim)
+    keys = np.fromiter(rows_of, np.int64)
+    vectors = np.fromfile(tmp_path / "t0" / "emb_vector", "<f4").reshape(-1, dim)
+    redis = DictStore("redis_cluster", dict(zip(keys.tolist(), vectors, strict=True)))
+    shared = SharedHostTable(tmp_path / "t0", dim, DEFAULT, fraction=0.25)
+    even = dict(zip(keys[::2].tolist(), vectors[::2], strict=True))
+    table = TieredTable(
+        shared, [LowerTier(redis, TAG), LowerTier(DictStore("rocks_db", even), TAG)]
+    )
+    redis.fail = failure
+    # Keys the shared tier and RocksDB hold are still answered, right.
+    held = np.r_[keys[:16], keys[16::2]]
+    values, found = table.lookup(held)
+    assert found.all()
+    np.testing.assert_array_equal(values, np.r_[vectors[:16], vectors[16::2]])
+    # A key only Redis holds, whose part did not answer: the lookup fails.
+    lost = next(k for k in keys[17::2].tolist() if failure == "all" or k % 2)
+    with pytest.raises(TierUnavailableError, match=r"1 keys cannot be answered.*redis_cluster"):
+        table.lookup(np.array([lost, keys[0]], np.int64))
+    assert table.tier_counters().unanswered_keys == 1
+    redis.fail = None  # back: answered again
+    values, found = table.lookup(np.array([lost], np.int64))
+    assert found.all() and (values[0] == vectors[rows_of[lost]]).all()
     table.close()
 
 
@@ -775,3 +807,103 @@ def test_store_compressed_redis_takes_rocksdb_rows_as_they_are_stored(
     values, _ = table.lookup(keys)
     np.testing.assert_array_equal(values, fmt.decode_stored(want))
     table.close()
+
+
+# --- a Redis cluster without RocksDB: the model files answer what a lost node held -----------
+
+
+def node_of(redis: Any, tag: str, key: int) -> int:
+    """The port of the node holding ``key`` of table ``tag``."""
+    part = int(partition_of(np.array([key], np.int64), redis.num_partitions)[0])
+    return redis._rc.get_node_from_key(partition_key(tag, part)).port
+
+
+def test_a_lost_redis_node_is_answered_from_the_model_files_and_refilled_when_back(
+    tmp_path: Path, rng: np.random.Generator, cluster: RedisCluster, shm_path: Path,
+    caplog: pytest.LogCaptureFixture,
+) -> None:  # fmt: skip
+    """No RocksDB: while a node is down its keys are answered from the sparse files (never the
+    default vector), unknown keys still get the default; the node comes back empty and the
+    rows it lost are answered from the files, written back, and the cluster refilled whole
+    without a reload."""
+    dim, rows = 8, 600
+    rows_of = write_table(tmp_path, rng, rows, dim)
+    keys = np.fromiter(rows_of, np.int64)
+    cfg = config(tmp_path, dim, volatile_db=redis_section(cluster))
+    model = "lost"
+    tag = table_tag(model, "t0")
+    table = open_table_tiers(cfg, model, cfg.models[0].tables[0])
+    assert [t.store.kind for t in table.lower] == ["redis_cluster", "model_files"]
+    redis = table.lower[0].store
+    assert redis.count(tag) == rows
+    queries = mixed_queries(rng, keys, 4 * rows)
+    want, want_found, _ = reference(tmp_path, rows_of, queries, dim)
+    port = node_of(redis, tag, int(keys[0]))
+    on_node = np.array([node_of(redis, tag, k) == port for k in keys.tolist()])
+    cluster.kill(port)
+    try:
+        for _ in range(2):  # the first finds the node down, the second skips it
+            values, found = table.lookup(queries)
+            np.testing.assert_array_equal(values, want)
+            np.testing.assert_array_equal(found, want_found)
+        c = table.tier_counters()
+        assert c.model_files_hits >= 2 * int(on_node.sum()) // 2 > 0
+        assert c.unanswered_keys == 0 and c.redis_cluster_errors >= 1
+    finally:
+        cluster.restart(port)
+        cluster.wait_ok()
+    time.sleep(1.1)  # the store's retry_after: the node is tried again
+    with caplog.at_level(logging.WARNING, logger="hps_core"):
+        values, found = table.lookup(queries)
+        table.flush()
+    np.testing.assert_array_equal(values, want)
+    np.testing.assert_array_equal(found, want_found)
+    assert "the Redis cluster lacks" in caplog.text, caplog.text
+    assert "refilled 1 partitions" in caplog.text or "refilled" in caplog.text
+    assert redis.count(tag) == rows  # refilled whole, not only the keys asked
+    before = table.tier_counters()
+    values, _ = table.lookup(keys)
+    np.testing.assert_array_equal(values, np.fromfile(tmp_path / "t0" / "emb_vector", "<f4")
+                                  .reshape(-1, dim))  # fmt: skip
+    after = table.tier_counters()
+    assert after.model_files_hits == before.model_files_hits  # the cluster answers again
+    assert after.refilled_keys > 0
+    table.close()
+    assert list(shm_path.iterdir()) == []
+
+
+def test_with_online_updates_a_lost_nodes_unknown_keys_fail_the_lookup(
+    tmp_path: Path, rng: np.random.Generator, cluster: RedisCluster
+) -> None:
+    """With an update source the cluster may hold keys the files lack (updates wrote them):
+    a key of a node that does not answer that the files and the overlay lack cannot be said
+    unknown, and the lookup fails naming the node; keys the files hold are still answered."""
+    dim, rows = 4, 300
+    rows_of = write_table(tmp_path, rng, rows, dim)
+    keys = np.fromiter(rows_of, np.int64)
+    updates = {"type": "kafka_message_queue", "brokers": "127.0.0.1:1"}
+    cfg = config(tmp_path, dim, volatile_db=redis_section(cluster), update_source=updates)
+    model = "updated"
+    tag = table_tag(model, "t0")
+    table = open_table_tiers(cfg, model, cfg.models[0].tables[0])
+    kinds = [t.store.kind for t in table.lower]
+    assert kinds == ["overlay", "redis_cluster", "model_files"]
+    assert not any(t.complete for t in table.lower)
+    redis = table.lower[1].store
+    port = node_of(redis, tag, int(keys[0]))
+    unknown = next(k for k in range(10**15, 10**15 + 1000) if node_of(redis, tag, k) == port)
+    elsewhere = next(k for k in range(10**15, 10**15 + 1000) if node_of(redis, tag, k) != port)
+    cluster.kill(port)
+    try:
+        values, found = table.lookup(np.r_[keys, elsewhere].astype(np.int64))
+        want, _, _ = reference(tmp_path, rows_of, keys, dim)
+        np.testing.assert_array_equal(values[:rows], want)
+        assert found[:rows].all() and not found[rows] and (values[rows] == DEFAULT).all()
+        with pytest.raises(
+            TierUnavailableError, match=rf"redis_cluster: .*node 127.0.0.1:{port} is down"
+        ):
+            table.lookup(np.array([keys[0], unknown], np.int64))
+    finally:
+        cluster.restart(port)
+        cluster.wait_ok()
+        table.close()
