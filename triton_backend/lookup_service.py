@@ -13,7 +13,8 @@
   metrics endpoint twice a second (:class:`~triton_backend.metrics.MetricsPublisher`), off the
   requests' path.
 - With ``update_source.type: kafka_message_queue`` in the ps.json, each instance applies the
-  online updates of its model's tables once its tables are open (:mod:`hps_core.updates.apply`),
+  online updates of its model's tables that the ``update_filters`` match (a model with none
+  starts no Kafka consumer) once its tables are open (:mod:`hps_core.updates.apply`),
   in a consumer group of its own (:func:`~hps_core.updates.apply.instance_group_id`: host,
   ps.json path, instance name): each instance keeps its own overlay and caches, so each must
   receive every update, and a restarted instance rejoins the same group. It replays the

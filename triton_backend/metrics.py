@@ -24,8 +24,11 @@ hold one cache). ``precision`` is the storage precision, ``fp32`` for every tabl
 
 Online updates (:mod:`hps_core.updates.apply`) are counted per instance by
 :class:`UpdateMetrics`: ``hps_update_messages_total``, ``hps_update_keys_total``,
-``hps_update_malformed_total``, ``hps_update_errors_total`` (labels ``model``, ``device``,
-``instance``).
+``hps_update_malformed_total``, ``hps_update_errors_total``,
+``hps_update_source_outages_total`` (times every Kafka broker became unreachable from the
+instance's process, said once in the log each time, :mod:`hps_core.updates.broker_watch`) and
+the gauge ``hps_update_source_reachable`` (0 during such an outage, else 1) (labels ``model``,
+``device``, ``instance``).
 """
 
 from __future__ import annotations
@@ -220,7 +223,15 @@ _UPDATE_COUNTERS = {
         "hps_update_errors_total",
         "Broker errors, failed commits and failed applies of updates (each retried)",
     ),
+    "outages": (
+        "hps_update_source_outages_total",
+        "Times every Kafka broker of the update source became unreachable from the process",
+    ),
 }
+_REACHABLE = (
+    "hps_update_source_reachable",
+    "Whether the Kafka brokers of the update source are reachable (0 during an outage)",
+)
 
 
 def _increment(metrics: dict[str, Any], last: dict[str, int], now: Mapping[str, int]) -> None:
@@ -252,14 +263,23 @@ class UpdateMetrics:
         }
         self._metrics = {f: fam.Metric(labels=labels) for f, fam in self._families.items()}
         self._last = {f: 0 for f in _UPDATE_COUNTERS}
+        self._reachable_family = pb_utils.MetricFamily(
+            name=_REACHABLE[0], description=_REACHABLE[1], kind=pb_utils.MetricFamily.GAUGE
+        )
+        self._reachable = self._reachable_family.Metric(labels=labels)
+        self._reachable.set(1)
+        self._was_reachable = True
 
     def report(self, stats: Any) -> None:
-        """Add the change since the last report.
+        """Add the change since the last report, and set the reachability gauge.
 
         Args:
             stats: the consumer's :class:`~hps_core.updates.consumer.UpdateStats`.
         """
         _increment(self._metrics, self._last, {f: int(getattr(stats, f)) for f in self._metrics})
+        if stats.reachable != self._was_reachable:
+            self._reachable.set(int(stats.reachable))
+            self._was_reachable = stats.reachable
 
 
 _FAILED = (

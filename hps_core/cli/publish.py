@@ -4,6 +4,11 @@ Rows go to the topic of the table (``hps_et.<model>.<table>``) in HugeCTR's mess
 so servers with ``update_source`` of type ``kafka_message_queue`` apply them, ours or
 HugeCTR's.
 
+Brokers that do not answer: the command exits 2 with one line naming them and saying what was
+published (nothing, when they were unreachable from the start: the topic's metadata is asked
+for first, for up to 10 s). Messages queued before an outage wait for the brokers up to
+librdkafka's delivery timeout (5 minutes) and are then counted as not delivered.
+
 Example:
     hps publish --brokers 127.0.0.1:9092 --model dlrm --table sparse_embedding0 \\
         --sparse model/0_sparse_model
@@ -43,25 +48,29 @@ def _publish(args: argparse.Namespace) -> int:
     except ValueError as exc:  # a bad name or broker list: one line, no traceback
         raise PublishError(str(exc)) from exc
     with producer:
-        if not args.create_topic:
-            _check_topic(args.model, args.table, topic, producer.existing_topics(), args.brokers)
-        report = None
-        if args.sparse is not None:
-            sent = producer.publish_sparse(args.model, args.table, args.sparse, args.dim)
-        elif args.parquet is not None:
-            sent = producer.publish_parquet(
-                args.model,
-                args.table,
-                args.parquet,
-                key_column=args.key_column,
-                vector_column=args.vector_column,
-                dim=args.dim,
-            )
-        else:
-            old, new = args.changed
-            report = producer.publish_changed(args.model, args.table, old, new, args.dim)
-            sent = report.sent
-        producer.flush()
+        try:
+            if not args.create_topic:
+                existing = producer.existing_topics()
+                _check_topic(args.model, args.table, topic, existing, args.brokers)
+            report = None
+            if args.sparse is not None:
+                sent = producer.publish_sparse(args.model, args.table, args.sparse, args.dim)
+            elif args.parquet is not None:
+                sent = producer.publish_parquet(
+                    args.model,
+                    args.table,
+                    args.parquet,
+                    key_column=args.key_column,
+                    vector_column=args.vector_column,
+                    dim=args.dim,
+                )
+            else:
+                old, new = args.changed
+                report = producer.publish_changed(args.model, args.table, old, new, args.dim)
+                sent = report.sent
+            producer.flush()
+        except PublishError as exc:
+            raise PublishError(f"{exc}; {_published(producer, topic)}") from exc
         messages = producer.messages_sent
     seconds = time.perf_counter() - start
     rate = sent / seconds if seconds > 0 else 0.0
@@ -76,6 +85,17 @@ def _publish(args: argparse.Namespace) -> int:
             f"the old table (not sent: updates cannot delete)"
         )
     return 0
+
+
+def _published(producer: UpdateProducer, topic: str) -> str:
+    """What reached the brokers before a failure, for its error line."""
+    delivered, queued = producer.messages_delivered, producer.messages_sent
+    if not delivered:
+        return f"nothing was published to {topic}"
+    return (
+        f"{delivered} of {queued} messages to {topic} were acknowledged (servers apply "
+        "those; publish again for the rest)"
+    )
 
 
 def _check_topic(model: str, table: str, topic: str, existing: set[str], brokers: str) -> None:

@@ -54,14 +54,6 @@ _TOP_FIELDS: dict[str, str] = {
     ),
 }
 
-_DATABASE_FIELDS: dict[str, str] = {
-    "update_filters": (
-        "HugeCTR applies Kafka updates to this database's tables only where the table's name "
-        "matches one of these patterns; here every table of the model takes them"
-    ),
-}
-
-
 # Model fields that act here on some models: no warning for a model they act on.
 _ACTS_ON: dict[str, Callable[[ModelConfig], bool]] = {
     "fp8_quant": lambda model: model.static_tables,
@@ -121,13 +113,6 @@ def inert_settings(config: PSConfig, model: ModelConfig | None = None) -> list[s
         "which ignores it since; volatile_db and persistent_db configure the tiers"
         for name, value in config.legacy_keys
     ]
-    for section in ("volatile_db", "persistent_db"):
-        database = getattr(config, section)
-        if database is not None:
-            lines += [
-                f"{section}.{name} = {_json(value)}: accepted without effect: {meaning}"
-                for name, value, meaning in _non_default(database, _DATABASE_FIELDS)
-            ]
     for index, entry in enumerate(config.models):
         if model is not None and entry is not model:
             continue

@@ -30,6 +30,15 @@ host first and write the cache later). So the cached rows of every applied messa
 written once more, from the tiers' current values, ``settle_s`` after the apply (longer than
 a batch), which no batch that started before the apply can follow.
 
+Which tables take updates: those whose topic (``hps_et.<model>.<table>``) matches one of the
+``update_filters`` of the ps.json's databases (regular expressions searched in the topic, as
+HugeCTR subscribes each database's update source to the topics its filters match; the default
+``^hps_.+$`` matches every table). The filters of ``volatile_db`` count unless it is disabled
+in favour of RocksDB (then the shared host tier holds no rows, as HugeCTR has no volatile
+database), those of ``persistent_db`` when it is RocksDB: rows reach the tiers that stand for
+both here. A model none of whose tables take updates starts no Kafka consumer at all
+(:meth:`ModelUpdates.start` returns ``None`` and says so once).
+
 Example:
     >>> updater = ModelUpdater(HPS(ps_json).model("dlrm", device_id=0))  # doctest: +SKIP
     >>> updater.apply("hps_et.dlrm.t0", keys, vectors)  # doctest: +SKIP
@@ -43,6 +52,7 @@ import dataclasses
 import hashlib
 import heapq
 import logging
+import re
 import socket
 import threading
 import time
@@ -52,6 +62,8 @@ from typing import Any
 
 import numpy as np
 
+from hps_core.config.enums import DatabaseType
+from hps_core.config.schema import PSConfig
 from hps_core.errors import HPSError
 from hps_core.lookup.model_lookup import ModelLookup
 from hps_core.lookup.table_lookup import CachedTableLookup
@@ -104,6 +116,53 @@ class _Target:
     redis: LowerTier | None
 
 
+def update_filters(config: PSConfig) -> tuple[str, ...]:
+    """The ``update_filters`` in effect: ``volatile_db``'s unless it is disabled in favour of
+    RocksDB, and ``persistent_db``'s when it is RocksDB (see the module notes).
+
+    Args:
+        config: the ps.json.
+
+    Returns:
+        The patterns, volatile ones first.
+    """
+    volatile, persistent = config.volatile_db, config.persistent_db
+    rocks = persistent.type == DatabaseType.ROCKS_DB
+    filters: list[str] = []
+    if not (volatile.type == DatabaseType.DISABLED and rocks):
+        filters += volatile.update_filters
+    if rocks:
+        filters += [f for f in persistent.update_filters if f not in filters]
+    return tuple(filters)
+
+
+def updated_tables(config: PSConfig, model: str) -> list[str]:
+    """The topics of ``model``'s tables that take online updates (none without a Kafka
+    update source).
+
+    Args:
+        config: the ps.json.
+        model: the name of one of its models.
+
+    Returns:
+        The topics (``hps_et.<model>.<table>``), in table order.
+
+    Example:
+        >>> updated_tables(config, "dlrm")  # doctest: +SKIP
+        ['hps_et.dlrm.sparse_embedding0', 'hps_et.dlrm.sparse_embedding1']
+    """
+    if not receives_updates(config):
+        return []
+    return _filtered_tables(config, model)
+
+
+def _filtered_tables(config: PSConfig, model: str) -> list[str]:
+    """The topics of ``model``'s tables that its ps.json's ``update_filters`` match."""
+    patterns = [re.compile(f) for f in update_filters(config)]
+    topics = [table_tag(model, t.name) for t in config.model(model).tables]
+    return [t for t in topics if any(p.search(t) for p in patterns)]
+
+
 def instance_group_id(instance: str, scope: str = "", host: str | None = None) -> str:
     """The Kafka consumer group of one serving instance: stable across its restarts.
 
@@ -137,6 +196,8 @@ class ModelUpdater:
         lookup: the model's lookup (host or GPU); every table is opened. Its tables
             must have been opened with an update source (each is a cascade with an overlay).
         settle_s: delay of the second write of cached rows; 0 disables it.
+        topics: the topics of the tables to apply; ``None`` is those the ps.json's
+            ``update_filters`` match.
 
     Raises:
         UpdateApplyError: a table was not opened for updates.
@@ -147,12 +208,19 @@ class ModelUpdater:
         ... # doctest: +SKIP
     """
 
-    def __init__(self, lookup: ModelLookup, settle_s: float = SETTLE_S) -> None:
+    def __init__(
+        self, lookup: ModelLookup, settle_s: float = SETTLE_S, topics: list[str] | None = None
+    ) -> None:
         lookup.open_all()
         self.lookup = lookup
         self.settle_s = settle_s
         self._targets: dict[str, _Target] = {}
+        if topics is None:
+            topics = _filtered_tables(lookup.config, lookup.model.name)
         for table_id, table in enumerate(lookup.model.tables):
+            tag = table_tag(lookup.model.name, table.name)
+            if tag not in topics:
+                continue
             host = lookup.table(table_id).host
             overlay = host.lower_store("overlay") if isinstance(host, TieredTable) else None
             if overlay is None:
@@ -160,7 +228,6 @@ class ModelUpdater:
                     f"model '{lookup.model.name}' table '{table.name}' was opened without an "
                     "update source (ps.json update_source.type must be 'kafka_message_queue')"
                 )
-            tag = table_tag(lookup.model.name, table.name)
             self._targets[tag] = _Target(table_id, host, overlay, host.lower_store("redis_cluster"))
         self._lock = threading.Lock()
         self._stats = ApplyStats()
@@ -391,7 +458,8 @@ class ModelUpdates:
         kafka_options: Mapping[str, Any] | None = None,
         settle_s: float = SETTLE_S,
     ) -> ModelUpdates | None:
-        """Start applying the updates of ``lookup``'s tables, if its ps.json has a source.
+        """Start applying the updates of ``lookup``'s tables, if its ps.json has a source
+        and its ``update_filters`` match at least one of them (see the module notes).
 
         Args:
             lookup: the model's lookup.
@@ -402,14 +470,28 @@ class ModelUpdates:
             settle_s: see :class:`ModelUpdater`.
 
         Returns:
-            The running updates, or ``None`` when ``update_source.type`` is ``null``.
+            The running updates, or ``None`` when ``update_source.type`` is ``null`` or no
+            table of the model takes updates (no consumer is made).
 
         Raises:
             UpdateSourceError: the consumer cannot be created.
         """
         if not receives_updates(lookup.config):
             return None
-        updater = ModelUpdater(lookup, settle_s)
+        model = lookup.model
+        topics = updated_tables(lookup.config, model.name)
+        if not topics:
+            filters = update_filters(lookup.config)
+            logger.info(
+                "model %s: no Kafka consumer: none of its tables takes online updates (%s)",
+                model.name,
+                f"update_filters {' '.join(filters)} match none of "
+                + ", ".join(table_tag(model.name, t.name) for t in model.tables)
+                if filters
+                else "the databases' update_filters are empty",
+            )
+            return None
+        updater = ModelUpdater(lookup, settle_s, topics)
         try:
             consumer = UpdateConsumer(
                 lookup.config.update_source,

@@ -41,6 +41,12 @@ host tier may have been rebuilt from the model files. Resuming from the committe
 would then lose the updates applied before the restart; replaying them is harmless (an
 update overwrites) and costs one read of the retained log.
 
+Broker outages: librdkafka's log lines and connection errors go through the process's
+:class:`~hps_core.updates.broker_watch.BrokerWatch` of the brokers, which says once that
+they are unreachable and once that they are back; the failed commits and the errors of
+reaching them in between are counted in :attr:`UpdateStats.errors`, not logged one by one.
+Nothing is lost: the consumer resumes from its last commit when the brokers return.
+
 Example:
     >>> consumer = UpdateConsumer(cfg.update_source, [("dlrm", "sparse_embedding0")],
     ...                           apply=host_tier_insert)  # doctest: +SKIP
@@ -63,6 +69,7 @@ import numpy as np
 from hps_core.config.schema import UpdateSourceConfig
 from hps_core.errors import HPSError
 from hps_core.log_every import LogEvery
+from hps_core.updates.broker_watch import is_connection_error, watch_for
 from hps_core.updates.kafka_conf import RECEIVE_MESSAGE_MAX_BYTES, bootstrap_servers, merged
 from hps_core.updates.messages import MalformedMessageError, decode_update, topic_for
 from hps_core.updates.producer import DEFAULT_TOPIC_PARTITIONS, create_topics
@@ -92,6 +99,9 @@ class UpdateStats:
         errors: broker errors, failed commits and failed ``apply`` calls (each retried).
         commits: offset commits that succeeded.
         last_error: the text of the last error or malformed message, if any.
+        outages: times every broker became unreachable from this process
+            (:class:`~hps_core.updates.broker_watch.BrokerWatch`).
+        reachable: whether the brokers are reachable now (False during an outage).
     """
 
     messages_applied: int = 0
@@ -101,6 +111,8 @@ class UpdateStats:
     errors: int = 0
     commits: int = 0
     last_error: str | None = None
+    outages: int = 0
+    reachable: bool = True
 
 
 def default_group_id(level: str = "volatile", shared: bool = False, host: str | None = None) -> str:
@@ -203,6 +215,7 @@ class UpdateConsumer:
             brokers = bootstrap_servers(config.brokers)
         except ValueError as exc:
             raise UpdateSourceError(f"update_source.brokers: {exc}") from exc
+        self._link = watch_for(brokers).link(f"update consumer {self.group_id}")
         if topic_partitions is not None:
             try:
                 create_topics(brokers, self.topics, topic_partitions)
@@ -229,6 +242,8 @@ class UpdateConsumer:
             # A new group starts from the oldest update still kept (HugeCTR: smallest).
             "auto.offset.reset": "smallest",
             "error_cb": self._on_error,
+            # librdkafka's lines and statistics go to the broker watch, never to stderr.
+            **self._link.settings(),
         }
         try:
             self._consumer = Consumer(merged(conf, kafka_options))
@@ -239,6 +254,7 @@ class UpdateConsumer:
                 on_lost=self._on_lost,
             )
         except (KafkaException, ValueError, TypeError) as exc:
+            self._link.close()
             raise UpdateSourceError(f"cannot create the Kafka update consumer: {exc}") from exc
 
     # -- counters -------------------------------------------------------------------------
@@ -246,8 +262,11 @@ class UpdateConsumer:
     @property
     def stats(self) -> UpdateStats:
         """A snapshot of the counters."""
+        watch = self._link.watch
         with self._stats_lock:
-            return self._stats
+            return dataclasses.replace(
+                self._stats, outages=watch.outages, reachable=watch.reachable
+            )
 
     def _add(self, **deltas: Any) -> None:
         with self._stats_lock:
@@ -257,18 +276,23 @@ class UpdateConsumer:
             }
             self._stats = dataclasses.replace(self._stats, **values)
 
-    def _count_error(self, text: str) -> None:
-        # Counted each time; said once per kind every 10 s (a broker down reports ~40 a second).
-        kind = text.split(":", 1)[0]
-        self._every.log(log, logging.WARNING, kind, "kafka updates (group %s): %s",
-                        self.group_id, text)  # fmt: skip
+    def _count_error(self, text: str, error: Any = None) -> None:
+        """Count an error; log it unless it is about reaching the brokers (the broker watch
+        says those once per outage) or its kind was said within 10 s."""
+        # A broker error during an outage is part of it, whatever its kind.
+        quiet = error is not None and (is_connection_error(error) or not self._link.watch.reachable)
+        if not quiet:
+            kind = text.split(":", 1)[0]
+            self._every.log(log, logging.WARNING, kind, "kafka updates (group %s): %s",
+                            self.group_id, text)  # fmt: skip
         self._add(errors=1, last_error=text)
 
     def _on_error(self, err: Any) -> None:
         # Broker-level trouble (connection refused, all brokers down): librdkafka reconnects
         # by itself; the poll loop backs off.
         self._broker_trouble = True
-        self._count_error(f"broker error {err.name()}: {err.str()}")
+        self._link.on_error(err)
+        self._count_error(f"broker error {err.name()}: {err.str()}", err)
 
     # -- rebalancing ----------------------------------------------------------------------
 
@@ -313,7 +337,7 @@ class UpdateConsumer:
             if error.code() == KafkaError._PARTITION_EOF:
                 return True
             self._broker_trouble = True
-            self._count_error(f"{error.name()}: {error.str()}")
+            self._count_error(f"{error.name()}: {error.str()}", error)
             return False
         topic, partition, offset = msg.topic(), msg.partition(), msg.offset()
         try:
@@ -346,6 +370,7 @@ class UpdateConsumer:
                 self._count_error(f"cannot rewind {topic!r} partition {partition}: {seek_exc}")
             return None
         self._add(messages_applied=1, keys_applied=len(update.keys))
+        self._link.watch.count_applied()
         self._done(topic, partition, offset)
         return False
 
@@ -416,13 +441,14 @@ class UpdateConsumer:
         try:
             result = self._consumer.commit(offsets=offsets, asynchronous=False)
         except Exception as exc:  # KafkaException: coordinator unavailable, rebalance
-            self._count_error(f"commit of {len(offsets)} partition offset(s) failed: {exc}")
+            self._count_error(f"commit of {len(offsets)} partition offset(s) failed: {exc}", exc)
             return False
         failed = [tp for tp in result or [] if tp.error is not None]
         if failed:
             self._count_error(
                 f"commit failed for {', '.join(f'{tp.topic}[{tp.partition}]' for tp in failed)}"
-                f": {failed[0].error}"
+                f": {failed[0].error}",
+                failed[0].error,
             )
             return False
         for key, offset in items.items():
@@ -478,6 +504,7 @@ class UpdateConsumer:
             self.commit()
         finally:
             self._consumer.close()
+            self._link.close()
 
     close = stop
 

@@ -11,6 +11,13 @@ one partition, and Kafka keeps them in order (the last published vector wins at 
 server). HugeCTR hashes keys with XXH3; the group here comes from a splitmix64 hash, which is
 cheap in NumPy. Either way the consumer does not care which partition a row came through.
 
+Brokers that cannot be reached: librdkafka's lines go through the process's
+:class:`~hps_core.updates.broker_watch.BrokerWatch` (one line when the brokers go, one when
+they are back, never a line per attempt). Asking the brokers for a topic's metadata fails
+after :data:`METADATA_TIMEOUT_S` (:class:`PublishError`); a message already queued is kept
+and sent when the brokers return, for up to librdkafka's ``message.timeout.ms`` (5 minutes
+by default), after which :meth:`UpdateProducer.flush` raises naming how many were delivered.
+
 Example:
     >>> with UpdateProducer("127.0.0.1:9092") as producer:  # doctest: +SKIP
     ...     producer.publish("dlrm", "sparse_embedding0", keys, vectors)
@@ -31,6 +38,7 @@ import numpy as np
 
 from hps_core.config.schema import UpdateSourceConfig
 from hps_core.errors import HPSError
+from hps_core.updates.broker_watch import error_name, watch_for
 from hps_core.updates.kafka_conf import RECEIVE_MESSAGE_MAX_BYTES, bootstrap_servers, merged
 from hps_core.updates.messages import (
     BEACON_TOPIC,
@@ -50,6 +58,9 @@ DEFAULT_TOPIC_PARTITIONS = 8
 
 # HugeCTR backs off this long when librdkafka's queue is full.
 _QUEUE_FULL_BACKOFF_S = 0.05
+
+METADATA_TIMEOUT_S = 10.0
+"""Longest wait for the brokers' answer about topics before :class:`PublishError`."""
 
 
 class PublishError(HPSError):
@@ -157,8 +168,10 @@ class UpdateProducer:
         """Messages the broker acknowledged."""
         self._failures: list[str] = []
         self._failed = 0
+        self._reports = 0  # delivery reports received: messages no longer in librdkafka's hands
         self._lock = threading.Lock()
         self._partitions: dict[str, int] = {}
+        self._link = watch_for(self.brokers).link("update producer")
         # HugeCTR's sink settings; idempotence keeps retried batches from being written twice
         # or out of order, which per-key ordering relies on.
         conf = {
@@ -173,8 +186,14 @@ class UpdateProducer:
             "compression.codec": "none",
             "batch.num.messages": 8 * 1024,
             "error_cb": self._on_error,
+            # librdkafka's lines and statistics go to the broker watch, never to stderr.
+            **self._link.settings(),
         }
-        self._producer = Producer(merged(conf, kafka_options))
+        try:
+            self._producer = Producer(merged(conf, kafka_options))
+        except BaseException:
+            self._link.close()
+            raise
         self._closed = False
 
     @classmethod
@@ -193,13 +212,17 @@ class UpdateProducer:
     # -- delivery bookkeeping -------------------------------------------------------------
 
     def _on_error(self, err: Any) -> None:
-        # Connection trouble: librdkafka retries by itself; fatal errors also fail deliveries.
-        log.warning("kafka producer: %s", err)
+        # Connection trouble: librdkafka retries by itself and the broker watch says it once;
+        # fatal errors also fail deliveries.
+        if not self._link.on_error(err):
+            log.warning("kafka producer: %s", err)
 
     def _on_delivery(self, err: Any, msg: Any) -> None:
         with self._lock:
+            self._reports += 1
             if err is None:
                 self.messages_delivered += 1
+                self._link.reached()
                 return
             self._failed += 1
             if len(self._failures) < 5:
@@ -213,8 +236,9 @@ class UpdateProducer:
             self._failed, self._failures = 0, []
         if failed:
             raise PublishError(
-                f"{failed} update message(s) to {self.brokers} were not delivered: "
+                f"{failed} update message(s) to {self.brokers} were not delivered ("
                 + "; ".join(failures)
+                + ")"
             )
 
     # -- topics ---------------------------------------------------------------------------
@@ -227,18 +251,24 @@ class UpdateProducer:
         """
         if topic in self._partitions:
             return self._partitions[topic]
-        count = _topic_partitions(self._producer, topic)
+        count = _topic_partitions(self._producer, self.brokers, topic)
         if count is None and self.topic_partitions is not None:
             create_topics(self.brokers, [topic], self.topic_partitions)
-            count = _topic_partitions(self._producer, topic)
+            count = _topic_partitions(self._producer, self.brokers, topic)
         if count is None:
             # No creation asked for: the first message makes the broker create it.
             return 0
         self._partitions[topic] = count
         return count
 
-    def existing_topics(self, timeout_s: float = 10.0) -> set[str]:
+    def existing_topics(self, timeout_s: float = METADATA_TIMEOUT_S) -> set[str]:
         """The names of the topics the brokers hold now.
+
+        Args:
+            timeout_s: longest wait for the brokers' answer.
+
+        Returns:
+            The topic names.
 
         Raises:
             PublishError: the brokers do not answer.
@@ -246,7 +276,7 @@ class UpdateProducer:
         try:
             metadata = self._producer.list_topics(timeout=timeout_s)
         except Exception as exc:  # KafkaException: brokers unreachable
-            raise PublishError(f"no answer from the Kafka brokers {self.brokers}: {exc}") from exc
+            raise _no_answer(self.brokers, timeout_s, exc) from exc
         return {name for name, info in metadata.topics.items() if info.error is None}
 
     # -- publishing -----------------------------------------------------------------------
@@ -477,7 +507,7 @@ class UpdateProducer:
             raise PublishError("the update producer is closed")
 
     def close(self, timeout_s: float | None = 30.0) -> None:
-        """Flush and release the producer (idempotent).
+        """Flush what is queued and release the producer (idempotent).
 
         Raises:
             PublishError: as :meth:`flush`; the producer is closed anyway.
@@ -485,10 +515,14 @@ class UpdateProducer:
         if self._closed:
             return
         try:
-            self.flush(timeout_s)
+            # Nothing queued, nothing to wait for: a publish that failed before its first
+            # message (brokers that never answered) ends with its error alone.
+            if self.messages_sent > self._reports or self._failed:
+                self.flush(timeout_s)
         finally:
             self._closed = True
             self._producer = None
+            self._link.close()
 
     def __enter__(self) -> UpdateProducer:
         return self
@@ -511,12 +545,23 @@ def _sparse_chunks(folder: str | os.PathLike[str], dim: int) -> Iterator[tuple[n
         yield chunk.keys, chunk.vectors
 
 
-def _topic_partitions(client: Any, topic: str, timeout_s: float = 10.0) -> int | None:
+def _no_answer(brokers: str, timeout_s: float, exc: BaseException) -> PublishError:
+    """The error of a metadata request the brokers did not answer (one line)."""
+    error = exc.args[0] if exc.args else exc
+    reason = error.str() if error_name(error) else str(exc)
+    return PublishError(
+        f"the Kafka brokers {brokers} did not answer within {timeout_s:g} s ({reason})"
+    )
+
+
+def _topic_partitions(
+    client: Any, brokers: str, topic: str, timeout_s: float = METADATA_TIMEOUT_S
+) -> int | None:
     """Partitions of ``topic`` by the brokers' metadata; ``None`` if it does not exist."""
     try:
         metadata = client.list_topics(topic, timeout=timeout_s)
     except Exception as exc:  # KafkaException: brokers unreachable
-        raise PublishError(f"no answer from the Kafka brokers about {topic!r}: {exc}") from exc
+        raise _no_answer(brokers, timeout_s, exc) from exc
     info = metadata.topics.get(topic)
     if info is None or info.error is not None or not info.partitions:
         return None
@@ -540,21 +585,26 @@ def create_topics(brokers: str, topics: Iterable[str], partitions: int) -> list[
     from confluent_kafka import KafkaError
     from confluent_kafka.admin import AdminClient, NewTopic
 
-    admin = AdminClient({"bootstrap.servers": brokers})
+    # Never polled: its librdkafka lines are held by the logger, never written to stderr.
+    link = watch_for(brokers).link("topic creation")
+    admin = AdminClient({"bootstrap.servers": brokers, "logger": link})
     wanted = sorted(set(topics))
-    futures = admin.create_topics(
-        [NewTopic(t, num_partitions=partitions, replication_factor=-1) for t in wanted],
-        operation_timeout=10,
-        request_timeout=15,
-    )
     created = []
-    for topic, future in futures.items():
-        try:
-            future.result()
-            created.append(topic)
-        except Exception as exc:
-            error = exc.args[0] if exc.args else None
-            if getattr(error, "code", lambda: None)() == KafkaError.TOPIC_ALREADY_EXISTS:
-                continue
-            raise PublishError(f"cannot create Kafka topic {topic!r}: {exc}") from exc
+    try:
+        futures = admin.create_topics(
+            [NewTopic(t, num_partitions=partitions, replication_factor=-1) for t in wanted],
+            operation_timeout=10,
+            request_timeout=15,
+        )
+        for topic, future in futures.items():
+            try:
+                future.result()
+                created.append(topic)
+            except Exception as exc:
+                error = exc.args[0] if exc.args else None
+                if getattr(error, "code", lambda: None)() == KafkaError.TOPIC_ALREADY_EXISTS:
+                    continue
+                raise PublishError(f"cannot create Kafka topic {topic!r}: {exc}") from exc
+    finally:
+        link.close()
     return created

@@ -149,3 +149,22 @@ def test_an_idle_service_sends_no_updates(families: _Recorder, started: Any) -> 
     settled = len(families.updates)
     time.sleep(0.1)  # nothing changed: no increment, no gauge set
     assert len(families.updates) == settled
+
+
+def test_update_metrics_count_broker_outages_and_say_whether_the_brokers_answer(
+    families: _Recorder,
+) -> None:
+    from hps_core.updates import UpdateStats
+
+    metrics = importlib.import_module("triton_backend.metrics")
+    update = metrics.UpdateMetrics("emb", "emb_0", "cpu")
+    assert families.value("hps_update_source_reachable", None) == 1  # before any report
+
+    update.report(UpdateStats(messages_applied=2, errors=40, outages=1, reachable=False))
+    assert families.value("hps_update_source_outages_total", None) == 1
+    assert families.value("hps_update_source_reachable", None) == 0
+    assert families.value("hps_update_errors_total", None) == 40
+    update.report(UpdateStats(messages_applied=3, errors=41, outages=1, reachable=True))
+    assert families.value("hps_update_source_outages_total", None) == 1
+    assert families.value("hps_update_source_reachable", None) == 1
+    assert families.value("hps_update_messages_total", None) == 3

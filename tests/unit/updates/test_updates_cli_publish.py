@@ -4,6 +4,7 @@ two folders reach a consumer of the table's topic exactly."""
 from __future__ import annotations
 
 import re
+import socket
 
 import numpy as np
 import pyarrow as pa
@@ -102,3 +103,27 @@ def test_hps_publish_refuses_a_topic_no_server_made_and_names_the_model_s_tables
 
     assert main([*base, "--model", model, "--table", "sparse_embedding0"]) == 0
     assert "sent 10 keys" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("create_topic", [False, True])
+def test_hps_publish_to_unreachable_brokers_exits_2_saying_nothing_was_published(
+    tmp_path, capfd, create_topic
+):
+    """No broker listens: one line on stderr after the metadata wait, none of librdkafka's
+    (which would reach file descriptor 2 directly)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        brokers = f"127.0.0.1:{s.getsockname()[1]}"  # closed once the test runs
+    keys, vectors = rows(10, 4, seed=3)
+    write_sparse(tmp_path / "v1", keys, vectors)
+    args = ["publish", "--brokers", brokers, "--model", "m", "--table", "t"]
+    args += ["--sparse", str(tmp_path / "v1")] + (["--create-topic"] if create_topic else [])
+
+    assert main(args) == 2
+    out, err = capfd.readouterr()
+    assert out == ""
+    assert re.fullmatch(
+        rf"error: the Kafka brokers {re.escape(brokers)} did not answer within 10 s \(.+\); "
+        r"nothing was published to hps_et\.m\.t\n",
+        err,
+    ), err
