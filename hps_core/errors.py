@@ -50,6 +50,12 @@ class ModelFileError(HPSError):
     """A sparse or dense model file is missing, truncated or inconsistent."""
 
 
+class SharedMemoryFullError(HPSError):
+    """The shared-memory folder (``/dev/shm``) has too little free space for what is to be
+    put there; the message names the folder, the bytes needed and free, and how to give the
+    server more (Docker's ``--shm-size``)."""
+
+
 class NotAvailableError(HPSError):
     """A configuration asks for a feature that parses but is not implemented yet.
 

@@ -26,7 +26,8 @@ from pathlib import Path
 from types import FrameType
 
 from hps_core.arrays import first_gpu
-from hps_core.errors import HPSError
+from hps_core.cli.shm_space import check_repository_fits
+from hps_core.errors import HPSError, SharedMemoryFullError
 from hps_core.hugectr_repo import hugectr_models, split_backend_configs
 from hps_core.hugectr_watch import TranslationWatch
 from hps_core.server.control import (
@@ -46,7 +47,7 @@ from hps_core.server.process import (
     TritonServer,
     busy_ports_message,
 )
-from hps_core.tiers.shm_segment import remove_stale_segments
+from hps_core.tiers.shm_segment import DEV_SHM, folder_space, remove_stale_segments, shm_dir
 from hps_core.wording import plural
 
 # The repository root when this package is used from a checkout (editable install).
@@ -275,6 +276,9 @@ def _serve(
         model_control=not own_control,
     )
     check_ports_free(server)
+    # Models a user loads through their own model control may be fewer than the repository's.
+    for warning in check_repository_fits(repository, extra, refuse=not own_control):
+        _say(warning)
     control_file = None
     nothing_serves = False
     with _stop_signals_raise():
@@ -354,8 +358,14 @@ def _publish_control(server: TritonServer, translation: Path | None) -> os.PathL
         return None
 
 
+# Triton's reason for a model whose stub process died while it loaded: a signal, no error.
+_STUB_DIED = "is not healthy"
+
+
 def report_unavailable_models(states: Mapping[str, ModelState]) -> list[str]:
-    """Print, for each model that did not load, its name and Triton's reason (stderr).
+    """Print, for each model that did not load, its name and Triton's reason (stderr), and
+    what to do: fix the files, give the server more shared memory, or look for what killed
+    a stub (a reason from Triton alone).
 
     Args:
         states: the server's models (:meth:`TritonServer.model_states`).
@@ -364,20 +374,46 @@ def report_unavailable_models(states: Mapping[str, ModelState]) -> list[str]:
         The lines printed (none when every model is ready).
     """
     lines = []
+    reasons = []
     ready = sum(state.ready for state in states.values())
     for name, state in sorted(states.items()):
         if not state.ready:
             reason = " ".join(without_frames(state.reason).split()) or "no reason given"
+            reasons.append(reason)
             lines.append(f"hps serve: model '{name}' is {state.state or 'not loaded'}: {reason}")
     if lines:
         lines.append(
-            f"hps serve: {ready} of {plural(len(states), 'model')} serve; fix the files and "
-            "restart (or "
-            "load the model through the repository API when model control is yours)"
+            f"hps serve: {ready} of {plural(len(states), 'model')} serve; {_advice(reasons)}"
         )
     for line in lines:
         print(line, file=sys.stderr, flush=True)
     return lines
+
+
+def _advice(reasons: list[str]) -> str:
+    """What to do about the reasons models did not load, by what kind of reason they are."""
+    advice = []
+    if any(SharedMemoryFullError.__name__ in reason for reason in reasons):
+        advice.append("give the server the shared memory its error above says and restart")
+    if any(_STUB_DIED in reason for reason in reasons):
+        space = []
+        for folder in dict.fromkeys((DEV_SHM, shm_dir())):
+            free, total = folder_space(folder)
+            space.append(f"{folder}: {free / 2**20:.1f} MiB free of {total / 2**20:.1f} MiB")
+        advice.append(
+            "a stub process died while its model loaded, killed by a signal: the OOM killer's, "
+            f"or SIGBUS when shared memory ran out (now {'; '.join(space)}); the server log "
+            "above says which, restart once that is mended"
+        )
+    if any(
+        SharedMemoryFullError.__name__ not in reason and _STUB_DIED not in reason
+        for reason in reasons
+    ):
+        advice.append(
+            "fix the files and restart (or load the model through the repository API when "
+            "model control is yours)"
+        )
+    return "; ".join(advice)
 
 
 def check_ports_free(server: TritonServer) -> None:

@@ -195,6 +195,7 @@ class SharedHostTable:
             self.layout.nbytes,
             self._build,
             writable=writable,
+            what=f"the host tier of {self.sparse_dir} ({self.rows:,} rows of dim {dim})",
         )
         self.writable = writable and self._segment.buffer is not None
         self._hashes, self._starts, self._values = self.layout.views(

@@ -10,7 +10,10 @@ are RAM, shared by every process that maps the file) and is reference counted wi
   drops the lock when a process exits for any reason, ``kill -9`` included, so the count can
   never leak.
 - ``<name>.data``: the segment itself, created under a temporary name and renamed into place
-  when complete, so a reader never sees a half-built table.
+  when complete, so a reader never sees a half-built table. Its pages are allocated before
+  it is filled: a tmpfs kills a process that touches a page past its size (SIGBUS), so a
+  ``/dev/shm`` too small (Docker's default is 64 MiB) is a :class:`SharedMemoryFullError`
+  naming the bytes needed and free instead.
 
 The last user to detach removes all three files, also at a normal exit of a process that
 never called ``close()`` (an ``atexit`` hook detaches what the process opened; a forked child
@@ -27,6 +30,7 @@ import contextlib
 import errno
 import fcntl
 import logging
+import math
 import mmap
 import os
 import re
@@ -34,9 +38,14 @@ import weakref
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+from hps_core.errors import SharedMemoryFullError
+
 logger = logging.getLogger("hps_core")
 
 PREFIX = "hps-triton."
+DEV_SHM = Path("/dev/shm")
+"""The folder Docker's ``--shm-size`` sizes, and where Triton's Python backend keeps its
+regions whatever ``HPS_SHM_DIR`` says."""
 _TMP_RE = re.compile(r"\.tmp-(\d+)$")
 
 
@@ -49,6 +58,113 @@ def shm_dir() -> Path:
     path = Path(os.environ.get("HPS_SHM_DIR", "/dev/shm"))
     path.mkdir(parents=True, exist_ok=True)
     return path
+
+
+def folder_space(directory: Path) -> tuple[int, int]:
+    """Free and total bytes of the filesystem holding ``directory``.
+
+    Args:
+        directory: a folder, e.g. :func:`shm_dir`.
+
+    Returns:
+        ``(free, total)``: bytes an unprivileged process may still allocate there, and the
+        filesystem's size (0 for a tmpfs mounted without a size limit).
+    """
+    st = os.statvfs(directory)
+    return st.f_bavail * st.f_frsize, st.f_blocks * st.f_frsize
+
+
+def _mount_point(path: Path) -> Path:
+    path = path.resolve()
+    device = path.stat().st_dev
+    while path.parent != path and path.parent.stat().st_dev == device:
+        path = path.parent
+    return path
+
+
+def _amount(nbytes: int) -> str:
+    return f"{nbytes:,} bytes ({nbytes / 2**20:.1f} MiB)"
+
+
+def enlarge_hint(directory: Path, needed: int, free: int, total: int) -> str:
+    """How to give ``directory`` room for ``needed`` bytes when ``free`` of its ``total`` are.
+
+    Args:
+        directory: the shared-memory folder.
+        needed: bytes needed.
+        free: bytes free (:func:`folder_space`).
+        total: the filesystem's size.
+
+    Returns:
+        Docker's ``--shm-size`` (and a remount) for ``/dev/shm``, a remount elsewhere, sized
+        to hold what is there and what is needed, in whole GiB.
+
+    Example:
+        >>> enlarge_hint(Path("/dev/shm"), 18 * 2**20, 12 * 2**20, 12 * 2**20)[-66:]
+        'docker run --shm-size=1g ..., or mount -o remount,size=1G /dev/shm'
+    """
+    gib = max(1, math.ceil((total + needed - free) / 2**30))
+    mount = _mount_point(directory)
+    if mount == DEV_SHM:
+        return (
+            f"give the server more shared memory: docker run --shm-size={gib}g ..., or mount "
+            f"-o remount,size={gib}G {DEV_SHM}"
+        )
+    return (
+        f"free space in {mount} (a tmpfs grows with mount -o remount,size={gib}G {mount}), or "
+        f"set HPS_SHM_DIR to a larger one"
+    )
+
+
+def shortage_message(directory: Path, what: str, needed: int, free: int, total: int) -> str:
+    """Say that ``directory`` lacks the space ``what`` needs, and how to give it more.
+
+    Args:
+        directory: the shared-memory folder.
+        what: what needs the space, e.g. ``"the host tier of /models/t0"``.
+        needed: bytes needed.
+        free: bytes free (:func:`folder_space`).
+        total: the filesystem's size.
+
+    Returns:
+        The message: the folder, the bytes needed and free, and :func:`enlarge_hint`.
+
+    Example:
+        ``shortage_message(Path("/dev/shm"), "3 tables", 18 * 2**20, 12 * 2**20, 12 * 2**20)``::
+
+            /dev/shm is too small for 3 tables: 18,874,368 bytes (18.0 MiB) needed, 12,582,912
+            bytes (12.0 MiB) free of 12.0 MiB; give the server more shared memory: docker run
+            --shm-size=1g ..., or mount -o remount,size=1G /dev/shm
+    """
+    return (
+        f"{directory} is too small for {what}: {_amount(needed)} needed, {_amount(free)} free "
+        f"of {total / 2**20:.1f} MiB; {enlarge_hint(directory, needed, free, total)}"
+    )
+
+
+def _reserve(fd: int, size: int, directory: Path, what: str) -> None:
+    """Allocate the first ``size`` bytes of the open file ``fd`` in ``directory`` now.
+
+    Writing to a tmpfs past its size does not fail: the process that touches the page dies of
+    SIGBUS (a Triton stub: "Stub process ... is not healthy", no reason given). Allocating up
+    front turns that into an error that says what is short.
+
+    Args:
+        fd: the file, open for writing; it is extended to ``size`` bytes.
+        size: bytes to allocate (positive).
+        directory: the file's folder (named in the error).
+        what: what the file holds (named in the error).
+
+    Raises:
+        SharedMemoryFullError: the filesystem has less than ``size`` bytes free.
+    """
+    free, total = folder_space(directory)
+    try:
+        os.posix_fallocate(fd, 0, size)
+    except OSError as exc:
+        if exc.errno != errno.ENOSPC:
+            raise
+        raise SharedMemoryFullError(shortage_message(directory, what, size, free, total)) from None
 
 
 def _same_file(fd: int, path: Path) -> bool:
@@ -113,6 +229,7 @@ class SharedSegment:
         build: Callable[[mmap.mmap], None],
         directory: Path | None = None,
         writable: bool = False,
+        what: str = "",
     ) -> SharedSegment:
         """Attach to segment ``name``, building it with ``build`` if it does not exist yet.
 
@@ -122,9 +239,14 @@ class SharedSegment:
             build: fills a writable mapping of ``size`` bytes; called in one process only.
             directory: where the files live; defaults to :func:`shm_dir`.
             writable: map the segment read-write (for online updates) instead of read-only.
+            what: what the segment holds, for messages (e.g. ``"the host tier of /m/t0"``);
+                by default the segment's name.
 
         Returns:
             The attached segment; ``buffer`` is the mapping.
+
+        Raises:
+            SharedMemoryFullError: the segment must be built and its folder lacks the space.
         """
         seg = cls(name, directory)
         remove_stale_segments(seg.directory)
@@ -134,7 +256,7 @@ class SharedSegment:
             seg._users_fd = users_fd
             try:
                 if not (seg.data_path.exists() and seg.data_path.stat().st_size == size):
-                    seg._build(size, build)
+                    seg._build(size, build, what or f"shared-memory segment {name}")
                     seg.built_here = True
                 seg._map(size, writable)
             except BaseException:
@@ -144,12 +266,12 @@ class SharedSegment:
         _attached.add(seg)
         return seg
 
-    def _build(self, size: int, build: Callable[[mmap.mmap], None]) -> None:
+    def _build(self, size: int, build: Callable[[mmap.mmap], None], what: str) -> None:
         tmp = self.data_path.with_name(f"{self.data_path.name}.tmp-{os.getpid()}")
         fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
         try:
-            os.ftruncate(fd, size)
             if size:
+                _reserve(fd, size, self.directory, what)
                 mm = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
                 try:
                     build(mm)
