@@ -114,3 +114,26 @@ def test_hps_serve_exits_with_the_reasons_when_no_model_loads(repo, capsys) -> N
     assert "hps serve: model 'bad' is UNAVAILABLE" in captured.err
     assert "none of the 1 model loaded" in captured.err
     assert "ready on HTTP" not in captured.out
+
+
+def test_hps_serve_says_a_vector_file_cut_at_half_is_truncated(repo, capsys) -> None:
+    """Issue 47: cut at exactly half, a vector file of dim 8 holds whole rows of dim 4; the
+    ps.json's dim 8 is trusted, so the file is said truncated, with the numbers."""
+    folder, _ = repo
+    for stray in folder.iterdir():
+        if stray.is_dir() and stray.name != "bad":
+            shutil.rmtree(stray)
+    emb = folder.parent / "data" / "bad" / "emb_vector"
+    with emb.open("r+b") as f:
+        f.truncate(1000 * DIM * 4 // 2)
+    ports = [f"--{service}-port=0" for service in ("http", "grpc", "metrics")]
+    code = hps_main(["serve", "--model-repository", str(folder), "--no-stub-watchdog", *ports])
+    err = capsys.readouterr().err
+    assert code == 1
+    assert (
+        f"hps serve: model 'bad' is UNAVAILABLE: Internal: ConfigError: models[1].sparse_files"
+        f"[0]: {emb} looks truncated, 500 vectors (16,000 bytes) short: key holds 1,000 keys of "
+        f"dim 8, which need 32,000 bytes; emb_vector holds 16,000 (50%), 500 vectors; or dim 8 "
+        f"is wrong: both files agree on dim 4\n"
+    ) in err, err
+    assert "hps serve: 0 of 1 model serve; fix the files and restart" in err
