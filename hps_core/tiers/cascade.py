@@ -96,10 +96,10 @@ def store_reports_unanswered(store: BackingStore) -> bool:
     return bool(getattr(store, "reports_unanswered", False))
 
 
-def _down_reason(store: BackingStore) -> str:
-    nodes = getattr(store, "down_nodes", None)
-    down = nodes() if nodes is not None else []
-    return f"node {', '.join(down)} down" if down else "requests failed"
+def _failure_reason(store: BackingStore) -> str:
+    """Why a store failed, where it keeps that (a Redis cluster: ``node A down``), else ``""``."""
+    reason = getattr(store, "failure_reason", None)
+    return reason() if reason is not None else ""
 
 
 @dataclass
@@ -442,7 +442,7 @@ class TieredTable:
                 lost = ~got_found if failed else np.zeros(len(asked), dtype=bool)
             if lost.any():
                 unanswered[remaining[lost]] = True
-                silent[kind] = why or _down_reason(store)
+                silent[kind] = _failure_reason(store) or why or "requests failed"
             if tier.complete:  # what it answered absent is unknown to the table
                 unanswered[remaining[~lost]] = False
             if got_found is None:
@@ -481,10 +481,10 @@ class TieredTable:
         if written_back and self._refill is not None:
             self._cluster_lost_rows(written_back)
         if len(lost_keys):
-            tiers = "; ".join(f"{kind}: {why}" for kind, why in silent.items())
+            tiers = "; ".join(f"{kind} {why}" for kind, why in silent.items())
             raise TierUnavailableError(
-                f"table {self.name}: {len(lost_keys)} keys cannot be answered: a tier that may "
-                f"hold them did not answer ({tiers}) and no tier below holds them"
+                f"table {self.name}: {tiers}: {len(lost_keys)} keys it may hold cannot be "
+                "answered (no tier below holds them)"
             )
         return values[inverse], found[inverse]
 

@@ -92,10 +92,11 @@ class EncodedRows:
         """Whether lookups say which keys the database did not answer (a Redis cluster)."""
         return bool(getattr(self.store, "reports_unanswered", False))
 
-    def down_nodes(self) -> list[str]:
-        """The database's nodes that did not answer lately (none for RocksDB)."""
-        nodes = getattr(self.store, "down_nodes", None)
-        return nodes() if nodes is not None else []
+    def failure_reason(self) -> str:
+        """The database's :meth:`~hps_core.tiers.redis_store.RedisClusterStore.failure_reason`
+        (empty for a store that keeps none)."""
+        reason = getattr(self.store, "failure_reason", None)
+        return reason() if reason is not None else ""
 
     def tables(self) -> list[str]:
         """The database's tables, sorted."""

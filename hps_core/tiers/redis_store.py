@@ -151,6 +151,7 @@ class _Job:
     rows: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
     replies: list[Any] | None = None
     error: str = ""
+    node: str = ""  # the node it was last sent to
 
 
 class RedisClusterStore:
@@ -194,6 +195,8 @@ class RedisClusterStore:
 
         self.kind = "redis_cluster"
         self.errors = 0
+        #: What the last failed request's nodes answered (or why they did not).
+        self.last_failure = ""
         self.address = config.address
         self.user_name = config.user_name
         self.num_partitions = config.resolved_num_partitions
@@ -371,7 +374,9 @@ class RedisClusterStore:
                 continue
             bad = next((r for r in job.replies if isinstance(r, Exception)), None)
             if isinstance(bad, ClusterDownError | MovedError | AskError | TryAgainError):
-                job.replies, job.error = None, self._redact(f"{type(bad).__name__}: {bad}")
+                # The node that answered so is the one its slot map named: say which.
+                reason = f"node {job.node}: {type(bad).__name__}: {bad}"
+                job.replies, job.error = None, self._redact(reason)
             elif bad is not None:
                 raise RequestError(f"volatile_db '{self.address}': Redis replied {bad}")
         return failed
@@ -384,6 +389,7 @@ class RedisClusterStore:
             except Exception as exc:  # slot not covered: no node serves this partition
                 job.error = self._redact(f"no node serves {job.hkey}: {exc}")
                 continue
+            job.node = node.name
             by_node.setdefault(node.name, (node, []))[1].append(job)
         now = time.monotonic()
         batches = []
@@ -480,7 +486,8 @@ class RedisClusterStore:
             return ""
         with self._lock:
             self.errors += max(failed_nodes, 1)
-        return f"volatile_db '{self.address}': {what}: " + "; ".join(errors)
+            self.last_failure = "; ".join(errors)
+        return f"volatile_db '{self.address}': {what}: " + self.last_failure
 
     # -- BackingStore ----------------------------------------------------------------------
 
@@ -502,6 +509,11 @@ class RedisClusterStore:
         """The nodes that did not answer lately (skipped until their ``retry_after`` ends)."""
         with self._lock:
             return sorted(self._down_until)
+
+    def failure_reason(self) -> str:
+        """Why requests fail now: the nodes down, else the last failure's errors."""
+        down = self.down_nodes()
+        return f"node {', '.join(down)} down" if down else self.last_failure
 
     @property
     def primary_nodes(self) -> int:
