@@ -13,7 +13,7 @@ gives the bytes of a row):
   directory, rows of the first ``initial_cache_rate`` of the files' rows below RocksDB, none
   below Redis, every row otherwise); below a Redis cluster without RocksDB, also the index of
   the model files that answer what a lost node held
-  (:class:`~hps_core.tiers.file_rows.FileIndexLayout`).
+  (:func:`~hps_core.tiers.file_rows.index_layout`).
 - ``gpu_cache``: a dynamic GPU cache, per GPU instance (one per GPU when instances share
   their caches): ``ceil(gpucacheper * rows)`` rounded up to whole sets of 64 slots
   (:func:`~hps_core.cache.layout.cache_capacity_rows`, :func:`~hps_core.cache.layout.num_sets_for`),
@@ -48,7 +48,7 @@ from hps_core.config import ModelConfig, PSConfig, TableConfig
 from hps_core.formats.sparse import inspect_sparse_table
 from hps_core.quant import RowFormat, StoragePrecision
 from hps_core.tiers.factory import tier_plan
-from hps_core.tiers.file_rows import FileIndexLayout
+from hps_core.tiers.file_rows import index_layout
 from hps_core.tiers.host_table import held_rows, host_layout
 
 _FP32 = StoragePrecision.FP32
@@ -249,7 +249,7 @@ def table_footprint(
         rows=rows,
         dim=dim,
         precision=precision.value,
-        host=layout.nbytes + (FileIndexLayout(rows).nbytes if plan.model_files else 0),
+        host=layout.nbytes + (index_layout(rows, dim).nbytes if plan.model_files else 0),
         host_rows=layout.rows,
         gpu_cache=gpu_cache,
         gpu_cache_rows=gpu_cache_rows,

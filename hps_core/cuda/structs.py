@@ -17,6 +17,7 @@ TABLE_DTYPE = np.dtype(
         ("locks", "<u8"),
         ("index_hashes", "<u8"),
         ("index_starts", "<u8"),
+        ("index_positions", "<u8"),
         ("values", "<u8"),
         ("extra_keys", "<u8"),
         ("extra_values", "<u8"),

@@ -44,24 +44,32 @@ class RowProgress:
         total_rows: rows the operation will handle.
         label: what is being done, e.g. ``"reading /models/0_sparse_model"``.
         enabled: ``False`` makes every method a no-op.
+        row_bytes: bytes read per row; given, the report says GB/s too (a bar counts bytes).
 
     Example:
         >>> with RowProgress(1000, "reading t", enabled=False) as bar:
         ...     bar.update(1000)
     """
 
-    def __init__(self, total_rows: int, label: str, enabled: bool) -> None:
+    def __init__(self, total_rows: int, label: str, enabled: bool, row_bytes: int = 0) -> None:
         self.total_rows = total_rows
         self.label = label
         self.done_rows = 0
+        self.row_bytes = row_bytes
         self._enabled = enabled and total_rows > 0
         self._start = time.monotonic()
         self._next_tenth = 1
         self._bar: tqdm | None = None
         if self._enabled and sys.stderr.isatty():
-            self._bar = tqdm(
-                total=total_rows, desc=label, unit="rows", unit_scale=True, file=sys.stderr
-            )
+            if row_bytes:
+                self._bar = tqdm(
+                    total=total_rows * row_bytes, desc=label, unit="B", unit_scale=True,
+                    file=sys.stderr,
+                )  # fmt: skip
+            else:
+                self._bar = tqdm(
+                    total=total_rows, desc=label, unit="rows", unit_scale=True, file=sys.stderr
+                )
 
     def update(self, rows: int) -> None:
         """Record that ``rows`` more rows are done.
@@ -73,19 +81,22 @@ class RowProgress:
             return
         self.done_rows += rows
         if self._bar is not None:
-            self._bar.update(rows)
+            self._bar.update(rows * self.row_bytes if self.row_bytes else rows)
             return
         tenth = self.done_rows * 10 // self.total_rows
         if tenth >= self._next_tenth:
             self._next_tenth = tenth + 1
             elapsed = max(time.monotonic() - self._start, 1e-9)
+            rate = f"{self.done_rows / elapsed:,.0f} rows/s"
+            if self.row_bytes:
+                rate += f", {self.done_rows * self.row_bytes / elapsed / 1e9:.2f} GB/s"
             logger.info(
-                "%s: %d%% (%s/%s rows, %s rows/s)",
+                "%s: %d%% (%s/%s rows, %s)",
                 self.label,
                 self.done_rows * 100 // self.total_rows,
                 f"{self.done_rows:,}",
                 f"{self.total_rows:,}",
-                f"{self.done_rows / elapsed:,.0f}",
+                rate,
             )
 
     def close(self) -> None:

@@ -22,7 +22,9 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Iterator
+import threading
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from io import RawIOBase
 from pathlib import Path
@@ -412,6 +414,109 @@ def _iter_chunks(
                 yield SparseChunk(start, keys, vectors)
     finally:
         reader.close()
+
+
+def read_threads() -> int:
+    """Threads that read a table's vector file at once: every core (at most 16); reads of
+    disjoint ranges overlap the disk's and the page cache's work, and the copies out of it."""
+    return max(1, min(16, len(os.sched_getaffinity(0))))
+
+
+def read_vectors(
+    info: SparseTableInfo,
+    rows: int,
+    out: np.ndarray | None = None,
+    consume: Callable[[int, np.ndarray], None] | None = None,
+    threads: int | None = None,
+    progress: bool | None = None,
+) -> None:
+    """Read the first ``rows`` vectors of a sparse table, in file order, on several threads.
+
+    Either straight into ``out`` (a writable float32 ``[rows, dim]`` array, the rows' final
+    place: no second copy), or chunk by chunk into buffers handed to ``consume(start_row,
+    vectors)``, which must be safe to call from several threads at once (each call gets its
+    own rows).
+
+    Args:
+        info: the table (:func:`inspect_sparse_table`).
+        rows: vectors to read, the first ones of the file.
+        out: where to read them.
+        consume: called with each chunk instead (``out`` None).
+        threads: readers at once; ``None``: :func:`read_threads`.
+        progress: as for :func:`iter_sparse_table`, with GB/s.
+
+    Raises:
+        ModelFileError: the file cannot be read or ends early.
+    """
+    row_bytes = info.dim * VECTOR_DTYPE.itemsize
+    path = info.path / VECTOR_FILE
+    if out is not None and out.shape != (rows, info.dim):
+        raise ValueError(f"out must be [{rows}, {info.dim}], got {out.shape}")
+    chunk_rows = max(1, DEFAULT_CHUNK_BYTES // max(row_bytes, 1))
+    starts = range(0, rows, chunk_rows)
+    threads = min(threads or read_threads(), max(len(starts), 1))
+    local = isinstance(path, Path)
+    opened = threading.local()
+
+    def read(start: int) -> int:
+        stop = min(start + chunk_rows, rows)
+        dest = (
+            out[start:stop] if out is not None else np.empty((stop - start, info.dim), VECTOR_DTYPE)
+        )
+        if local:
+            if not hasattr(opened, "fd"):
+                opened.fd = _open_fd(path)
+                held.append(opened.fd)
+            _pread_into(opened.fd, memoryview(dest).cast("B"), path, start * row_bytes)
+        else:
+            with path.open_input_file() as stream:
+                data = stream.read_at(dest.nbytes, start * row_bytes)
+            if len(data) != dest.nbytes:
+                raise ModelFileError(
+                    f"{path}: file ended at byte {start * row_bytes + len(data)} while reading "
+                    f"{dest.nbytes} bytes from byte {start * row_bytes}"
+                )
+            dest.reshape(-1)[:] = np.frombuffer(data, VECTOR_DTYPE)
+        if consume is not None:
+            consume(start, dest)
+        return stop - start
+
+    held: list[int] = []
+    enabled = wants_progress(progress, rows * row_bytes)
+    label = f"reading {path}"
+    try:
+        with (
+            RowProgress(rows, label, enabled, row_bytes) as bar,
+            ThreadPoolExecutor(threads, thread_name_prefix="hps-read") as pool,
+        ):
+            for done in pool.map(read, starts):
+                bar.update(done)
+    finally:
+        for fd in held:
+            os.close(fd)
+
+
+def _open_fd(path: Path) -> int:
+    try:
+        return os.open(path, os.O_RDONLY)
+    except OSError as exc:
+        raise ModelFileError(f"{path}: cannot open: {exc.strerror or exc}") from exc
+
+
+def _pread_into(fd: int, view: memoryview, path: Path, offset: int) -> None:
+    """Fill ``view`` from byte ``offset`` of the file (``pread`` may return less than asked)."""
+    filled = 0
+    while filled < len(view):
+        try:
+            n = os.preadv(fd, [view[filled:]], offset + filled)
+        except OSError as exc:
+            raise ModelFileError(f"{path}: cannot read byte {offset + filled}: {exc}") from exc
+        if not n:
+            raise ModelFileError(
+                f"{path}: file ended at byte {offset + filled} while reading "
+                f"{len(view)} bytes from byte {offset}; it was truncated while being read"
+            )
+        filled += n
 
 
 def read_sparse_table(

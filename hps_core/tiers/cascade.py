@@ -274,7 +274,7 @@ class TieredTable:
         """:meth:`SharedHostTable.buffer_address` of the shared tier."""
         return self.shared.buffer_address()
 
-    def index_arrays(self) -> tuple[np.ndarray, np.ndarray]:
+    def index_arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """:meth:`SharedHostTable.index_arrays` of the shared tier."""
         return self.shared.index_arrays()
 

@@ -20,7 +20,7 @@ disabled              empty                               -                    e
 Without RocksDB, ``initial_cache_rate`` is ignored (warned): the volatile level holds every
 row, since nothing below could answer the others. A Redis cluster without RocksDB has the
 model's sparse files below it (:mod:`hps_core.tiers.file_rows`), which answer what a lost node
-held; an index of their keys takes about 18 bytes a row of ``/dev/shm``, once per machine.
+held; an index of their keys takes about 14 bytes a row of ``/dev/shm``, once per machine.
 ``initialize_after_startup: false`` leaves the volatile level empty (for a hash map: an empty
 shared tier) and RocksDB unfilled (it must then hold the table already, as with
 ``read_only``). HugeCTR applies the rate only when a table exceeds the volatile database's

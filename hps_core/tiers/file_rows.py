@@ -5,8 +5,8 @@ A Redis cluster without RocksDB below it is the only copy of a table that the se
 lost, or comes back empty, its keys are nowhere else: HugeCTR answers them with the default
 vector, status OK. Here the sparse files the cluster was filled from answer them instead:
 :class:`ModelFileRows` finds a key's row in the files through an index built once per machine
-(``mix64`` hashes sorted, their bucket directory and each one's row in the files, about 18
-bytes a row in a shared segment, as :mod:`hps_core.tiers.hash_layout` lays out the host tier)
+(``mix64`` hashes sorted, their bucket directory and each one's row in the files, about 14
+bytes a row in a shared segment: the host tier's index, :mod:`hps_core.tiers.hash_layout`)
 and reads the row from ``emb_vector`` in place (a read-only mapping of a local file: the
 page cache keeps what is read often; a URI's file is read row by row).
 
@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import hashlib
 import mmap
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -29,12 +28,11 @@ from hps_core.formats.sparse import KEY_FILE, VECTOR_FILE, inspect_sparse_table,
 from hps_core.formats.uris import ModelPath, model_path
 from hps_core.hashing import unmix64
 from hps_core.tiers.hash_layout import (
-    ALIGN,
     DuplicateKeysError,
     HashLayout,
-    fill_directory,
+    build_index,
+    entry_rows,
     find_rows,
-    sort_order,
 )
 from hps_core.tiers.host_table import LAYOUT_VERSION, file_identity
 from hps_core.tiers.shm_segment import SharedSegment
@@ -43,41 +41,14 @@ KIND = "model_files"
 """The tier's label in counters and metrics."""
 
 
-@dataclass(frozen=True)
-class FileIndexLayout:
-    """Byte layout of a sparse folder's key index: the host tier's ``hashes`` and ``starts``
-    (:class:`~hps_core.tiers.hash_layout.HashLayout`), then the file row of each hash.
-
-    Args:
-        rows: keys in the files.
+def index_layout(rows: int, dim: int) -> HashLayout:
+    """The layout of a sparse folder's key index: the host tier's, without the rows.
 
     Example:
-        >>> FileIndexLayout(1000).nbytes <= 1000 * 18 + 3 * 64
+        >>> index_layout(1000, 16).nbytes <= 1000 * 14 + 3 * 64
         True
     """
-
-    rows: int
-
-    @property
-    def hash_layout(self) -> HashLayout:
-        """The hashes and directory, laid out as the host tier's (no rows)."""
-        return HashLayout(self.rows, 1)
-
-    @property
-    def positions_offset(self) -> int:
-        """Byte offset of the file rows (int64, in hash order)."""
-        return self.hash_layout.values_offset
-
-    @property
-    def nbytes(self) -> int:
-        """Bytes of the index."""
-        return self.positions_offset + -(-8 * self.rows // ALIGN) * ALIGN
-
-    def views(self, buffer: object) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """``(hashes, starts, positions)`` views of ``buffer``."""
-        hashes, starts, _ = self.hash_layout.views(buffer)
-        positions = np.frombuffer(buffer, np.int64, self.rows, self.positions_offset)
-        return hashes, starts, positions
+    return HashLayout(rows, dim, positions=True, values=False)
 
 
 def index_name(sparse_dir: ModelPath, dim: int) -> str:
@@ -113,12 +84,12 @@ class ModelFileRows:
         self.dim = dim
         self.rows = inspect_sparse_table(self.sparse_dir, dim).rows
         self._identity = self._files_identity()
-        self.layout = FileIndexLayout(self.rows)
+        self.layout = index_layout(self.rows, dim)
         self._segment = SharedSegment.open(
             index_name(self.sparse_dir, dim), self.layout.nbytes, self._build
         )
         buffer = self._segment.buffer if self._segment.buffer is not None else bytearray(0)
-        self._hashes, self._starts, self._positions = self.layout.views(buffer)
+        self._hashes, self._starts, self._positions, _ = self.layout.views(buffer)
         self._vectors: np.ndarray | None = None
         self._map: mmap.mmap | None = None
         if isinstance(self.sparse_dir, Path) and self.rows:
@@ -142,14 +113,9 @@ class ModelFileRows:
     def _build(self, buffer: mmap.mmap) -> None:
         keys = read_keys(self.sparse_dir, self.rows)
         try:
-            order, sorted_hashes = sort_order(keys)
+            build_index(self.layout, self.layout.views(buffer), keys)
         except DuplicateKeysError as exc:
             raise ModelFileError(f"{self.sparse_dir / KEY_FILE}: {exc}") from None
-        del keys
-        hashes, starts, positions = self.layout.views(buffer)
-        hashes[: self.rows] = sorted_hashes
-        fill_directory(self.layout.hash_layout, sorted_hashes, starts)
-        positions[:] = order
 
     def tables(self) -> list[str]:
         """Nothing is stored by name here."""
@@ -190,10 +156,10 @@ class ModelFileRows:
             )
         keys = np.ascontiguousarray(keys, dtype=np.int64).ravel()
         out = np.full((len(keys), dim), default, np.float32)
-        slots = find_rows(self.layout.hash_layout, self._hashes, self._starts, keys)
-        found = slots >= 0
+        rows = entry_rows(self._positions, find_rows(self.layout, self._hashes, self._starts, keys))
+        found = rows >= 0
         if found.any():
-            out[found] = self._read(self._positions[slots[found]])
+            out[found] = self._read(rows[found])
         return out, found
 
     def _read(self, rows: np.ndarray) -> np.ndarray:

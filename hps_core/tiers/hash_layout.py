@@ -1,25 +1,30 @@
 """Memory layout and vectorised lookup of a read-mostly embedding hash table.
 
-The table is stored as three flat arrays, sized to stay within a few percent of the sparse
-files' own size (a hash map of Python objects would need several times more):
+The table is stored as flat arrays, sized to stay within a few percent of the sparse files'
+own size (a hash map of Python objects would need several times more):
 
 - ``hashes``: ``mix64(key)`` of every row, sorted ascending (uint64, 8 bytes/row). ``mix64``
   is a bijection, so the hash identifies the key and the key itself need not be stored.
 - ``starts``: a bucket directory. Bucket ``b`` holds the rows whose hash has ``b`` as its top
-  bits; ``starts[b]:starts[b+1]`` is its row range. There are about ``rows / 2`` buckets, so
-  the directory costs at most 2 bytes/row (int32) and a bucket holds 2 to 4 rows.
-- ``values``: the rows in the same order as ``hashes``, stored in the table's precision
-  (:class:`~hps_core.quant.RowFormat`): float32 ``[rows, dim]`` for fp32, else uint32
-  ``[rows, row_words]`` words of the encoded rows.
+  bits; ``starts[b]:starts[b+1]`` is its range of index entries. There are about ``rows / 2``
+  buckets, so the directory costs at most 2 bytes/row (int32) and a bucket holds 2 to 4 rows.
+- ``positions`` (a layout made ``positions=True``): the row of each index entry in ``values``,
+  which then keep the sparse files' order: a table is built by reading its vector file
+  straight into place and sorting only the keys (:func:`build_index`). Without it the rows are
+  in index order (a static GPU table, built in memory).
+- ``values`` (unless ``values=False``: an index of rows kept elsewhere): the rows, stored in
+  the table's precision (:class:`~hps_core.quant.RowFormat`): float32 ``[rows, dim]`` for
+  fp32, else uint32 ``[rows, row_words]`` words of the encoded rows.
 
 A lookup hashes the queried keys, reads each bucket's range and probes the candidates of all
 keys together, one NumPy gather per round; the set of keys still searching shrinks every
-round. No per-key Python loop.
+round. No per-key Python loop. It finds index entries; :func:`entry_rows` turns them into rows.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -36,10 +41,25 @@ MIN_ROWS_PER_BUCKET = 2
 # 2M-row table took 33 us against 162 us, 1,024 keys 223 against 317 us, 16,384 keys 19.7 ms
 # against 3.8 ms (cache misses of the binary searches), on the 2-core CPU machine.
 SEARCH_KEYS = 1024
+# Rows per step of the passes over a whole index: bounds their temporaries (8 MiB a uint64).
+_CHUNK = 1 << 20
 
 
 def _align(n: int) -> int:
     return (n + ALIGN - 1) // ALIGN * ALIGN
+
+
+class HashViews(NamedTuple):
+    """Array views of a :class:`HashLayout` buffer (:meth:`HashLayout.views`)."""
+
+    hashes: np.ndarray
+    """uint64 ``[rows + 1]``: sorted hashes and one padding entry."""
+    starts: np.ndarray
+    """``[num_buckets + 1]`` bucket directory (int32, or int64 for huge tables)."""
+    positions: np.ndarray | None
+    """``[rows]`` row of each index entry (``starts``' type), or None: rows in index order."""
+    values: np.ndarray | None
+    """``[rows, row_words]`` stored rows, or None for a layout without values."""
 
 
 @dataclass(frozen=True)
@@ -50,11 +70,16 @@ class HashLayout:
         rows: number of keys.
         dim: embedding vector size.
         precision: how the rows are stored.
+        positions: the rows keep the order they were given in (the files'), and an array of
+            each index entry's row is stored; else the rows are in index order.
+        values: the buffer holds the rows (else only the index of rows kept elsewhere).
     """
 
     rows: int
     dim: int
     precision: StoragePrecision = StoragePrecision.FP32
+    positions: bool = False
+    values: bool = True
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "precision", StoragePrecision.parse(self.precision))
@@ -78,7 +103,7 @@ class HashLayout:
 
     @property
     def starts_dtype(self) -> np.dtype:
-        """int32 while row numbers fit, else int64."""
+        """int32 while row numbers fit, else int64 (the type of ``positions`` too)."""
         return np.dtype(np.int32) if self.rows < 2**31 - 1 else np.dtype(np.int64)
 
     @property
@@ -92,44 +117,60 @@ class HashLayout:
         return _align(8 * (self.rows + 1))
 
     @property
+    def positions_offset(self) -> int:
+        """Byte offset of ``positions`` (where ``values`` start when there are none)."""
+        return self.starts_offset + _align(self.starts_dtype.itemsize * (self.num_buckets + 1))
+
+    @property
     def values_offset(self) -> int:
         """Byte offset of ``values``."""
-        return self.starts_offset + _align(self.starts_dtype.itemsize * (self.num_buckets + 1))
+        stored = self.starts_dtype.itemsize * self.rows if self.positions else 0
+        return self.positions_offset + _align(stored)
 
     @property
     def nbytes(self) -> int:
         """Total size of the buffer in bytes."""
-        return self.values_offset + _align(self.rows * self.row_format.row_bytes)
+        stored = self.rows * self.row_format.row_bytes if self.values else 0
+        return self.values_offset + _align(stored)
 
     @property
     def index_nbytes(self) -> int:
-        """Bytes of the row index alone, unpadded: ``hashes`` (with its padding entry) and
-        ``starts``, as :meth:`views` returns them (what a copy of the index to a GPU takes).
+        """Bytes of the row index alone, unpadded: ``hashes`` (with its padding entry),
+        ``starts`` and ``positions``, as :meth:`views` returns them (what a copy of the index
+        to a GPU takes).
 
         Example:
             >>> HashLayout(10, 4).index_nbytes  # 11 hashes, 5 int32 bucket starts
             108
+            >>> HashLayout(10, 4, positions=True).index_nbytes  # and 10 int32 positions
+            148
         """
-        return 8 * (self.rows + 1) + self.starts_dtype.itemsize * (self.num_buckets + 1)
+        stored = self.rows if self.positions else 0
+        entries = self.num_buckets + 1 + stored
+        return 8 * (self.rows + 1) + self.starts_dtype.itemsize * entries
 
-    def views(self, buffer: object) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def views(self, buffer: object) -> HashViews:
         """Array views of ``buffer`` (an mmap or bytearray of at least ``nbytes``).
 
         Args:
             buffer: any object supporting the buffer protocol.
 
         Returns:
-            ``(hashes, starts, values)``; ``hashes`` has one padding entry after the rows,
-            so that a probe at the end of the last bucket stays in the buffer; ``values`` are
-            the stored rows (``row_format.stored_dtype`` ``[rows, row_words]``).
+            The :class:`HashViews`; ``hashes`` has one padding entry after the rows, so that
+            a probe at the end of the last bucket stays in the buffer.
         """
         fmt = self.row_format
         hashes = np.frombuffer(buffer, np.uint64, self.rows + 1, self.hashes_offset)
         starts = np.frombuffer(buffer, self.starts_dtype, self.num_buckets + 1, self.starts_offset)
-        values = np.frombuffer(
-            buffer, fmt.stored_dtype, self.rows * fmt.row_words, self.values_offset
-        )
-        return hashes, starts, values.reshape(self.rows, fmt.row_words)
+        positions = values = None
+        if self.positions:
+            positions = np.frombuffer(buffer, self.starts_dtype, self.rows, self.positions_offset)
+        if self.values:
+            flat = np.frombuffer(
+                buffer, fmt.stored_dtype, self.rows * fmt.row_words, self.values_offset
+            )
+            values = flat.reshape(self.rows, fmt.row_words)
+        return HashViews(hashes, starts, positions, values)
 
 
 class DuplicateKeysError(ValueError):
@@ -201,10 +242,90 @@ def fill_directory(layout: HashLayout, sorted_hashes: np.ndarray, starts: np.nda
         sorted_hashes: ascending uint64 hashes of all rows.
         starts: output view of ``num_buckets + 1`` entries.
     """
-    buckets = (sorted_hashes >> np.uint64(64 - layout.bucket_bits)).astype(np.int64)
-    counts = np.bincount(buckets, minlength=layout.num_buckets)
+    shift = np.uint64(64 - layout.bucket_bits)
+    counts = np.zeros(layout.num_buckets, np.int64)
+    for first in range(0, len(sorted_hashes), _CHUNK):  # bounded temporaries for huge tables
+        buckets = (sorted_hashes[first : first + _CHUNK] >> shift).astype(np.intp)
+        counts += np.bincount(buckets, minlength=layout.num_buckets)
     starts[0] = 0
     np.cumsum(counts, out=starts[1:])
+
+
+def build_index(layout: HashLayout, views: HashViews, keys: np.ndarray) -> None:
+    """Write the index of ``keys`` (in the order of the rows) into a ``positions`` layout:
+    sorted hashes, the bucket directory, and each entry's row.
+
+    Sorts in place in ``views.hashes``, as :func:`sort_order` orders (a value sort of each
+    hash's high bits packed with its row, then the rare runs of equal high bits by their whole
+    hash), so that beyond the index itself only ``keys`` and a chunk's temporaries are held:
+    a table of a billion rows needs no gigabytes of sort buffers besides its own index.
+
+    Args:
+        layout: a layout made with ``positions=True``, of ``len(keys)`` rows.
+        views: its views of the buffer to fill.
+        keys: int64 keys of the rows, in their order.
+
+    Raises:
+        DuplicateKeysError: a key occurs twice.
+    """
+    n = layout.rows
+    hashes, positions = views.hashes, views.positions
+    assert positions is not None and len(keys) == n
+    index_bits = max(1, (n - 1).bit_length())
+    if index_bits > 40:  # too few high bits left to keep ties rare: sort the plain way
+        order, sorted_hashes = sort_order(keys)
+        hashes[:n], positions[:] = sorted_hashes, order
+    elif n:
+        shift = np.uint64(index_bits)
+        for first in range(0, n, _CHUNK):
+            chunk = mix64(keys[first : first + _CHUNK])
+            chunk >>= shift
+            chunk <<= shift
+            chunk |= np.arange(first, first + len(chunk), dtype=np.uint64)
+            hashes[first : first + len(chunk)] = chunk
+        hashes[:n].sort()
+        mask = np.uint64((1 << index_bits) - 1)
+        tied_rows: list[np.ndarray] = []
+        for first in range(0, n, _CHUNK):
+            packed = hashes[first : min(first + _CHUNK + 1, n)]  # one more: runs across chunks
+            positions[first : first + _CHUNK] = (packed[:_CHUNK] & mask).astype(positions.dtype)
+            high = packed >> shift
+            tied = np.flatnonzero(high[1:] == high[:-1]) + first
+            if len(tied):
+                tied_rows.append(tied)
+        if tied_rows:
+            # Runs of equal high bits are in row order: order their entries by the whole hash.
+            tied = np.concatenate(tied_rows)
+            where = np.union1d(tied, tied + 1)
+            rows = positions[where].astype(np.intp)
+            positions[where] = rows[np.argsort(mix64(keys[rows]), kind="stable")]
+        for first in range(0, n, _CHUNK):
+            stop = min(first + _CHUNK, n)
+            hashes[first:stop] = mix64(keys[positions[first:stop]])
+    hashes[n] = 0  # the padding entry
+    sorted_hashes = hashes[:n]
+    dup = np.flatnonzero(sorted_hashes[1:] == sorted_hashes[:-1])
+    if dup.size:
+        raise DuplicateKeysError(np.unique(keys[positions[dup]]))
+    fill_directory(layout, sorted_hashes, views.starts)
+
+
+def entry_rows(positions: np.ndarray | None, entries: np.ndarray) -> np.ndarray:
+    """The rows of index ``entries`` found by :func:`find_rows` (``-1`` stays ``-1``).
+
+    Args:
+        positions: the layout's ``positions`` view, or None (rows in index order).
+        entries: int64 entries, ``-1`` for keys not found.
+
+    Returns:
+        int64 rows.
+    """
+    if positions is None:
+        return entries
+    rows = np.full(len(entries), -1, np.int64)
+    found = entries >= 0
+    rows[found] = positions[entries[found]]
+    return rows
 
 
 def find_rows(

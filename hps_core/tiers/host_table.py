@@ -6,6 +6,12 @@ process, so the copy lives in a shared-memory segment (:mod:`hps_core.tiers.shm_
 laid out by :mod:`hps_core.tiers.hash_layout`: the first process to open a table builds it
 from the sparse files, every other process of the machine maps the same pages.
 
+The build runs at the speed the files can be read: the rows keep the files' order and are read
+straight into the segment by every core at once (:func:`~hps_core.formats.sparse.read_vectors`),
+and only the keys are sorted, into an index of hashes whose entries point at the rows
+(:func:`~hps_core.tiers.hash_layout.build_index`). Beyond the segment, the build holds the
+keys (8 bytes a row) and a chunk of temporaries.
+
 Below a persistent tier (:mod:`hps_core.tiers.cascade`) the copy may hold only the first
 ``fraction`` of the file's rows (HugeCTR's ``initial_cache_rate``, which caches the first rows
 of the file); the fraction is part of the segment name, so tables of different fractions never
@@ -29,18 +35,23 @@ from pathlib import Path
 import numpy as np
 
 from hps_core.errors import ModelFileError
-from hps_core.formats.sparse import KEY_FILE, VECTOR_FILE, inspect_sparse_table, read_keys
-from hps_core.formats.sparse import iter_sparse_table as _iter_sparse_table
+from hps_core.formats.sparse import (
+    KEY_FILE,
+    VECTOR_FILE,
+    inspect_sparse_table,
+    read_keys,
+    read_vectors,
+)
 from hps_core.formats.uris import ModelPath, model_path
 from hps_core.hashing import unmix64
 from hps_core.quant import StoragePrecision
 from hps_core.tiers.hash_layout import (
     DuplicateKeysError,
     HashLayout,
-    fill_directory,
+    build_index,
+    entry_rows,
     find_hashes,
     find_rows,
-    sort_order,
 )
 from hps_core.tiers.shm_segment import SharedSegment
 
@@ -48,7 +59,7 @@ logger = logging.getLogger("hps_core")
 
 # Part of every segment name: bump it when the layout changes, so that a server of a new
 # version never maps a segment built by an old one.
-LAYOUT_VERSION = 2
+LAYOUT_VERSION = 3
 
 
 def file_identity(path: ModelPath) -> str:
@@ -78,9 +89,9 @@ def host_layout(
     precision: StoragePrecision = StoragePrecision.FP32,
 ) -> HashLayout:
     """Layout of the shared segment of a table of ``table_rows`` rows held at ``fraction``:
-    the first :func:`held_rows` of the sparse files, their rows and their index, nothing for
-    the rest (a table below Redis or RocksDB at ``initial_cache_rate`` 0.1 takes a tenth of
-    its FP32 bytes in ``/dev/shm``, not all of them). :class:`SharedHostTable` allocates
+    the first :func:`held_rows` of the sparse files, their rows in file order and their index,
+    nothing for the rest (a table below Redis or RocksDB at ``initial_cache_rate`` 0.1 takes a
+    tenth of its FP32 bytes in ``/dev/shm``, not all of them). :class:`SharedHostTable` allocates
     exactly this, and :mod:`hps_core.footprint` reports it.
 
     Args:
@@ -96,7 +107,7 @@ def host_layout(
         >>> host_layout(10, 4, fraction=0.5).rows, host_layout(10, 4).rows
         (5, 10)
     """
-    return HashLayout(held_rows(table_rows, fraction), dim, precision)
+    return HashLayout(held_rows(table_rows, fraction), dim, precision, positions=True)
 
 
 def segment_name(
@@ -175,7 +186,7 @@ class SharedHostTable:
     ) -> None:
         self.sparse_dir = model_path(sparse_dir)
         precision = StoragePrecision.parse(precision)
-        info = inspect_sparse_table(self.sparse_dir, dim)
+        info = self._info = inspect_sparse_table(self.sparse_dir, dim)
         self.dim = dim
         self.table_rows = info.rows
         self.fraction = fraction
@@ -198,25 +209,28 @@ class SharedHostTable:
             what=f"the host tier of {self.sparse_dir} ({self.rows:,} rows of dim {dim})",
         )
         self.writable = writable and self._segment.buffer is not None
-        self._hashes, self._starts, self._values = self.layout.views(
+        self._hashes, self._starts, self._positions, self._values = self.layout.views(
             self._segment.buffer if self._segment.buffer is not None else bytearray(0)
         )
         if self.writable:
             # Only the rows are updated in place; the index never changes after the build.
-            self._hashes.flags.writeable = False
-            self._starts.flags.writeable = False
-        verb = "built" if self._segment.built_here else "attached to"
-        logger.info(
-            "host tier: %s %s (%d of %d rows, dim %d, %s, %.1f MiB shared) in %.2f s",
-            verb,
-            self.sparse_dir,
-            self.rows,
-            self.table_rows,
-            dim,
-            precision.value,
-            self.layout.nbytes / 2**20,
-            time.perf_counter() - started,
-        )
+            for index in (self._hashes, self._starts, self._positions):
+                index.flags.writeable = False
+        seconds = time.perf_counter() - started
+        if self._segment.built_here:
+            read = self.rows * (8 + 4 * dim)
+            logger.info(
+                "host tier: built %s (%d of %d rows, dim %d, %s, %.1f MiB shared) in %.2f s, "
+                "%.2f GB/s of the files",
+                self.sparse_dir, self.rows, self.table_rows, dim, precision.value,
+                self.layout.nbytes / 2**20, seconds, read / max(seconds, 1e-9) / 1e9,
+            )  # fmt: skip
+        else:
+            logger.info(
+                "host tier: attached to %s (%d of %d rows, dim %d, %s, %.1f MiB shared) in %.2f s",
+                self.sparse_dir, self.rows, self.table_rows, dim, precision.value,
+                self.layout.nbytes / 2**20, seconds,
+            )  # fmt: skip
 
     @property
     def built_here(self) -> bool:
@@ -242,38 +256,34 @@ class SharedHostTable:
         """
         return int(self._hashes.ctypes.data), self.layout.nbytes
 
-    def index_arrays(self) -> tuple[np.ndarray, np.ndarray]:
-        """The row index: sorted hashes (one padding entry) and the bucket directory.
+    def index_arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The row index: sorted hashes (one padding entry), the bucket directory, and the row
+        of each index entry.
 
         Returns:
-            Read-only views ``(hashes, starts)`` of the segment (see
+            Read-only views ``(hashes, starts, positions)`` of the segment (see
             :class:`~hps_core.tiers.hash_layout.HashLayout`).
         """
-        return self._hashes, self._starts
+        return self._hashes, self._starts, self._positions
 
     def _build(self, buffer: mmap.mmap) -> None:
         keys = read_keys(self.sparse_dir, self.rows)  # a short file raises, naming it
+        views = self.layout.views(buffer)
         try:
-            order, sorted_hashes = sort_order(keys)
+            build_index(self.layout, views, keys)
         except DuplicateKeysError as exc:
             raise ModelFileError(f"{self.sparse_dir / KEY_FILE}: {exc}") from None
         del keys
-        hashes, starts, values = self.layout.views(buffer)
-        hashes[: self.rows] = sorted_hashes
-        fill_directory(self.layout, sorted_hashes, starts)
-        del sorted_hashes
-        # Row i of the file goes to slot destination[i] of the hash order.
-        destination = np.empty(self.rows, dtype=np.intp)
-        destination[order] = np.arange(self.rows, dtype=np.intp)
-        del order
-        for chunk in _iter_sparse_table(self.sparse_dir, self.dim, progress=self._progress):
-            if chunk.start_row >= self.rows:
-                break  # a partial table holds the first rows only
-            n = min(len(chunk.keys), self.rows - chunk.start_row)
-            rows = chunk.vectors[:n]
-            if not self.row_format.is_identity:
-                rows = self.row_format.encode_stored(rows)  # one chunk at a time
-            values[destination[chunk.start_row : chunk.start_row + n]] = rows
+        values = views.values
+        if self.row_format.is_identity:
+            read_vectors(self._info, self.rows, out=values, progress=self._progress)
+            return
+        encode = self.row_format.encode_stored
+
+        def store(start: int, vectors: np.ndarray) -> None:  # one chunk at a time, in place
+            values[start : start + len(vectors)] = encode(vectors)
+
+        read_vectors(self._info, self.rows, consume=store, progress=self._progress)
 
     def find(self, keys: np.ndarray) -> np.ndarray:
         """Row of each key in the table, ``-1`` for unknown keys.
@@ -284,7 +294,8 @@ class SharedHostTable:
         Returns:
             int64 rows.
         """
-        return find_rows(self.layout, self._hashes, self._starts, keys)
+        entries = find_rows(self.layout, self._hashes, self._starts, keys)
+        return entry_rows(self._positions, entries)
 
     def lookup(
         self, keys: np.ndarray, out: np.ndarray | None = None
@@ -315,7 +326,8 @@ class SharedHostTable:
         Returns:
             ``(values, found)`` as :meth:`lookup` returns them.
         """
-        rows = find_hashes(self.layout, self._hashes, self._starts, hashes)
+        entries = find_hashes(self.layout, self._hashes, self._starts, hashes)
+        rows = entry_rows(self._positions, entries)
         found = rows >= 0
         return self._values_of(rows, found, out), found
 
@@ -435,7 +447,7 @@ class SharedHostTable:
         self._values[np.asarray(rows, dtype=np.int64)] = stored
 
     def contents(self) -> tuple[np.ndarray, np.ndarray]:
-        """Every key and its vector, in the table's internal (hash) order.
+        """Every key and its vector, in the files' order.
 
         Returns:
             ``(keys, values)``: a new int64 ``[rows]`` array and the float32 ``[rows, dim]``
@@ -447,15 +459,17 @@ class SharedHostTable:
         return keys, self.row_format.decode_stored(stored)
 
     def stored_contents(self) -> tuple[np.ndarray, np.ndarray]:
-        """Every key and its stored row, in the table's internal (hash) order.
+        """Every key and its stored row, in the files' order.
 
         Returns:
             ``(keys, stored)``: a new int64 ``[rows]`` array and a view of the shared
             ``row_format.stored_dtype`` ``[rows, row_words]`` rows.
         """
-        return unmix64(self._hashes[: self.rows]), self._values
+        keys = np.empty(self.rows, np.int64)
+        keys[self._positions] = unmix64(self._hashes[: self.rows])
+        return keys, self._values
 
     def close(self) -> None:
         """Detach from the segment (the last process to detach frees it)."""
-        self._hashes = self._starts = self._values = None  # type: ignore[assignment]
+        self._hashes = self._starts = self._positions = self._values = None  # type: ignore[assignment]
         self._segment.close()

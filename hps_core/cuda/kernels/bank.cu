@@ -55,7 +55,9 @@ struct Table {
   int* locks;                 // [2 * cache_sets]: insert locks (0 = free), new misses per set
   const u64* index_hashes;    // mix64 of every row's key, sorted (+1 padding entry)
   const void* index_starts;   // bucket directory, int32 or int64 (starts64)
-  const unsigned* values;     // [rows, row_words] in index order: GPU or mapped host memory
+  const void* index_positions;  // row of each index entry, int32 or int64 (starts64); nullptr:
+                                // the rows are in index order (a static table)
+  const unsigned* values;     // [rows, row_words]: GPU or mapped host memory
   const i64* extra_keys;      // keys the host fetched from the lower tiers for this batch, sorted
   const unsigned* extra_values;  // [extra_count, row_words], GPU memory
   i64* miss_keys;             // [miss_slots]: the miss set's keys, EMPTY_KEY in free slots
@@ -160,8 +162,8 @@ __device__ __forceinline__ void bag_range(const Table& tab, const int t, const i
   }
 }
 
-// Row of `key` in the table's index, or -1 (hps_core.tiers.hash_layout.find_rows; cache.cu's
-// hashed_row with a directory of int32 or int64 entries).
+// Row of `key` in the table's values, or -1 (hps_core.tiers.hash_layout.find_rows and
+// entry_rows; cache.cu's hashed_row with a directory of int32 or int64 entries).
 __device__ __forceinline__ i64 index_row(const Table& t, const i64 key) {
   const u64 h = mix64(key);
   const i64 bucket = (i64)(h >> (64 - t.bucket_bits));
@@ -175,7 +177,10 @@ __device__ __forceinline__ i64 index_row(const Table& t, const i64 key) {
     p = s[bucket];
     end = s[bucket + 1];
   }
-  return row_in_bucket(t.index_hashes, h, p, end);
+  const i64 entry = row_in_bucket(t.index_hashes, h, p, end);
+  if (entry < 0 || t.index_positions == nullptr) return entry;
+  return t.starts64 ? ((const i64*)t.index_positions)[entry]
+                    : (i64)((const int*)t.index_positions)[entry];
 }
 
 // The row the host fetched for `key` from the lower tiers for this batch, or nullptr.

@@ -53,7 +53,7 @@ class _TableState:
     cache: CupyDynamicCache | None
     static: StaticTable | None
     host: Any
-    index: tuple[Any, Any] | None  # host index on the GPU: (hashes, starts)
+    index: tuple[Any, Any, Any] | None  # host index on the GPU: (hashes, starts, positions)
     values_ptr: int  # device-visible address of the rows the index points into
     host_values: bool
     locks: Any
@@ -122,8 +122,7 @@ class CacheBank:
                 None, static, host, None, static.values_ptr, False, locks,
                 static.bucket_bits, float(host.default_value), host.dim, lower, fmt,
             )  # fmt: skip
-        hashes, starts = host.index_arrays()
-        index = (cupy.asarray(hashes), cupy.asarray(starts))
+        index = tuple(cupy.asarray(part) for part in host.index_arrays())
         values_ptr = map_host_table(host, self.device_id)
         return _TableState(
             cache, None, host, index, values_ptr, True, locks, host.layout.bucket_bits,
@@ -222,9 +221,10 @@ class CacheBank:
                 row["miss_rows"] = state.miss_rows.data.ptr
                 row["miss_slots"] = state.miss_keys.shape[0]
             if state.static is not None:
-                hashes, starts = state.static.index_arrays()
+                hashes, starts = state.static.index_arrays()  # rows in index order
             else:
-                hashes, starts = state.index
+                hashes, starts, positions = state.index  # rows in the files' order
+                row["index_positions"] = positions.data.ptr
             row["index_hashes"] = hashes.data.ptr
             row["index_starts"] = starts.data.ptr
             row["starts64"] = int(starts.dtype.itemsize == 8)

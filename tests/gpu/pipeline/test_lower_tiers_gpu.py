@@ -29,6 +29,7 @@ from test_pipeline_gpu import on_gpu  # noqa: E402
 from test_ranking_models import MODELS, Model  # noqa: E402
 
 from hps_core.demo import DEMO_MODELS  # noqa: E402
+from hps_core.errors import TierUnavailableError  # noqa: E402
 from hps_core.hps import HPS  # noqa: E402
 from hps_core.infer import RankingSession  # noqa: E402
 from hps_core.infer.contracts import HugeCTRContract  # noqa: E402
@@ -152,3 +153,33 @@ def test_an_empty_update_overlay_costs_no_round_trip(repo: Path) -> None:
     parsed = HugeCTRContract(gpu.layout).parse(*encode_hugectr(dense, keys))
     model.check(gpu.predict(parsed), dense, keys)
     assert pipe._lower and not pipe.bank.lower_may_answer() and fetches == []
+
+
+def test_a_lower_tier_that_cannot_answer_fails_its_batch_alone(repo: Path, tmp_path: Path) -> None:
+    """A tier below the host tier that cannot answer (a Redis node down, nothing below that
+    holds its rows) fails the batch with TierUnavailableError; the descriptors then no longer
+    point at the last batch's freed extra rows, and the next batches score right."""
+    name = "dcn"
+    ps = tiered(repo, name, "dynamic", tmp_path)
+    model = Model(repo, name)
+    gpu = RankingSession.open(ps, name, device_id=0)
+    contract = HugeCTRContract(gpu.layout)
+    bank = gpu.pipeline.bank
+    rng = np.random.default_rng(31)
+    dense, keys = model.samples(rng, 64)
+    model.check(gpu.predict(contract.parse(*encode_hugectr(dense, keys))), dense, keys)
+    assert gpu.pipeline._lower_tiers.extras is not None  # this batch fetched rows below
+    ask = bank.lookup_lower
+
+    def down(position: int, keys: np.ndarray):
+        raise TierUnavailableError("table dcn.t0: redis_cluster node 10.0.0.7:7001 down")
+
+    bank.lookup_lower = down
+    dense, keys = model.samples(rng, 64)
+    parsed = contract.parse(*encode_hugectr(dense, keys))
+    with pytest.raises(TierUnavailableError, match=r"10\.0\.0\.7:7001 down"):
+        gpu.predict(parsed)
+    bank.lookup_lower = ask
+    model.check(gpu.predict(parsed), dense, keys)
+    dense, keys = model.samples(rng, 200)
+    model.check(gpu.predict(contract.parse(*encode_hugectr(dense, keys))), dense, keys)

@@ -96,8 +96,9 @@ def test_ranking_models_count_the_gpu_copy_of_the_row_index(tmp_path: Path) -> N
     (tmp_path / "net.json").write_text("{}")
     config = ps_config(tmp_path, 4, network_file="net.json")
     table = table_footprint(config, config.models[0], config.models[0].tables[0], 1000)
-    # 1001 hashes and 257 int32 bucket starts: what CacheBank copies to the GPU.
-    assert table.gpu_index == 8 * 1001 + 4 * 257
+    # 1001 hashes, 257 int32 bucket starts and 1000 int32 row positions: what CacheBank
+    # copies to the GPU.
+    assert table.gpu_index == 8 * 1001 + 4 * 257 + 4 * 1000
     assert table.gpu == table.gpu_cache + table.gpu_index
     # A static table has its own index: no copy of the host tier's.
     config = ps_config(tmp_path, 4, network_file="net.json", use_static_table=True)

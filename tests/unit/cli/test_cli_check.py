@@ -48,11 +48,12 @@ def test_good_ps_json_prints_rows_dims_and_sizes(
 
 def host_bytes(rows: int, dim: int) -> int:
     """The shared segment (hps_core.tiers.hash_layout), written out: 8-byte hashes (one
-    padding entry), int32 bucket starts (a bucket per 2 to 4 rows), float32 rows, each array
-    64-byte aligned."""
+    padding entry), int32 bucket starts (a bucket per 2 to 4 rows), the int32 row of each
+    entry, float32 rows, each array 64-byte aligned."""
     align = lambda n: -(-n // 64) * 64  # noqa: E731
     buckets = 1 << max(1, (rows // 2).bit_length() - 1)
-    return align(8 * (rows + 1)) + align(4 * (buckets + 1)) + align(4 * rows * dim)
+    index = align(8 * (rows + 1)) + align(4 * (buckets + 1)) + align(4 * rows)
+    return index + align(4 * rows * dim)
 
 
 def cache_bytes(rows: int, dim: int, gpucacheper: float = 0.2) -> tuple[int, int]:
@@ -71,14 +72,14 @@ def test_tier_bytes_lines(tmp_path: Path, capsys: pytest.CaptureFixture[str]) ->
     lines = out.splitlines()
     host = [host_bytes(rows, dim) for _, rows, dim in TABLES]
     cache = [cache_bytes(rows, dim) for _, rows, dim in TABLES]
-    assert host == [1_472_896, 40_256]  # (20000 x 16, 3000 x 1)
+    assert host == [1_552_896, 52_288]  # (20000 x 16, 3000 x 1)
     assert cache == [(322_560, 4032), (12_800, 640)]
     assert lines[3:6] == [
-        "  [0] sparse_embedding0 bytes (fp32): host 1.40 MiB | per GPU instance: "
+        "  [0] sparse_embedding0 bytes (fp32): host 1.48 MiB | per GPU instance: "
         "cache 0.31 MiB (4,032 rows)",
-        "  [1] sparse_embedding1 bytes (fp32): host 0.04 MiB | per GPU instance: "
+        "  [1] sparse_embedding1 bytes (fp32): host 0.05 MiB | per GPU instance: "
         "cache 0.01 MiB (640 rows)",
-        "  total bytes (fp32): host 1.44 MiB per machine | 0.32 MiB per GPU instance, 1 GPU",
+        "  total bytes (fp32): host 1.53 MiB per machine | 0.32 MiB per GPU instance, 1 GPU",
     ]
     assert lines[-1].startswith("ok: 1 model, ")
     # --json: the exact counts.
@@ -112,11 +113,11 @@ def test_tier_bytes_of_static_tables_row_index_and_lower_tiers(
     assert code == 0, err
     lines = out.splitlines()
     assert lines[3] == (
-        "  [0] sparse_embedding0 bytes (fp32): host 1.40 MiB | per GPU instance: "
+        "  [0] sparse_embedding0 bytes (fp32): host 1.48 MiB | per GPU instance: "
         "static table 1.44 MiB | outside this process: RocksDB 1.37 MiB"
     )
     assert lines[5] == (
-        "  total bytes (fp32): host 1.44 MiB per machine | 1.48 MiB per GPU instance, 2 GPUs"
+        "  total bytes (fp32): host 1.53 MiB per machine | 1.48 MiB per GPU instance, 2 GPUs"
         " | outside this process: RocksDB 1.41 MiB"
     )
     # Dynamic caches instead: the GPU pipeline also copies each host tier's row index.
@@ -124,7 +125,8 @@ def test_tier_bytes_of_static_tables_row_index_and_lower_tiers(
     code, out, err = run_check(capsys, str(ps), "--json")
     assert code == 0, err
     table = json.loads(out)["models"][0]["tables"][0]
-    assert table["bytes"]["gpu_index"] == 8 * 20_001 + 4 * (2**13 + 1)
+    # Hashes, bucket starts and the row of each entry (int32).
+    assert table["bytes"]["gpu_index"] == 8 * 20_001 + 4 * (2**13 + 1) + 4 * 20_000
     assert table["bytes"]["gpu_cache"] == 10_048 * (16 + 4 * 16)
     assert table["bytes"]["rocks_db"] == 20_000 * (8 + 4 * 16)
 

@@ -45,9 +45,10 @@ def buckets(rows: int) -> int:
 
 
 def host_bytes(rows: int, row_bytes: int) -> int:
-    """The shared segment: 8-byte hashes (one padding entry), int32 bucket starts, the stored
-    rows, each array 64-byte aligned."""
-    return align(8 * (rows + 1)) + align(4 * (buckets(rows) + 1)) + align(rows * row_bytes)
+    """The shared segment: 8-byte hashes (one padding entry), int32 bucket starts, the int32
+    row of each entry, the stored rows, each array 64-byte aligned."""
+    index = align(8 * (rows + 1)) + align(4 * (buckets(rows) + 1)) + align(4 * rows)
+    return index + align(rows * row_bytes)
 
 
 def cache_bytes(rows: int, row_bytes: int, gpucacheper: float) -> tuple[int, int]:
@@ -105,8 +106,8 @@ def test_dynamic_cache_and_host_tier_in_the_precision(
     assert fp.host == host_bytes(held, row)
     assert fp.gpu_cache == cache
     assert fp.gpu_static == 0
-    # The row index is hashes and starts alone: the same in every precision.
-    assert fp.gpu_index == 8 * (held + 1) + 4 * (buckets(held) + 1)
+    # The row index is hashes, starts and positions alone: the same in every precision.
+    assert fp.gpu_index == 8 * (held + 1) + 4 * (buckets(held) + 1) + 4 * held
     # RocksDB keeps HugeCTR's FP32 layout: an 8-byte key and dim float32 per row.
     assert fp.rocks_db == ROWS * (8 + 4 * dim)
     if precision != "fp32":
@@ -179,13 +180,13 @@ def test_check_prints_and_writes_each_tables_precision(
     (deep_rows, _), (wide_rows, _) = ((r, d) for _, r, d in TABLES)
     host = [host_bytes(deep_rows, 24), host_bytes(wide_rows, 4)]
     cache = [cache_bytes(deep_rows, 24, 0.2), cache_bytes(wide_rows, 4, 0.2)]
-    assert host == [672_896, 40_256] and cache == [(161_280, 4032), (12_800, 640)]
+    assert host == [752_896, 52_288] and cache == [(161_280, 4032), (12_800, 640)]
     assert lines[3:6] == [
-        "  [0] sparse_embedding0 bytes (int8): host 0.64 MiB | per GPU instance: "
+        "  [0] sparse_embedding0 bytes (int8): host 0.72 MiB | per GPU instance: "
         "cache 0.15 MiB (4,032 rows)",
-        "  [1] sparse_embedding1 bytes (fp32): host 0.04 MiB | per GPU instance: "
+        "  [1] sparse_embedding1 bytes (fp32): host 0.05 MiB | per GPU instance: "
         "cache 0.01 MiB (640 rows)",
-        "  total bytes (mixed): host 0.68 MiB per machine | 0.17 MiB per GPU instance, 1 GPU",
+        "  total bytes (mixed): host 0.77 MiB per machine | 0.17 MiB per GPU instance, 1 GPU",
     ]
     code, out, err = run_check(capsys, str(ps), "--json")
     assert code == 0, err

@@ -12,7 +12,7 @@ from tiers_testdata import make_keys, mixed_queries, random_vectors, row_referen
 
 from hps_core.errors import ModelFileError, TierUnavailableError
 from hps_core.formats.sparse_writer import write_sparse_table
-from hps_core.tiers.file_rows import FileIndexLayout, ModelFileRows
+from hps_core.tiers.file_rows import ModelFileRows, index_layout
 
 DEFAULT = -2.5
 
@@ -34,7 +34,7 @@ def test_lookup_matches_a_dict_of_the_file_rows(
     keys, vectors = write(tmp_path, rng, rows, dim, kind)
     reference = row_reference(keys)
     files = ModelFileRows(tmp_path / "t0", dim)
-    assert files.rows == rows and files.index_nbytes == FileIndexLayout(rows).nbytes
+    assert files.rows == rows and files.index_nbytes == index_layout(rows, dim).nbytes
     for n in (1, 64, 3 * rows):  # the binary-search and the bucket-probe paths
         queries = mixed_queries(rng, keys, n)
         values, found = files.lookup("any", queries, dim, DEFAULT)

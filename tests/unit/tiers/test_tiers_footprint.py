@@ -37,9 +37,9 @@ def test_host_bytes_are_the_segment_size(
         assert computed.host == table.nbytes == data.stat().st_size
         assert computed.host_rows == table.rows == rows
         assert computed.precision == "fp32"
-        # What the GPU pipeline copies of the index (hps_core.infer.gpu.bank): both arrays.
-        hashes, starts = table.index_arrays()
-        assert table.layout.index_nbytes == hashes.nbytes + starts.nbytes
+        # What the GPU pipeline copies of the index (hps_core.infer.gpu.bank): its arrays.
+        hashes, starts, positions = table.index_arrays()
+        assert table.layout.index_nbytes == hashes.nbytes + starts.nbytes + positions.nbytes
     finally:
         table.close()
     # Read from the files' sizes when no rows are given: the same numbers.

@@ -1,4 +1,5 @@
-"""HashLayout, sort_order, fill_directory and find_rows against a Python dict of the file rows."""
+"""HashLayout, sort_order, build_index, fill_directory and find_rows against a Python dict of the
+file rows, and build_index against sort_order."""
 
 from __future__ import annotations
 
@@ -21,12 +22,15 @@ from tiers_testdata import (
     splitmix64_finalizer,
 )
 
+import hps_core.tiers.hash_layout as hash_layout_module
 from hps_core.hashing import unmix64
 from hps_core.tiers.hash_layout import (
     ALIGN,
     SEARCH_KEYS,
     DuplicateKeysError,
     HashLayout,
+    build_index,
+    entry_rows,
     fill_directory,
     find_rows,
     sort_order,
@@ -41,7 +45,7 @@ def build_table(
     """Lay a table out in a bytearray the way the host tier does; return the stored order."""
     layout = HashLayout(len(keys), vectors.shape[1])
     buffer = bytearray(bytes([fill]) * layout.nbytes)
-    hashes, starts, values = layout.views(buffer)
+    hashes, starts, _, values = layout.views(buffer)
     order, sorted_hashes = sort_order(keys)
     hashes[: len(keys)] = sorted_hashes
     fill_directory(layout, sorted_hashes, starts)
@@ -51,7 +55,7 @@ def build_table(
 
 def lookup_file_rows(layout: HashLayout, buffer: bytearray, order: np.ndarray, queries):
     """find_rows, translated from stored slots back to file rows (-1 stays -1)."""
-    hashes, starts, _ = layout.views(buffer)
+    hashes, starts, _, _ = layout.views(buffer)
     slots = find_rows(layout, hashes, starts, queries)
     assert slots.dtype == np.int64 and slots.shape == queries.shape
     file_rows = np.full(slots.shape, -1, dtype=np.int64)
@@ -73,7 +77,7 @@ def test_find_rows_matches_dict(rows: int, kind: str, rng: np.random.Generator) 
     file_rows, slots = lookup_file_rows(layout, buffer, order, queries)
     np.testing.assert_array_equal(file_rows, expected)
     # The vector stored at the slot is the file's vector of that key.
-    _, _, values = layout.views(buffer)
+    values = layout.views(buffer).values
     hit = expected >= 0
     np.testing.assert_array_equal(values[slots[hit]], vectors[expected[hit]])
     # Every stored key is found at a distinct slot.
@@ -208,7 +212,8 @@ def test_duplicate_keys_error_short_list_has_no_tail() -> None:
 def test_views_are_disjoint_and_inside_the_buffer(rng: np.random.Generator) -> None:
     layout = HashLayout(1000, 16)
     buffer = bytearray(layout.nbytes)
-    hashes, starts, values = layout.views(buffer)
+    hashes, starts, positions, values = layout.views(buffer)
+    assert positions is None
     assert hashes.shape == (1001,) and starts.shape == (layout.num_buckets + 1,)
     assert values.shape == (1000, 16) and values.dtype == np.float32
     for offset in (layout.hashes_offset, layout.starts_offset, layout.values_offset):
@@ -265,7 +270,7 @@ def test_find_rows_of_2d_keys_equals_find_rows_of_flat_keys(rng: np.random.Gener
     keys = make_keys(rng, 1000, "dense")
     layout, buffer, _ = build_table(keys, np.zeros((1000, 1), np.float32))
     queries = np.arange(-20, 1020, dtype=np.int64)
-    hashes, starts, _ = layout.views(buffer)
+    hashes, starts, _, _ = layout.views(buffer)
     flat = find_rows(layout, hashes, starts, queries)
     square = find_rows(layout, hashes, starts, queries.reshape(40, 26))
     np.testing.assert_array_equal(square.ravel(), flat)
@@ -278,3 +283,68 @@ def test_find_rows_accepts_other_integer_dtypes() -> None:
         queries = np.array([9, 0, 3, 12], dtype=dtype)
         file_rows, _ = lookup_file_rows(layout, buffer, order, queries)
         assert file_rows.tolist() == [9, 0, 3, -1]
+
+
+# --- the host tier's layout: rows in file order, an index of positions ----------------------
+
+
+@pytest.mark.parametrize("chunk", [3, 1 << 20])
+@pytest.mark.parametrize("rows", ROWS)
+def test_build_index_orders_as_sort_order_and_points_at_the_file_rows(
+    rows: int, chunk: int, rng: np.random.Generator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """build_index sorts in place, a chunk at a time (3 rows: runs of equal high bits across
+    chunks): its hashes and directory equal sort_order's, each entry's position is the file
+    row, and find_rows + entry_rows give every key's file row, -1 for the others."""
+    monkeypatch.setattr(hash_layout_module, "_CHUNK", chunk)
+    keys = make_keys(rng, rows, "wide")
+    layout = HashLayout(rows, 3, positions=True)
+    buffer = bytearray(b"\xff" * layout.nbytes)
+    views = layout.views(buffer)
+    assert views.positions is not None and views.positions.dtype == np.int32
+    build_index(layout, views, keys)
+    order, sorted_hashes = sort_order(keys)
+    np.testing.assert_array_equal(views.hashes[:rows], sorted_hashes)
+    np.testing.assert_array_equal(views.positions, order)
+    starts = np.empty_like(views.starts)
+    fill_directory(layout, sorted_hashes, starts)
+    np.testing.assert_array_equal(views.starts, starts)
+    queries = mixed_queries(rng, keys, max(64, min(rows, 5000)))
+    rows_found = entry_rows(views.positions, find_rows(layout, views.hashes, views.starts, queries))
+    np.testing.assert_array_equal(rows_found, expected_rows(row_reference(keys), queries))
+
+
+@pytest.mark.parametrize("rows", [2, 4096, 50_000])
+def test_build_index_of_hashes_sharing_their_high_bits(
+    rows: int, rng: np.random.Generator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(hash_layout_module, "_CHUNK", 1000)
+    index_bits = (rows - 1).bit_length()
+    high = rng.integers(0, 4, rows * 2, dtype=np.uint64) << np.uint64(50)
+    low = rng.integers(0, 1 << index_bits, rows * 2, dtype=np.uint64)
+    hashes = rng.permutation(np.unique(high | low))[:rows]
+    layout = HashLayout(rows, 1, positions=True, values=False)
+    views = layout.views(bytearray(layout.nbytes))
+    assert views.values is None and layout.nbytes == layout.values_offset
+    build_index(layout, views, unmix64(hashes))
+    np.testing.assert_array_equal(views.positions, np.argsort(hashes, kind="stable"))
+    np.testing.assert_array_equal(views.hashes[:rows], np.sort(hashes))
+
+
+def test_build_index_names_every_duplicate(rng: np.random.Generator) -> None:
+    unique = make_keys(rng, 300, "wide")
+    keys = rng.permutation(np.concatenate([unique, unique[:4], unique[:1]]))
+    layout = HashLayout(len(keys), 1, positions=True)
+    with pytest.raises(DuplicateKeysError) as info:
+        build_index(layout, layout.views(bytearray(layout.nbytes)), keys)
+    assert info.value.duplicates.tolist() == sorted(unique[:4].tolist())
+
+
+def test_positions_sit_between_the_directory_and_the_rows() -> None:
+    plain, placed = HashLayout(1000, 16), HashLayout(1000, 16, positions=True)
+    assert placed.positions_offset == plain.values_offset
+    assert placed.values_offset == placed.positions_offset + 4032  # int32 rows, aligned
+    assert placed.nbytes == plain.nbytes + 4032
+    assert placed.index_nbytes == plain.index_nbytes + 4000
+    huge = HashLayout(2**31 + 5, 1, positions=True)
+    assert huge.values_offset - huge.positions_offset == 8 * (2**31 + 5) + 24  # int64, aligned

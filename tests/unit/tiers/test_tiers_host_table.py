@@ -18,6 +18,7 @@ from tiers_testdata import (
     row_reference,
 )
 
+import hps_core.formats.sparse as sparse_module
 import hps_core.tiers.host_table as host_table_module
 from hps_core.errors import ModelFileError
 from hps_core.formats.sparse import KEY_FILE, VECTOR_FILE
@@ -265,14 +266,10 @@ def test_segment_name_covers_dim_and_file_identity(
 COMPRESSED = [StoragePrecision.FP16, StoragePrecision.INT8, StoragePrecision.FP8]
 
 
-def small_chunks(monkeypatch: pytest.MonkeyPatch, rows: int) -> None:
-    """Stream the sparse files in chunks of ``rows`` rows while a segment is built."""
-    original = host_table_module._iter_sparse_table
-
-    def chunked(path, dim, progress=None):
-        return original(path, dim, chunk_rows=rows, progress=progress)
-
-    monkeypatch.setattr(host_table_module, "_iter_sparse_table", chunked)
+def small_chunks(monkeypatch: pytest.MonkeyPatch, rows: int, dim: int) -> None:
+    """Read the vector file in chunks of ``rows`` rows (on several threads) while a segment
+    is built."""
+    monkeypatch.setattr(sparse_module, "DEFAULT_CHUNK_BYTES", rows * 4 * dim)
 
 
 @pytest.mark.parametrize("precision", COMPRESSED, ids=str)
@@ -296,7 +293,7 @@ def test_compressed_table_answers_its_quantised_rows(
         vectors[2] = 3.5
         vectors[3, 0] = 3e38
     write_sparse_table(tmp_path / "t", keys, vectors, overwrite=True)
-    small_chunks(monkeypatch, 7)
+    small_chunks(monkeypatch, 7, dim)
     fmt = RowFormat(precision, dim)
     default = float(rng.uniform(-2, 2))
     table = SharedHostTable(tmp_path / "t", dim, default_value=default, precision=precision)
