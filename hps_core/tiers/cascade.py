@@ -432,7 +432,8 @@ class TieredTable:
                     )
             except Exception as exc:  # any failure of a tier: its keys fall through
                 got_found, why = None, str(exc)
-                self._log_error(kind, exc)
+                if not _failure_reason(store).startswith("node "):  # a node down: said by it
+                    self._log_error(kind, exc)
             # Failures the store counted itself (keys of a lost node), else the one raised.
             failed = max(store.errors - before, 0 if got_found is not None else 1)
             errors[kind] = errors.get(kind, 0) + failed

@@ -77,7 +77,7 @@ from hps_core.log_every import LogEvery
 from hps_core.tiers.backing import copy_sparse_folder, key_bytes
 
 logger = logging.getLogger(__name__)
-_EVERY = LogEvery()  # a node down: a line per node and table every 10 s, not per request
+_EVERY = LogEvery(60.0)  # other failures of a table's lookups: a line a minute, not per request
 
 CLIENT_NAME = "hps-triton"
 """The name this tier's connections give themselves (``CLIENT SETNAME``)."""
@@ -152,6 +152,7 @@ class _Job:
     replies: list[Any] | None = None
     error: str = ""
     node: str = ""  # the node it was last sent to
+    node_down: bool = False  # it failed because its node does not answer (said once per outage)
 
 
 class RedisClusterStore:
@@ -397,6 +398,7 @@ class RedisClusterStore:
             if self._down_until.get(name, 0.0) > now:
                 for job in node_jobs:
                     job.error = f"node {name} is down (retried after {self.retry_after} s)"
+                    job.node_down = True
                 continue
             batches.append((name, node, node_jobs))
         if len(batches) > 1:
@@ -450,11 +452,19 @@ class RedisClusterStore:
         except (ConnectionError, TimeoutError, OSError) as exc:
             reason = self._redact(f"{type(exc).__name__}: {exc}")
             with self._lock:
+                was_down = name in self._down_until
                 self._down_until[name] = time.monotonic() + self.retry_after
-            _EVERY.log(logger, logging.WARNING, ("node", name),
-                       "volatile_db: Redis node %s failed: %s", name, reason)  # fmt: skip
+            # One line per outage: the node is tried again every retry_after while it lasts.
+            logger.log(
+                logging.DEBUG if was_down else logging.WARNING,
+                "volatile_db: Redis node %s failed: %s; its keys go to the tiers below until it "
+                "answers again",
+                name,
+                reason,
+            )
             for job in jobs:
                 job.error = f"node {name}: {reason}"
+                job.node_down = True
             return False
         with self._lock:
             was_down = self._down_until.pop(name, None) is not None
@@ -709,8 +719,9 @@ class RedisClusterStore:
         if problem:
             if all(job.replies is None for job in jobs):
                 raise TierUnavailableError(problem + " (no node answered)")
-            _EVERY.log(logger, logging.WARNING, ("lookup", table),
-                       "%s; those keys are reported not found", problem)  # fmt: skip
+            if not all(job.node_down for job in jobs if job.error):  # a node down is said once
+                _EVERY.log(logger, logging.WARNING, ("lookup", table),
+                           "%s; those keys go to the tiers below", problem)  # fmt: skip
         if touched:
             self._touch(table, touched)
         out[:] = unique_out[inverse]

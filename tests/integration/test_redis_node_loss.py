@@ -133,8 +133,12 @@ def test_a_lost_node_is_answered_from_the_files_and_refilled_without_a_reload(
     assert metric(server, "hps_tier_refilled_keys_total", "") > 0
     assert metric(server, "hps_tier_unanswered_keys_total", "") == 0
     log = Path(server.log_file).read_text()
-    assert f"Redis node 127.0.0.1:{port} failed" in log
-    assert f"Redis node 127.0.0.1:{port} answers again" in log
+    # Once per instance (a process each) when the node goes, once when it is back.
+    assert 1 <= log.count(f"Redis node 127.0.0.1:{port} failed") <= 2, log[-3000:]
+    assert 1 <= log.count(f"Redis node 127.0.0.1:{port} answers again") <= 2
+    # Other failures (the node answers CLUSTERDOWN while it rejoins): a line a minute per
+    # table and instance at most.
+    assert log.count("those keys go to the tiers below") <= 2 * len(TABLES)
     assert "the Redis cluster lacks" in log and "refilled" in log
 
 
