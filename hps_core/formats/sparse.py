@@ -427,6 +427,7 @@ def read_vectors(
     rows: int,
     out: np.ndarray | None = None,
     consume: Callable[[int, np.ndarray], None] | None = None,
+    prepare: Callable[[int, int], None] | None = None,
     threads: int | None = None,
     progress: bool | None = None,
 ) -> None:
@@ -442,6 +443,9 @@ def read_vectors(
         rows: vectors to read, the first ones of the file.
         out: where to read them.
         consume: called with each chunk instead (``out`` None).
+        prepare: called as ``prepare(start_row, stop_row)`` for each chunk, in order, on a
+            thread of its own that runs ahead of the readers: a chunk is read once it is
+            prepared (the host tier allocates its pages there, while earlier chunks are read).
         threads: readers at once; ``None``: :func:`read_threads`.
         progress: as for :func:`iter_sparse_table`, with GB/s.
 
@@ -457,8 +461,28 @@ def read_vectors(
     threads = min(threads or read_threads(), max(len(starts), 1))
     local = isinstance(path, Path)
     opened = threading.local()
+    ready = {start: threading.Event() for start in starts} if prepare is not None else {}
+    failed: list[BaseException] = []
+
+    def prepare_all() -> None:
+        try:
+            for start in starts:
+                if failed:
+                    return
+                assert prepare is not None
+                prepare(start, min(start + chunk_rows, rows))
+                ready[start].set()
+        except BaseException as exc:
+            failed.append(exc)
+        finally:
+            for event in ready.values():
+                event.set()  # readers waiting on a chunk never prepared find the error
 
     def read(start: int) -> int:
+        if ready:
+            ready[start].wait()
+            if failed:
+                raise failed[0]
         stop = min(start + chunk_rows, rows)
         dest = (
             out[start:stop] if out is not None else np.empty((stop - start, info.dim), VECTOR_DTYPE)
@@ -484,14 +508,22 @@ def read_vectors(
     held: list[int] = []
     enabled = wants_progress(progress, rows * row_bytes)
     label = f"reading {path}"
+    preparer = threading.Thread(target=prepare_all, name="hps-read-prepare", daemon=True)
     try:
         with (
             RowProgress(rows, label, enabled, row_bytes) as bar,
             ThreadPoolExecutor(threads, thread_name_prefix="hps-read") as pool,
         ):
+            if ready:
+                preparer.start()
             for done in pool.map(read, starts):
                 bar.update(done)
+    except BaseException as exc:
+        failed.append(exc)  # stops the preparer
+        raise
     finally:
+        if preparer.is_alive():
+            preparer.join()
         for fd in held:
             os.close(fd)
 

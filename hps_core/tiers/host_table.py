@@ -30,6 +30,7 @@ import hashlib
 import logging
 import mmap
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -207,6 +208,8 @@ class SharedHostTable:
             self._build,
             writable=writable,
             what=f"the host tier of {self.sparse_dir} ({self.rows:,} rows of dim {dim})",
+            # The rows' pages are allocated a chunk ahead of their read, not zeroed first.
+            reserve_first=self.layout.values_offset,
         )
         self.writable = writable and self._segment.buffer is not None
         self._hashes, self._starts, self._positions, self._values = self.layout.views(
@@ -266,7 +269,7 @@ class SharedHostTable:
         """
         return self._hashes, self._starts, self._positions
 
-    def _build(self, buffer: mmap.mmap) -> None:
+    def _build(self, buffer: mmap.mmap, reserve: Callable[[int, int], None]) -> None:
         keys = read_keys(self.sparse_dir, self.rows)  # a short file raises, naming it
         views = self.layout.views(buffer)
         try:
@@ -275,15 +278,24 @@ class SharedHostTable:
             raise ModelFileError(f"{self.sparse_dir / KEY_FILE}: {exc}") from None
         del keys
         values = views.values
+        at, row_bytes = self.layout.values_offset, self.row_format.row_bytes
+
+        def allocate(start: int, stop: int) -> None:
+            reserve(at + start * row_bytes, (stop - start) * row_bytes)
+
         if self.row_format.is_identity:
-            read_vectors(self._info, self.rows, out=values, progress=self._progress)
+            read_vectors(
+                self._info, self.rows, out=values, prepare=allocate, progress=self._progress
+            )
             return
         encode = self.row_format.encode_stored
 
         def store(start: int, vectors: np.ndarray) -> None:  # one chunk at a time, in place
             values[start : start + len(vectors)] = encode(vectors)
 
-        read_vectors(self._info, self.rows, consume=store, progress=self._progress)
+        read_vectors(
+            self._info, self.rows, consume=store, prepare=allocate, progress=self._progress
+        )
 
     def find(self, keys: np.ndarray) -> np.ndarray:
         """Row of each key in the table, ``-1`` for unknown keys.

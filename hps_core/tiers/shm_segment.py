@@ -142,25 +142,27 @@ def shortage_message(directory: Path, what: str, needed: int, free: int, total: 
     )
 
 
-def _reserve(fd: int, size: int, directory: Path, what: str) -> None:
-    """Allocate the first ``size`` bytes of the open file ``fd`` in ``directory`` now.
+def _reserve(fd: int, size: int, directory: Path, what: str, offset: int = 0) -> None:
+    """Allocate ``size`` bytes from byte ``offset`` of the open file ``fd`` in ``directory``
+    now.
 
     Writing to a tmpfs past its size does not fail: the process that touches the page dies of
     SIGBUS (a Triton stub: "Stub process ... is not healthy", no reason given). Allocating up
     front turns that into an error that says what is short.
 
     Args:
-        fd: the file, open for writing; it is extended to ``size`` bytes.
+        fd: the file, open for writing; it is extended to ``offset + size`` bytes.
         size: bytes to allocate (positive).
         directory: the file's folder (named in the error).
         what: what the file holds (named in the error).
+        offset: where they start.
 
     Raises:
         SharedMemoryFullError: the filesystem has less than ``size`` bytes free.
     """
     free, total = folder_space(directory)
     try:
-        os.posix_fallocate(fd, 0, size)
+        os.posix_fallocate(fd, offset, size)
     except OSError as exc:
         if exc.errno != errno.ENOSPC:
             raise
@@ -226,10 +228,11 @@ class SharedSegment:
         cls,
         name: str,
         size: int,
-        build: Callable[[mmap.mmap], None],
+        build: Callable[..., None],
         directory: Path | None = None,
         writable: bool = False,
         what: str = "",
+        reserve_first: int | None = None,
     ) -> SharedSegment:
         """Attach to segment ``name``, building it with ``build`` if it does not exist yet.
 
@@ -241,6 +244,11 @@ class SharedSegment:
             writable: map the segment read-write (for online updates) instead of read-only.
             what: what the segment holds, for messages (e.g. ``"the host tier of /m/t0"``);
                 by default the segment's name.
+            reserve_first: allocate only the first this many bytes before ``build`` runs, and
+                call it as ``build(mapping, reserve)``: it calls ``reserve(offset, length)``
+                for the rest before it touches them (a build that reads a table straight into
+                place allocates each chunk just ahead of its read, instead of zeroing every
+                page first); ``None``: every byte is allocated first, ``build(mapping)``.
 
         Returns:
             The attached segment; ``buffer`` is the mapping.
@@ -256,7 +264,7 @@ class SharedSegment:
             seg._users_fd = users_fd
             try:
                 if not (seg.data_path.exists() and seg.data_path.stat().st_size == size):
-                    seg._build(size, build, what or f"shared-memory segment {name}")
+                    seg._build(size, build, what or f"shared-memory segment {name}", reserve_first)
                     seg.built_here = True
                 seg._map(size, writable)
             except BaseException:
@@ -266,15 +274,29 @@ class SharedSegment:
         _attached.add(seg)
         return seg
 
-    def _build(self, size: int, build: Callable[[mmap.mmap], None], what: str) -> None:
+    def _build(
+        self, size: int, build: Callable[..., None], what: str, reserve_first: int | None
+    ) -> None:
         tmp = self.data_path.with_name(f"{self.data_path.name}.tmp-{os.getpid()}")
         fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
         try:
             if size:
-                _reserve(fd, size, self.directory, what)
+                first = size if reserve_first is None else min(reserve_first, size)
+                free, total = folder_space(self.directory)
+                if free < size:  # said for the whole segment, not the first chunk short
+                    raise SharedMemoryFullError(
+                        shortage_message(self.directory, what, size, free, total)
+                    )
+                os.ftruncate(fd, size)
+                if first:
+                    _reserve(fd, first, self.directory, what)
                 mm = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
                 try:
-                    build(mm)
+                    if reserve_first is None:
+                        build(mm)
+                    else:
+                        build(mm, lambda offset, length: _reserve(
+                            fd, length, self.directory, what, offset))  # fmt: skip
                 finally:
                     # A failing build may still hold array views of the mapping (in its
                     # traceback); closing must not replace its error with a BufferError.
