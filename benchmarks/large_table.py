@@ -12,7 +12,8 @@ Load (any machine):
 - the host tier's build (:class:`~hps_core.tiers.host_table.SharedHostTable`, in a fresh
   process, as a Triton stub builds it), in FP32 and in the other ``--precisions``: seconds,
   GB/s of the files read, the segment's bytes against the stored rows', and the building
-  process's peak anonymous memory (sampled every 20 ms) beside them.
+  process's peak anonymous memory above what it held before the build (``RssAnon``, sampled
+  every 20 ms: neither the shared segment nor the page cache) beside them.
 Each is measured cold (the page cache dropped first, where ``/proc/sys/vm/drop_caches`` can be
 written) and warm (right after a read of the files).
 
@@ -114,24 +115,26 @@ def timed_plain_read(folder: Path) -> float:
 
 _BUILD = r"""
 import json, sys, threading, time
-import psutil
 from hps_core.tiers.host_table import SharedHostTable
 folder, dim, precision = sys.argv[1], int(sys.argv[2]), sys.argv[3]
-me = psutil.Process()
 peak = [0]
 done = threading.Event()
+def anon():  # the process's own memory: not the shared segment, not the page cache
+    for line in open("/proc/self/status"):
+        if line.startswith("RssAnon:"):
+            return int(line.split()[1]) * 1024
+    return 0
 def sample():
     while not done.is_set():
-        peak[0] = max(peak[0], me.memory_full_info().uss - _shared())
+        peak[0] = max(peak[0], anon())
         time.sleep(0.02)
-def _shared():  # pages of the segment this process touched: shared memory, not the build's own
-    return sum(m.rss for m in me.memory_maps() if "/dev/shm/" in m.path)
+base = anon()
 threading.Thread(target=sample, daemon=True).start()
 started = time.perf_counter()
 table = SharedHostTable(folder, dim, precision=precision, progress=False)
 seconds = time.perf_counter() - started
 done.set()
-print(json.dumps({"seconds": seconds, "segment": table.nbytes, "peak_anon": peak[0],
+print(json.dumps({"seconds": seconds, "segment": table.nbytes, "peak_anon": peak[0] - base,
                   "stored_rows": table.rows * table.row_format.row_bytes}))
 table.close()
 """

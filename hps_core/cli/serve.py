@@ -111,6 +111,20 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "default, and off when model-control options are passed to tritonserver)",
     )
     parser.add_argument(
+        "--rebuild-host-tiers",
+        action="store_true",
+        help="build every table's host tier again from its files instead of re-attaching the "
+        "copy an earlier run kept in shared memory (it is re-attached only while its files keep "
+        "their size, modification time and inode)",
+    )
+    parser.add_argument(
+        "--no-keep-host-tiers",
+        dest="keep_host_tiers",
+        action="store_false",
+        help="at the stop, remove the host tiers from shared memory (by default they stay, so "
+        "that a restart with the same files does not read them again)",
+    )
+    parser.add_argument(
         "--strict-models",
         action="store_true",
         help="exit when a model fails to load (by default that model is unavailable, with its "
@@ -274,10 +288,14 @@ def _serve(
         stub_watchdog=watchdog,
         strict_models=args.strict_models,
         model_control=not own_control,
+        keep_host_tiers=args.keep_host_tiers,
     )
     check_ports_free(server)
     # Models a user loads through their own model control may be fewer than the repository's.
-    for warning in check_repository_fits(repository, extra, refuse=not own_control):
+    fits = check_repository_fits(
+        repository, extra, refuse=not own_control, rebuild=args.rebuild_host_tiers
+    )
+    for warning in fits:
         _say(warning)
     control_file = None
     nothing_serves = False

@@ -33,6 +33,7 @@ from hps_core.footprint import table_footprint
 from hps_core.formats.sparse import inspect_sparse_table
 from hps_core.infer.model_io import HPS_MODEL_PARAMETER, PS_JSON_PARAMETER
 from hps_core.tiers.factory import tier_plan
+from hps_core.tiers.file_rows import index_name
 from hps_core.tiers.host_table import segment_name
 from hps_core.tiers.shm_segment import (
     DEV_SHM,
@@ -56,12 +57,15 @@ class ShmNeed:
 
     Attributes:
         host_tiers: bytes of the host-tier segments not built yet, by segment name.
+        segments: names of every segment the models open (built or not): a server that
+            stopped keeps those for a restart (:mod:`hps_core.tiers.shm_segment`).
         instances: model instances, each a Python backend stub with a region of its own.
         region_bytes: bytes of one region (``shm-default-byte-size``).
         growth_bytes: bytes a region grows by (``shm-growth-byte-size``).
     """
 
     host_tiers: dict[str, int] = field(default_factory=dict)
+    segments: set[str] = field(default_factory=set)
     instances: int = 0
     region_bytes: int = REGION_BYTES
     growth_bytes: int = REGION_BYTES
@@ -183,6 +187,9 @@ def repository_need(
                     continue
                 rows = inspect_sparse_table(table.sparse_file, table.dim).rows
                 name = segment_name(table.sparse_file, table.dim, plan.host_fraction, table.storage)
+                need.segments.add(name)
+                if plan.model_files:
+                    need.segments.add(index_name(table.sparse_file, table.dim))
                 nbytes = table_footprint(ps, model, table, rows).host
                 data = directory / f"{PREFIX}{name}.data"
                 if not (data.is_file() and data.stat().st_size == nbytes):
@@ -193,18 +200,21 @@ def repository_need(
 
 
 def check_repository_fits(
-    repository: Path, extra_args: Sequence[str] = (), refuse: bool = True
+    repository: Path, extra_args: Sequence[str] = (), refuse: bool = True, rebuild: bool = False
 ) -> list[str]:
     """Refuse a repository whose models would not fit the free shared memory.
 
     Segments whose users all died are removed first (every load does so too, so their
-    space is free for this server).
+    space is free for this server), and so are the segments a server kept at its stop that
+    this repository's models do not open (another repository's, an older version's); those it
+    opens are kept for its models to re-attach, unless ``rebuild``.
 
     Args:
         repository: the model repository about to be served.
         extra_args: tritonserver options.
         refuse: raise when the models do not fit; ``False`` returns that as a warning (when
             not every model may be loaded).
+        rebuild: remove every kept segment, so that the models build their host tiers again.
 
     Returns:
         Warnings: the models fit, but with less to spare than their regions grow by when a
@@ -216,7 +226,8 @@ def check_repository_fits(
             needed and free, what needs them, and Docker's ``--shm-size`` fix.
     """
     directory = shm_dir()
-    remove_stale_segments(directory)
+    wanted = repository_need(repository, extra_args, directory).segments
+    remove_stale_segments(directory, keep=() if rebuild else wanted)
     need = repository_need(repository, extra_args, directory)
     # One filesystem unless HPS_SHM_DIR names another: the regions are always in /dev/shm.
     if os.stat(directory).st_dev == os.stat(DEV_SHM).st_dev:

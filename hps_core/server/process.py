@@ -53,6 +53,7 @@ from hps_core.server.control import (
 from hps_core.server.install import TritonInstallation, find_triton, prepend_paths
 from hps_core.server.ports import busy_ports, listening_ports, pick_free_ports
 from hps_core.server.stub_watchdog import StubWatchdog
+from hps_core.tiers.shm_segment import KEEP_ENV, shm_dir
 from hps_core.wording import plural
 
 # Options the launcher sets itself; passing them in extra_args would contradict its state.
@@ -183,6 +184,9 @@ class TritonServer:
         model_control: run in explicit model-control mode with every model loaded at start
             and the model-repository API closed to clients (as ``stub_watchdog`` does, which
             implies it), so that :meth:`load_model` can switch a model to a new version.
+        keep_host_tiers: at :meth:`stop`, leave the host tiers in shared memory for a restart
+            whose files did not change to re-attach (:mod:`hps_core.tiers.shm_segment`);
+            segments of versions unloaded while it runs are released either way.
 
     Example:
         >>> with TritonServer("model_repository") as server:  # doctest: +SKIP
@@ -207,6 +211,7 @@ class TritonServer:
     stub_watchdog: bool = False
     strict_models: bool = True
     model_control: bool = False
+    keep_host_tiers: bool = False
 
     _watchdog: StubWatchdog | None = field(default=None, init=False, repr=False)
     _control_token: str = field(default="", init=False, repr=False)
@@ -303,6 +308,9 @@ class TritonServer:
             The server's exit code (negative: killed by that signal; 0 also when it was ended
             after every model it could unload was unloaded); ``None`` if never started.
         """
+        keep_marker = self._keep_marker() if self.keep_host_tiers else None
+        if keep_marker is not None and self._process is not None:
+            keep_marker.touch()  # the stubs about to exit keep their host tiers while it is
         stranded: set[int] = set()
         if self._watchdog is not None:  # first: the stubs are about to exit on purpose
             self._watchdog.stop()
@@ -334,8 +342,14 @@ class TritonServer:
                 self._load_records = None
             # Stubs that shared GPU caches and had to be killed leave CUDA's event files.
             remove_cuda_event_files(members)
+            if keep_marker is not None:
+                keep_marker.unlink(missing_ok=True)
             self._run_on_stopped()
         return self._returncode
+
+    def _keep_marker(self) -> Path:
+        """The file whose presence tells this server's stubs to keep their host tiers."""
+        return shm_dir() / f"hps-triton-keep.{os.getpid()}.{id(self):x}"
 
     def _stop_stranded(self, proc: subprocess.Popen[bytes], stranded: set[int]) -> bool:
         """Stop a server that holds model versions it can never unload, without its exit
@@ -664,6 +678,8 @@ class TritonServer:
             env.setdefault(name, "1")
         if self._load_records is not None:  # what each model's last load read (restarts compare)
             env[LOAD_RECORDS_ENV] = str(self._load_records)
+        if self.keep_host_tiers:
+            env[KEEP_ENV] = str(self._keep_marker())
         if installation.stub_library_dirs:
             env["LD_LIBRARY_PATH"] = prepend_paths(
                 list(installation.stub_library_dirs), env.get("LD_LIBRARY_PATH")

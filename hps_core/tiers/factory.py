@@ -86,9 +86,9 @@ from hps_core.tiers.backing import BackingStore, table_tag
 from hps_core.tiers.cascade import LowerTier, TieredTable
 from hps_core.tiers.encoded_rows import EncodedRows, encoded_tag, other_copies
 from hps_core.tiers.file_rows import ModelFileRows, index_name
-from hps_core.tiers.host_table import LAYOUT_VERSION, SharedHostTable, file_identity, held_rows
+from hps_core.tiers.host_table import LAYOUT_VERSION, SharedHostTable, held_rows
 from hps_core.tiers.overlay import OverlayStore
-from hps_core.tiers.shm_segment import file_lock, shm_dir
+from hps_core.tiers.shm_segment import file_identity, file_lock, shm_dir
 
 logger = logging.getLogger("hps_core")
 

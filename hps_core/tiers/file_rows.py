@@ -34,8 +34,8 @@ from hps_core.tiers.hash_layout import (
     entry_rows,
     find_rows,
 )
-from hps_core.tiers.host_table import LAYOUT_VERSION, file_identity
-from hps_core.tiers.shm_segment import SharedSegment
+from hps_core.tiers.host_table import LAYOUT_VERSION
+from hps_core.tiers.shm_segment import SharedSegment, file_identity
 
 KIND = "model_files"
 """The tier's label in counters and metrics."""
@@ -86,7 +86,10 @@ class ModelFileRows:
         self._identity = self._files_identity()
         self.layout = index_layout(self.rows, dim)
         self._segment = SharedSegment.open(
-            index_name(self.sparse_dir, dim), self.layout.nbytes, self._build
+            index_name(self.sparse_dir, dim),
+            self.layout.nbytes,
+            self._build,
+            sources=(self.sparse_dir / KEY_FILE, self.sparse_dir / VECTOR_FILE),
         )
         buffer = self._segment.buffer if self._segment.buffer is not None else bytearray(0)
         self._hashes, self._starts, self._positions, _ = self.layout.views(buffer)

@@ -54,19 +54,13 @@ from hps_core.tiers.hash_layout import (
     find_hashes,
     find_rows,
 )
-from hps_core.tiers.shm_segment import SharedSegment
+from hps_core.tiers.shm_segment import SharedSegment, file_identity
 
 logger = logging.getLogger("hps_core")
 
 # Part of every segment name: bump it when the layout changes, so that a server of a new
 # version never maps a segment built by an old one.
 LAYOUT_VERSION = 3
-
-
-def file_identity(path: ModelPath) -> str:
-    """``path:size:mtime_ns:inode`` of a file: equal strings mean the same file contents."""
-    st = path.stat()
-    return f"{path.resolve()}:{st.st_size}:{st.st_mtime_ns}:{st.st_ino}"
 
 
 def held_rows(rows: int, fraction: float) -> int:
@@ -210,6 +204,7 @@ class SharedHostTable:
             what=f"the host tier of {self.sparse_dir} ({self.rows:,} rows of dim {dim})",
             # The rows' pages are allocated a chunk ahead of their read, not zeroed first.
             reserve_first=self.layout.values_offset,
+            sources=(self.sparse_dir / KEY_FILE, self.sparse_dir / VECTOR_FILE),
         )
         self.writable = writable and self._segment.buffer is not None
         self._hashes, self._starts, self._positions, self._values = self.layout.views(

@@ -21,6 +21,17 @@ leaves its parent's segments alone). If every user died without detaching (the s
 killed), the files stay until the next :func:`remove_stale_segments`, which runs whenever a
 segment is opened and when ``hps serve`` stops: a segment whose ``users`` lock can be taken
 exclusively has no user left and is removed.
+
+**Kept across a restart.** A server that stops keeps the segments built from files (the host
+tiers), so that a restart whose files did not change re-attaches them instead of reading the
+files again. While its launcher stops it, the launcher holds a marker file named by
+:data:`KEEP_ENV` in the stubs' environment; the last user of a segment opened with ``sources``
+then leaves it in place with ``<name>.source``, the identity (path, size, modification time,
+inode) of each source file. :func:`remove_stale_segments` removes such a segment when a
+source no longer has that identity (the files changed or vanished), when a list of the
+segments to keep is given without it (``hps serve`` gives its repository's), or always when
+asked to rebuild; it keeps it otherwise. Segments of a version unloaded while the server runs
+are released as before: only a stop keeps them.
 """
 
 from __future__ import annotations
@@ -29,20 +40,25 @@ import atexit
 import contextlib
 import errno
 import fcntl
+import json
 import logging
 import math
 import mmap
 import os
 import re
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 from hps_core.errors import SharedMemoryFullError
 
 logger = logging.getLogger("hps_core")
 
 PREFIX = "hps-triton."
+KEEP_ENV = "HPS_KEEP_SEGMENTS_WHILE"
+"""Environment variable naming a file: while it exists, the last user of a segment built from
+files keeps the segment (its launcher is stopping the server; see the module docstring)."""
 DEV_SHM = Path("/dev/shm")
 """The folder Docker's ``--shm-size`` sizes, and where Triton's Python backend keeps its
 regions whatever ``HPS_SHM_DIR`` says."""
@@ -169,6 +185,29 @@ def _reserve(fd: int, size: int, directory: Path, what: str, offset: int = 0) ->
         raise SharedMemoryFullError(shortage_message(directory, what, size, free, total)) from None
 
 
+def file_identity(path: Any) -> str:
+    """``path:size:mtime_ns:inode`` of a file (local, or an
+    :class:`~hps_core.formats.uris.FsPath`): equal strings mean the same file contents."""
+    st = path.stat()
+    return f"{path.resolve()}:{st.st_size}:{st.st_mtime_ns}:{st.st_ino}"
+
+
+def _keeping() -> bool:
+    marker = os.environ.get(KEEP_ENV)
+    return bool(marker) and os.path.exists(marker)
+
+
+def _sources_unchanged(sidecar: Path) -> bool:
+    """Whether every source file a kept segment records still has its identity."""
+    try:
+        sources = json.loads(sidecar.read_text())
+        return bool(sources) and all(
+            file_identity(Path(path)) == identity for path, identity in sources
+        )
+    except (OSError, ValueError, TypeError):
+        return False
+
+
 def _same_file(fd: int, path: Path) -> bool:
     # A lock taken on a file that was unlinked meanwhile protects nothing: compare inodes.
     try:
@@ -218,6 +257,8 @@ class SharedSegment:
         self.data_path = base.with_name(base.name + ".data")
         self.build_path = base.with_name(base.name + ".build")
         self.users_path = base.with_name(base.name + ".users")
+        self.source_path = base.with_name(base.name + ".source")
+        self._sources: list[tuple[str, str]] = []  # (path, identity) of the files it holds
         self._users_fd: int | None = None
         self.buffer: mmap.mmap | None = None
         self.built_here = False
@@ -233,6 +274,7 @@ class SharedSegment:
         writable: bool = False,
         what: str = "",
         reserve_first: int | None = None,
+        sources: Sequence[Any] = (),
     ) -> SharedSegment:
         """Attach to segment ``name``, building it with ``build`` if it does not exist yet.
 
@@ -249,6 +291,9 @@ class SharedSegment:
                 for the rest before it touches them (a build that reads a table straight into
                 place allocates each chunk just ahead of its read, instead of zeroing every
                 page first); ``None``: every byte is allocated first, ``build(mapping)``.
+            sources: the local files the segment is built from: a server that stops keeps it
+                for a restart while they do not change (see the module docstring). Files
+                named by URI are not kept (checking them would reach their store).
 
         Returns:
             The attached segment; ``buffer`` is the mapping.
@@ -257,6 +302,8 @@ class SharedSegment:
             SharedMemoryFullError: the segment must be built and its folder lacks the space.
         """
         seg = cls(name, directory)
+        if sources and all(isinstance(path, Path) for path in sources):
+            seg._sources = [(str(path.resolve()), file_identity(path)) for path in sources]
         remove_stale_segments(seg.directory)
         with file_lock(seg.build_path) as _:
             users_fd = os.open(seg.users_path, os.O_RDWR | os.O_CREAT, 0o600)
@@ -340,8 +387,12 @@ class SharedSegment:
                 if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
                     raise
             else:
-                _unlink_segment_files(self)
-                removed = True
+                if self._sources and _keeping():
+                    self.source_path.write_text(json.dumps(self._sources))
+                    logger.info("kept shared-memory segment %s for a restart", self.name)
+                else:
+                    _unlink_segment_files(self)
+                    removed = True
         os.close(self._users_fd)
         self._users_fd = None
         return removed
@@ -394,7 +445,7 @@ atexit.register(_detach_at_exit)
 
 
 def _unlink_segment_files(seg: SharedSegment) -> None:
-    for path in (seg.data_path, seg.users_path, seg.build_path):
+    for path in (seg.data_path, seg.source_path, seg.users_path, seg.build_path):
         with contextlib.suppress(FileNotFoundError):
             path.unlink()
 
@@ -410,13 +461,19 @@ def pid_alive(pid: int) -> bool:
     return True
 
 
-def remove_stale_segments(directory: Path | None = None) -> list[str]:
-    """Remove segments that no live process uses (their users all died).
+def remove_stale_segments(
+    directory: Path | None = None, keep: Collection[str] | None = None
+) -> list[str]:
+    """Remove segments that no live process uses (their users all died, or they were kept by
+    a server that stopped and are not to be kept any more).
 
     Also removes half-built temporary files whose builder process is gone.
 
     Args:
         directory: where the segments live; defaults to :func:`shm_dir`.
+        keep: names of kept segments to keep still (while their sources are unchanged);
+            ``None`` keeps every kept segment whose sources are unchanged, an empty
+            collection none.
 
     Returns:
         Names of the segments (and temporary files) removed.
@@ -446,6 +503,9 @@ def remove_stale_segments(directory: Path | None = None) -> list[str]:
                 continue
             finally:
                 os.close(users_fd)
+            wanted = keep is None or seg.name in keep
+            if wanted and seg.source_path.exists() and _sources_unchanged(seg.source_path):
+                continue  # kept by a server that stopped, for its restart
             _unlink_segment_files(seg)
             removed.append(seg.name)
     for path in directory.glob(f"{PREFIX}*.data"):
