@@ -47,8 +47,8 @@ def served(request, tmp_path: Path, triton_installation):
     before = digest(hugectr.repo)
     ports = [f"--{service}-port=0" for service in ("http", "grpc", "metrics")]
     command = [
-        sys.executable, "-m", "hps_core.cli.main", "serve", "--model-repository",
-        str(hugectr.repo), *ports, "--",
+        sys.executable, "-m", "hps_core.cli.main", "serve", "--no-keep-host-tiers",
+        "--model-repository", str(hugectr.repo), *ports, "--",
         f"--backend-config=hps,ps={hugectr.hps_ps}", "--backend-config",
         f"hugectr,ps={hugectr.hugectr_ps}",
     ]  # fmt: skip

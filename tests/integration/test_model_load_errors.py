@@ -108,7 +108,16 @@ def test_hps_serve_exits_with_the_reasons_when_no_model_loads(repo, capsys) -> N
         if stray.is_dir() and stray.name != "bad":
             shutil.rmtree(stray)
     ports = [f"--{service}-port=0" for service in ("http", "grpc", "metrics")]
-    code = hps_main(["serve", "--model-repository", str(folder), "--no-stub-watchdog", *ports])
+    code = hps_main(
+        [
+            "serve",
+            "--no-keep-host-tiers",
+            "--model-repository",
+            str(folder),
+            "--no-stub-watchdog",
+            *ports,
+        ]
+    )
     captured = capsys.readouterr()
     assert code == 1
     assert "hps serve: model 'bad' is UNAVAILABLE" in captured.err
@@ -127,7 +136,16 @@ def test_hps_serve_says_a_vector_file_cut_at_half_is_truncated(repo, capsys) -> 
     with emb.open("r+b") as f:
         f.truncate(1000 * DIM * 4 // 2)
     ports = [f"--{service}-port=0" for service in ("http", "grpc", "metrics")]
-    code = hps_main(["serve", "--model-repository", str(folder), "--no-stub-watchdog", *ports])
+    code = hps_main(
+        [
+            "serve",
+            "--no-keep-host-tiers",
+            "--model-repository",
+            str(folder),
+            "--no-stub-watchdog",
+            *ports,
+        ]
+    )
     err = capsys.readouterr().err
     assert code == 1
     assert (

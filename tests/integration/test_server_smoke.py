@@ -204,8 +204,8 @@ def test_the_server_dies_with_a_killed_launcher(triton_installation, tmp_path):
     ports = ["--http-port", "0", "--grpc-port", "0", "--metrics-port", "0"]
     with log.open("wb") as out:
         launcher = subprocess.Popen(
-            [sys.executable, "-m", "hps_core.cli.main", "serve", "--model-repository", str(repo),
-             *ports],
+            [sys.executable, "-m", "hps_core.cli.main", "serve", "--no-keep-host-tiers",
+             "--model-repository", str(repo), *ports],
             stdout=out, stderr=subprocess.STDOUT, env=env,
         )  # fmt: skip
     server_pid = None

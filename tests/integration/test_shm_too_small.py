@@ -75,8 +75,8 @@ def _serve_with_shm(repo: Path, size: str, log: Path) -> subprocess.Popen[str]:
     ports = [f"--{service}-port=0" for service in ("http", "grpc", "metrics")]
     command = [
         "unshare", "--mount", "--propagation", "private", "sh", "-c", mount, "sh",
-        sys.executable, "-m", "hps_core.cli.main", "serve", "--model-repository", str(repo),
-        *ports,
+        sys.executable, "-m", "hps_core.cli.main", "serve", "--no-keep-host-tiers",
+        "--model-repository", str(repo), *ports,
     ]  # fmt: skip
     env = {k: v for k, v in os.environ.items() if k != "HPS_SHM_DIR"}  # the namespace's /dev/shm
     with log.open("w") as err:

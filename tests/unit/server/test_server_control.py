@@ -230,8 +230,9 @@ def test_hps_serve_publishes_the_control_file_until_it_stops(
 ) -> None:
     env = {**fake_triton.environ("ok"), "HPS_RUNTIME_DIR": str(run_dir)}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "hps_core.cli.main", "serve", "--model-repository",
-         str(model_repository), "--http-port", "0", "--grpc-port", "0", "--metrics-port", "0"],
+        [sys.executable, "-m", "hps_core.cli.main", "serve", "--no-keep-host-tiers",
+         "--model-repository", str(model_repository), "--http-port", "0", "--grpc-port", "0",
+         "--metrics-port", "0"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
     )  # fmt: skip
     try:
