@@ -9,6 +9,7 @@ Load (any machine):
 - ``cat`` of the two files to ``/dev/null``: what the disk and page cache give;
 - a plain sequential ``readinto`` of the same files into a fresh ``/dev/shm`` file mapped into
   memory: the rate a copy into shared memory can reach on one thread;
+- a restart: a fresh process opening the host tier a stopped server kept (files unchanged);
 - the host tier's build (:class:`~hps_core.tiers.host_table.SharedHostTable`, in a fresh
   process, as a Triton stub builds it), in FP32 and in the other ``--precisions``: seconds,
   GB/s of the files read, the segment's bytes against the stored rows', and the building
@@ -30,6 +31,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import csv
+import json
 import mmap
 import os
 import subprocess
@@ -41,6 +43,7 @@ from pathlib import Path
 import numpy as np
 
 from hps_core.formats.sparse import KEY_FILE, VECTOR_FILE
+from hps_core.tiers.shm_segment import KEEP_ENV, remove_stale_segments
 
 DIM = 128
 
@@ -140,17 +143,32 @@ table.close()
 """
 
 
-def timed_build(folder: Path, precision: str) -> dict:
-    """The host tier's build in a fresh process (the segment is removed when it exits)."""
+def timed_build(folder: Path, precision: str, keep: Path | None = None) -> dict:
+    """The host tier's build in a fresh process; the segment is removed when it exits, unless
+    ``keep`` (a marker file that exists) keeps it as a stopping server's launcher does."""
+    env = dict(os.environ)
+    if keep is not None:
+        env[KEEP_ENV] = str(keep)
     out = subprocess.run(
         [sys.executable, "-c", _BUILD, str(folder), str(DIM), precision],
         capture_output=True,
         text=True,
         check=True,
+        env=env,
     )
-    import json
-
     return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def timed_restart(folder: Path, precision: str) -> float:
+    """Seconds a fresh process takes to open the host tier a stopped server kept."""
+    with tempfile.TemporaryDirectory() as scratch:
+        marker = Path(scratch) / "keep"
+        marker.touch()
+        timed_build(folder, precision, keep=marker)  # the last run, stopping
+        marker.unlink()
+        seconds = timed_build(folder, precision)["seconds"]  # the restart: attaches
+    remove_stale_segments(keep=())
+    return seconds
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -198,6 +216,11 @@ def main(argv: list[str] | None = None) -> int:
                 "segment_x_rows": built["segment"] / stored,
                 "peak_anon_x_rows": built["peak_anon"] / stored,
             })  # fmt: skip
+            if cache == "warm":
+                seconds = timed_restart(folder, precision)
+                results.append({"what": f"restart, files unchanged ({precision})",
+                                 "cache": "kept", "seconds": seconds,
+                                 "gb_per_s": gb / seconds})  # fmt: skip
     fields = ["what", "cache", "seconds", "gb_per_s", "segment_x_rows", "peak_anon_x_rows"]
     with open(args.out / "large_table.csv", "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=fields, extrasaction="ignore")

@@ -321,13 +321,21 @@ def _open_unbuffered(path: ModelPath) -> RawIOBase:
         raise ModelFileError(f"{path}: cannot open: {exc.strerror or exc}") from exc
 
 
-def read_keys(folder: ModelPath, rows: int) -> np.ndarray:
+def read_keys(folder: ModelPath, rows: int, out: np.ndarray | None = None) -> np.ndarray:
     """The first ``rows`` keys of a sparse model folder's ``key`` file (local or by URI).
+
+    Args:
+        folder: the sparse model folder.
+        rows: keys to read.
+        out: an int64 ``[rows]`` array to read them into (else a new one).
+
+    Returns:
+        The keys.
 
     Raises:
         ModelFileError: the file is shorter (it changed since it was inspected).
     """
-    keys = np.empty(rows, dtype=KEY_DTYPE)
+    keys = np.empty(rows, dtype=KEY_DTYPE) if out is None else out
     path = folder / KEY_FILE
     with _open_unbuffered(path) as stream:
         _fill(stream, keys, path, 0)
@@ -436,7 +444,8 @@ def read_vectors(
     Either straight into ``out`` (a writable float32 ``[rows, dim]`` array, the rows' final
     place: no second copy), or chunk by chunk into buffers handed to ``consume(start_row,
     vectors)``, which must be safe to call from several threads at once (each call gets its
-    own rows).
+    own rows) and must not keep ``vectors``: each reading thread reuses its buffer (a fresh
+    one per chunk would fault its pages in again every time).
 
     Args:
         info: the table (:func:`inspect_sparse_table`).
@@ -484,9 +493,12 @@ def read_vectors(
             if failed:
                 raise failed[0]
         stop = min(start + chunk_rows, rows)
-        dest = (
-            out[start:stop] if out is not None else np.empty((stop - start, info.dim), VECTOR_DTYPE)
-        )
+        if out is not None:
+            dest = out[start:stop]
+        else:
+            if not hasattr(opened, "buffer"):
+                opened.buffer = np.empty((min(chunk_rows, rows), info.dim), VECTOR_DTYPE)
+            dest = opened.buffer[: stop - start]
         if local:
             if not hasattr(opened, "fd"):
                 opened.fd = _open_fd(path)

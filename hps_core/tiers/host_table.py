@@ -37,6 +37,7 @@ import numpy as np
 
 from hps_core.errors import ModelFileError
 from hps_core.formats.sparse import (
+    KEY_DTYPE,
     KEY_FILE,
     VECTOR_FILE,
     inspect_sparse_table,
@@ -265,15 +266,21 @@ class SharedHostTable:
         return self._hashes, self._starts, self._positions
 
     def _build(self, buffer: mmap.mmap, reserve: Callable[[int, int], None]) -> None:
-        keys = read_keys(self.sparse_dir, self.rows)  # a short file raises, naming it
         views = self.layout.views(buffer)
+        values = views.values
+        at, row_bytes = self.layout.values_offset, self.row_format.row_bytes
+        # The keys are sorted from where the rows will go (rows of 8 bytes or more): the
+        # build then holds no memory besides the segment and a chunk.
+        scratch = None
+        if row_bytes >= KEY_DTYPE.itemsize and self.rows:
+            reserve(at, self.rows * KEY_DTYPE.itemsize)
+            scratch = np.frombuffer(buffer, KEY_DTYPE, self.rows, at)
+        keys = read_keys(self.sparse_dir, self.rows, out=scratch)  # a short file raises
         try:
             build_index(self.layout, views, keys)
         except DuplicateKeysError as exc:
             raise ModelFileError(f"{self.sparse_dir / KEY_FILE}: {exc}") from None
-        del keys
-        values = views.values
-        at, row_bytes = self.layout.values_offset, self.row_format.row_bytes
+        del keys, scratch
 
         def allocate(start: int, stop: int) -> None:
             reserve(at + start * row_bytes, (stop - start) * row_bytes)
@@ -283,10 +290,11 @@ class SharedHostTable:
                 self._info, self.rows, out=values, prepare=allocate, progress=self._progress
             )
             return
-        encode = self.row_format.encode_stored
+        encode_into = self.row_format.encode_into
+        encoded = values.view(np.uint8).reshape(self.rows, row_bytes)
 
         def store(start: int, vectors: np.ndarray) -> None:  # one chunk at a time, in place
-            values[start : start + len(vectors)] = encode(vectors)
+            encode_into(vectors, encoded[start : start + len(vectors)])
 
         read_vectors(
             self._info, self.rows, consume=store, prepare=allocate, progress=self._progress
