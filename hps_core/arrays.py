@@ -6,11 +6,26 @@ CuPy is imported only when a GPU is asked for, so CPU-only machines (and CI) nev
 
 from __future__ import annotations
 
+import glob
+import os
 from typing import Any
 
 import numpy as np
 
 from hps_core.errors import NotAvailableError
+
+
+def gpu_devices() -> list[str]:
+    """This machine's GPU device files: ``/dev/nvidia0``, ... (NVIDIA's driver) or ``/dev/dxg``
+    (WSL2). They exist wherever a GPU and its driver do, whether CuPy is installed or not, so
+    they tell a machine without a GPU from one without CuPy."""
+    return sorted(glob.glob("/dev/nvidia[0-9]*")) + glob.glob("/dev/dxg")
+
+
+def _visible_devices() -> str:
+    """`` (CUDA_VISIBLE_DEVICES=...)`` when that variable hides devices from CUDA, else ``""``."""
+    value = os.environ.get("CUDA_VISIBLE_DEVICES")
+    return "" if value is None else f" (CUDA_VISIBLE_DEVICES={value!r})"
 
 
 def array_module(device_id: int | None) -> Any:
@@ -23,22 +38,39 @@ def array_module(device_id: int | None) -> Any:
         ``numpy`` for the host, ``cupy`` for a GPU.
 
     Raises:
-        NotAvailableError: a GPU is asked for but CuPy or that device is missing.
+        NotAvailableError: a GPU is asked for but the machine has none, CuPy is not installed,
+            or CUDA does not see that device (the message says which).
     """
     if device_id is None:
         return np
+    asked = f"GPU {device_id} requested"
+    no_gpu = f"{asked}, but this machine has no GPU (no NVIDIA device in /dev)"
+    on_cpu = "; leave device_id out (None) to run on the CPU"
     try:
         import cupy
     except ImportError as exc:
+        # CuPy is missing on every machine without a GPU: say the cause, not the symptom.
+        if not gpu_devices():
+            raise NotAvailableError(no_gpu + on_cpu) from exc
         raise NotAvailableError(
-            f"GPU {device_id} requested but CuPy is not installed (pip install 'hps-triton[gpu]')"
+            f"{asked}, but CuPy is not installed (pip install 'hps-triton[gpu]')"
         ) from exc
     try:
         count = cupy.cuda.runtime.getDeviceCount()
     except cupy.cuda.runtime.CUDARuntimeError as exc:
-        raise NotAvailableError(f"GPU {device_id} requested but CUDA is unusable: {exc}") from exc
+        if not gpu_devices():
+            raise NotAvailableError(
+                f"{no_gpu}: CuPy is installed, CUDA says {exc}{on_cpu}"
+            ) from exc
+        raise NotAvailableError(
+            f"{asked}, but CUDA is unusable: {exc}{_visible_devices()}"
+        ) from exc
+    if count == 0:
+        raise NotAvailableError(f"{asked}, but CUDA sees no GPU{_visible_devices()}{on_cpu}")
     if not 0 <= device_id < count:
-        raise NotAvailableError(f"GPU {device_id} requested but {count} CUDA devices are visible")
+        raise NotAvailableError(
+            f"{asked}, but {count} CUDA devices are visible{_visible_devices()}"
+        )
     return cupy
 
 
