@@ -135,26 +135,28 @@ def summary_document(report: CheckReport) -> dict[str, object]:
 
 def run(args: argparse.Namespace) -> int:
     """Check the ps.json; print a summary (exit 0) or one line per problem (exit 1), after a
-    warning per field set without effect here."""
+    warning per field set without effect here; with ``--json``, one JSON document on stdout
+    that holds all of them, and nothing on stderr."""
     report = check_ps_json(args.ps_json, args.model, keys=True)
     notes: list[str] = []
     if args.connect and report.config is not None:
         problems, notes = check_connections(report.config)
         report.problems += problems
+    if args.json:  # one JSON document on stdout, the problems and warnings in it, nothing else
+        if report.problems:
+            problems = [{"where": p.where, "message": p.message} for p in report.problems]
+            doc = {"ok": False, "problems": problems, "warnings": report.warnings}
+            print(json.dumps(doc, indent=2))
+            return 1
+        doc = {**summary_document(report), "warnings": report.warnings, "connections": notes}
+        print(json.dumps(doc, indent=2))
+        return 0
     for line in report.warnings:
         print(f"warning: {line}", file=sys.stderr)
     if report.problems:
         for problem in report.problems:
             print(problem, file=sys.stderr)
-        if args.json:  # a program reading stdout learns the outcome there too
-            problems = [{"where": p.where, "message": p.message} for p in report.problems]
-            doc = {"ok": False, "problems": problems, "warnings": report.warnings}
-            print(json.dumps(doc, indent=2))
         return 1
-    if args.json:
-        doc = {**summary_document(report), "warnings": report.warnings, "connections": notes}
-        print(json.dumps(doc, indent=2))
-        return 0
     assert report.config is not None  # a clean report parsed its ps.json
     servers = _servers(report.config)
     if servers and not args.connect:
@@ -193,7 +195,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--json",
         action="store_true",
-        help="print the summary as JSON (exact bytes of each tier); on problems, "
-        '{"ok": false, "problems": [...]}',
+        help="print only JSON, on stdout: the summary (exact bytes of each tier) and the "
+        'warnings; on problems, {"ok": false, "problems": [...], "warnings": [...]}',
     )
     parser.set_defaults(func=run)

@@ -239,14 +239,24 @@ def test_a_key_file_that_repeats_a_key_is_a_problem(
     assert_problem_lines(code, out, err, [pattern])
 
 
-def test_json_says_the_problems_on_stdout_too(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    ps = _ranking_copy(tmp_path, embedding_vecsize_per_table=[1, 8])
-    code, out, err = run_check(capsys, str(ps), "--json")
+def test_json_prints_only_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # Problems and warnings are in the document on stdout; stderr stays empty.
+    ps = _ranking_copy(tmp_path, embedding_vecsize_per_table=[1, 8], thread_pool_size=4)
+    code, text_out, text_err = run_check(capsys, str(ps))
+    code_json, out, err = run_check(capsys, str(ps), "--json")
     doc = json.loads(out)
-    assert code == 1 and doc["ok"] is False and doc["warnings"] == []
-    assert [f"{p['where']}: {p['message']}" for p in doc["problems"]] == err.splitlines()
+    assert code == code_json == 1 and doc["ok"] is False and err == ""
+    problems = [line for line in text_err.splitlines() if not line.startswith("warning: ")]
+    assert [f"{p['where']}: {p['message']}" for p in doc["problems"]] == problems
+    assert [f"warning: {w}" for w in doc["warnings"]] == [
+        line for line in text_err.splitlines() if line.startswith("warning: ")
+    ]
+    assert any("thread_pool_size = 4" in w for w in doc["warnings"]) and text_out == ""
+    clean = _ranking_copy(tmp_path / "clean", thread_pool_size=4)
+    code, out, err = run_check(capsys, str(clean), "--json")
+    doc = json.loads(out)
+    assert code == 0 and doc["ok"] is True and err == ""
+    assert any("thread_pool_size = 4" in w for w in doc["warnings"])
 
 
 def assert_problem_lines(code: int, out: str, err: str, expected: list[str]) -> None:
