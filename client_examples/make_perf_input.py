@@ -16,8 +16,10 @@ Usage:
     python client_examples/make_perf_input.py --tables-rows 100000,20000 \\
         --keys-per-table 26,26 --alpha 1.05 --samples 64 --seed 0 --out perf_input.json
 
-Needs the ``hps_core`` package of this repository (``pip install -e .``) for the key
-generator.
+Needs NumPy and the ``hps_core`` package of this repository for the key generator: run it with
+the checkout's venv, ``.venv/bin/python client_examples/make_perf_input.py`` (``scripts/setup.sh``
+creates it), or ``pip install -e .`` into the Python that runs it. Another Python stops with a
+message saying so.
 """
 
 from __future__ import annotations
@@ -31,9 +33,42 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-import numpy as np
+_REPO_ROOT = Path(__file__).resolve().parent.parent
+"""The checkout; ``scripts/setup.sh`` installs its venv (Python, perf_analyzer) in ``.venv/``."""
 
-from hps_core.workload import uniform_keys, zipf_keys, zipf_top_k_mass
+
+def _without_packages(error: ModuleNotFoundError) -> str:
+    """The message for a Python that lacks NumPy or ``hps_core``: which Python to use instead.
+
+    A plain ``python`` is the system's, without this checkout's packages; the quick start's
+    clients run with the venv's, so the message names it, with the arguments given.
+
+    Args:
+        error: the failed import.
+
+    Returns:
+        One line for stderr.
+    """
+    venv_python = _REPO_ROOT / ".venv" / "bin" / "python"
+    try:
+        shown = str(venv_python.relative_to(Path.cwd()))
+    except ValueError:
+        shown = str(venv_python)
+    script = sys.argv[0] if sys.argv[0].endswith(Path(__file__).name) else __file__
+    command = shlex.join([shown, script, *sys.argv[1:]])
+    setup = "" if venv_python.exists() else " (bash scripts/setup.sh creates it)"
+    return (
+        f"error: {Path(__file__).name} needs this checkout's packages, and {sys.executable} "
+        f"has no module {error.name!r}: run it with the checkout's venv{setup}: {command}"
+    )
+
+
+try:
+    import numpy as np
+
+    from hps_core.workload import uniform_keys, zipf_keys, zipf_top_k_mass
+except ModuleNotFoundError as _missing:  # a Python without this checkout's packages
+    sys.exit(_without_packages(_missing))
 
 # hps_client_common sits next to this script; make it importable when the script is run
 # from elsewhere or loaded by file path.
@@ -51,8 +86,6 @@ from hps_client_common import (  # noqa: E402
 )
 
 PERF_ANALYZER = "perf_analyzer"
-# scripts/setup.sh installs perf_analyzer as .venv/bin/perf_analyzer of the checkout.
-_REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
 def make_perf_input(
@@ -169,7 +202,12 @@ def find_perf_analyzer(
 
 
 def perf_analyzer_command(out: Path, perf_analyzer: str = PERF_ANALYZER) -> str:
-    """Return the perf_analyzer command line that replays ``out`` against the server.
+    """Return the perf_analyzer command line that replays ``out`` against the server: the
+    README's quick-start load test.
+
+    A fixed number of requests at one concurrency ends in seconds on any machine and exits
+    non-zero when a request fails; perf_analyzer's default, windows of 5 s until three agree
+    within 10 %, may never settle on a busy 2-core machine.
 
     Args:
         out: the input-data file.
@@ -179,8 +217,8 @@ def perf_analyzer_command(out: Path, perf_analyzer: str = PERF_ANALYZER) -> str:
         One shell command line.
     """
     return (
-        f"{perf_analyzer} -m {DEFAULT_MODEL} -i grpc -u localhost:8001 -b 1 "
-        f"--input-data {shlex.quote(str(out))} --concurrency-range 1:8"
+        f"{perf_analyzer} -m {DEFAULT_MODEL} -i grpc -u localhost:8001 "
+        f"--input-data {shlex.quote(str(out))} --concurrency-range 2 --request-count 2000"
     )
 
 

@@ -97,7 +97,7 @@ def test_main_writes_a_file_perf_analyzer_can_read(perf_input, tmp_path, capsys)
     doc = json.loads(out.read_text())
     assert doc == perf_input.make_perf_input([100_000, 20_000], [26, 26], 1.05, 64, 0)
     printed = capsys.readouterr().out
-    assert "KEYS shape [52]" in printed and "-b 1" in printed
+    assert "KEYS shape [52]" in printed and "--request-count 2000" in printed
 
 
 def test_main_reports_bad_values(perf_input, tmp_path, capsys):

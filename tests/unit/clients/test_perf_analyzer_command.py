@@ -52,6 +52,27 @@ def test_main_prints_the_runnable_command(
     assert perf_input.main(["--samples", "2", "--out", "in put.json"]) == 0
     use = capsys.readouterr().out.splitlines()[-1]
     assert use == (
-        "use: .venv/bin/perf_analyzer -m hps_embedding -i grpc -u localhost:8001 -b 1 "
-        "--input-data 'in put.json' --concurrency-range 1:8"
+        "use: .venv/bin/perf_analyzer -m hps_embedding -i grpc -u localhost:8001 "
+        "--input-data 'in put.json' --concurrency-range 2 --request-count 2000"
     )
+
+
+def test_a_python_without_the_packages_is_told_which_to_use(tmp_path: Path) -> None:
+    """A plain ``python`` (here: the venv's without its site-packages, so neither NumPy nor
+    hps_core) stops with one line naming the checkout's venv Python and the same arguments,
+    instead of a traceback."""
+    import subprocess
+
+    script = Path(__file__).resolve().parents[3] / "client_examples" / "make_perf_input.py"
+    done = subprocess.run(
+        [sys.executable, "-S", str(script), "--samples", "2", "--out", str(tmp_path / "p.json")],
+        capture_output=True, text=True, check=False, cwd=tmp_path,
+    )  # fmt: skip
+    assert done.returncode == 1
+    assert "Traceback" not in done.stderr, done.stderr
+    line = done.stderr.strip()
+    assert line.startswith("error: make_perf_input.py needs this checkout's packages"), line
+    venv_python = str(script.parents[1] / ".venv" / "bin" / "python")
+    assert "run it with the checkout's venv" in line and venv_python in line, line
+    assert line.endswith(f"--samples 2 --out {tmp_path / 'p.json'}"), line
+    assert not (tmp_path / "p.json").exists()
