@@ -7,7 +7,8 @@ top of its heap back to the operating system whenever more than twice the larges
 lies free there. A batch's arrays together are many times its largest one, so every batch freed
 its heap's top and the next one mapped and zeroed those pages again: on the 2-core CPU machine
 the zoo's DLRM at 1,024 samples took 1,848 page faults and 10.8-11.2 ms a batch, 4.1-4.7 ms
-with the settings below and no fault (``benchmarks/cpu_batch_memory.py``, BENCHMARKS.md).
+with the settings below and no fault (``benchmarks/cpu_batch_memory.py``,
+docs/BENCHMARKS_HISTORY.md).
 
 :func:`keep_freed_memory` makes glibc serve blocks below :data:`MMAP_THRESHOLD` from its heap
 and keep up to :data:`TRIM_THRESHOLD` of freed memory for the next batch. It is process-wide:

@@ -168,8 +168,8 @@ class MetricsPublisher:
     counters of a model of 26 tables took 4.5-15 ms (CPU instances, 2 cores, Triton 2.51), which
     on the ``execute`` path made every request that paid it the slowest (16-sample requests of
     the default DLRM: p99 13.5-14.2 ms against a p50 of 4.2-4.3 ms; 7.0-9.0 ms p99 from this
-    thread, BENCHMARKS.md). On this thread requests never wait for it, and counters reach the
-    endpoint within ``period_s`` with or without traffic.
+    thread, docs/BENCHMARKS_HISTORY.md). On this thread requests never wait for it, and
+    counters reach the endpoint within ``period_s`` with or without traffic.
 
     Args:
         report: publishes what changed since its last call; an exception is logged (its first

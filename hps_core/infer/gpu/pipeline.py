@@ -47,12 +47,13 @@ Steps 3-4 run on the pipeline's cache stream inside the caches' ordering section
 a half-done insert. Within step 3 of a batch looked up in parts, each part's pooling runs on a
 pool stream of its own after that part's ``bank_find``, beside the next part's (the finds wait
 on the host's memory, whose rows cross PCIe, the poolings on the GPU's; how much they overlap
-on the H200: BENCHMARKS.md), and the cache stream waits for the last pooling before it leaves
-the section. The dense network waits for the lookup only. With caches of its own, the insert
-waits for the scores and runs while the host stages the next batch (beside the dense network it
-cost 3-13% of a batch on the H200); with caches shared between processes it runs at once,
-beside the dense network (on the main stream, of higher priority), since the other processes'
-next lookups wait for it. The next batch's lookup comes after the insert on the cache stream.
+on the H200: docs/BENCHMARKS_HISTORY.md), and the cache stream waits for the last pooling
+before it leaves the section. The dense network waits for the lookup only. With caches of its
+own, the insert waits for the scores and runs while the host stages the next batch (beside the
+dense network it cost 3-13% of a batch on the H200); with caches shared between processes it
+runs at once, beside the dense network (on the main stream, of higher priority), since the
+other processes' next lookups wait for it. The next batch's lookup comes after the insert on
+the cache stream.
 
 A model whose tables have tiers below the host tier (Redis, RocksDB, an update overlay with
 new keys) waits once more per batch while those tiers may hold rows: between steps 2 and 3,
@@ -108,7 +109,7 @@ _POOL_PRIORITY = -1
 """The pool stream's priority: above the cache stream's (0), meant to let the previous part's
 pooling take the SMs as a part's ``bank_find`` blocks retire, before the next find's blocks
 fill them (below the main stream's, whose dense network comes first). Measured at f73a47c
-against 0: within the noise either way (BENCHMARKS.md)."""
+against 0: within the noise either way (docs/BENCHMARKS_HISTORY.md)."""
 _ROW_PARTS = True
 """Look a large sample-major host batch up by ranges of samples, each as soon as it is copied
 (``False``: after its whole copy, by groups of tables). DLRM-v2, 16,384 fresh samples, 0.2
