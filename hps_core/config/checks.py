@@ -37,7 +37,8 @@ class JSONObject(dict):
     """A JSON object that remembers keys written twice with different values.
 
     ``json`` keeps the last value of a repeated key, as HugeCTR's parser does; a repeat with
-    a different value is almost always an editing mistake, so it is reported.
+    a different value is almost always an editing mistake, so it is warned about (HugeCTR's
+    own samples have one: the file loads there, and so it does here).
     """
 
     conflicts: dict[str, list[Any]]
@@ -156,6 +157,9 @@ class Collector:
     def __init__(self, base_dir: Path) -> None:
         self.base_dir = base_dir
         self.problems: list[Problem] = []
+        self.repeated: list[tuple[str, tuple[Any, ...]]] = []
+        """Keys given more than once with different values: location and every value, in
+        file order (the last one is taken, as HugeCTR takes it)."""
 
     def add(self, where: str, message: str) -> None:
         """Record a problem at ``where``."""
@@ -364,12 +368,7 @@ class ObjectReader:
         self._where = where
         self._known: list[str] = []
         for key, values in getattr(obj, "conflicts", {}).items():
-            shown = " then ".join(json.dumps(v) for v in values)
-            collector.add(
-                self.path_of(key),
-                f"given {len(values)} times with different values ({shown}); HugeCTR uses "
-                "the last one silently, so keep only the one you mean",
-            )
+            collector.repeated.append((self.path_of(key), tuple(values)))
 
     def path_of(self, key: str) -> str:
         """Location of ``key`` in this object, e.g. ``models[0].gpucacheper``."""

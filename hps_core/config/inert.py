@@ -5,11 +5,14 @@ unchanged); a value other than HugeCTR's default asks for something this project
 (or does anyway), which :func:`inert_settings` says, one line per field, for ``hps check`` and
 the model's load log. ``fp8_quant`` acts on models with static GPU tables, as in HugeCTR, and
 is listed only for the others; on a static model, the tables it leaves in FP32 (``dim`` 1 and
-2) get a line each.
+2) get a line each. The same lines name each key the file gives twice with different values,
+and the value taken (the last, as HugeCTR's JSON reader takes it).
 """
 
 from __future__ import annotations
 
+import json
+import re
 from collections.abc import Callable
 from dataclasses import fields
 from typing import Any
@@ -90,8 +93,10 @@ def _fp8_kept_fp32(model: ModelConfig) -> list[str]:
 def inert_settings(config: PSConfig, model: ModelConfig | None = None) -> list[str]:
     """One line per field of ``config`` (and of ``model``, or of every model) set to a value
     other than HugeCTR's default although it has no effect here, naming where it is set and
-    what HugeCTR would do with it; and one line per table of a static model that
-    ``fp8_quant`` leaves in FP32.
+    what HugeCTR would do with it; one line per table of a static model that
+    ``fp8_quant`` leaves in FP32; and one line per key given twice with different values,
+    naming the file and the value taken. ``hps check`` prints these lines, a model's load
+    logs them.
 
     Args:
         config: the parsed ps.json.
@@ -104,7 +109,13 @@ def inert_settings(config: PSConfig, model: ModelConfig | None = None) -> list[s
         >>> inert_settings(config)  # doctest: +SKIP
         ["models[0].fp8_quant = true (model 'wdl'): accepted without effect: HugeCTR ..."]
     """
+    in_models = re.compile(r"models\[\d+\]")
     lines = [
+        _repeated(config, where, values)
+        for where, values in config.repeated_keys
+        if not in_models.match(where)
+    ]
+    lines += [
         f"{name} = {_json(value)}: accepted without effect: {meaning}"
         for name, value, meaning in _non_default(config, _TOP_FIELDS)
     ]
@@ -117,6 +128,11 @@ def inert_settings(config: PSConfig, model: ModelConfig | None = None) -> list[s
         if model is not None and entry is not model:
             continue
         lines += [
+            _repeated(config, where, values)
+            for where, values in config.repeated_keys
+            if where.startswith(f"models[{index}].")
+        ]
+        lines += [
             f"models[{index}].{name} = {_json(value)} (model '{entry.name}'): accepted without "
             f"effect: {meaning}"
             for name, value, meaning in _non_default(entry, _MODEL_FIELDS)
@@ -127,6 +143,17 @@ def inert_settings(config: PSConfig, model: ModelConfig | None = None) -> list[s
         ]
         lines += [f"models[{index}].{note} (model '{entry.name}')" for note in entry.notes]
     return lines
+
+
+def _repeated(config: PSConfig, where: str, values: tuple[Any, ...]) -> str:
+    """The line of a key given more than once with different values: where, how often, in
+    which file, and the value taken."""
+    shown = " then ".join(json.dumps(v) for v in values)
+    file = "" if config.source_path is None else f" in {config.source_path}"
+    return (
+        f"{where} is given {len(values)} times{file} ({shown}): {json.dumps(values[-1])} is "
+        "taken, the last, as HugeCTR's JSON reader takes it; keep only the one you mean"
+    )
 
 
 def _json(value: Any) -> str:

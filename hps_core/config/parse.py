@@ -35,8 +35,7 @@ Strictness (where this parser rejects files HugeCTR would accept):
     - Quoted numbers and booleans, and names in any case with spaces or dashes, are read as
       HugeCTR's Triton backends read them; keys of HugeCTR before v3.3 (``db_type``, ...) are
       warned about (``PSConfig.legacy_keys``).
-    - A key written twice in one object with different values is a problem (HugeCTR keeps the
-      last). JSON comments and trailing commas are rejected, as HugeCTR's JSON reader does.
+    - JSON comments and trailing commas are rejected, as HugeCTR's JSON reader does.
     - ``model`` must be a non-empty, unique name (HugeCTR defaults it to ``""``), and at least
       one sparse file is needed.
     - ``use_static_table: true`` together with an ``embedding_cache_type`` other than
@@ -44,6 +43,14 @@ Strictness (where this parser rejects files HugeCTR would accept):
     - File paths may be URIs (``s3://``, ``hdfs://``, ``gs://``, HugeCTR's S3 HTTPS form; see
       :mod:`hps_core.formats.uris`): read through ``pyarrow.fs``, connected on first use; any
       other URL is a problem.
+
+Accepted as HugeCTR accepts it, with a warning (:mod:`hps_core.config.inert` words them):
+    - A key written twice in one object with different values: the last one is taken, as
+      HugeCTR's JSON reader takes it (``PSConfig.repeated_keys``). HugeCTR's own
+      hps-triton-ensemble sample gives ``num_of_refresher_buffer_in_pool`` 1 then 0.
+    - Any count of 0 or more for the fields that have no effect here
+      (``num_of_worker_buffer_in_pool``, ``num_of_refresher_buffer_in_pool``,
+      ``thread_pool_size``), 0 included, which HugeCTR's parser takes too.
 
 Differences from the docs (HugeCTR's parser is followed; the docs are
 ``docs/source/hierarchical_parameter_server/hps_database_backend.md``):
@@ -319,7 +326,12 @@ def _root(c: Collector, obj: Any, source: str, source_path: Path) -> PSConfig | 
         )
         return None
     legacy_keys = tuple((key, root[key]) for key in legacy)
-    return PSConfig(**values, source_path=source_path, legacy_keys=legacy_keys)
+    return PSConfig(
+        **values,
+        source_path=source_path,
+        legacy_keys=legacy_keys,
+        repeated_keys=tuple(c.repeated),
+    )
 
 
 def _models(c: Collector, value: Any, where: str) -> tuple[ModelConfig, ...] | None:
@@ -368,8 +380,8 @@ def _model(c: Collector, value: Any, where: str) -> ModelConfig | None:
             "gpucache": c.boolean,
             "gpucacheper": c.number_in(UNIT),
             "hit_rate_threshold": c.number_in(AT_LEAST_0),
-            "num_of_worker_buffer_in_pool": c.int_in(),
-            "num_of_refresher_buffer_in_pool": c.int_in(),
+            "num_of_worker_buffer_in_pool": c.int_in(AT_LEAST_0),
+            "num_of_refresher_buffer_in_pool": c.int_in(AT_LEAST_0),
             "cache_refresh_percentage_per_iteration": c.number_in(UNIT),
             "refresh_delay": c.number_in(AT_LEAST_0),
             "refresh_interval": c.int_in(AT_LEAST_0),
@@ -381,7 +393,7 @@ def _model(c: Collector, value: Any, where: str) -> ModelConfig | None:
             "enable_pagelock": c.boolean,
             "fp8_quant": c.boolean,
             "use_mixed_precision": c.boolean,
-            "thread_pool_size": c.int_in(),
+            "thread_pool_size": c.int_in(AT_LEAST_0),
             "storage_precision": partial(c.choice, names=_STORAGE_PRECISION_NAMES),
             "storage_precision_per_table": c.list_of(
                 partial(c.choice, names=_STORAGE_PRECISION_NAMES)

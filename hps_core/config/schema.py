@@ -624,6 +624,9 @@ class PSConfig:
             in it were resolved against its folder.
         legacy_keys: keys of HugeCTR before v3.3 present in the file (read by nothing, as
             by HugeCTR since), with their values.
+        repeated_keys: keys given more than once in one object with different values: their
+            location (``models[0].gpucache``) and every value in file order; the last one
+            is taken, as HugeCTR's JSON reader takes it.
     """
 
     models: tuple[ModelConfig, ...]
@@ -634,6 +637,7 @@ class PSConfig:
     update_source: UpdateSourceConfig = field(default_factory=UpdateSourceConfig)
     source_path: Path | None = field(default=None, compare=False)
     legacy_keys: tuple[tuple[str, Any], ...] = field(default=(), compare=False)
+    repeated_keys: tuple[tuple[str, tuple[Any, ...]], ...] = field(default=(), compare=False)
 
     @property
     def model_names(self) -> tuple[str, ...]:

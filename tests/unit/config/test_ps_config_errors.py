@@ -9,6 +9,7 @@ import pytest
 from ps_samples import MINIMAL_PS, REALISTIC_PS, problems_of, write_ps
 
 from hps_core.config import load_ps_config, parse_ps_config
+from hps_core.config.inert import inert_settings
 from hps_core.errors import ConfigError
 
 DELETE = object()
@@ -267,20 +268,58 @@ def test_root_must_be_an_object():
     assert "expected an object {...}, found a list of 1 item" in problem.message
 
 
-def test_conflicting_repeated_key_is_reported(tmp_path, minimal):
+def test_a_key_repeated_with_another_value_takes_the_last_with_one_warning(tmp_path, minimal):
+    """HugeCTR's JSON reader takes the last value of a repeated key (its hps-triton-ensemble
+    sample repeats num_of_refresher_buffer_in_pool, 1 then 0): so here, with one warning
+    naming the key, the file and the value taken."""
+    minimal["volatile_db"] = {"type": "hash_map"}
     path = write_ps(tmp_path, minimal)
     path.write_text(
-        path.read_text().replace(
-            '"model": "tiny",', '"gpucache": true, "model": "tiny", "gpucache": false,'
-        )
+        path.read_text()
+        .replace('"model": "tiny",', '"gpucache": true, "model": "tiny", "gpucache": false,')
+        .replace('"type": "hash_map"', '"type": "hash_map", "type": "parallel_hash_map"')
     )
 
-    with pytest.raises(ConfigError) as info:
-        load_ps_config(path)
+    config = load_ps_config(path)
 
-    (problem,) = info.value.problems
-    assert problem.where == "models[0].gpucache"
-    assert "given 2 times with different values (true then false)" in problem.message
+    assert config.models[0].gpucache is False
+    assert config.volatile_db.type.value == "parallel_hash_map"
+    assert config.repeated_keys == (
+        ("volatile_db.type", ("hash_map", "parallel_hash_map")),
+        ("models[0].gpucache", (True, False)),
+    )
+    assert inert_settings(config) == [
+        f'volatile_db.type is given 2 times in {path} ("hash_map" then "parallel_hash_map"): '
+        '"parallel_hash_map" is taken, the last, as HugeCTR\'s JSON reader takes it; keep '
+        "only the one you mean",
+        f"models[0].gpucache is given 2 times in {path} (true then false): false is taken, the "
+        "last, as HugeCTR's JSON reader takes it; keep only the one you mean",
+    ]
+
+
+def test_a_key_repeated_with_the_same_value_is_not_warned_about(tmp_path, minimal):
+    path = write_ps(tmp_path, minimal)
+    path.write_text(
+        path.read_text().replace('"model": "tiny",', '"model": "tiny", "model": "tiny",')
+    )
+    config = load_ps_config(path)
+    assert config.repeated_keys == () and inert_settings(config) == []
+
+
+@pytest.mark.parametrize(
+    "key", ["num_of_worker_buffer_in_pool", "num_of_refresher_buffer_in_pool", "thread_pool_size"]
+)
+def test_zero_for_a_count_without_effect_here_is_accepted_with_one_warning(minimal, key):
+    """HugeCTR's parser takes 0 for these counts; they change nothing here: accepted, and
+    warned about once, as any value other than HugeCTR's default of such a field."""
+    minimal["models"][0][key] = 0
+    config = parse_ps_config(minimal, "/repo")
+    assert getattr(config.models[0], key) == 0
+    (line,) = inert_settings(config)
+    assert line.startswith(f"models[0].{key} = 0 (model 'tiny'): accepted without effect: ")
+    minimal["models"][0][key] = -1  # HugeCTR would wrap it around to a huge count
+    (problem,) = problems_of(minimal)
+    assert problem.where == f"models[0].{key}" and "an integer >= 0, found -1" in problem.message
 
 
 @pytest.mark.parametrize(
