@@ -10,7 +10,10 @@ that serve those models with the same request contracts, the user's repository u
 - each ``hps``/``hugectr`` model becomes the model :mod:`hps_core.triton_repo` writes for its
   ps.json entry (the Triton model's name is the ps.json model's, as in HugeCTR), with the
   config.pbtxt's ``max_batch_size``, ``instance_group``, ``dynamic_batching`` queue delay and
-  ``version_policy`` and one model folder per version folder it has;
+  ``version_policy`` and one model folder per version folder it has (``0`` included, as
+  hugectr_backend's hps-triton-ensemble sample numbers its model's), and the user's ps.json
+  (``source_ps_json``), which the model's load log, its warnings and errors name
+  (:func:`user_paths` names the user's files in Triton's messages too);
 - config.pbtxt parameters are applied as HugeCTR's backends apply them (over the ps.json):
   both backends ``refresh_interval``, ``refresh_delay``, ``freeze_sparse``; the ``hugectr``
   backend also ``config`` (the network file), ``sparse_files``, ``dense_file``, ``gpucache``
@@ -33,6 +36,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -43,7 +47,11 @@ from tritonclient.grpc import model_config_pb2 as pb
 from hps_core.config import ModelConfig, load_ps_config
 from hps_core.errors import ConfigError, HPSError, Problem
 from hps_core.infer.inputs.layout import load_ranking_graph
-from hps_core.infer.model_io import FREEZE_SPARSE_PARAMETER, PRECISION_PARAMETER
+from hps_core.infer.model_io import (
+    FREEZE_SPARSE_PARAMETER,
+    PRECISION_PARAMETER,
+    SOURCE_PS_JSON_PARAMETER,
+)
 from hps_core.triton_repo import (
     InstanceGroup,
     ServingOptions,
@@ -224,8 +232,44 @@ def translate_model(
             write_embedding_model(out, config, model, options, name, at)
         else:
             write_ranking_model(out, config, model, options, name, at, samples=False)
-    _carry_over(out / name / "config.pbtxt", user, precision)
+    _carry_over(out / name / "config.pbtxt", user, precision, ps_json)
     return notes
+
+
+def user_paths(text: str, translation: Path, repository: Path) -> str:
+    """``text`` (a message of Triton's about the translated repository ``translation / "repo"``)
+    naming the user's files: a translated model's ps.json as the user's ps.json it was written
+    from (its config.pbtxt's ``source_ps_json``), any other path in the translation as the
+    same path in the user's ``repository``.
+
+    Args:
+        text: the message.
+        translation: the folder :func:`translate_repository` wrote into ``repo`` of.
+        repository: the user's repository.
+
+    Returns:
+        The message, naming no file of the translation.
+
+    Example:
+        >>> user_paths("/tmp/t/repo/emb/ps.json: bad", Path("/tmp/t"), Path("/m"))
+        ... # doctest: +SKIP
+        '/m/ps/emb.json: bad'
+    """
+    translated = translation / "repo"
+    if str(translated) not in text:
+        return text
+
+    def source(match: re.Match[str]) -> str:
+        try:
+            parameters = read_config(translated / match[1] / "config.pbtxt").parameters
+        except (ConfigError, OSError):
+            return match[0]
+        if SOURCE_PS_JSON_PARAMETER not in parameters:
+            return match[0]
+        return parameters[SOURCE_PS_JSON_PARAMETER].string_value or match[0]
+
+    ps_json = re.escape(str(translated)) + r"/([^/\s'\"]+)/(?:\d+/)?ps\.json"
+    return re.sub(ps_json, source, text).replace(str(translated), str(repository))
 
 
 def _apply_parameters(
@@ -403,10 +447,12 @@ def _serving_options(user: pb.ModelConfig, gpu: bool) -> tuple[ServingOptions, l
     return options, notes
 
 
-def _carry_over(path: Path, user: pb.ModelConfig, precision: str | None) -> None:
-    """Give the written config.pbtxt the user's version policy, the network precision and,
-    unbatched, the user's tensor shapes."""
+def _carry_over(path: Path, user: pb.ModelConfig, precision: str | None, ps_json: Path) -> None:
+    """Give the written config.pbtxt the user's version policy, the network precision,
+    unbatched, the user's tensor shapes, and the user's ps.json (which the model's load log
+    and errors name, and whose warnings it logs, as ``hps check`` prints them)."""
     config = read_config(path)
+    config.parameters[SOURCE_PS_JSON_PARAMETER].string_value = str(ps_json)
     if user.HasField("version_policy"):
         config.version_policy.CopyFrom(user.version_policy)
     if config.max_batch_size == 0:

@@ -38,11 +38,14 @@ class ModelReport:
         tables: the inspected sparse table of each table index (None where it is broken).
         footprint: the bytes each tier will hold (:mod:`hps_core.footprint`); None unless
             every table was inspected.
+        network_warnings: its ps.json sizing fields that disagree with its network (also in
+            the report's ``warnings``).
     """
 
     model: ModelConfig
     tables: list[SparseTableInfo | None] = field(default_factory=list)
     footprint: ModelFootprint | None = None
+    network_warnings: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -137,7 +140,7 @@ def check_ps_json(
             rows = [info.rows for info in model_report.tables if info is not None]
             model_report.footprint = model_footprint(config, model, rows)
         if network and is_ranking_model(model) and len(report.problems) == problems_before:
-            _check_network(model, where, report)
+            _check_network(model_report, where, report)
     return report
 
 
@@ -159,7 +162,8 @@ def _relative_hint(config: PSConfig, path: Path | str) -> str:
     )
 
 
-def _check_network(model: ModelConfig, where: str, report: CheckReport) -> None:
+def _check_network(model_report: ModelReport, where: str, report: CheckReport) -> None:
+    model = model_report.model
     try:
         _, layout = load_ranking_graph(model, where)
     except ConfigError as exc:
@@ -171,7 +175,8 @@ def _check_network(model: ModelConfig, where: str, report: CheckReport) -> None:
         # (HugeCTR's hps backend, which serves only lookups, does not check its network.)
         report.problems += exc.problems or [Problem(f"{where}.network_file", str(exc))]
     else:
-        report.warnings += ps_json_disagreements(model, layout, where)
+        model_report.network_warnings = ps_json_disagreements(model, layout, where)
+        report.warnings += model_report.network_warnings
 
 
 def check_connections(config: PSConfig, timeout_s: float = 5.0) -> tuple[list[Problem], list[str]]:
@@ -251,14 +256,23 @@ def _held(config: PSConfig, names: list[str]) -> str:
 
 
 def check_model_files(
-    path: str | os.PathLike[str], model_name: str, network: bool = True
+    path: str | os.PathLike[str],
+    model_name: str,
+    network: bool = True,
+    source: str | os.PathLike[str] | None = None,
 ) -> ModelReport:
-    """Check one model of a ps.json; raise with every problem found and log each warning.
+    """Check one model of a ps.json; raise with every problem found and log each warning:
+    the warnings ``hps check`` prints for the same ps.json and model.
 
     Args:
         path: the ps.json.
         model_name: the model to check.
         network: check its network too (see :func:`check_ps_json`).
+        source: the ps.json the user wrote, when ``path`` is a copy written from it (the
+            translation of a HugeCTR repository, :mod:`hps_core.hugectr_repo`): every
+            problem and warning names it instead of the copy, and the warnings are those of
+            ``hps check`` on it (a copy keeps no key given twice, no list HugeCTR fits),
+            with the copy's network warnings (its network may be named by config.pbtxt).
 
     Returns:
         The model's report: its configuration, tables and tier bytes.
@@ -267,8 +281,33 @@ def check_model_files(
         ConfigError: listing every problem.
     """
     report = check_ps_json(path, model_name, network)
+    if source is not None:
+        report.problems = [_located(p, Path(path), Path(source)) for p in report.problems]
     if report.problems:
         raise ConfigError(report.problems)
-    for line in report.warnings:
-        logger.warning("%s: %s", path, line)
+    warnings = report.warnings
+    if source is not None:
+        warnings = _source_warnings(Path(source), model_name, report)
+    for line in warnings:
+        logger.warning("%s: %s", path if source is None else source, line)
     return report.models[0]
+
+
+def _located(problem: Problem, copy: Path, source: Path) -> Problem:
+    """``problem`` of the copy ``copy`` of the ps.json ``source``, naming ``source``."""
+    where = problem.where.replace(str(copy), str(source))
+    if str(source) not in where:
+        where = f"{source}: {where}"
+    return Problem(where, problem.message.replace(str(copy), str(source)))
+
+
+def _source_warnings(source: Path, model_name: str, report: CheckReport) -> list[str]:
+    """The warnings of the user's ps.json ``source`` for ``model_name`` (as ``hps check``
+    words them) and the copy's network warnings; the copy's own warnings when ``source`` no
+    longer reads (edited since the copy was written: the next translation reports it)."""
+    try:
+        config = load_ps_config(source)
+        model = config.model(model_name)
+    except ConfigError:
+        return report.warnings
+    return inert_settings(config, model) + report.models[0].network_warnings

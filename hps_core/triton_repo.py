@@ -336,8 +336,9 @@ def _write_ps_json(folder: Path, config: PSConfig) -> None:
 
 
 def _version_folder(folder: Path, version: int | None) -> Path:
-    """The folder of ``version`` in a model folder (``1`` when no version is asked for)."""
-    return folder / str(version or 1)
+    """The folder of ``version`` in a model folder (``1`` when no version is asked for;
+    version 0 is a folder of its own, as Triton serves it)."""
+    return folder / str(1 if version is None else version)
 
 
 def model_versions(folder: Path) -> list[int]:
@@ -499,8 +500,9 @@ def write_embedding_model(
         model: the model to serve.
         options: batching and placement.
         triton_name: folder / Triton name; the ps.json model name by default.
-        version: write this version with its own ps.json in ``<folder>/<version>/``;
-            ``None`` writes version 1 with the ps.json in the model folder.
+        version: write this version (0 included, as HugeCTR's samples number theirs) with
+            its own ps.json in ``<folder>/<version>/``; ``None`` writes version 1 with the
+            ps.json in the model folder.
 
     Returns:
         The model folder.
@@ -511,7 +513,7 @@ def write_embedding_model(
     _write(folder / "config.pbtxt", embedding_config_pbtxt(name, model, options, model.name))
     version_dir = _version_folder(folder, version)
     _write(version_dir / "model.py", EMBEDDING_MODEL_PY)
-    _write_ps_json(version_dir if version else folder, config)
+    _write_ps_json(version_dir if version is not None else folder, config)
     if options.warmup:
         # One key per table: loading every table is the point, the key need not exist.
         t = len(model.tables)
@@ -555,9 +557,9 @@ def write_ranking_model(
         options: batching and placement.
         triton_name: name of the first folder / Triton model; the ps.json model name by
             default.
-        version: write this version of both models, each with its own copy of the ps.json
-            in ``<folder>/<version>/``; ``None`` writes version 1 with one ps.json in the
-            first folder.
+        version: write this version of both models (0 included), each with its own copy of
+            the ps.json in ``<folder>/<version>/``; ``None`` writes version 1 with one ps.json
+            in the first folder.
         samples: also write ``<name>_samples`` (``False``: the ``hugectr`` contract alone).
 
     Returns:
@@ -573,7 +575,7 @@ def write_ranking_model(
     text = hugectr_config_pbtxt(name, layout, options, config.supportlonglong)
     _write(folder / "config.pbtxt", text)
     _write(_version_folder(folder, version) / "model.py", HUGECTR_RANKING_MODEL_PY)
-    _write_ps_json(_version_folder(folder, version) if version else folder, config)
+    _write_ps_json(_version_folder(folder, version) if version is not None else folder, config)
     if options.warmup:
         rows = np.concatenate([np.arange(s + 1) for s in layout.slot_nums])
         _write(folder / "warmup" / "rowindex", rows.astype("<i4").tobytes())
@@ -584,7 +586,7 @@ def write_ranking_model(
     text = samples_config_pbtxt(samples_name, layout, options, f"../{name}/ps.json")
     _write(samples_folder / "config.pbtxt", text)
     _write(_version_folder(samples_folder, version) / "model.py", SAMPLES_RANKING_MODEL_PY)
-    if version:
+    if version is not None:
         _write_ps_json(_version_folder(samples_folder, version), config)
     return [folder, samples_folder]
 

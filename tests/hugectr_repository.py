@@ -1,12 +1,18 @@
 """A model repository written the way HugeCTR's docs and samples write one, for the tests of
 serving it unchanged (``hps_core.hugectr_repo``, ``hps serve -- --backend-config=...``).
 
-Two models: ``hps_embedding`` (``backend: "hps"``, two tables of dims 16 and 32) and
-``dlrm`` (``backend: "hugectr"``, the demo DLRM: 26 one-hot tables, 13 dense features), each
-with KIND_GPU instances, HugeCTR's ``parameters`` and an empty version folder ``1``; their
-files (sparse, dense, network) outside the repository; one ps.json per backend with absolute
-paths and, as HugeCTR's, no ``network_file`` (the ``hugectr`` config.pbtxt's ``config`` names
-the network).
+:func:`write_hugectr_repository`: two models, ``hps_embedding`` (``backend: "hps"``, two
+tables of dims 16 and 32) and ``dlrm`` (``backend: "hugectr"``, the demo DLRM: 26 one-hot
+tables, 13 dense features), each with KIND_GPU instances, HugeCTR's ``parameters`` and an empty
+version folder ``1``; their files (sparse, dense, network) outside the repository; one ps.json
+per backend with absolute paths and, as HugeCTR's, no ``network_file`` (the ``hugectr``
+config.pbtxt's ``config`` names the network).
+
+:func:`write_ensemble_sample`: the ``hps_test`` model of hugectr_backend's
+``hps_backend/samples/hps-triton-ensemble`` (``HPS_Pytorch_ensemble_deployment.ipynb``) as
+that sample writes it: its files in version folder ``0`` with ``version_policy {specific
+{versions: 0}}``, its config.pbtxt's text (commas after fields, an empty ``parameters``) and
+its ps.json's keys in its order, ``num_of_refresher_buffer_in_pool`` given twice (1 then 0).
 """
 
 from __future__ import annotations
@@ -16,8 +22,11 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+
 from hps_core.config import load_ps_config
 from hps_core.demo import DEMO_MODELS
+from hps_core.formats.sparse_writer import write_sparse_table
 from hps_core.infer import load_ranking_graph
 from hps_core.triton_repo import ServingOptions
 
@@ -114,3 +123,94 @@ def digest(folder: Path) -> dict[str, str]:
         for p in sorted(folder.rglob("*"))
         if p.is_file()
     }
+
+
+ENSEMBLE_SAMPLE_CONFIG = """\
+name: "hps_test"
+backend: "hps"
+max_batch_size:32,
+input [
+  {
+    name: "KEYS"
+    data_type: TYPE_INT64
+    dims: [-1]
+  },
+  {
+    name: "NUMKEYS"
+    data_type: TYPE_INT32
+    dims: [-1]
+  }
+]
+output [
+  {
+    name: "OUTPUT0"
+    data_type: TYPE_FP32
+    dims: [ -1 ]
+  }
+]
+version_policy: {
+        specific:{versions: 0}
+},
+instance_group [
+  {
+    count: 1
+    kind : KIND_GPU
+    gpus:[0]
+  }
+]
+
+parameters [
+
+]
+"""
+
+# The sample's hps.json, its keys in its order. Two changes: "supportlonglong", which the
+# sample leaves out although HugeCTR's hps backend requires it (it refuses the file without
+# it, as this project does), and the sparse folder given from the ps.json's folder (the
+# sample's "model/hps_test/0/hps_sparse.model" is read from the server's working folder).
+ENSEMBLE_SAMPLE_PS = """\
+{
+    "supportlonglong": true,
+    "models": [{
+    "model": "hps_test",
+    "sparse_files": ["hps_test/0/hps_sparse.model"],
+    "num_of_worker_buffer_in_pool": 3,
+    "embedding_table_names":["0"],
+    "num_of_refresher_buffer_in_pool":1,
+    "embedding_vecsize_per_table":[32],
+    "num_of_refresher_buffer_in_pool":0,
+    "maxnum_catfeature_query_per_table_per_sample":[1],
+    "deployed_device_list":[0],
+    "max_batch_size":32,
+    "default_value_for_each_table":[0.0],
+    "cache_refresh_percentage_per_iteration":0,
+    "hit_rate_threshold":1.1,
+    "gpucacheper":1.0,
+    "gpucache":true
+    }]
+}
+"""
+
+
+@dataclass(frozen=True)
+class EnsembleSample:
+    """Where :func:`write_ensemble_sample` put things."""
+
+    repo: Path  # the sample's model/ folder: --model-repository
+    ps_json: Path  # its hps.json: --backend-config=hps,ps=...
+    sparse: Path  # the one table's sparse model folder, in version folder 0
+
+
+def write_ensemble_sample(root: Path, rows: int = 1000) -> EnsembleSample:
+    """Write the sample's ``hps_test`` under ``root / "model"`` (see the module docstring):
+    one table of ``rows`` keys (0, 1, ...; the sample's clients send keys below 999) and
+    dim 32, random rows."""
+    repo = root / "model"
+    sparse = repo / "hps_test" / "0" / "hps_sparse.model"
+    rng = np.random.default_rng(48)
+    keys = np.arange(rows, dtype=np.int64)
+    write_sparse_table(sparse, keys, rng.standard_normal((rows, 32), dtype=np.float32))
+    (repo / "hps_test" / "config.pbtxt").write_text(ENSEMBLE_SAMPLE_CONFIG)
+    ps_json = repo / "hps.json"
+    ps_json.write_text(ENSEMBLE_SAMPLE_PS)
+    return EnsembleSample(repo, ps_json, sparse)

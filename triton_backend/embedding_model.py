@@ -59,7 +59,9 @@ class EmbeddingModel:
         self.batched = int(settings.config.get("max_batch_size", 0)) > 0
         check_io(settings.config, EMBEDDING_IO if self.batched else EMBEDDING_IO_UNBATCHED)
         self.output_rank = 2 if self.batched else _declared_rank(settings.config, OUTPUT0)
-        checked = check_model_files(settings.ps_json, settings.hps_model, network=False)
+        checked = check_model_files(
+            settings.ps_json, settings.hps_model, network=False, source=settings.source_ps_json
+        )
         model = checked.model
         check_instance_device(settings, model.deployed_device_list, f"model '{model.name}'")
         self.contract = HpsContract.from_model(model)
@@ -70,7 +72,7 @@ class EmbeddingModel:
             "model '%s' version %d: ps.json %s, model '%s', %s (dims %s), %s instance%s",
             settings.triton_model,
             settings.version,
-            settings.ps_json,
+            settings.shown_ps_json,
             settings.hps_model,
             plural(self.contract.num_tables, "table"),
             list(self.contract.dims),

@@ -22,6 +22,7 @@ from hps_core.infer.model_io import (
     PRECISION_PARAMETER,
     PS_JSON_PARAMETER,
     SHARE_CACHE_PARAMETER,
+    SOURCE_PS_JSON_PARAMETER,
     ModelIO,
 )
 
@@ -56,6 +57,9 @@ class ModelSettings:
         precision: a ranking model's dense network: ``"fp32"``, ``"tf32"`` or ``"fp16"``
             (parameter ``precision``; HugeCTR's ``mixed_precision`` is FP16); ``None`` when
             not given: the ps.json's ``use_mixed_precision`` decides (FP16, else FP32).
+        source_ps_json: the user's ps.json that ``ps_json`` was written from (parameter
+            ``source_ps_json``, set by the translation of a HugeCTR repository), or ``None``
+            when ``ps_json`` is the user's own.
     """
 
     triton_model: str
@@ -71,6 +75,12 @@ class ModelSettings:
     version: int = 1
     freeze_sparse: bool = False
     precision: str | None = None
+    source_ps_json: Path | None = None
+
+    @property
+    def shown_ps_json(self) -> Path:
+        """The ps.json the model's log lines and errors name: the one the user wrote."""
+        return self.ps_json if self.source_ps_json is None else self.source_ps_json
 
     @property
     def lookup_device(self) -> int | None:
@@ -215,6 +225,7 @@ def read_settings(args: Mapping[str, str]) -> ModelSettings:
                 f"must be one of {', '.join(PRECISIONS)}, got '{precision}'",
             )
         )
+    source = _parameter(config, SOURCE_PS_JSON_PARAMETER)
     return ModelSettings(
         triton_model=name,
         hps_model=_parameter(config, HPS_MODEL_PARAMETER) or name,
@@ -229,4 +240,5 @@ def read_settings(args: Mapping[str, str]) -> ModelSettings:
         version=int(version) if version.isdigit() else 1,
         freeze_sparse=freeze,
         precision=precision,
+        source_ps_json=Path(source) if source else None,
     )

@@ -73,7 +73,9 @@ class _RankingModel:
         keep_freed_memory()  # this instance's process: its batches reuse their pages
         settings = read_settings(args)
         files = ServedFiles.settle(settings)  # before anything reads them
-        checked = check_model_files(settings.ps_json, settings.hps_model)
+        checked = check_model_files(
+            settings.ps_json, settings.hps_model, source=settings.source_ps_json
+        )
         model = checked.model
         check_instance_device(settings, model.deployed_device_list, f"model '{model.name}'")
         # The service makes the instance's lookup (its options fixed) and starts it on the
@@ -94,7 +96,7 @@ class _RankingModel:
         logger.info(
             "model '%s': ps.json %s, model '%s', %d dense, slots %s, %s, %s instance%s, %s",
             settings.triton_model,
-            settings.ps_json,
+            settings.shown_ps_json,
             settings.hps_model,
             layout.dense_dim,
             list(layout.slot_nums),

@@ -20,7 +20,7 @@ import os
 import signal
 import sys
 import tempfile
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from types import FrameType
@@ -28,12 +28,13 @@ from types import FrameType
 from hps_core.arrays import first_gpu
 from hps_core.cli.shm_space import check_repository_fits
 from hps_core.errors import HPSError, SharedMemoryFullError
-from hps_core.hugectr_repo import hugectr_models, split_backend_configs
+from hps_core.hugectr_repo import hugectr_models, split_backend_configs, user_paths
 from hps_core.hugectr_watch import TranslationWatch
 from hps_core.server.control import (
     CONTROL_OPTIONS,
     ControlError,
     ControlInfo,
+    load_model,
     remove_control_file,
     without_frames,
     write_control_file,
@@ -167,10 +168,10 @@ def run(args: argparse.Namespace) -> int:
     if extra[:1] == ["--"]:
         extra = extra[1:]
     extra = take_tritonserver_options(args, extra)
-    repository = Path(args.model_repository or default_model_repository())
+    user_repository = Path(args.model_repository or default_model_repository())
     with contextlib.ExitStack() as stack:
-        repository, extra, translation = _serve_hugectr_models(repository, extra, stack)
-        return _serve(args, repository, extra, translation)
+        repository, extra, translation = _serve_hugectr_models(user_repository, extra, stack)
+        return _serve(args, repository, extra, translation, user_repository)
 
 
 # tritonserver options a HugeCTR user's command line carries that hps serve owns: taken as the
@@ -267,8 +268,18 @@ def _say(line: str) -> None:
 
 
 def _serve(
-    args: argparse.Namespace, repository: Path, extra: list[str], translation: Path | None
+    args: argparse.Namespace,
+    repository: Path,
+    extra: list[str],
+    translation: Path | None,
+    user_repository: Path,
 ) -> int:
+    """Serve ``repository`` (the translation of ``user_repository`` in ``translation``, or
+    ``user_repository`` itself); what is printed names the user's files."""
+
+    def shown(text: str) -> str:
+        return text if translation is None else user_paths(text, translation, user_repository)
+
     # A user who controls models (explicit mode, restricted APIs) keeps that control.
     own_control = any(a.startswith(CONTROL_OPTIONS) for a in extra)
     watchdog = args.stub_watchdog and not own_control
@@ -312,8 +323,9 @@ def _serve(
                     file=sys.stderr,
                 )
             else:
-                report_unavailable_models(states)
-                stop_reason = _nothing_serves(states, repository, own_control)
+                states = {**states, **refused_models(server, states)}
+                report_unavailable_models(states, shown)
+                stop_reason = _nothing_serves(states, user_repository, own_control)
                 if stop_reason:
                     nothing_serves = True
                     print(f"hps serve: {stop_reason}; stopping the server", file=sys.stderr)
@@ -380,13 +392,63 @@ def _publish_control(server: TritonServer, translation: Path | None) -> os.PathL
 _STUB_DIED = "is not healthy"
 
 
-def report_unavailable_models(states: Mapping[str, ModelState]) -> list[str]:
+def refused_models(server: TritonServer, states: Mapping[str, ModelState]) -> dict[str, ModelState]:
+    """The models of the server's repository that Triton refused before reading a version
+    (a version policy that names no version folder, a config it cannot use), each with
+    Triton's own load error, which only its log says otherwise: the answer to a request to
+    load it again. Triton's index leaves such a model out once it tried to load it; while this
+    process holds model control (every model loaded at start) a model it lists with no state
+    was refused too, while the user holds it such a model is one the user did not load.
+
+    Args:
+        server: the running server.
+        states: its models (:meth:`TritonServer.model_states`).
+
+    Returns:
+        Model name -> ``UNAVAILABLE`` and Triton's load error, for each such model that still
+        fails to load (one that loads now is left out); outside explicit model control,
+        where Triton takes no load request, a reason saying that its log has the error.
+    """
+    token = server.control_token if server.controls_models else ""
+    args = list(server.extra_args)
+    explicit = server.controls_models or any(
+        a == "--model-control-mode=explicit" or args[i : i + 2] == [a, "explicit"]
+        for i, a in enumerate(args)
+        if a.startswith("--model-control-mode")
+    )
+    folders = sorted(p.parent.name for p in Path(server.model_repository).glob("*/config.pbtxt"))
+    refused = {}
+    for name in folders:
+        if name in states and (states[name].state or not server.controls_models):
+            continue
+        if not explicit:  # Triton takes no load request: its log alone says why
+            refused[name] = ModelState("UNAVAILABLE", _REFUSED)
+            continue
+        try:
+            load_model(server.http_url, token, name, timeout=60.0)
+        except ControlError as exc:
+            reason = str(exc).partition(": Triton answered ")[2].partition(": ")[2]
+            refused[name] = ModelState("UNAVAILABLE", reason or str(exc))
+    return refused
+
+
+_REFUSED = (
+    "Triton refused it before loading a version (a version_policy naming no version folder, "
+    "or a config it cannot use): its log above says why"
+)
+
+
+def report_unavailable_models(
+    states: Mapping[str, ModelState], shown: Callable[[str], str] | None = None
+) -> list[str]:
     """Print, for each model that did not load, its name and Triton's reason (stderr), and
     what to do: fix the files, give the server more shared memory, or look for what killed
     a stub (a reason from Triton alone).
 
     Args:
         states: the server's models (:meth:`TritonServer.model_states`).
+        shown: rewrites a reason to name the user's files (those of the HugeCTR repository
+            a translation serves, :func:`hps_core.hugectr_repo.user_paths`).
 
     Returns:
         The lines printed (none when every model is ready).
@@ -397,6 +459,7 @@ def report_unavailable_models(states: Mapping[str, ModelState]) -> list[str]:
     for name, state in sorted(states.items()):
         if not state.ready:
             reason = " ".join(without_frames(state.reason).split()) or "no reason given"
+            reason = reason if shown is None else shown(reason)
             reasons.append(reason)
             lines.append(f"hps serve: model '{name}' is {state.state or 'not loaded'}: {reason}")
     if lines:

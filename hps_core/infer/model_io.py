@@ -35,6 +35,9 @@ SCORE = "score"
 # config.pbtxt parameters the models read (``triton_backend/model_settings.py``,
 # ``lookup_service.py``) and :mod:`hps_core.triton_repo` writes, by their names there.
 PS_JSON_PARAMETER = "ps_json"
+SOURCE_PS_JSON_PARAMETER = "source_ps_json"
+"""The user's ps.json that the model's ps.json was written from (a HugeCTR repository's
+translation, :mod:`hps_core.hugectr_repo`): what the model's load log and errors name."""
 HPS_MODEL_PARAMETER = "hps_model_name"
 MISS_POLICY_PARAMETER = "async_miss_policy"
 HOT_KEYS_PARAMETER = "hot_keys"

@@ -2,22 +2,31 @@
 ``hps serve --model-repository REPO -- --backend-config=hps,ps=PS
 --backend-config=hugectr,ps=PS`` on a real tritonserver answers HugeCTR's request contracts over
 HTTP and gRPC with what the same ps.json answers in process, KIND_GPU instances on a machine
-without a GPU included, and leaves the repository's files as they were."""
+without a GPU included, and leaves the repository's files as they were. hugectr_backend's
+hps-triton-ensemble sample serves its version folder 0; a model Triton refuses is named with
+Triton's error and the user's files."""
 
 from __future__ import annotations
 
 import json
 import re
+import shutil
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
-from hugectr_repository import digest, write_hugectr_repository
+from hugectr_repository import (
+    EnsembleSample,
+    digest,
+    write_ensemble_sample,
+    write_hugectr_repository,
+)
 from tritonclient.utils import InferenceServerException
 
 from hps_core import HPS
@@ -26,6 +35,7 @@ from hps_core.formats.sparse import read_sparse_table
 from hps_core.formats.sparse_writer import write_sparse_table
 from hps_core.infer import RankingSession
 from hps_core.infer.contracts import HugeCTRContract
+from hps_core.model_check import check_ps_json
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit" / "infer"))
 from ranking_reference import encode_hugectr, model_tables, random_keys
@@ -250,3 +260,134 @@ def test_a_model_updated_as_hugectr_users_do_serves_its_new_files_after_a_reload
                            hps.lookup(keys[0, 2:], "hps_embedding", 1).reshape(-1)])  # fmt: skip
     np.testing.assert_array_equal(got, want)
     assert want.min() > 50  # the new rows, not the old ones
+
+
+_NOTEBOOKS_CONTROL = ("--load-model=hps_test", "--model-control-mode=explicit")
+"""The model control of the sample notebook's tritonserver command line."""
+
+
+def _serve_sample(sample: EnsembleSample, log: Path, *options: str) -> subprocess.Popen[str]:
+    """``hps serve`` on the sample's repository with tritonserver's ``options`` after ``--``,
+    its output (server log included) in ``log``."""
+    ports = [f"--{service}-port=0" for service in ("http", "grpc", "metrics")]
+    command = [
+        sys.executable, "-m", "hps_core.cli.main", "serve", "--no-keep-host-tiers", *ports,
+        "--", f"--model-repository={sample.repo}", *options,
+        f"--backend-config=hps,ps={sample.ps_json}",
+    ]  # fmt: skip
+    with log.open("w") as out:
+        return subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, text=True)
+
+
+def _wait_for(proc: subprocess.Popen[str], log: Path, pattern: re.Pattern[str]) -> re.Match[str]:
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline:
+        found = pattern.search(log.read_text())
+        if found or proc.poll() is not None:
+            break
+        time.sleep(0.2)
+    assert found, f"hps serve printed no '{pattern.pattern}':\n{log.read_text()}"
+    return found
+
+
+def test_hugectrs_ensemble_sample_serves_its_version_folder_0(
+    tmp_path: Path, triton_installation
+) -> None:
+    """hugectr_backend's hps-triton-ensemble sample as its notebook writes it: files in
+    version folder 0, version_policy {specific {versions: 0}}, a ps.json that gives
+    num_of_refresher_buffer_in_pool twice (1 then 0). Served as it is: version 0 answers the
+    rows of the sparse files; the load log names the user's ps.json, with the warnings
+    ``hps check`` prints for it, one each."""
+    sample = write_ensemble_sample(tmp_path)
+    before = digest(sample.repo)
+    log = tmp_path / "serve.log"
+    # The notebook's tritonserver command line, after `--`.
+    options = (*_NOTEBOOKS_CONTROL, "--backend-directory=/usr/local/hugectr/backends")
+    proc = _serve_sample(sample, log, *options)
+    try:
+        http_url = _wait_for(proc, log, _READY)[1]
+        client = httpclient.InferenceServerClient(http_url)
+        try:
+            assert client.is_model_ready("hps_test", "0")
+            # The sample's request: one row of 32 keys below 999, NUMKEYS [[32]]; and a
+            # key the table lacks, answered with the default value 0.0.
+            keys = np.random.default_rng(0).integers(0, 999, (1, 32))
+            keys[0, -1] = 5000
+            inputs = [httpclient.InferInput("KEYS", [1, 32], "INT64"),
+                      httpclient.InferInput("NUMKEYS", [1, 1], "INT32")]  # fmt: skip
+            inputs[0].set_data_from_numpy(keys)
+            inputs[1].set_data_from_numpy(np.array([[32]], np.int32))
+            got = client.infer("hps_test", inputs).as_numpy("OUTPUT0").reshape(32, 32)
+        finally:
+            client.close()
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=120) == 0, log.read_text()
+        HPS.close_all()
+    table_keys, rows = read_sparse_table(sample.sparse)
+    np.testing.assert_array_equal(table_keys, np.arange(1000))
+    np.testing.assert_array_equal(got[:-1], rows[keys[0, :-1]])
+    np.testing.assert_array_equal(got[-1], np.zeros(32, np.float32))
+    assert digest(sample.repo) == before
+
+    text = log.read_text()
+    assert f"model 'hps_test' version 0: ps.json {sample.ps_json}, model 'hps_test'" in text
+    warnings = check_ps_json(sample.ps_json, "hps_test").warnings
+    assert len(warnings) == 3  # the key given twice; 3 and 0 buffers, which change nothing
+    for line in warnings:
+        assert text.count(f"hps WARNING {sample.ps_json}: {line}\n") == 1, (line, text)
+    ours = [line for line in text.splitlines() if line.startswith(("hps ", "hps serve:"))]
+    assert not [line for line in ours if "hps-hugectr-repo-" in line]
+
+
+@pytest.mark.parametrize(
+    ("broken", "options"),
+    [
+        ("version folder", ()),
+        ("version folder", _NOTEBOOKS_CONTROL),
+        ("version folder", ("--model-control-mode=none",)),
+        ("sparse files", ()),
+    ],
+)
+def test_a_model_triton_refuses_is_named_with_tritons_error_and_the_users_files(
+    tmp_path: Path, triton_installation, broken: str, options: tuple[str, ...]
+) -> None:
+    """A version policy naming no folder (Triton refuses the model before reading a version,
+    and its index does not list it), with hps serve's model control or the user's (the
+    notebook's explicit mode), or a ps.json naming a missing sparse folder: hps serve prints
+    Triton's own load error naming the user's files, and stops. Without explicit model
+    control Triton takes no load request: its log alone has the error, and that is said."""
+    sample = write_ensemble_sample(tmp_path)
+    config = sample.repo / "hps_test" / "config.pbtxt"
+    if broken == "version folder":
+        config.write_text(config.read_text().replace("versions: 0", "versions: 5"))
+    else:
+        shutil.rmtree(sample.sparse)
+    log = tmp_path / "serve.log"
+    proc = _serve_sample(sample, log, *options)
+    try:
+        assert proc.wait(timeout=180) == 1
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        HPS.close_all()
+    lines = [line for line in log.read_text().splitlines() if line.startswith("hps serve:")]
+    if "--model-control-mode=none" in options:
+        reason = (
+            "Triton refused it before loading a version (a version_policy naming no version "
+            "folder, or a config it cannot use): its log above says why"
+        )
+    elif broken == "version folder":
+        reason = (
+            "load failed for model 'hps_test': at least one version must be available under "
+            "the version policy of model 'hps_test'"
+        )
+    else:
+        reason = (
+            f"Internal: ConfigError: {sample.ps_json}: models[0].sparse_files[0]: "
+            f"{sample.sparse}: sparse model folder does not exist"
+        )
+    assert f"hps serve: model 'hps_test' is UNAVAILABLE: {reason}" in lines, lines
+    assert "hps serve: none of the 1 model loaded; stopping the server" in lines
+    assert not [line for line in lines if "hps-hugectr-repo-" in line]
