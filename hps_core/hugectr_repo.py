@@ -44,7 +44,7 @@ from typing import Any
 
 from tritonclient.grpc import model_config_pb2 as pb
 
-from hps_core.config import ModelConfig, load_ps_config
+from hps_core.config import ModelConfig, PSConfig, load_ps_config
 from hps_core.errors import ConfigError, HPSError, Problem
 from hps_core.infer.inputs.layout import load_ranking_graph
 from hps_core.infer.model_io import (
@@ -52,6 +52,7 @@ from hps_core.infer.model_io import (
     PRECISION_PARAMETER,
     SOURCE_PS_JSON_PARAMETER,
 )
+from hps_core.model_check import relative_path_hint
 from hps_core.triton_repo import (
     InstanceGroup,
     ServingOptions,
@@ -208,8 +209,12 @@ def translate_model(
                    for p in exc.problems]  # fmt: skip
         raise ConfigError(located) from None
     model = config.model(name)  # the ps.json model has the Triton model's name, as in HugeCTR
+    notes = _relative_path_notes(config, model, ps_json)
     params = {key: value.string_value.strip() for key, value in user.parameters.items()}
-    model, precision, long_keys, notes = _apply_parameters(folder, backend, model, params, ps_json)
+    model, precision, long_keys, applied = _apply_parameters(
+        folder, backend, model, params, ps_json
+    )
+    notes += applied
     if long_keys is not None and long_keys != config.supportlonglong:
         # This model's own copy of the ps.json carries the width its parameter asks for.
         config = replace(config, supportlonglong=long_keys)
@@ -270,6 +275,21 @@ def user_paths(text: str, translation: Path, repository: Path) -> str:
 
     ps_json = re.escape(str(translated)) + r"/([^/\s'\"]+)/(?:\d+/)?ps\.json"
     return re.sub(ps_json, source, text).replace(str(translated), str(repository))
+
+
+def _relative_path_notes(config: PSConfig, model: ModelConfig, ps_json: Path) -> list[str]:
+    """A note per file of ``model`` that its ps.json gives relative to the server's working
+    folder, as HugeCTR reads it (the hps-triton-ensemble sample's
+    ``model/hps_test/0/hps_sparse.model``): here it is read from the ps.json's folder, where
+    it does not exist, and the model will not load."""
+    m = config.models.index(model)
+    files = [(f"sparse_files[{t.index}]", t.sparse_file) for t in model.tables]
+    files += [("dense_file", model.dense_file), ("network_file", model.network_file)]
+    return [
+        f"{ps_json}: models[{m}].{key}: {path} does not exist{hint}"
+        for key, path in files
+        if path is not None and (hint := relative_path_hint(config, path))
+    ]
 
 
 def _apply_parameters(

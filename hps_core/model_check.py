@@ -133,7 +133,7 @@ def check_ps_json(
                     check_unique_keys(read_keys(info.path, info.rows), where_keys)
             except HPSError as exc:
                 info = None
-                message = str(exc) + _relative_hint(config, table.sparse_file)
+                message = str(exc) + relative_path_hint(config, table.sparse_file)
                 report.problems.append(Problem(f"{where}.sparse_files[{table.index}]", message))
             model_report.tables.append(info)
         if all(info is not None for info in model_report.tables):
@@ -144,9 +144,18 @@ def check_ps_json(
     return report
 
 
-def _relative_hint(config: PSConfig, path: Path | str) -> str:
+def relative_path_hint(config: PSConfig, path: Path | str) -> str:
     """Where a missing path given relative in the ps.json exists from the current folder
-    instead (HugeCTR reads it from the server's folder; here from the ps.json's): say so."""
+    instead (HugeCTR reads it from the server's folder; here from the ps.json's): say so.
+
+    Args:
+        config: the parsed ps.json.
+        path: one of its file paths, as resolved (against the ps.json's folder).
+
+    Returns:
+        The hint, from `` (`` on, or ``""`` when the path exists, was given absolute, or does
+        not exist from the current folder either.
+    """
     if config.source_path is None or not isinstance(path, Path) or path.exists():
         return ""
     try:

@@ -109,3 +109,28 @@ def test_tritons_reasons_name_the_users_files(tmp_path: Path, capsys) -> None:
     [line, _] = report_unavailable_models(states, lambda t: user_paths(t, translation, sample.repo))
     assert str(sample.ps_json) in line and str(translation) not in line
     capsys.readouterr()
+
+
+def test_a_path_given_from_the_servers_folder_as_the_notebook_gives_it_is_explained(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The notebook's hps.json gives its sparse folder from the server's working folder
+    (``model/hps_test/0/hps_sparse.model``, tritonserver started in the folder above
+    ``model``), which HugeCTR reads from there; here a relative path is read from the
+    ps.json's folder: the translation, run where the user starts hps serve, says so."""
+    sample = write_ensemble_sample(tmp_path)
+    text = sample.ps_json.read_text()
+    sample.ps_json.write_text(text.replace('"hps_test/0/', '"model/hps_test/0/'))
+    monkeypatch.chdir(tmp_path)
+    notes = translate_repository(sample.repo, {"hps": sample.ps_json}, tmp_path / "t" / "repo")
+    assert (
+        f"model 'hps_test' (backend hps): {sample.ps_json}: models[0].sparse_files[0]: "
+        f"{sample.repo / 'model' / 'hps_test' / '0' / 'hps_sparse.model'} does not exist (a "
+        f"relative path in a ps.json is read from its folder, {sample.repo}; "
+        "model/hps_test/0/hps_sparse.model exists from the current folder: give it from the "
+        "ps.json's folder, or absolute)"
+    ) in notes
+    monkeypatch.chdir(sample.repo)  # from elsewhere, nothing to explain
+    assert not any("does not exist" in n for n in translate_repository(
+        sample.repo, {"hps": sample.ps_json}, tmp_path / "t2" / "repo"
+    ))  # fmt: skip
