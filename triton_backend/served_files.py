@@ -157,7 +157,7 @@ class ServedFiles:
         if during:
             self._failure = ModelFileError(
                 f"model '{s.triton_model}': files changed while the instance read them, so "
-                f"what it read may mix old and new contents: {describe_changes(during, now)}. "
+                f"what it read may mix old and new contents: {self._describe(during, now)}. "
                 "Load the model again once the files are written"
             )
             raise self._failure
@@ -174,17 +174,26 @@ class ServedFiles:
                 "now serves the files as they are on disk. Load a model again after changing "
                 "its files (hps reload %s), so that the change is served when you choose",
                 s.triton_model, s.version, s.instance_name or "?",
-                plural(len(self.changed), "file"), describe_changes(self.changed, now),
+                plural(len(self.changed), "file"), self._describe(self.changed, now),
                 s.triton_model,
             )  # fmt: skip
         elif self.changed:
             logger.info(
                 "model '%s' version %d: read again %s changed since its last load: %s",
                 s.triton_model, s.version, plural(len(self.changed), "file"),
-                describe_changes(self.changed, now),
+                self._describe(self.changed, now),
             )  # fmt: skip
         self._publish(device)
         self.records.write(s.triton_model, s.version, LoadRecord(self.load, now, served))
+
+    def _describe(self, found: dict[str, str], now: dict[str, FileStamp]) -> str:
+        """:func:`describe_changes`, naming a ps.json written from the user's (a HugeCTR
+        repository's translation) by the user's."""
+        text = describe_changes(found, now)
+        source = self.settings.source_ps_json
+        if source is None:
+            return text
+        return text.replace(str(self.settings.ps_json), f"the translation of {source}")
 
     def _publish(self, device: str) -> None:
         # Imported here: only a stub has Triton's module (tests put a stand-in in its place).

@@ -122,6 +122,21 @@ def test_a_load_asked_for_reads_changed_files_again_and_says_which(
     assert records.read("wdl", 1).files == files.stamps
 
 
+def test_a_ps_json_translated_from_the_users_is_named_by_the_users(
+    settings, records, caplog
+) -> None:
+    """A HugeCTR repository's translation (source_ps_json): its ps.json, rewritten when the
+    user's changes, is named as the translation of the user's file."""
+    translated = dataclasses.replace(settings, source_ps_json=Path("/user/hps.json"))
+    _load(_instance(translated, None))
+    settings.ps_json.write_text(settings.ps_json.read_text() + "\n")
+    with caplog.at_level(logging.INFO, logger="hps_core"):
+        _load(_instance(translated, load_marker()))
+    [said] = [r.getMessage() for r in caplog.records if "read again" in r.getMessage()]
+    assert "ps.json: the translation of /user/hps.json: " in said
+    assert str(settings.ps_json) not in said
+
+
 def test_a_restart_serving_files_changed_since_the_last_load_says_so_on_every_instance(
     settings, records, gauges, caplog
 ) -> None:
