@@ -23,7 +23,7 @@ import numpy as np
 
 from hps_core.arrays import to_host
 from hps_core.config import PSConfig, load_ps_config
-from hps_core.errors import RequestError
+from hps_core.errors import ConfigError, Problem, RequestError
 from hps_core.lookup import LookupOptions, ModelLookup
 from hps_core.lookup.model_lookup import DEFAULT_OPTIONS
 
@@ -200,6 +200,79 @@ class HPS:
         """Close every instance of this process (used at Triton ``finalize``, and at exit)."""
         for instance in list(cls._instances.values()):
             instance.close()
+
+
+def init(ps_config_file: str | os.PathLike[str], global_batch_size: int) -> str:
+    """Initialise the HPS of a ps.json now, as HugeCTR's plugins' ``hps.Init`` does: check
+    the batch size against every model and open every table, so the first lookup finds them
+    loaded. Optional, as in HugeCTR since v4.0: :class:`HPS` opens tables on first use.
+
+    Args:
+        ps_config_file: the ps.json.
+        global_batch_size: samples per batch over all of a model's ``deployed_device_list``
+            (each device takes an equal share, at most the model's ``max_batch_size``).
+
+    Returns:
+        ``"OK"``, as HugeCTR's.
+
+    Raises:
+        ConfigError: the ps.json is invalid, or the batch does not fit a model (naming the
+            model's field).
+
+    Example:
+        >>> from hps_core import hps  # doctest: +SKIP
+        >>> hps.Init(global_batch_size=1024, ps_config_file="ps.json")  # doctest: +SKIP
+        'OK'
+    """
+    if isinstance(global_batch_size, bool) or not isinstance(global_batch_size, int):
+        raise ConfigError(
+            f"expected an integer >= 1, got {global_batch_size!r}", "global_batch_size"
+        )
+    if global_batch_size < 1:
+        raise ConfigError(f"must be > 0, got {global_batch_size}", "global_batch_size")
+    instance = HPS(ps_config_file)
+    problems = []
+    for index, model in enumerate(instance.config.models):
+        replicas = len(model.deployed_device_list)
+        local = global_batch_size // replicas
+        where = f"models[{index}] (model '{model.name}')"
+        if global_batch_size % replicas:
+            problems.append(
+                Problem(
+                    f"{where}.deployed_device_list",
+                    f"global_batch_size {global_batch_size} is not divisible by its "
+                    f"{replicas} devices",
+                )
+            )
+        elif local > model.max_batch_size:
+            problems.append(
+                Problem(
+                    f"{where}.max_batch_size",
+                    f"{model.max_batch_size} is less than global_batch_size / devices = "
+                    f"{global_batch_size} / {replicas} = {local}",
+                )
+            )
+    if problems:
+        raise ConfigError(problems)
+    for model in instance.config.models:
+        lookup = instance.model(model.name)
+        for table_id in range(lookup.num_tables):
+            lookup.table(table_id)
+    return "OK"
+
+
+def Init(**kwargs: Any) -> str:
+    """HugeCTR's TensorFlow plugin's ``hps.Init(global_batch_size=..., ps_config_file=...)``
+    (keyword arguments only): :func:`init`."""
+    unknown = set(kwargs) - {"global_batch_size", "ps_config_file"}
+    missing = {"global_batch_size", "ps_config_file"} - set(kwargs)
+    if unknown or missing:
+        raise TypeError(
+            "Init() takes the keyword arguments global_batch_size and ps_config_file"
+            + (f"; unknown: {', '.join(sorted(unknown))}" if unknown else "")
+            + (f"; missing: {', '.join(sorted(missing))}" if missing else "")
+        )
+    return init(kwargs["ps_config_file"], kwargs["global_batch_size"])
 
 
 _IMPORTED_BY = os.getpid()
