@@ -70,43 +70,73 @@ def _shape(array: np.ndarray) -> str:
     return "[" + ", ".join(str(d) for d in array.shape) + "]"
 
 
-def _check_dtype(name: str, array: np.ndarray, dtype: type) -> None:
+def _input(name: str) -> str:
+    return f"input '{name}'"
+
+
+def _check_dtype(label: str, array: np.ndarray, dtype: type) -> None:
     if array.dtype != dtype:
-        raise RequestError(f"input '{name}': expected {np.dtype(dtype).name}, got {array.dtype}")
+        raise RequestError(f"{label}: expected {np.dtype(dtype).name}, got {array.dtype}")
 
 
-def _flat_row(name: str, array: np.ndarray) -> np.ndarray:
+def _flat_row(label: str, array: np.ndarray) -> np.ndarray:
     # [1, N] with Triton's batch dimension, or [N] for a model configured without batching.
     if array.ndim == 2 and array.shape[0] == 1:
         return array[0]
     if array.ndim == 1:
         return array
     raise RequestError(
-        f"input '{name}': expected shape [1, N] (one request's samples flattened), "
-        f"got {_shape(array)}"
+        f"{label}: expected shape [1, N] (one request's samples flattened), got {_shape(array)}"
     )
 
 
-def _check_finite(name: str, dense: np.ndarray, width: int) -> None:
+def _check_finite(label: str, dense: np.ndarray, width: int) -> None:
     """Refuse a NaN or infinite dense feature: it would turn its sample's score into NaN
     silently (and warn in the server's log without naming the request)."""
     finite = np.isfinite(dense)
     if not finite.all():
         first = int(np.flatnonzero(~finite.ravel())[0])
         raise RequestError(
-            f"input '{name}': sample {first // width}, dense feature {first % width} is "
+            f"{label}: sample {first // width}, dense feature {first % width} is "
             f"{dense.ravel()[first]}; dense features must be finite numbers"
         )
 
 
-def _check_batch_size(name: str, batch: int, layout: RankingLayout) -> None:
+def _check_batch_size(label: str, batch: int, layout: RankingLayout) -> None:
     if batch < 1:
-        raise RequestError(f"input '{name}': a request must carry at least one sample")
+        raise RequestError(f"{label}: a request must carry at least one sample")
     if batch > layout.max_batch_size:
         raise RequestError(
-            f"input '{name}': {batch} samples, more than the {layout.max_batch_size} allowed "
+            f"{label}: {batch} samples, more than the {layout.max_batch_size} allowed "
             f"(max_batch_size of model '{layout.model}' in ps.json)"
         )
+
+
+@dataclass(frozen=True)
+class ArrayNames:
+    """What errors call the three arrays of :class:`HugeCTRContract`: Triton's inputs (the
+    default), or the arguments of a Python call that takes the same arrays
+    (:mod:`hps_core.offline`), so a message names what its reader passed.
+
+    Args:
+        dense: the dense features (``DES``).
+        keys: the keys (``CATCOLUMN``).
+        row_ptrs: the row offsets (``ROWINDEX``).
+        kind: ``"input"`` (a Triton input) or ``"argument"`` (a Python argument).
+
+    Example:
+        >>> ArrayNames("dense", "keys", "row_ptrs", kind="argument").label("row_ptrs")
+        "argument 'row_ptrs'"
+    """
+
+    dense: str = DES
+    keys: str = CATCOLUMN
+    row_ptrs: str = ROWINDEX
+    kind: str = "input"
+
+    def label(self, name: str) -> str:
+        """How a message starts that is about array ``name``."""
+        return f"{self.kind} '{name}'"
 
 
 @dataclass(frozen=True)
@@ -117,10 +147,12 @@ class HugeCTRContract:
         layout: the model's tables, slots and widths.
         key_dtype: ``CATCOLUMN``'s dtype: ``np.int64``, or ``np.uint32`` for a model with
             32-bit keys (``supportlonglong: false``).
+        names: what errors call the arrays (default: the Triton inputs).
     """
 
     layout: RankingLayout
     key_dtype: type = np.int64
+    names: ArrayNames = ArrayNames()
 
     def parse(self, des: np.ndarray, catcolumn: np.ndarray, rowindex: np.ndarray) -> SparseBatch:
         """Validate one request and regroup its keys per table.
@@ -136,21 +168,22 @@ class HugeCTRContract:
         Raises:
             RequestError: naming the input and what is wrong with it.
         """
-        _check_dtype(DES, des, np.float32)
-        _check_dtype(CATCOLUMN, catcolumn, self.key_dtype)
-        _check_dtype(ROWINDEX, rowindex, np.int32)
-        dense = _flat_row(DES, des)
-        keys = _flat_row(CATCOLUMN, catcolumn).astype(np.int64, copy=False)
-        rows = _flat_row(ROWINDEX, rowindex)
+        n = self.names
+        _check_dtype(n.label(n.dense), des, np.float32)
+        _check_dtype(n.label(n.keys), catcolumn, self.key_dtype)
+        _check_dtype(n.label(n.row_ptrs), rowindex, np.int32)
+        dense = _flat_row(n.label(n.dense), des)
+        keys = _flat_row(n.label(n.keys), catcolumn).astype(np.int64, copy=False)
+        rows = _flat_row(n.label(n.row_ptrs), rowindex)
         batch = self._batch_size(len(rows))
         layout = self.layout
         if len(dense) != batch * layout.dense_dim:
             raise RequestError(
-                f"input '{DES}': '{ROWINDEX}' describes {batch} samples of "
+                f"{n.label(n.dense)}: '{n.row_ptrs}' describes {batch} samples of "
                 f"{layout.dense_dim} dense features, so {batch * layout.dense_dim} values are "
                 f"expected, got {len(dense)}"
             )
-        _check_finite(DES, dense, layout.dense_dim)
+        _check_finite(n.label(n.dense), dense, layout.dense_dim)
         fixed = self._fixed_hotness_batch(dense, keys, rows, batch)
         if fixed is not None:
             return fixed
@@ -162,8 +195,8 @@ class HugeCTRContract:
                 for first, last, end in _runs(ends)
             )
             raise RequestError(
-                f"input '{CATCOLUMN}': holds {len(keys)} keys, but the offsets in "
-                f"'{ROWINDEX}' end at {sum(ends)} in all ({per_table})"
+                f"{n.label(n.keys)}: holds {len(keys)} keys, but the offsets in "
+                f"'{n.row_ptrs}' end at {sum(ends)} in all ({per_table})"
             )
         table_keys = _keys_per_table(keys, offsets, layout.slot_nums, batch)
         return SparseBatch(dense.reshape(batch, layout.dense_dim), table_keys, tuple(offsets))
@@ -178,14 +211,15 @@ class HugeCTRContract:
 
     def _batch_size(self, length: int) -> int:
         layout = self.layout
+        label = self.names.label(self.names.row_ptrs)
         tables, slots = layout.num_tables, layout.total_slots
         if length < tables or (length - tables) % slots:
             raise RequestError(
-                f"input '{ROWINDEX}': expected {slots} x batch + {tables} offsets "
+                f"{label}: expected {slots} x batch + {tables} offsets "
                 f"({_per_table_offsets(layout.slot_nums)}), got {length}"
             )
         batch = (length - tables) // slots
-        _check_batch_size(ROWINDEX, batch, layout)
+        _check_batch_size(label, batch, layout)
         return batch
 
     def _fixed_hotness_batch(
@@ -215,10 +249,11 @@ class HugeCTRContract:
     def _table_offsets(self, rows: np.ndarray, batch: int) -> list[np.ndarray]:
         offsets = []
         start = 0
+        label = self.names.label(self.names.row_ptrs)
         for feed in self.layout.tables:
             size = batch * feed.slot_num + 1
             segment = rows[start : start + size].astype(np.int64)
-            where = f"input '{ROWINDEX}': table {feed.table} (entries {start}..{start + size - 1})"
+            where = f"{label}: table {feed.table} (entries {start}..{start + size - 1})"
             if segment[0] != 0:
                 raise RequestError(f"{where} must start at 0, got {segment[0]}")
             falls = np.flatnonzero(segment[1:] < segment[:-1])
@@ -295,8 +330,8 @@ class SamplesContract:
         Raises:
             RequestError: naming the input and what is wrong with it.
         """
-        _check_dtype(DENSE, dense, np.float32)
-        _check_dtype(SPARSE, sparse, np.int64)
+        _check_dtype(_input(DENSE), dense, np.float32)
+        _check_dtype(_input(SPARSE), sparse, np.int64)
         layout = self.layout
         for name, array, width in (
             (DENSE, dense, layout.dense_dim),
@@ -304,15 +339,15 @@ class SamplesContract:
         ):
             if array.ndim != 2 or array.shape[1] != width:
                 raise RequestError(
-                    f"input '{name}': expected shape [batch, {width}], got {_shape(array)}"
+                    f"{_input(name)}: expected shape [batch, {width}], got {_shape(array)}"
                 )
         batch = dense.shape[0]
         if sparse.shape[0] != batch:
             raise RequestError(
-                f"input '{SPARSE}': {sparse.shape[0]} samples, but '{DENSE}' has {batch}"
+                f"{_input(SPARSE)}: {sparse.shape[0]} samples, but '{DENSE}' has {batch}"
             )
-        _check_batch_size(DENSE, batch, layout)
-        _check_finite(DENSE, dense, layout.dense_dim)
+        _check_batch_size(_input(DENSE), batch, layout)
+        _check_finite(_input(DENSE), dense, layout.dense_dim)
         return SparseBatch.from_sample_keys(
             dense, sparse, [t.sample_width for t in layout.tables], layout.hotness
         )

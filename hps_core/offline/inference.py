@@ -1,0 +1,29 @@
+"""The names of HugeCTR's ``hugectr.inference`` module, so a HugeCTR offline-inference
+script runs with its imports changed only::
+
+    import hugectr                         ->  import hps_core.offline as hugectr
+    from hugectr.inference import ...      ->  from hps_core.offline.inference import ...
+
+``hps_core.offline`` has the same names (and ``hps_core.offline.inference`` is this module).
+"""
+
+from hps_core.offline.model import InferenceModel
+from hps_core.offline.params import (
+    EmbeddingCacheType_t,
+    InferenceParams,
+    PersistentDatabaseParams,
+    UpdateSourceParams,
+    VolatileDatabaseParams,
+)
+from hps_core.offline.session import CreateInferenceSession, InferenceSession
+
+__all__ = [
+    "CreateInferenceSession",
+    "EmbeddingCacheType_t",
+    "InferenceModel",
+    "InferenceParams",
+    "InferenceSession",
+    "PersistentDatabaseParams",
+    "UpdateSourceParams",
+    "VolatileDatabaseParams",
+]
