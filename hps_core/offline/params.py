@@ -5,7 +5,7 @@ HugeCTR's ``hugectr.inference.InferenceParams(model_name, max_batchsize, hit_rat
 dense_model_file, sparse_model_files, device_id, use_gpu_embedding_cache,
 cache_size_percentage, i64_input_key, use_mixed_precision, ...)`` (its pybind11 binding in
 ``HugeCTR/include/pybind/hps_wrapper.hpp``) holds what a ps.json model entry holds, under the
-Python names: :class:`InferenceParams` has its 42 fields in its order with its defaults, and
+Python names: :class:`InferenceParams` has its 40 fields in its order with its defaults, and
 :func:`ps_config_of` writes the ps.json it amounts to, with the network file of
 ``InferenceModel(model_config_path, inference_params)`` deciding what HugeCTR takes from it
 (``parameter_server_config`` of a network file and ``InferenceParams`` in HugeCTR's

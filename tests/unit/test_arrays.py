@@ -10,6 +10,7 @@ import types
 
 import numpy as np
 import pytest
+from private_shm import private_shm_dir
 
 from hps_core import HPS, arrays
 from hps_core.arrays import HASHED_KEYS, array_module, distinct_keys, gpu_devices
@@ -110,8 +111,9 @@ def test_hidden_and_missing_devices_are_counted(monkeypatch):
 
 
 @pytest.mark.skipif(bool(gpu_devices()), reason="this machine has a GPU")
-def test_lookup_on_gpu_0_of_this_machine_says_it_has_no_gpu(tmp_path):
+def test_lookup_on_gpu_0_of_this_machine_says_it_has_no_gpu(tmp_path, monkeypatch):
     # The case as a user meets it: HPS.lookup(..., device_id=0) on a CPU machine.
+    shm = private_shm_dir(tmp_path, monkeypatch)
     write_sparse_table(tmp_path / "t0", np.arange(4, dtype=np.int64), np.ones((4, 2), np.float32))
     model = {
         "model": "m",
@@ -130,3 +132,4 @@ def test_lookup_on_gpu_0_of_this_machine_says_it_has_no_gpu(tmp_path):
         assert hps.lookup(np.array([1], dtype=np.int64), "m", 0).tolist() == [[1.0, 1.0]]
     finally:
         hps.close()
+    assert list(shm.iterdir()) == []
