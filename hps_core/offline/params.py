@@ -45,6 +45,7 @@ from hps_core.config.enums import (
     UpdateSourceType,
 )
 from hps_core.errors import ConfigError, Problem
+from hps_core.formats.uris import is_uri
 from hps_core.infer.inputs.layout import load_ranking_graph
 from hps_core.nn import build_graph, load_network_json
 
@@ -457,6 +458,12 @@ def _differs(params: InferenceParams, name: str) -> bool:
     return _plain(getattr(params, name)) != _plain(_default(name))
 
 
+def _located(path: str | os.PathLike[str]) -> str:
+    """A local path made absolute (from the working directory, as HugeCTR opens it); a URI
+    (``s3://``, ``hdfs://``, ...) as it is."""
+    return os.fspath(path) if is_uri(path) else str(Path(path).resolve())
+
+
 def network_model_entry(
     network_file: str | os.PathLike[str],
     model_name: str,
@@ -481,9 +488,9 @@ def network_model_entry(
     nnz = {s.name: s.nnz_per_slot for s in graph.spec.data.sparse}
     return {
         "model": model_name,
-        "network_file": str(Path(network_file).resolve()),
-        "dense_file": str(Path(dense_file).resolve()),
-        "sparse_files": [str(Path(p).resolve()) for p in sparse_files],
+        "network_file": _located(network_file),
+        "dense_file": _located(dense_file),
+        "sparse_files": [_located(p) for p in sparse_files],
         "embedding_vecsize_per_table": [e.vec_size for e in embeddings],
         "maxnum_catfeature_query_per_table_per_sample": [
             e.slot_num * nnz[e.sparse_input] for e in embeddings
@@ -525,10 +532,7 @@ def ps_config_of(
             else exc.problems
         ) from None
     warnings: list[str] = []
-    if (
-        params.network_file
-        and Path(params.network_file).resolve() != Path(model_config_path).resolve()
-    ):
+    if params.network_file and _located(params.network_file) != _located(model_config_path):
         warnings.append(
             f"{SOURCE}.network_file = {params.network_file}: InferenceModel reads "
             f"model_config_path ({model_config_path}), as HugeCTR does"
@@ -549,7 +553,7 @@ def ps_config_of(
     if _differs(params, "embedding_table_names"):
         entry["embedding_table_names"] = _plain(params.embedding_table_names)
     if params.non_trainable_params_file:
-        entry["non_trainable_params_file"] = str(Path(params.non_trainable_params_file).resolve())
+        entry["non_trainable_params_file"] = _located(params.non_trainable_params_file)
     interval = params.refresh_interval
     entry["refresh_interval"] = int(interval) if float(interval).is_integer() else interval
     entry["embedding_cache_type"] = _enum_value(params.embedding_cache_type, EmbeddingCacheType)

@@ -22,6 +22,7 @@ import pytest
 from network_files import OWN
 from ranking_reference import encode_hugectr, predict_reference, random_keys
 from ranking_testdata import write_ranking_files
+from s3_server import upload
 from test_offline_model import write_dataset
 
 import hps_core.offline as hugectr
@@ -427,3 +428,24 @@ def test_slot_shift_of_tables_without_offsets() -> None:
     shifted = _shift_slots(batch, [np.array([0, 100]), np.array([1000])])
     assert shifted.keys[0].tolist() == [0, 1, 102, 103, 4, 5, 106, 107]
     assert shifted.keys[1].tolist() == [1005, 1006, 1007]
+
+
+def test_model_files_on_s3_are_read_where_they_are(tmp_path: Path, s3) -> None:
+    """InferenceParams' files and the network as s3:// URIs: the local files' predictions."""
+    files = write_ranking_files(tmp_path / "m", OWN["dcn"], seed=74, max_batch_size=8)
+    s3.create_dir("models")
+    upload(s3, files.ps_json.parent, "models/dcn")
+    doc = json.loads(files.ps_json.read_text())["models"][0]
+    remote = params_for(
+        files,
+        dense_model_file=f"s3://models/dcn/{files.dense_file.name}",
+        sparse_model_files=[f"s3://models/dcn/{p}" for p in doc["sparse_files"]],
+    )
+    rng = np.random.default_rng(75)
+    keys = random_keys(rng, 5, files.slot_nums, files.known_keys(), 1, unknown=0.1)
+    batch = encode_hugectr(rng.standard_normal((5, 13)).astype(np.float32), keys)
+    local_model = InferenceModel(files.network_file, params_for(files))
+    remote_model = InferenceModel(f"s3://models/dcn/{files.network_file.name}", remote)
+    np.testing.assert_array_equal(remote_model.predict(*batch), local_model.predict(*batch))
+    local_model.close()
+    remote_model.close()
