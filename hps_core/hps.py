@@ -26,6 +26,40 @@ from hps_core.config import PSConfig, load_ps_config
 from hps_core.errors import ConfigError, Problem, RequestError
 from hps_core.lookup import LookupOptions, ModelLookup
 from hps_core.lookup.model_lookup import DEFAULT_OPTIONS
+from hps_core.nn.layers.embedding import Combiner
+
+GPU_ENGINE_ENV = "HPS_GPU_ENGINE"
+"""``bank``: the lookups of the models this process's HPS opens on a GPU run on the cache
+bank's kernels (:class:`~hps_core.infer.gpu.bank_lookup.BankLookup`, the ranking pipeline's
+``bank_find``/``bank_pool``/``bank_insert``); unset: each table's own cache lookup
+(:class:`~hps_core.lookup.CachedTableLookup`). Opt-in until the bank engine has been tested
+and measured on a GPU against the per-table one."""
+
+
+def gpu_engine(lookup: ModelLookup) -> Any:
+    """The cache bank's GPU lookup engine for a model lookup on a GPU (imported only then)."""
+    from hps_core.infer.gpu.bank_lookup import BankLookup
+
+    return BankLookup(lookup)
+
+
+def _combiner(
+    combiner: str | Combiner | None, hotness: int | None, offsets: Any
+) -> Combiner | None:
+    """How a lookup pools: None (a row per key) unless it has a hotness or offsets, then
+    ``combiner`` (sum by default)."""
+    if hotness is None and offsets is None:
+        if combiner is not None:
+            raise RequestError("a combiner pools bags: give hotness or offsets with it")
+        return None
+    if hotness is not None and offsets is not None:
+        raise RequestError("give hotness or offsets, not both")
+    if combiner is None:
+        return Combiner.SUM
+    try:
+        return Combiner(combiner)
+    except ValueError:
+        raise RequestError(f"combiner must be 'sum' or 'mean', got {combiner!r}") from None
 
 
 def _as_keys(keys: Any) -> np.ndarray:
@@ -90,7 +124,8 @@ class HPS:
                 lookup = self._lookups.get(key)
                 if lookup is None:
                     model = self.config.model(model_name)
-                    lookup = ModelLookup(self.config, model, device_id, options)
+                    engine = gpu_engine if os.environ.get(GPU_ENGINE_ENV) == "bank" else None
+                    lookup = ModelLookup(self.config, model, device_id, options, engine)
                     self._lookups[key] = lookup
         return lookup
 
@@ -137,51 +172,87 @@ class HPS:
             lookup.close()
 
     def lookup(
-        self, keys: np.ndarray, model_name: str, table_id: int, device_id: int | None = None
+        self,
+        keys: np.ndarray,
+        model_name: str,
+        table_id: int,
+        device_id: int | None = None,
+        *,
+        hotness: int | None = None,
+        offsets: np.ndarray | None = None,
+        combiner: str | Combiner | None = None,
     ) -> np.ndarray:
-        """Embedding vectors of ``keys`` in one table, like HugeCTR's ``HPS.lookup``.
+        """Embedding vectors of ``keys`` in one table, like HugeCTR's ``HPS.lookup``; with
+        ``hotness`` or ``offsets``, pooled per bag (an ``EmbeddingBag``).
 
         Args:
             keys: integer keys (any shape; flattened).
             model_name: a model of the ps.json.
             table_id: index of the table in the model's ``sparse_files``.
             device_id: GPU whose embedding cache to use; ``None`` reads the host tier.
+            hotness: pool bags of this many consecutive keys (``len(keys)`` a multiple).
+            offsets: pool CSR bags: bag ``i`` is ``keys[offsets[i]:offsets[i + 1]]``
+                (``bags + 1`` integers rising from 0 to ``len(keys)``).
+            combiner: ``"sum"`` (the default of a pooled lookup) or ``"mean"``.
 
         Returns:
-            NumPy float32 ``[len(keys), dim]``; the table's default vector for unknown keys.
+            NumPy float32 ``[len(keys), dim]``, or ``[bags, dim]`` pooled (an empty bag pools
+            to zeros); the table's default vector for unknown keys.
+
+        Raises:
+            RequestError: unknown model or table, keys, hotness or offsets that do not fit.
+
+        Example:
+            >>> hps.lookup(keys, "dlrm", 0, hotness=20, combiner="mean")  # doctest: +SKIP
         """
         keys = _as_keys(keys)
-        return to_host(self.model(model_name, device_id).lookup(table_id, keys))
+        how = _combiner(combiner, hotness, offsets)
+        if offsets is not None:
+            offsets = np.asarray(offsets)
+        lookup = self.model(model_name, device_id)
+        return to_host(lookup.lookup_pooled(table_id, keys, how, hotness, offsets))
 
     def lookup_fromdlpack(
-        self, keys: Any, out: Any, model_name: str, table_id: int, device_id: int
+        self,
+        keys: Any,
+        out: Any,
+        model_name: str,
+        table_id: int,
+        device_id: int,
+        *,
+        hotness: int | None = None,
+        offsets: Any = None,
+        combiner: str | Combiner | None = None,
     ) -> None:
         """Look up keys held in a DLPack tensor, writing into a DLPack tensor, on the GPU.
 
-        Like HugeCTR's ``HPS.lookup_fromdlpack``: the keys never visit the host unless the
-        cache misses (then only the missing keys do).
+        Like HugeCTR's ``HPS.lookup_fromdlpack``: the keys never visit the host (missed rows
+        are read from the host tier in place, over PCIe). The lookup is ordered on the
+        caller's current CUDA stream: work queued after this call sees the answer.
 
         Args:
             keys: DLPack-capable int64 keys on GPU ``device_id`` (e.g. a CuPy or PyTorch tensor).
-            out: DLPack-capable float32 ``[len(keys), dim]`` tensor on the same GPU.
+            out: DLPack-capable C-contiguous float32 ``[len(keys), dim]`` tensor on the same
+                GPU; ``[bags, dim]`` pooled.
             model_name: a model of the ps.json.
             table_id: index of the table.
             device_id: the GPU.
+            hotness, offsets, combiner: pooled bags, as :meth:`lookup` takes them
+                (``offsets`` a DLPack-capable integer tensor on the same GPU).
         """
         lookup = self.model(model_name, device_id)
-        dim = lookup.table(table_id).dim  # also rejects a table_id out of range
+        lookup.table(table_id)  # rejects a table_id out of range
+        how = _combiner(combiner, hotness, offsets)
         xp = lookup.xp
         with xp.cuda.Device(device_id):
             key_array = xp.from_dlpack(keys)
             out_array = xp.from_dlpack(out)
+            offsets_array = None if offsets is None else xp.from_dlpack(offsets)
             if key_array.dtype != xp.int64:
                 raise RequestError(f"keys must be int64, got {key_array.dtype}")
-            if out_array.dtype != xp.float32 or out_array.shape != (key_array.size, dim):
-                raise RequestError(
-                    f"out must be float32 [{key_array.size}, {dim}], got {out_array.dtype} "
-                    f"{list(out_array.shape)}"
-                )
-            lookup.lookup(table_id, key_array.ravel(), out=out_array)
+            lookup.lookup_pooled(
+                table_id, key_array.ravel(), how, hotness, offsets_array, out=out_array
+            )
 
     def close(self) -> None:
         """Detach from every table and forget this instance."""

@@ -22,7 +22,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from hps_core.arrays import array_module
+from hps_core.arrays import array_module, module_of
 from hps_core.cache import make_cache
 from hps_core.cache.layout import cache_capacity_rows
 from hps_core.config import EmbeddingCacheType, ModelConfig, PSConfig, TableConfig
@@ -36,6 +36,7 @@ from hps_core.lookup.table_lookup import (
     lookup_together,
     together_positions,
 )
+from hps_core.nn.layers.embedding import Combiner, pool_embeddings, pool_gathered
 from hps_core.tiers.factory import open_table_tiers
 from hps_core.wording import plural
 
@@ -53,6 +54,69 @@ class LookupExtension(Protocol):
 
     def close(self) -> None:
         """Release what it holds of the lookup's tables."""
+        ...
+
+
+@dataclass(frozen=True)
+class TableQuery:
+    """One table's part of a lookup.
+
+    Args:
+        table: the table's index in the model.
+        keys: 1-D int64 keys, NumPy or CuPy (every query of a call on the same side).
+        combiner: ``None``: a row per key; else how each bag's rows are pooled.
+        hotness: keys per bag (pooled, without ``offsets``).
+        offsets: CSR offsets of the bags (pooled): ``bags + 1`` integers from 0 to
+            ``len(keys)``, rising, on the side of the keys.
+
+    Example:
+        >>> TableQuery(0, keys, Combiner.SUM, hotness=1024)  # doctest: +SKIP
+    """
+
+    table: int
+    keys: Any
+    combiner: Combiner | None = None
+    hotness: int | None = None
+    offsets: Any = None
+
+    @property
+    def bags(self) -> int:
+        """Rows of the answer."""
+        n = int(self.keys.shape[0])
+        if self.combiner is None:
+            return n
+        if self.offsets is not None:
+            return int(self.offsets.shape[0]) - 1
+        return n // max(self.hotness or 1, 1)
+
+    def key_room(self) -> int:
+        """Keys per bag the batch makes room for (``bank_pool`` pools a bag of one key as a
+        row copy, longer bags with more lanes): 1 unpooled, the hotness, or the average bag
+        of CSR offsets rounded up to a power of two (so that calls share few shapes)."""
+        if self.combiner is None:
+            return 1
+        if self.offsets is None:
+            return max(int(self.hotness or 1), 1)
+        average = -(-int(self.keys.shape[0]) // max(self.bags, 1))
+        return 1 << max(0, average - 1).bit_length()
+
+
+class GpuEngine(Protocol):
+    """A GPU lookup engine a :class:`ModelLookup` on a GPU may answer through
+    (:class:`~hps_core.infer.gpu.bank_lookup.BankLookup`: every table's lookups in one batch
+    of the cache bank's kernels, which :class:`~hps_core.hps.HPS` hands it where
+    ``HPS_GPU_ENGINE=bank``)."""
+
+    def lookup(self, queries: Sequence[TableQuery], outs: Sequence[Any] | None = None) -> list[Any]:
+        """Answer ``queries`` (at most one per table), into ``outs`` where given."""
+        ...
+
+    def table_counters(self) -> Sequence[TableCounters]:
+        """Its counters per table of the model."""
+        ...
+
+    def close(self) -> None:
+        """Release its device state."""
         ...
 
 
@@ -93,6 +157,9 @@ class ModelLookup:
         model: the model to serve.
         device_id: CUDA device of the embedding caches, or ``None`` for host lookups.
         options: how it serves (:class:`LookupOptions`).
+        engine: makes the GPU lookup engine that answers this lookup's own lookups on a GPU
+            (:class:`~hps_core.infer.gpu.bank_lookup.BankLookup`, made on first use);
+            ``None``: each table's :class:`CachedTableLookup` answers them.
     """
 
     def __init__(
@@ -101,6 +168,7 @@ class ModelLookup:
         model: ModelConfig,
         device_id: int | None = None,
         options: LookupOptions = DEFAULT_OPTIONS,
+        engine: Callable[[ModelLookup], GpuEngine] | None = None,
     ) -> None:
         self.config = config
         self.model = model
@@ -113,6 +181,8 @@ class ModelLookup:
         self._group_tried = False
         self._extensions: list[LookupExtension] = []
         self._order: Any = None
+        self._make_engine = engine
+        self._engine: GpuEngine | None = None  # made on first use
 
     @property
     def num_tables(self) -> int:
@@ -323,17 +393,86 @@ class ModelLookup:
         Args:
             table_id: index of the table.
             keys: 1-D int64 keys (NumPy, or CuPy on a GPU lookup).
-            out: optional float32 ``[n, dim]`` array of the lookup's array module to write into.
+            out: optional float32 ``[n, dim]`` array to write into: NumPy on the host, CuPy
+                on a GPU.
 
         Returns:
             float32 ``[n, dim]`` (NumPy on the host, CuPy on a GPU); the table's default
             vector for unknown keys.
         """
+        return self.lookup_pooled(table_id, keys, None, out=out)
+
+    def lookup_pooled(
+        self,
+        table_id: int,
+        keys: Any,
+        combiner: Combiner | None,
+        hotness: int | None = None,
+        offsets: Any = None,
+        out: Any = None,
+    ) -> Any:
+        """The rows of ``keys`` in table ``table_id``, a row per key or pooled per bag.
+
+        On the host the host tier's rows of each distinct key are read once and pooled with
+        NumPy; on a GPU the engine given pools them (the cache bank's ``bank_pool``, each bag
+        in registers), else each table's cache lookup returns a row per key, pooled with CuPy.
+
+        Args:
+            table_id: index of the table.
+            keys: 1-D int64 keys (NumPy, or CuPy on a GPU lookup).
+            combiner: ``None`` for a row per key, else sum or mean of each bag's rows.
+            hotness: keys per bag (pooled, without ``offsets``); ``len(keys)`` a multiple.
+            offsets: CSR offsets of the bags: ``bags + 1`` integers rising from 0 to
+                ``len(keys)`` (checked for host arrays), on the side of the keys.
+            out: optional float32 ``[bags, dim]`` array to write into (CuPy on a GPU).
+
+        Returns:
+            float32 ``[bags, dim]`` (NumPy on the host, CuPy on a GPU); an empty bag pools to
+            zeros, an unknown key reads the table's default vector.
+
+        Raises:
+            RequestError: a table id out of range, or keys, hotness or offsets that do not fit.
+        """
         table = self.table(table_id)
+        if combiner is not None and offsets is None and (hotness or 0) < 1:
+            raise RequestError("a pooled lookup needs offsets or a hotness of at least 1")
+        if combiner is not None and offsets is None and int(keys.shape[0]) % hotness:
+            raise RequestError(
+                f"{int(keys.shape[0])} keys do not fill bags of {hotness} (hotness {hotness})"
+            )
+        if offsets is not None and module_of(offsets) is np:
+            offsets = checked_offsets(np.asarray(offsets), int(keys.shape[0]))
         if self.device_id is None:
-            return table.lookup(keys, out)
+            return _pooled_on_host(table, keys, combiner, hotness, offsets, out)
         with self.xp.cuda.Device(self.device_id):
-            return table.lookup(keys, out)
+            engine = self._gpu_engine()
+            if engine is not None:
+                query = TableQuery(table_id, keys, combiner, hotness, offsets)
+                return engine.lookup([query], [out])[0]
+            if combiner is None:
+                return table.lookup(keys, out)
+            # The per-table engine's rows, pooled with CuPy.
+            rows = table.lookup(keys)
+            if offsets is None:
+                offsets = self.xp.arange(0, int(keys.shape[0]) + 1, hotness)
+            pooled = pool_embeddings(self.xp, rows, offsets, 1, combiner)
+            pooled = pooled.reshape(-1, table.dim)
+            if out is None:
+                return pooled
+            out[...] = pooled
+            return out
+
+    def _gpu_engine(self) -> GpuEngine | None:
+        """The GPU lookup engine given to this lookup, made on first use (closed with this
+        lookup; its lookups count in :meth:`counters`); None: the per-table engine of
+        :class:`CachedTableLookup` answers."""
+        if self._make_engine is None:
+            return None
+        with self._lock:
+            if self._engine is None:
+                self._engine = self._make_engine(self)
+                self._extensions.append(self._engine)
+            return self._engine
 
     def lookup_tables(self, keys_per_table: Sequence[Any]) -> list[Any]:
         """Look up one key array per table.
@@ -368,6 +507,10 @@ class ModelLookup:
         if self.device_id is None:
             return self._on_host(tables, keys, lambda table, k: table.lookup(k))
         with self.xp.cuda.Device(self.device_id):
+            engine = self._gpu_engine()
+            if engine is not None:
+                queries = [TableQuery(t, k) for t, k in zip(table_ids, keys, strict=True)]
+                return engine.lookup(queries)
             if not all(isinstance(table, CachedTableLookup) for table in tables):
                 return [table.lookup(k) for table, k in zip(tables, keys, strict=True)]
             return lookup_cached_tables(tables, keys, self.xp, self._section)
@@ -486,6 +629,7 @@ class ModelLookup:
             for extension in self._extensions:
                 extension.close()
             self._extensions = []
+            self._engine = None
             for table in self._tables:
                 if table is not None:
                     table.close()
@@ -523,3 +667,63 @@ def _warm_keys(table: TableConfig, given: np.ndarray | None) -> tuple[np.ndarray
         hotness = np.frombuffer(meta.read_bytes(), dtype="<i8")
         return keys[np.argsort(-hotness, kind="stable")], "hottest first, from meta"
     return keys, "file order"
+
+
+def checked_offsets(offsets: np.ndarray, keys: int) -> np.ndarray:
+    """CSR bag offsets of a pooled lookup, checked: 1-D integers rising from 0 to ``keys``.
+
+    Args:
+        offsets: the caller's offsets (host).
+        keys: the number of keys they cut into bags.
+
+    Returns:
+        The offsets as int64.
+
+    Raises:
+        RequestError: naming what is wrong and where.
+    """
+    if offsets.ndim != 1 or offsets.shape[0] < 1 or offsets.dtype.kind not in "iu":
+        raise RequestError(
+            f"offsets must be 1-D integers, one more than the bags, got {offsets.dtype} "
+            f"{list(offsets.shape)}"
+        )
+    offsets = offsets.astype(np.int64, copy=False)
+    if int(offsets[0]) != 0 or int(offsets[-1]) != keys:
+        raise RequestError(
+            f"offsets must rise from 0 to the number of keys ({keys}), got "
+            f"{int(offsets[0])} .. {int(offsets[-1])}"
+        )
+    falls = np.flatnonzero(offsets[1:] < offsets[:-1])
+    if len(falls):
+        at = int(falls[0])
+        raise RequestError(
+            f"offsets must not fall: offsets[{at + 1}] = {int(offsets[at + 1])} is below "
+            f"offsets[{at}] = {int(offsets[at])}"
+        )
+    return offsets
+
+
+def _pooled_on_host(
+    table: Any,
+    keys: Any,
+    combiner: Combiner | None,
+    hotness: int | None,
+    offsets: np.ndarray | None,
+    out: np.ndarray | None,
+) -> np.ndarray:
+    """:meth:`ModelLookup.lookup_pooled` on the host tier: each distinct key's row read once,
+    then pooled (:func:`~hps_core.nn.layers.embedding.pool_gathered` for a fixed hotness)."""
+    if combiner is None:
+        return table.lookup(keys, out)
+    rows, index = table.lookup_distinct(np.asarray(keys))
+    if offsets is None:
+        pooled = pool_gathered(rows, index, hotness)
+        if combiner is Combiner.MEAN:
+            pooled /= np.float32(hotness)
+    else:
+        values = rows if index is None else rows[index]
+        pooled = pool_embeddings(np, values, offsets, 1, combiner).reshape(-1, rows.shape[1])
+    if out is None:
+        return pooled
+    np.copyto(out, pooled)
+    return out

@@ -197,6 +197,11 @@ class CacheBank:
                 entries += state.miss_keys.shape[0]
         return entries
 
+    def staging_pointers(self) -> tuple[int, ...]:
+        """Where each table's staging rows are (0: none yet): descriptors made before
+        :meth:`reserve_misses` grew them point at freed memory, and must be made again."""
+        return tuple(0 if s.staging is None else s.staging.data.ptr for s in self._states)
+
     def descriptor_rows(self, placements: Sequence[TablePlacement]) -> np.ndarray:
         """The ``Table`` array of ``kernels/bank.cu`` for ``placements`` (one per table, in
         the bank's order), on the host: copy it to the GPU as bytes.

@@ -46,7 +46,8 @@ class KernelSteps:
     Args:
         bank: the tables' device state.
         placement: where the tables sit in a batch.
-        executor: the dense network.
+        executor: the dense network; None for lookups alone
+            (:class:`~hps_core.infer.gpu.bank_lookup.BankLookup`).
         read_given: the pooled tensors the dense network reads (an FP16 network casts these).
         stream: the stream the scores are downloaded on (the pipeline's main stream).
         bank_kernels: ``bank.cu`` compiled for this GPU.
@@ -57,7 +58,7 @@ class KernelSteps:
         self,
         bank: CacheBank,
         placement: Placement,
-        executor: DenseExecutor,
+        executor: DenseExecutor | None,
         read_given: Collection[str],
         stream: Any,
         bank_kernels: Any,
@@ -65,7 +66,7 @@ class KernelSteps:
     ) -> None:
         self.bank = bank
         self.executor = executor
-        self.has_prefix = bool(executor.dense_prefix_steps)
+        self.has_prefix = executor is not None and bool(executor.dense_prefix_steps)
         self._read_given = read_given
         self._stream = stream
         self._kernels = bank_kernels
@@ -116,9 +117,10 @@ class KernelSteps:
                  np.int32(_FIND_BY_COLUMN)),
             )  # fmt: skip
 
-    def pool(self, bucket: Bucket, part: Part | None = None) -> None:
+    def pool(self, bucket: Bucket, part: Part | None = None, out: Any = None) -> None:
         """The pooling of the bags of ``part``'s slots and samples (default: all), after its
-        :meth:`find`: one ``bank_pool`` launch, as the slots' plan says."""
+        :meth:`find`: one ``bank_pool`` launch, as the slots' plan says, into the bucket's
+        embeddings or ``out`` (a float32 CuPy array laid out as they are)."""
         lay = bucket.layout
         every = ((0, lay.keys_per_sample), (0, lay.slots), (0, lay.size))
         _, slots, (first_row, stop_row) = part or every
@@ -131,7 +133,8 @@ class KernelSteps:
             (blocks,), (THREADS,),
             (self.descriptors, self.slot_table, self.slot_local, words,
              np.int64(first_row), np.int64(stop_row), np.int32(lay.keys_per_sample),
-             np.int64(lay.size), header, offsets, bucket.rows, bucket.embeddings),
+             np.int64(lay.size), header, offsets, bucket.rows,
+             bucket.embeddings if out is None else out),
         )  # fmt: skip
 
     def insert(self, bucket: Bucket) -> None:
