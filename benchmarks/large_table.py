@@ -18,7 +18,20 @@ Load (any machine):
 Each is measured cold (the page cache dropped first, where ``/proc/sys/vm/drop_caches`` can be
 written) and warm (right after a read of the files).
 
-Lookups (``--lookups``, a GPU with CuPy and PyTorch) are a later part of this script.
+Lookups (``--lookups``, a GPU with CuPy and PyTorch), NV Embedding Cache's step: 256 samples x
+1,024 keys (262,144 keys) drawn Zipf(``--alpha``) over the table's rows, in each storage
+precision, with a dynamic GPU cache of each ``--cache-shares`` of the table and with the whole
+table static on the GPU:
+- unpooled (``HPS.lookup_fromdlpack``: a row per key) and pooled (hotness 1,024, sum): M keys/s
+  (CUDA events around ``--steps`` steps after ``--warm`` steps), the hit rate of the measured
+  steps, the bytes read from the host tier over PCIe per step (rows the caches missed) and the
+  floor: missed bytes / the host-to-device copy rate + the other rows' bytes / the GPU's
+  device-to-device copy rate, both measured in the same run (a row read from GPU memory costs
+  its bytes once; the floor counts neither the keys nor the answer's writes);
+- each GPU lookup engine of ``--engines``: ``bank`` (the cache bank's kernels) and ``tables``
+  (each table's own cache lookup), in the same run;
+- PyTorch on the same keys (``F.embedding``, ``F.embedding_bag`` of a GPU copy of the FP32
+  table, row indices in place of keys), where the GPU holds a copy beside everything else.
 
 Prints a table; writes ``large_table.csv`` under ``--out``.
 
@@ -48,6 +61,17 @@ from hps_core.tiers.shm_segment import KEEP_ENV, remove_stale_segments
 DIM = 128
 
 
+_MULTIPLIER = np.uint64(0x9E3779B97F4A7C15 | 1)
+
+
+def table_key(index: np.ndarray, seed: int = 0) -> np.ndarray:
+    """The key :func:`write_table` wrote at each row ``index`` (an odd multiplier is a
+    bijection modulo 2**63, so keys are unique)."""
+    offset = np.uint64(np.random.default_rng(seed).integers(1 << 62))
+    index = np.asarray(index).astype(np.uint64)
+    return ((index * _MULTIPLIER + offset) & np.uint64((1 << 63) - 1)).astype("<i8")
+
+
 def write_table(folder: Path, rows: int, seed: int = 0) -> float:
     """Write ``rows`` unique keys and random FP32 rows of dim 128, a chunk at a time.
 
@@ -56,16 +80,13 @@ def write_table(folder: Path, rows: int, seed: int = 0) -> float:
     """
     folder.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(seed)
-    # Unique keys spread over int64: an odd multiplier is a bijection modulo 2**63.
-    multiplier, offset = np.uint64(0x9E3779B97F4A7C15 | 1), np.uint64(rng.integers(1 << 62))
+    rng.integers(1 << 62)  # table_key's offset
     started = time.perf_counter()
     chunk = 1 << 20
     with open(folder / KEY_FILE, "wb") as keys_out, open(folder / VECTOR_FILE, "wb") as rows_out:
         for first in range(0, rows, chunk):
             n = min(chunk, rows - first)
-            index = np.arange(first, first + n, dtype=np.uint64)
-            keys = ((index * multiplier + offset) & np.uint64((1 << 63) - 1)).astype("<i8")
-            keys.tofile(keys_out)
+            table_key(np.arange(first, first + n), seed).tofile(keys_out)
             rng.standard_normal((n, DIM), dtype=np.float32).tofile(rows_out)
         keys_out.flush()
         rows_out.flush()
@@ -178,6 +199,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=Path("bench_results/large_table"))
     parser.add_argument("--precisions", default="fp32,fp16")
     parser.add_argument("--keep", action="store_true", help="keep the files for a later run")
+    parser.add_argument("--lookups", action="store_true", help="measure GPU lookups too")
+    parser.add_argument("--load", action=argparse.BooleanOptionalAction, default=True,
+                        help="measure the load (--no-load: lookups only)")  # fmt: skip
+    parser.add_argument("--cache-shares", default="0.1,0.01", help="dynamic cache sizes")
+    parser.add_argument("--engines", default="bank,tables",
+                        help="GPU lookup engines (HPS_GPU_ENGINE): bank, tables")  # fmt: skip
+    parser.add_argument("--alpha", type=float, default=1.05)
+    parser.add_argument("--warm", type=int, default=30, help="steps before measuring")
+    parser.add_argument("--steps", type=int, default=20, help="steps measured")
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     rows = int(args.gb * 1e9 / (4 * DIM))
@@ -194,7 +224,7 @@ def main(argv: list[str] | None = None) -> int:
          "gb_per_s": gb / write_s if write_s == write_s else float("nan")},
     ]  # fmt: skip
     cold = drop_page_cache()
-    for cache in ("cold", "warm") if cold else ("warm",):
+    for cache in (("cold", "warm") if cold else ("warm",)) if args.load else ():
         if cache == "warm":
             timed_cat(folder)  # the files in the page cache
         measures = [("cat to /dev/null", lambda: timed_cat(folder))]
@@ -233,6 +263,10 @@ def main(argv: list[str] | None = None) -> int:
         if "segment_x_rows" in r:
             extra = f" {r['segment_x_rows']:8.3f} {r['peak_anon_x_rows']:9.3f}"
         print(f"{r['what']:34} {r['cache']:>5} {r['seconds']:8.2f} {r['gb_per_s']:6.2f}{extra}")
+    if args.lookups:
+        from large_table_lookups import measure_lookups
+
+        measure_lookups(args, folder, rows, table_key)
     if not args.keep:
         with contextlib.suppress(FileNotFoundError):
             (folder / KEY_FILE).unlink()
