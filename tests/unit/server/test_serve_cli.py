@@ -137,7 +137,11 @@ def test_in_process_stop_leaves_no_stub(fake_triton, model_repository):
     assert process_group_members(server_pids[0]) == []
 
 
-def test_the_server_dies_with_a_killed_launcher(fake_triton, model_repository):
+def test_the_server_dies_with_a_killed_launcher(
+    fake_triton, model_repository, tmp_path, monkeypatch
+):
+    # A killed launcher cannot remove its control file: keep it in the test's folder.
+    monkeypatch.setenv("HPS_RUNTIME_DIR", str(tmp_path / "runtime"))
     proc = _hps_serve(fake_triton, "ok", "--model-repository", str(model_repository), *PORT_ARGS)
     _read_until(proc, "hps serve: ready")
     (server,) = psutil.Process(proc.pid).children()
