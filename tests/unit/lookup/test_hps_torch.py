@@ -1,0 +1,95 @@
+"""HugeCTR's hps_torch API (hps_core.hps_torch): LookupLayer in a PyTorch model of the shape of
+HugeCTR's demo notebook (several layers under torch.jit.fork), on CPU tensors, against the
+files' rows."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from lookup_testdata import write_models
+
+torch = pytest.importorskip("torch")
+
+from hps_core import hps_torch  # noqa: E402
+from hps_core.errors import RequestError  # noqa: E402
+from hps_core.formats.sparse_writer import write_sparse_table  # noqa: E402
+from hps_core.hps import HPS  # noqa: E402
+
+
+class DemoModel(torch.nn.Module):
+    """HugeCTR's hps_torch demo model's shape: one LookupLayer per table, run under
+    torch.jit.fork, their outputs concatenated and summed by a linear layer."""
+
+    def __init__(self, ps: str, model: str, dims: list[int]) -> None:
+        super().__init__()
+        self.lookups = torch.nn.ModuleList(
+            hps_torch.LookupLayer(ps, model, t, dim) for t, dim in enumerate(dims)
+        )
+        self.linear = torch.nn.Linear(sum(dims), 1)
+
+    def forward(self, keys: list[torch.Tensor]) -> torch.Tensor:
+        futures = [torch.jit.fork(layer, k) for layer, k in zip(self.lookups, keys, strict=True)]
+        vectors = [torch.jit.wait(f) for f in futures]
+        return self.linear(torch.cat([v.sum(dim=1) for v in vectors], dim=1))
+
+
+def test_the_demo_model_looks_up_the_files_rows(tmp_path: Path) -> None:
+    ps, data = write_models(tmp_path)
+    tables = data["wdl"]
+    model = DemoModel(str(ps), "wdl", [t.vectors.shape[1] for t in tables]).eval()
+    rng = np.random.default_rng(3)
+    keys = [t.queries(rng, 64 * 3)[: 64 * 3].reshape(64, 3) for t in tables]
+    with torch.no_grad():
+        scores = model([torch.from_numpy(k) for k in keys])
+        for layer, table, k in zip(model.lookups, tables, keys, strict=True):
+            got = layer(torch.from_numpy(k))
+            assert got.dtype == torch.float32 and tuple(got.shape) == (64, 3, layer.emb_vec_size)
+            want = table.expected(k.reshape(-1)).reshape(64, 3, -1)
+            np.testing.assert_array_equal(got.numpy(), want)
+    pooled = np.concatenate(
+        [t.expected(k.reshape(-1)).reshape(64, 3, -1).astype(np.float64).sum(axis=1)
+         for t, k in zip(tables, keys, strict=True)], axis=1,
+    )  # fmt: skip
+    weight = model.linear.weight.detach().numpy().astype(np.float64)
+    want = pooled @ weight.T + model.linear.bias.detach().numpy()
+    np.testing.assert_allclose(scores.numpy(), want, rtol=1e-5, atol=1e-5)
+    HPS.close_all()
+
+
+def test_int32_keys_any_shape_and_an_explicit_init(tmp_path: Path) -> None:
+    """A model of 32-bit keys (supportlonglong false, as the demo notebook's)."""
+    keys = np.arange(0, 2000, 7, dtype=np.int64)
+    vectors = np.random.default_rng(2).standard_normal((len(keys), 8), dtype=np.float32)
+    write_sparse_table(tmp_path / "t0", keys, vectors)
+    ps = tmp_path / "ps.json"
+    ps.write_text(json.dumps({"supportlonglong": False, "models": [{
+        "model": "small", "sparse_files": ["t0"], "embedding_vecsize_per_table": [8],
+        "maxnum_catfeature_query_per_table_per_sample": [6], "max_batch_size": 64,
+        "deployed_device_list": [0], "default_value_for_each_table": [0.5],
+    }]}))  # fmt: skip
+    assert hps_torch.init(ps, 64) == "OK"  # every table open before the first forward
+    layer = hps_torch.LookupLayer(ps, "small", 0, 8)
+    asked = np.array([0, 7, 1, 1995, 14, 3], dtype=np.int32)  # known and unknown keys
+    want = np.where(asked[:, None] % 7 == 0, vectors[np.minimum(asked // 7, len(keys) - 1)], 0.5)
+    for shape in ((6,), (2, 3), (1, 2, 3)):
+        got = layer(torch.from_numpy(asked.reshape(shape)))
+        np.testing.assert_array_equal(got.numpy(), want.reshape(*shape, 8))
+    assert layer(torch.empty(0, dtype=torch.int32)).shape == (0, 8)
+    HPS.close_all()
+
+
+def test_bad_keys_and_widths_are_named(tmp_path: Path) -> None:
+    ps, data = write_models(tmp_path)
+    with pytest.raises(RequestError, match=r"keys must be int32 or int64, got torch\.float32"):
+        hps_torch.LookupLayer(ps, "dcn", 0, 8)(torch.zeros(3))
+    wrong = hps_torch.LookupLayer(ps, "dcn", 0, 16)
+    with pytest.raises(RequestError, match=r"emb_vec_size 16 is not the width of table 0 .* \(8\)"):
+        wrong(torch.zeros(3, dtype=torch.int64))
+    keys = torch.from_numpy(data["dcn"][0].keys[:4])
+    np.testing.assert_array_equal(
+        hps_torch.LookupLayer(ps, "dcn", 0, 8)(keys).numpy(), data["dcn"][0].vectors[:4]
+    )
+    HPS.close_all()
