@@ -254,7 +254,7 @@ class BankLookup:
         bank = self.bank
         key = (rooms, size)
         shape = self._shapes.get(key)
-        if shape is not None and shape.staging_ptrs == self._staging_ptrs():
+        if shape is not None and shape.staging_ptrs == bank.staging_pointers():
             return shape
         names = [t.name for t in self.model_lookup.model.tables]
         feeds = tuple(
@@ -284,15 +284,12 @@ class BankLookup:
         if any(bank.lower):
             fetch = LowerTierFetch(self._stream, self._stream, self._uploaded, self._kernels)
         self._stream.synchronize()
-        shape = _Shape(placement, steps, uploader, bucket, fetch, self._staging_ptrs())
+        shape = _Shape(placement, steps, uploader, bucket, fetch, bank.staging_pointers())
         old = self._shapes.pop(key, None)
         if old is not None:
             old.uploader.close()
         self._shapes[key] = shape
         return shape
-
-    def _staging_ptrs(self) -> tuple[int, ...]:
-        return self.bank.staging_pointers()
 
     def table_counters(self) -> list[TableCounters]:
         """The bank's counters per model table (none before the first lookup)."""
