@@ -29,7 +29,7 @@ import torch
 from hps_core.errors import RequestError
 from hps_core.hps import HPS, init
 
-__all__ = ["LookupLayer", "init"]
+__all__ = ["EmbeddingBag", "LookupLayer", "init"]
 
 
 class LookupLayer(torch.nn.Module):
@@ -67,6 +67,28 @@ class LookupLayer(torch.nn.Module):
             f"table_id={self.table_id}, emb_vec_size={self.emb_vec_size}"
         )
 
+    def checked(self, keys: torch.Tensor) -> HPS:
+        """The HPS of this layer, once ``keys`` are integers and (on the first call) the
+        table's width is ``emb_vec_size``.
+
+        Raises:
+            RequestError: naming what does not fit.
+        """
+        if keys.dtype not in (torch.int32, torch.int64):
+            raise RequestError(f"LookupLayer: keys must be int32 or int64, got {keys.dtype}")
+        hps = HPS(self.ps_config_file)
+        if not self._checked:
+            device = keys.device.index if keys.is_cuda else None
+            dim = hps.model(self.model_name, device).table(self.table_id).dim
+            if dim != self.emb_vec_size:
+                raise RequestError(
+                    f"LookupLayer: emb_vec_size {self.emb_vec_size} is not the width of table "
+                    f"{self.table_id} of model '{self.model_name}' in {self.ps_config_file} "
+                    f"({dim})"
+                )
+            self._checked = True
+        return hps
+
     def forward(self, keys: torch.Tensor) -> torch.Tensor:
         """Look ``keys`` up.
 
@@ -81,32 +103,120 @@ class LookupLayer(torch.nn.Module):
             RequestError: keys that are not integers, or an ``emb_vec_size`` that is not the
                 table's width.
         """
-        if keys.dtype not in (torch.int32, torch.int64):
-            raise RequestError(f"LookupLayer: keys must be int32 or int64, got {keys.dtype}")
-        hps = HPS(self.ps_config_file)
-        device = keys.device.index if keys.is_cuda else None
-        if not self._checked:
-            dim = hps.model(self.model_name, device).table(self.table_id).dim
-            if dim != self.emb_vec_size:
-                raise RequestError(
-                    f"LookupLayer: emb_vec_size {self.emb_vec_size} is not the width of table "
-                    f"{self.table_id} of model '{self.model_name}' in {self.ps_config_file} "
-                    f"({dim})"
-                )
-            self._checked = True
+        hps = self.checked(keys)
         flat = keys.detach().reshape(-1).to(torch.int64)
-        shape = (*keys.shape, self.emb_vec_size)
-        if device is None:
-            found = hps.lookup(flat.numpy(), self.model_name, self.table_id)
-            return torch.from_numpy(found).reshape(shape)
-        import cupy
+        found = _looked_up(hps, self.model_name, self.table_id, self.emb_vec_size, flat, len(flat))
+        return found.reshape(*keys.shape, self.emb_vec_size)
 
-        out = torch.empty(
-            (flat.shape[0], self.emb_vec_size), dtype=torch.float32, device=keys.device
-        )
-        # The lookup is ordered on PyTorch's current stream: what the caller queues after this
-        # forward on that stream sees the answer.
-        stream = torch.cuda.current_stream(keys.device)
-        with cupy.cuda.Device(device), cupy.cuda.ExternalStream(stream.cuda_stream, device):
-            hps.lookup_fromdlpack(flat, out, self.model_name, self.table_id, device)
-        return out.reshape(shape)
+
+class EmbeddingBag(torch.nn.Module):
+    """``torch.nn.EmbeddingBag``'s forward over one table of a ps.json model: each bag's rows
+    pooled (sum or mean) by the HPS, on the keys' device.
+
+    Args:
+        ps_config_file: the ps.json.
+        model_name: a ``model`` of it.
+        table_id: the table's index in the model's ``sparse_files``.
+        embedding_dim: the table's width (checked on the first forward).
+        mode: ``"sum"`` or ``"mean"``.
+
+    Example:
+        >>> bag = EmbeddingBag("ps.json", "demo", 0, 128, mode="mean")  # doctest: +SKIP
+        >>> bag(torch.tensor([1, 2, 3]), torch.tensor([0, 2])).shape  # doctest: +SKIP
+        torch.Size([2, 128])
+    """
+
+    def __init__(
+        self,
+        ps_config_file: str | os.PathLike[str],
+        model_name: str,
+        table_id: int,
+        embedding_dim: int,
+        mode: str = "sum",
+    ) -> None:
+        super().__init__()
+        if mode not in ("sum", "mean"):
+            raise ValueError(f"EmbeddingBag: mode must be 'sum' or 'mean', got {mode!r}")
+        self.mode = mode
+        self.rows = LookupLayer(ps_config_file, model_name, table_id, embedding_dim)
+
+    def forward(
+        self,
+        input: torch.Tensor,
+        offsets: torch.Tensor | None = None,
+        per_sample_weights: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Pool the bags of ``input`` as ``torch.nn.EmbeddingBag`` does.
+
+        Args:
+            input: int32/int64 keys: ``[B, h]`` (bag ``b`` is row ``b``), or ``[n]`` with
+                ``offsets``.
+            offsets: with 1-D ``input``, each bag's first position (``[B]``, from 0, rising).
+            per_sample_weights: float weights shaped as ``input`` (``mode="sum"`` only): each
+                row is scaled by its weight before the sum.
+
+        Returns:
+            float32 ``[B, embedding_dim]`` on the keys' device; an empty bag is zeros.
+
+        Raises:
+            RequestError: shapes that do not fit, or weights with ``mode="mean"``.
+        """
+        layer = self.rows
+        if input.dim() == 2:
+            if offsets is not None:
+                raise RequestError("EmbeddingBag: offsets go with 1-D input, got 2-D input")
+            bags, hotness = int(input.shape[0]), int(input.shape[1])
+            csr = None
+        elif input.dim() == 1:
+            if offsets is None or offsets.dim() != 1:
+                raise RequestError("EmbeddingBag: 1-D input needs 1-D offsets (each bag's start)")
+            bags, hotness = int(offsets.shape[0]), None
+            end = torch.tensor([input.shape[0]], dtype=torch.int64, device=offsets.device)
+            csr = torch.cat([offsets.to(torch.int64), end])
+        else:
+            raise RequestError(f"EmbeddingBag: input must be 1-D or 2-D, got {input.dim()}-D")
+        if per_sample_weights is not None:
+            if self.mode != "sum":
+                raise RequestError("EmbeddingBag: per_sample_weights need mode='sum'")
+            if per_sample_weights.shape != input.shape:
+                raise RequestError(
+                    f"EmbeddingBag: per_sample_weights {list(per_sample_weights.shape)} must be "
+                    f"shaped as input {list(input.shape)}"
+                )
+            rows = layer(input.reshape(-1)) * per_sample_weights.reshape(-1, 1).float()
+            if csr is None:
+                return rows.reshape(bags, hotness, -1).sum(dim=1)
+            bag_of = torch.bucketize(
+                torch.arange(rows.shape[0], device=rows.device), csr[1:], right=True
+            )
+            return torch.zeros(
+                (bags, layer.emb_vec_size), dtype=torch.float32, device=rows.device
+            ).index_add_(0, bag_of, rows)
+        hps = layer.checked(input)
+        if hotness == 0:  # bags of no key
+            return torch.zeros((bags, layer.emb_vec_size), dtype=torch.float32, device=input.device)
+        flat = input.detach().reshape(-1).to(torch.int64)
+        pooling = {"combiner": self.mode}
+        pooling |= {"hotness": hotness} if csr is None else {"offsets": csr}
+        return _looked_up(hps, layer.model_name, layer.table_id, layer.emb_vec_size, flat, bags,
+                          **pooling)  # fmt: skip
+
+
+def _looked_up(
+    hps: HPS, model: str, table: int, dim: int, keys: torch.Tensor, rows: int, **pooling: object
+) -> torch.Tensor:
+    """``rows`` float32 rows of ``dim`` of int64 ``keys`` (pooled as ``pooling`` says) on the
+    keys' device: the host tier for CPU keys, the GPU's cache on PyTorch's current stream."""
+    if not keys.is_cuda:
+        host = {k: v.numpy() if isinstance(v, torch.Tensor) else v for k, v in pooling.items()}
+        return torch.from_numpy(hps.lookup(keys.numpy(), model, table, **host))
+    import cupy
+
+    device = keys.device.index
+    out = torch.empty((rows, dim), dtype=torch.float32, device=keys.device)
+    # The lookup is ordered on PyTorch's current stream: what the caller queues after this
+    # forward on that stream sees the answer.
+    stream = torch.cuda.current_stream(keys.device)
+    with cupy.cuda.Device(device), cupy.cuda.ExternalStream(stream.cuda_stream, device):
+        hps.lookup_fromdlpack(keys, out, model, table, device, **pooling)
+    return out

@@ -93,3 +93,63 @@ def test_bad_keys_and_widths_are_named(tmp_path: Path) -> None:
         hps_torch.LookupLayer(ps, "dcn", 0, 8)(keys).numpy(), data["dcn"][0].vectors[:4]
     )
     HPS.close_all()
+
+
+def _torch_bag(table, mode: str) -> tuple[torch.nn.EmbeddingBag, dict[int, int]]:
+    """torch.nn.EmbeddingBag over the table's rows plus one row of its default value, and
+    each key's row (unknown keys: the last row)."""
+    weight = np.concatenate([table.vectors, np.full((1, table.vectors.shape[1]), table.default)])
+    bag = torch.nn.EmbeddingBag.from_pretrained(torch.from_numpy(weight.astype(np.float32)),
+                                                mode=mode)  # fmt: skip
+    return bag, table.rows
+
+
+def _rows_of(keys: np.ndarray, rows: dict[int, int], unknown: int) -> torch.Tensor:
+    return torch.tensor([rows.get(int(k), unknown) for k in keys.reshape(-1)]).reshape(keys.shape)
+
+
+@pytest.mark.parametrize("mode", ["sum", "mean"])
+def test_embedding_bag_pools_as_torch_does(tmp_path: Path, mode: str) -> None:
+    ps, data = write_models(tmp_path)
+    table = data["wdl"][1]
+    ours = hps_torch.EmbeddingBag(ps, "wdl", 1, 16, mode=mode)
+    reference, rows = _torch_bag(table, mode)
+    unknown = len(table.vectors)
+    rng = np.random.default_rng(8)
+    # Fixed hotness: [B, h].
+    keys = table.queries(rng, 40 * 5)[: 40 * 5].reshape(40, 5)
+    want = reference(_rows_of(keys, rows, unknown))
+    torch.testing.assert_close(ours(torch.from_numpy(keys)), want, rtol=1e-5, atol=1e-5)
+    # Jagged: 1-D keys with each bag's start (empty bags included).
+    lengths = rng.integers(0, 7, size=30)
+    lengths[:2] = 0
+    starts = np.concatenate([[0], np.cumsum(lengths)[:-1]])
+    flat = table.queries(rng, int(lengths.sum()))[: int(lengths.sum())]
+    got = ours(torch.from_numpy(flat), torch.from_numpy(starts))
+    want = reference(_rows_of(flat, rows, unknown), torch.from_numpy(starts))
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    if mode == "sum":  # weights scale each row before the sum
+        weights = torch.from_numpy(rng.standard_normal(len(flat)).astype(np.float32))
+        got = ours(torch.from_numpy(flat), torch.from_numpy(starts), weights)
+        want = reference(_rows_of(flat, rows, unknown), torch.from_numpy(starts), weights)
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+        weights2 = torch.ones(keys.shape)
+        got = ours(torch.from_numpy(keys), per_sample_weights=weights2)
+        torch.testing.assert_close(got, reference(_rows_of(keys, rows, unknown)))
+    HPS.close_all()
+
+
+def test_embedding_bag_refuses_what_torch_would(tmp_path: Path) -> None:
+    ps, _ = write_models(tmp_path)
+    with pytest.raises(ValueError, match="mode must be 'sum' or 'mean', got 'max'"):
+        hps_torch.EmbeddingBag(ps, "dcn", 0, 8, mode="max")
+    bag = hps_torch.EmbeddingBag(ps, "dcn", 0, 8, mode="mean")
+    keys = torch.arange(6)
+    with pytest.raises(RequestError, match="1-D input needs 1-D offsets"):
+        bag(keys)
+    with pytest.raises(RequestError, match="offsets go with 1-D input"):
+        bag(keys.reshape(2, 3), torch.tensor([0]))
+    with pytest.raises(RequestError, match="per_sample_weights need mode='sum'"):
+        bag(keys.reshape(2, 3), per_sample_weights=torch.ones(2, 3))
+    assert bag(torch.empty((4, 0), dtype=torch.int64)).shape == (4, 8)
+    HPS.close_all()
