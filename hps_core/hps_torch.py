@@ -59,7 +59,6 @@ class LookupLayer(torch.nn.Module):
         self.model_name = model_name
         self.table_id = int(table_id)
         self.emb_vec_size = int(emb_vec_size)
-        self._checked = False
 
     def extra_repr(self) -> str:
         return (
@@ -68,26 +67,17 @@ class LookupLayer(torch.nn.Module):
         )
 
     def checked(self, keys: torch.Tensor) -> HPS:
-        """The HPS of this layer, once ``keys`` are integers and (on the first call) the
-        table's width is ``emb_vec_size``.
+        """The HPS of this layer, once ``keys`` are integers and the table's width is
+        ``emb_vec_size``.
 
         Raises:
             RequestError: naming what does not fit.
         """
         if keys.dtype not in (torch.int32, torch.int64):
             raise RequestError(f"LookupLayer: keys must be int32 or int64, got {keys.dtype}")
-        hps = HPS(self.ps_config_file)
-        if not self._checked:
-            device = keys.device.index if keys.is_cuda else None
-            dim = hps.model(self.model_name, device).table(self.table_id).dim
-            if dim != self.emb_vec_size:
-                raise RequestError(
-                    f"LookupLayer: emb_vec_size {self.emb_vec_size} is not the width of table "
-                    f"{self.table_id} of model '{self.model_name}' in {self.ps_config_file} "
-                    f"({dim})"
-                )
-            self._checked = True
-        return hps
+        return _checked_hps(
+            keys, self.ps_config_file, self.model_name, self.table_id, self.emb_vec_size
+        )
 
     def forward(self, keys: torch.Tensor) -> torch.Tensor:
         """Look ``keys`` up.
@@ -103,10 +93,10 @@ class LookupLayer(torch.nn.Module):
             RequestError: keys that are not integers, or an ``emb_vec_size`` that is not the
                 table's width.
         """
-        hps = self.checked(keys)
-        flat = keys.detach().reshape(-1).to(torch.int64)
-        found = _looked_up(hps, self.model_name, self.table_id, self.emb_vec_size, flat, len(flat))
-        return found.reshape(*keys.shape, self.emb_vec_size)
+        if keys.dtype not in (torch.int32, torch.int64):
+            raise RequestError(f"LookupLayer: keys must be int32 or int64, got {keys.dtype}")
+        op = torch.ops.hps.lookup
+        return op(keys, self.ps_config_file, self.model_name, self.table_id, self.emb_vec_size)
 
 
 class EmbeddingBag(torch.nn.Module):
@@ -200,6 +190,43 @@ class EmbeddingBag(torch.nn.Module):
         pooling |= {"hotness": hotness} if csr is None else {"offsets": csr}
         return _looked_up(hps, layer.model_name, layer.table_id, layer.emb_vec_size, flat, bags,
                           **pooling)  # fmt: skip
+
+
+def _checked_hps(keys: torch.Tensor, ps: str, model: str, table: int, dim: int) -> HPS:
+    """The HPS of ``ps``, once table ``table`` of ``model`` is ``dim`` wide."""
+    hps = HPS(ps)
+    device = keys.device.index if keys.is_cuda else None
+    width = hps.model(model, device).table(table).dim
+    if width != dim:
+        raise RequestError(
+            f"LookupLayer: emb_vec_size {dim} is not the width of table {table} of model "
+            f"'{model}' in {ps} ({width})"
+        )
+    return hps
+
+
+@torch.library.custom_op("hps::lookup", mutates_args=())
+def _lookup_op(keys: torch.Tensor, ps: str, model: str, table: int, dim: int) -> torch.Tensor:
+    """:class:`LookupLayer`'s lookup as one registered operator, which ``torch.compile`` and
+    ``torch.export`` keep whole (their tracing sees only its output's shape)."""
+    hps = _checked_hps(keys, ps, model, table, dim)
+    flat = keys.detach().reshape(-1).to(torch.int64)
+    return _looked_up(hps, model, table, dim, flat, flat.shape[0]).reshape(*keys.shape, dim)
+
+
+@_lookup_op.register_fake
+def _(keys: torch.Tensor, ps: str, model: str, table: int, dim: int) -> torch.Tensor:
+    return keys.new_empty((*keys.shape, dim), dtype=torch.float32)
+
+
+def _no_gradient(ctx: object, grad: torch.Tensor) -> None:
+    raise RuntimeError(
+        "hps_torch looks embeddings up for inference only: its tables are the HPS's files, "
+        "which a backward pass cannot update"
+    )
+
+
+_lookup_op.register_autograd(_no_gradient)
 
 
 def _looked_up(

@@ -153,3 +153,26 @@ def test_embedding_bag_refuses_what_torch_would(tmp_path: Path) -> None:
         bag(keys.reshape(2, 3), per_sample_weights=torch.ones(2, 3))
     assert bag(torch.empty((4, 0), dtype=torch.int64)).shape == (4, 8)
     HPS.close_all()
+
+
+def test_compile_and_export_keep_the_lookup_as_one_op(tmp_path: Path) -> None:
+    ps, data = write_models(tmp_path)
+    tables = data["wdl"]
+    model = DemoModel(str(ps), "wdl", [t.vectors.shape[1] for t in tables]).eval()
+    rng = np.random.default_rng(6)
+    keys = [torch.from_numpy(t.queries(rng, 24)[:24].reshape(8, 3)) for t in tables]
+
+    def forward(keys: list[torch.Tensor]) -> torch.Tensor:  # the demo's, without jit.fork
+        vectors = [layer(k).sum(dim=1) for layer, k in zip(model.lookups, keys, strict=True)]
+        return model.linear(torch.cat(vectors, dim=1))
+
+    with torch.no_grad():
+        eager = model(keys)
+        compiled = torch.compile(forward, backend="aot_eager", fullgraph=True)(keys)
+    torch.testing.assert_close(compiled, eager, rtol=0, atol=0)
+    layer = hps_torch.LookupLayer(ps, "wdl", 1, 16)
+    exported = torch.export.export(layer, (keys[1],))
+    ops = [n.target for n in exported.graph.nodes if n.op == "call_function"]
+    assert ops == [torch.ops.hps.lookup.default], ops
+    torch.testing.assert_close(exported.module()(keys[1]), layer(keys[1]), rtol=0, atol=0)
+    HPS.close_all()
