@@ -12,6 +12,7 @@ import importlib
 _CONVERTER_MODULES = (
     "hps_core.cli.convert_parquet",
     "hps_core.cli.convert_dlrm",
+    "hps_core.cli.convert_torchrec",
 )
 
 
