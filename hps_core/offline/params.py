@@ -44,6 +44,7 @@ from hps_core.config.enums import (
     OverflowPolicy,
     UpdateSourceType,
 )
+from hps_core.config.schema import UpdateSourceConfig
 from hps_core.errors import ConfigError, Problem
 from hps_core.formats.uris import is_uri
 from hps_core.infer.inputs.layout import load_ranking_graph
@@ -170,18 +171,22 @@ class PersistentDatabaseParams(_DatabaseParams):
     update_filters: list[str] = field(default_factory=lambda: ["^hps_.+$"])
 
 
+_UPDATE_SOURCE = UpdateSourceConfig()
+
+
 @dataclass
 class UpdateSourceParams(_DatabaseParams):
     """HugeCTR's ``hugectr.inference.UpdateSourceParams``: the ps.json's ``update_source``."""
 
-    type: Any = UpdateSourceType.NULL
-    brokers: str = "127.0.0.1:9092"
-    metadata_refresh_interval_ms: int = 30_000
-    receive_buffer_size: int = 256 * 1024
-    poll_timeout_ms: int = 500
-    max_batch_size: int = 8 * 1024
-    failure_backoff_ms: int = 50
-    max_commit_interval: int = 32
+    # The ps.json parser's defaults (UpdateSourceConfig), which are HugeCTR's.
+    type: Any = _UPDATE_SOURCE.type
+    brokers: str = _UPDATE_SOURCE.brokers
+    metadata_refresh_interval_ms: int = _UPDATE_SOURCE.metadata_refresh_interval_ms
+    receive_buffer_size: int = _UPDATE_SOURCE.receive_buffer_size
+    poll_timeout_ms: int = _UPDATE_SOURCE.poll_timeout_ms
+    max_batch_size: int = _UPDATE_SOURCE.max_batch_size
+    failure_backoff_ms: int = _UPDATE_SOURCE.failure_backoff_ms
+    max_commit_interval: int = _UPDATE_SOURCE.max_commit_interval
 
 
 _REQUIRED: Any = object()  # a field HugeCTR's binding has no default for
