@@ -215,7 +215,7 @@ class UpdateConsumer:
             brokers = bootstrap_servers(config.brokers)
         except ValueError as exc:
             raise UpdateSourceError(f"update_source.brokers: {exc}") from exc
-        self._link = watch_for(brokers).link(f"update consumer {self.group_id}")
+        self._link = watch_for(brokers).link(f"update consumer {self.group_id}", steady=True)
         if topic_partitions is not None:
             try:
                 create_topics(brokers, self.topics, topic_partitions)

@@ -19,7 +19,7 @@ from kafka_broker import persistent_kafka_broker
 from updates_testlib import Collector, make_consumer, rows
 
 from hps_core.updates import UpdateProducer, topic_for
-from hps_core.updates.broker_watch import BrokerWatch, watch_for
+from hps_core.updates.broker_watch import DOWN_REPORTS, BrokerWatch, watch_for
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -125,6 +125,52 @@ def test_clients_of_one_process_share_one_line_each_way(caplog: pytest.LogCaptur
     consumer.on_error(down)  # a second outage
     consumer.close()  # closed during it: nothing left to tell its end, no line
     assert watch.reachable and watch.outages == 2 and len(lines(caplog)) == 3
+
+
+def test_a_consumer_whose_librdkafka_never_says_all_brokers_down_still_has_its_outage(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """librdkafka can skip ``_ALL_BROKERS_DOWN`` (its count of brokers down must meet its count
+    of brokers with an address at the moment one goes down): a consumer's statistics tell."""
+    clock = Clock()
+    watch = BrokerWatch(BROKERS, clock)
+    consumer = watch.link("update consumer g", steady=True)
+    producer = watch.link("update producer")
+    caplog.set_level(logging.INFO, logger=WATCH_LOGGER)
+
+    for _ in range(DOWN_REPORTS + 2):  # connecting for the first time: not an outage
+        consumer.on_stats(stats("CONNECT", "INIT"))
+        producer.on_stats(stats("INIT", "INIT"))  # an idle producer's closed connections
+    assert watch.reachable
+    consumer.on_stats(stats("UP", "UP"))
+    for _ in range(DOWN_REPORTS - 1):
+        attempt(consumer)
+        consumer.on_stats(stats("INIT", "UP"))
+    consumer.on_stats(stats("UP", "UP"))  # a broker back before the third report: no outage
+    for _ in range(DOWN_REPORTS - 1):
+        consumer.on_stats(stats("TRY_CONNECT", "DOWN"))
+    assert watch.reachable and lines(caplog) == []
+    consumer.on_stats(stats("DOWN", "DOWN"))
+    assert not watch.reachable and watch.outages == 1
+    consumer.on_error(KafkaError(KafkaError._ALL_BROKERS_DOWN, "1/1 brokers are down"))  # late
+    clock.now += 7.0
+    consumer.on_stats(stats("UP", "UP"))
+    consumer.on_stats(stats("UP", "UP"))
+
+    assert lines(caplog) == [
+        (
+            logging.WARNING,
+            f"kafka: brokers {BROKERS} unreachable (Connect to ipv4#127.0.0.1:46002 failed: "
+            "Connection refused (after 0ms in state CONNECT)); retrying with back-off, no line "
+            "per attempt until they are back",
+        ),
+        (
+            logging.INFO,
+            f"kafka: brokers {BROKERS} reachable again after 7.0 s (1 connection errors; 0 "
+            "update messages applied since they went; updates resume from the last commit)",
+        ),
+    ]
+    assert watch.reachable and watch.outages == 1
 
 
 def test_other_librdkafka_lines_are_logged_at_most_once_per_facility_every_10_s(
