@@ -93,6 +93,9 @@ class HPS:
         self.config = config
         self._lookups: dict[tuple[str, int | None, LookupOptions], ModelLookup] = {}
         self._holders: dict[tuple[str, int | None, LookupOptions], int] = {}  # open_model's
+        # The options of a served model's lookup (open_model(..., served=True)): what a
+        # model's own layers (hps_torch) get from model() without options in that process.
+        self._served: dict[tuple[str, int | None], LookupOptions] = {}
         self._lock = threading.Lock()
 
     @classmethod
@@ -104,7 +107,7 @@ class HPS:
         self,
         model_name: str,
         device_id: int | None = None,
-        options: LookupOptions = DEFAULT_OPTIONS,
+        options: LookupOptions | None = None,
     ) -> ModelLookup:
         """The lookup of ``model_name`` on a device with ``options``, created on first use
         (one per model, device and options in this process; its tables open on first use).
@@ -112,11 +115,15 @@ class HPS:
         Args:
             model_name: a ``model`` name of the ps.json.
             device_id: GPU whose embedding caches serve the lookups; ``None``: the host tier.
-            options: how it serves (miss policy, shared GPU caches).
+            options: how it serves (miss policy, shared GPU caches); ``None``: those of the
+                lookup a Triton instance of this process serves the model with
+                (:meth:`open_model` with ``served``), else the defaults.
 
         Returns:
             Its :class:`~hps_core.lookup.ModelLookup`.
         """
+        if options is None:
+            options = self._served.get((model_name, device_id), DEFAULT_OPTIONS)
         key = (model_name, device_id, options)
         lookup = self._lookups.get(key)
         if lookup is None:
@@ -134,6 +141,7 @@ class HPS:
         model_name: str,
         device_id: int | None = None,
         options: LookupOptions = DEFAULT_OPTIONS,
+        served: bool = False,
     ) -> ModelLookup:
         """:meth:`model`, held until the holder's :meth:`close_model`: a lookup two holders
         opened (two Triton instances of one model in one process, say) closes with the last.
@@ -142,6 +150,9 @@ class HPS:
             model_name: a ``model`` name of the ps.json.
             device_id: GPU whose embedding caches serve the lookups; ``None``: the host tier.
             options: how it serves.
+            served: the lookup a Triton instance serves the model with: :meth:`model`
+                without options returns it (a user's PyTorch layers then look up through
+                the instance's caches, counters and updates) until it is closed.
 
         Returns:
             Its :class:`~hps_core.lookup.ModelLookup`.
@@ -150,6 +161,8 @@ class HPS:
         key = (model_name, device_id, options)
         with self._lock:
             self._holders[key] = self._holders.get(key, 0) + 1
+            if served:
+                self._served[(model_name, device_id)] = options
         return lookup
 
     def close_model(
@@ -168,6 +181,8 @@ class HPS:
                 self._holders[key] = held
                 return
             lookup = self._lookups.pop(key, None)
+            if self._served.get((model_name, device_id)) == options:
+                del self._served[(model_name, device_id)]
         if lookup is not None:
             lookup.close()
 
@@ -261,6 +276,7 @@ class HPS:
                 lookup.close()
             self._lookups.clear()
             self._holders.clear()
+            self._served.clear()
         with self._instances_lock:
             path = self.config.source_path
             if path is not None and self._instances.get(Path(path).resolve()) is self:

@@ -21,13 +21,18 @@ Example:
 
 from __future__ import annotations
 
+import dataclasses
 import os
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from hps_core.errors import RequestError
 from hps_core.hps import HPS, init
+from hps_core.lookup.model_lookup import TableQuery
+from hps_core.nn.layers.embedding import Combiner
 
 __all__ = ["EmbeddingBag", "LookupLayer", "init"]
 
@@ -230,20 +235,75 @@ _lookup_op.register_autograd(_no_gradient)
 
 
 def _looked_up(
-    hps: HPS, model: str, table: int, dim: int, keys: torch.Tensor, rows: int, **pooling: object
+    hps: HPS, model: str, table: int, dim: int, keys: torch.Tensor, rows: int, **pooling: Any
 ) -> torch.Tensor:
-    """``rows`` float32 rows of ``dim`` of int64 ``keys`` (pooled as ``pooling`` says) on the
-    keys' device: the host tier for CPU keys, the GPU's cache on PyTorch's current stream."""
-    if not keys.is_cuda:
-        host = {k: v.numpy() if isinstance(v, torch.Tensor) else v for k, v in pooling.items()}
-        return torch.from_numpy(hps.lookup(keys.numpy(), model, table, **host))
+    """``rows`` float32 rows of ``dim`` of int64 ``keys`` (pooled as ``pooling`` says:
+    ``combiner`` and ``hotness`` or ``offsets``) on the keys' device."""
+    combiner = pooling.get("combiner")
+    query = TableQuery(
+        table,
+        keys,
+        None if combiner is None else Combiner(combiner),
+        pooling.get("hotness"),
+        pooling.get("offsets"),
+    )
+    (out,) = looked_up_many(hps, model, keys.device, [query], [dim])
+    if int(out.shape[0]) != rows:
+        raise RequestError(f"hps_torch: {int(out.shape[0])} rows answered, {rows} asked")
+    return out
+
+
+def looked_up_many(
+    hps: HPS,
+    model: str,
+    device: torch.device,
+    queries: Sequence[TableQuery],
+    dims: Sequence[int],
+) -> list[torch.Tensor]:
+    """Several tables' lookups of a model with PyTorch tensors, in one call of its lookup
+    (on a GPU, one batch of the cache bank's kernels where that engine serves).
+
+    CPU tensors are answered from the host tier. CUDA tensors through the GPU cache of their
+    device, ordered on PyTorch's current stream: what the caller queues after this call on
+    that stream sees the answer, and nothing here waits for the GPU unless keys missed.
+
+    Args:
+        hps: the HPS of the model's ps.json.
+        model: the model's name.
+        device: where the keys are (and the answers will be).
+        queries: :class:`~hps_core.lookup.TableQuery` s of int64 PyTorch tensors (keys and
+            offsets) on ``device``.
+        dims: each query's table width.
+
+    Returns:
+        Per query, float32 ``[bags, dim]`` on ``device``.
+    """
+    if device.type != "cuda":
+        lookup = hps.model(model, None)
+        host = [
+            dataclasses.replace(
+                q, keys=q.keys.numpy(), offsets=None if q.offsets is None else q.offsets.numpy()
+            )
+            for q in queries
+        ]
+        return [torch.from_numpy(a) for a in lookup.lookup_queries(host)]
     import cupy
 
-    device = keys.device.index
-    out = torch.empty((rows, dim), dtype=torch.float32, device=keys.device)
-    # The lookup is ordered on PyTorch's current stream: what the caller queues after this
-    # forward on that stream sees the answer.
-    stream = torch.cuda.current_stream(keys.device)
-    with cupy.cuda.Device(device), cupy.cuda.ExternalStream(stream.cuda_stream, device):
-        hps.lookup_fromdlpack(keys, out, model, table, device, **pooling)
-    return out
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    lookup = hps.model(model, index)
+    outs = [
+        torch.empty((q.bags, dim), dtype=torch.float32, device=device)
+        for q, dim in zip(queries, dims, strict=True)
+    ]
+    stream = torch.cuda.current_stream(device)
+    with cupy.cuda.Device(index), cupy.cuda.ExternalStream(stream.cuda_stream, index):
+        on_gpu = [
+            dataclasses.replace(
+                q,
+                keys=cupy.from_dlpack(q.keys),
+                offsets=None if q.offsets is None else cupy.from_dlpack(q.offsets),
+            )
+            for q in queries
+        ]
+        lookup.lookup_queries(on_gpu, [cupy.from_dlpack(o) for o in outs])
+    return outs

@@ -108,6 +108,18 @@ else
   "${pip[@]}" install -q -e "${root}[${extras}]"
   stamp_set project "$project_key"
 fi
+# TorchRec, the tests' reference for its drop-in tables, without its dependencies: its metadata
+# asks for FBGEMM's CUDA wheel (gigabytes); the test extra holds the CPU build and the rest.
+TORCHREC_REQ="torchrec==1.8.0"
+if [[ ",$extras," == *",test,"* ]]; then
+  if stamp_ok torchrec "$TORCHREC_REQ $project_key"; then
+    say "TorchRec present ($TORCHREC_REQ)"
+  else
+    say "installing TorchRec: pip install --no-deps $TORCHREC_REQ"
+    "${pip[@]}" install -q --no-deps "$TORCHREC_REQ"
+    stamp_set torchrec "$TORCHREC_REQ $project_key"
+  fi
+fi
 
 # --- 3. Triton server files --------------------------------------------------------------
 site=$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')

@@ -129,6 +129,8 @@ class LookupService:
         files: the instance's files (:class:`~triton_backend.served_files.ServedFiles`),
             settled again before its tables open and compared with the last load's once they
             are; ``None``: not watched.
+        served: the process's HPS hands this lookup to whoever asks for the model on this
+            device without options (a user's PyTorch layers: :mod:`hps_core.hps_torch`).
 
     Example:
         >>> service = LookupService(settings, ServedFiles.settle(settings))  # doctest: +SKIP
@@ -136,14 +138,16 @@ class LookupService:
         >>> service.start().lookup_tables(tables)  # first execute: tables open  # doctest: +SKIP
     """
 
-    def __init__(self, settings: ModelSettings, files: ServedFiles | None = None) -> None:
+    def __init__(
+        self, settings: ModelSettings, files: ServedFiles | None = None, served: bool = False
+    ) -> None:
         self.settings = settings
         self.files = files
         self._options = LookupOptions(
             miss_policy=settings.miss_policy, share_caches=settings.share_gpu_cache
         )
         self.lookup: ModelLookup = HPS(settings.ps_json).open_model(
-            settings.hps_model, settings.lookup_device, self._options
+            settings.hps_model, settings.lookup_device, self._options, served=served
         )
         """The instance's lookup; its tables open in :meth:`start`."""
         self._started = False

@@ -13,6 +13,7 @@ the same model on the same GPU (Triton instances of one server): see
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 import threading
@@ -433,34 +434,76 @@ class ModelLookup:
         Raises:
             RequestError: a table id out of range, or keys, hotness or offsets that do not fit.
         """
-        table = self.table(table_id)
-        if combiner is not None and offsets is None and (hotness or 0) < 1:
-            raise RequestError("a pooled lookup needs offsets or a hotness of at least 1")
-        if combiner is not None and offsets is None and int(keys.shape[0]) % hotness:
-            raise RequestError(
-                f"{int(keys.shape[0])} keys do not fill bags of {hotness} (hotness {hotness})"
-            )
-        if offsets is not None and module_of(offsets) is np:
-            offsets = checked_offsets(np.asarray(offsets), int(keys.shape[0]))
+        query = TableQuery(table_id, keys, combiner, hotness, offsets)
+        return self.lookup_queries([query], [out])[0]
+
+    def lookup_queries(
+        self, queries: Sequence[TableQuery], outs: Sequence[Any] | None = None
+    ) -> list[Any]:
+        """Several tables' lookups in one call, each a row per key or pooled per bag: on a
+        GPU one batch of the engine's kernels where one is given (a table asked twice is
+        asked in turn), so a model of many tables waits for the GPU once.
+
+        Args:
+            queries: the lookups (:class:`TableQuery`), keys and offsets all on the side of
+                this lookup (NumPy on the host, CuPy on a GPU).
+            outs: per query, ``None`` or a float32 ``[bags, dim]`` array to write into.
+
+        Returns:
+            Per query, float32 ``[bags, dim]`` as :meth:`lookup_pooled` returns it.
+
+        Raises:
+            RequestError: a table id out of range, or keys, hotness or offsets that do not
+                fit (naming the table).
+        """
+        queries = [self._checked(q) for q in queries]
+        outs = list(outs) if outs is not None else [None] * len(queries)
+        if len(outs) != len(queries):
+            raise RequestError(f"got {len(outs)} outputs for {plural(len(queries), 'query')}")
         if self.device_id is None:
-            return _pooled_on_host(table, keys, combiner, hotness, offsets, out)
+            return [
+                _pooled_on_host(self.table(q.table), q.keys, q.combiner, q.hotness, q.offsets, o)
+                for q, o in zip(queries, outs, strict=True)
+            ]
         with self.xp.cuda.Device(self.device_id):
             engine = self._gpu_engine()
             if engine is not None:
-                query = TableQuery(table_id, keys, combiner, hotness, offsets)
-                return engine.lookup([query], [out])[0]
-            if combiner is None:
-                return table.lookup(keys, out)
-            # The per-table engine's rows, pooled with CuPy.
-            rows = table.lookup(keys)
-            if offsets is None:
-                offsets = self.xp.arange(0, int(keys.shape[0]) + 1, hotness)
-            pooled = pool_embeddings(self.xp, rows, offsets, 1, combiner)
-            pooled = pooled.reshape(-1, table.dim)
-            if out is None:
-                return pooled
-            out[...] = pooled
-            return out
+                if len({q.table for q in queries}) == len(queries):
+                    return engine.lookup(queries, outs)
+                return [engine.lookup([q], [o])[0] for q, o in zip(queries, outs, strict=True)]
+            return [self._per_table(q, o) for q, o in zip(queries, outs, strict=True)]
+
+    def _checked(self, query: TableQuery) -> TableQuery:
+        """``query`` once its table exists and its bags fit its keys (host offsets as int64)."""
+        self.table(query.table)  # rejects a table id out of range
+        n = int(query.keys.shape[0])
+        if query.combiner is None or query.offsets is not None:
+            if query.offsets is not None and module_of(query.offsets) is np:
+                offsets = checked_offsets(np.asarray(query.offsets), n)
+                return dataclasses.replace(query, offsets=offsets)
+            return query
+        hotness = query.hotness or 0
+        if hotness < 1:
+            raise RequestError("a pooled lookup needs offsets or a hotness of at least 1")
+        if n % hotness:
+            raise RequestError(f"{n} keys do not fill bags of {hotness} (hotness {hotness})")
+        return query
+
+    def _per_table(self, query: TableQuery, out: Any) -> Any:
+        """A GPU query answered by its table's own cache lookup, pooled with CuPy."""
+        table = self.table(query.table)
+        if query.combiner is None:
+            return table.lookup(query.keys, out)
+        rows = table.lookup(query.keys)
+        offsets = query.offsets
+        if offsets is None:
+            offsets = self.xp.arange(0, int(query.keys.shape[0]) + 1, query.hotness)
+        pooled = pool_embeddings(self.xp, rows, offsets, 1, query.combiner)
+        pooled = pooled.reshape(-1, table.dim)
+        if out is None:
+            return pooled
+        out[...] = pooled
+        return out
 
     def _gpu_engine(self) -> GpuEngine | None:
         """The GPU lookup engine given to this lookup, made on first use (closed with this

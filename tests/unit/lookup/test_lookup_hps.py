@@ -14,6 +14,7 @@ from lookup_testdata import MODELS, write_models
 
 from hps_core import HPS
 from hps_core.errors import ConfigError, RequestError
+from hps_core.lookup.model_lookup import DEFAULT_OPTIONS, LookupOptions
 from hps_core.lookup.table_lookup import together_positions
 from hps_core.tiers.hash_layout import SEARCH_KEYS
 
@@ -295,6 +296,23 @@ def test_a_lookup_two_holders_opened_closes_with_the_last(tmp_path: Path, shm_pa
     assert hps.model("dcn") is second  # still the one lookup
     hps.close_model("dcn")
     assert hps.model("dcn") is not second  # the last hold closed it; a new one opens
+    hps.close()
+    assert list(shm_path.iterdir()) == []
+
+
+def test_a_served_lookup_is_what_the_models_own_layers_get(tmp_path: Path, shm_path: Path) -> None:
+    """A Triton instance serving a user's PyTorch model opens its lookup as served: the
+    layers' ``HPS.model(name)`` (no options) is then that lookup, until it closes."""
+    ps, _ = write_models(tmp_path)
+    hps = HPS(ps)
+    options = LookupOptions(miss_policy="default", share_caches=False)
+    plain = hps.model("dcn")
+    served = hps.open_model("dcn", None, options, served=True)
+    assert served is not plain and hps.model("dcn") is served
+    assert hps.model("dcn", None, DEFAULT_OPTIONS) is plain  # asked by options: as before
+    assert hps.model("wdl") is not served  # another model: its own
+    hps.close_model("dcn", None, options)
+    assert hps.model("dcn") is plain
     hps.close()
     assert list(shm_path.iterdir()) == []
 

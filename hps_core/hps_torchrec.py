@@ -1,0 +1,374 @@
+"""TorchRec's embedding collections over a ps.json's tables: drop-in replacements for
+``torchrec.EmbeddingBagCollection`` (``KeyedJaggedTensor`` in, ``KeyedTensor`` out) and
+``torchrec.EmbeddingCollection`` (``dict[str, JaggedTensor]`` out).
+
+A TorchRec model keeps its code; its tables move to the HPS (GPU cache, host tier, Redis,
+RocksDB, Kafka updates). ``hps convert torchrec`` writes the trained tables as HugeCTR sparse
+files and a ps.json whose ``embedding_table_names`` are TorchRec's; then::
+
+    from hps_core import hps_torchrec
+    arch = model.sparse_arch
+    arch.embedding_bag_collection = hps_torchrec.EmbeddingBagCollection.from_torchrec(
+        arch.embedding_bag_collection, "ps.json", "dlrm")
+
+Every table of a call is looked up in one call of the model's lookup (on a GPU, one batch of
+the cache bank's kernels where that engine serves); the features of one table are asked as one
+query. The HPS opens on the first forward. Where TorchRec is not installed the modules take
+and return :mod:`hps_core.jagged`'s stand-ins. Inference only.
+
+Example:
+    >>> tables = [hps_torchrec.TableSpec("t_cat_0", 128, ("cat_0",))]  # doctest: +SKIP
+    >>> ebc = hps_torchrec.EmbeddingBagCollection("ps.json", "dlrm", tables)  # doctest: +SKIP
+    >>> ebc(kjt).values().shape  # doctest: +SKIP
+    torch.Size([1024, 128])
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from hps_core.errors import RequestError
+from hps_core.hps import HPS
+from hps_core.hps_torch import looked_up_many
+from hps_core.jagged import JaggedTensor, KeyedTensor
+from hps_core.lookup.model_lookup import TableQuery
+from hps_core.nn.layers.embedding import Combiner
+
+__all__ = ["EmbeddingBagCollection", "EmbeddingCollection", "TableSpec"]
+
+_POOLINGS = {"sum": Combiner.SUM, "mean": Combiner.MEAN}
+
+
+@dataclass(frozen=True)
+class TableSpec:
+    """One table of a collection, as TorchRec's ``EmbeddingBagConfig``/``EmbeddingConfig``
+    describe it.
+
+    Args:
+        name: the table's name: one of the ps.json model's ``embedding_table_names``.
+        embedding_dim: its width (checked against the ps.json on the first forward).
+        feature_names: the features looked up in it.
+        pooling: ``"sum"`` or ``"mean"`` (pooled collections), ``"none"`` (sequences).
+    """
+
+    name: str
+    embedding_dim: int
+    feature_names: tuple[str, ...]
+    pooling: str = "sum"
+
+    @classmethod
+    def of(cls, config: Any) -> TableSpec:
+        """The spec of a TorchRec table config (anything with ``name``, ``embedding_dim``,
+        ``feature_names`` and, pooled, ``pooling``), or a spec as it is."""
+        if isinstance(config, TableSpec):
+            return config
+        pooling = getattr(config, "pooling", None)
+        # TorchRec's PoolingType: SUM, MEAN or NONE (an enum whose value is the name).
+        pooling = "none" if pooling is None else str(getattr(pooling, "value", pooling)).lower()
+        return cls(str(config.name), int(config.embedding_dim), tuple(config.feature_names),
+                   pooling)  # fmt: skip
+
+
+class _Collection(torch.nn.Module):
+    """What both collections share: their tables, resolved in the ps.json on first use."""
+
+    kind = "collection"
+
+    def __init__(
+        self,
+        ps_config_file: str | os.PathLike[str],
+        model_name: str,
+        tables: Iterable[Any],
+    ) -> None:
+        super().__init__()
+        self.ps_config_file = str(Path(ps_config_file))
+        self.model_name = model_name
+        self.tables = [TableSpec.of(t) for t in tables]
+        if not self.tables:
+            raise ValueError(f"{self.kind}: no tables")
+        features = [f for t in self.tables for f in t.feature_names]
+        doubled = sorted({f for f in features if features.count(f) > 1})
+        if doubled:
+            raise ValueError(f"{self.kind}: features in more than one table: {doubled}")
+        self._table_ids: list[int] | None = None
+
+    def extra_repr(self) -> str:
+        return (
+            f"ps_config_file={self.ps_config_file!r}, model_name={self.model_name!r}, "
+            f"tables={[t.name for t in self.tables]}"
+        )
+
+    def _opened(self) -> tuple[HPS, list[int]]:
+        """The HPS and each table's index in the ps.json model (resolved once)."""
+        hps = HPS(self.ps_config_file)
+        if self._table_ids is None:
+            model = hps.config.model(self.model_name)
+            names = list(model.embedding_table_names)
+            ids = []
+            for spec in self.tables:
+                if spec.name not in names:
+                    raise RequestError(
+                        f"{self.kind}: table '{spec.name}' is not in model '{self.model_name}' "
+                        f"of {self.ps_config_file} (embedding_table_names: {names}); "
+                        "hps convert torchrec names the tables as TorchRec does"
+                    )
+                index = names.index(spec.name)
+                width = model.tables[index].dim
+                if width != spec.embedding_dim:
+                    raise RequestError(
+                        f"{self.kind}: table '{spec.name}' is {spec.embedding_dim} wide here "
+                        f"and {width} in {self.ps_config_file}"
+                    )
+                ids.append(index)
+            self._table_ids = ids
+        return hps, self._table_ids
+
+    def _per_table(
+        self, features: Any, weighted: bool
+    ) -> tuple[list[_TableKeys], list[TableQuery]]:
+        """Each table's keys gathered from ``features`` and its lookup, in table order."""
+        if getattr(features, "variable_stride_per_key", lambda: False)():
+            raise RequestError(f"{self.kind}: features of a variable batch size per key")
+        hps_tables = self._opened()[1]
+        keys = list(features.keys())
+        where = {name: i for i, name in enumerate(keys)}
+        missing = [f for t in self.tables for f in t.feature_names if f not in where]
+        if missing:
+            raise RequestError(f"{self.kind}: features {missing} not in the input ({keys})")
+        values = features.values()
+        if values.dtype not in (torch.int32, torch.int64):
+            raise RequestError(
+                f"{self.kind}: feature ids must be int32 or int64, got {values.dtype}"
+            )
+        weights = features.weights_or_none() if weighted else None
+        if weighted and weights is None:
+            raise RequestError(f"{self.kind}: a weighted collection needs weights")
+        gathered = _TableKeys.gather(
+            self.tables, where, int(features.stride()), list(features.offset_per_key()),
+            values.to(torch.int64), features.offsets().to(torch.int64), weights,
+        )  # fmt: skip
+        return gathered, [g.query(t) for g, t in zip(gathered, hps_tables, strict=True)]
+
+
+@dataclass
+class _TableKeys:
+    """The keys of one table's features, back to back, and their bags (offsets from 0)."""
+
+    spec: TableSpec
+    keys: torch.Tensor
+    offsets: torch.Tensor
+    weights: torch.Tensor | None
+    counts: list[int]  # keys per feature
+    samples: int
+
+    @classmethod
+    def gather(
+        cls,
+        tables: Sequence[TableSpec],
+        where: dict[str, int],
+        samples: int,
+        starts: list[int],
+        values: torch.Tensor,
+        offsets: torch.Tensor,
+        weights: torch.Tensor | None,
+    ) -> list[_TableKeys]:
+        found = []
+        for spec in tables:
+            keys, bags, scales, counts, base = [], [], [], [], 0
+            for j, name in enumerate(spec.feature_names):
+                i = where[name]
+                first, end = starts[i], starts[i + 1]
+                keys.append(values[first:end])
+                if weights is not None:
+                    scales.append(weights[first:end])
+                part = offsets[i * samples : (i + 1) * samples + 1] - (first - base)
+                bags.append(part if j == 0 else part[1:])
+                counts.append(end - first)
+                base += end - first
+            found.append(
+                cls(
+                    spec,
+                    keys[0] if len(keys) == 1 else torch.cat(keys),
+                    bags[0] if len(bags) == 1 else torch.cat(bags),
+                    None if weights is None else torch.cat(scales),
+                    counts,
+                    samples,
+                )
+            )
+        return found
+
+    def query(self, table_id: int) -> TableQuery:
+        """Its lookup: a row per key for sequences and weighted bags, else pooled bags."""
+        if self.spec.pooling == "none" or self.weights is not None:
+            return TableQuery(table_id, self.keys)
+        return TableQuery(table_id, self.keys, _POOLINGS[self.spec.pooling], offsets=self.offsets)
+
+    def weighted_bags(self, rows: torch.Tensor) -> torch.Tensor:
+        """Each bag's rows scaled by their weights and summed."""
+        bags = int(self.offsets.shape[0]) - 1
+        bag_of = torch.repeat_interleave(
+            torch.arange(bags, device=rows.device), torch.diff(self.offsets),
+            output_size=int(rows.shape[0]),
+        )  # fmt: skip
+        scaled = rows * self.weights.to(rows.dtype).reshape(-1, 1)
+        out = torch.zeros((bags, rows.shape[1]), dtype=rows.dtype, device=rows.device)
+        return out.index_add_(0, bag_of, scaled)
+
+
+class EmbeddingBagCollection(_Collection):
+    """TorchRec's ``EmbeddingBagCollection`` over a ps.json model's tables: each feature's
+    bags pooled (sum or mean; weighted sums where ``is_weighted``).
+
+    Args:
+        ps_config_file: the ps.json.
+        model_name: a ``model`` of it.
+        tables: TorchRec ``EmbeddingBagConfig`` s or :class:`TableSpec` s (pooling sum or
+            mean), named as the model's ``embedding_table_names``.
+        is_weighted: the input carries a weight per id (``KeyedJaggedTensor.weights()``).
+
+    Example:
+        >>> ebc = EmbeddingBagCollection.from_torchrec(  # doctest: +SKIP
+        ...     model.ebc, "ps.json", "dlrm")
+        >>> ebc(kjt).values().shape  # a KeyedTensor: [batch, sum of widths]  # doctest: +SKIP
+    """
+
+    kind = "EmbeddingBagCollection"
+
+    def __init__(
+        self,
+        ps_config_file: str | os.PathLike[str],
+        model_name: str,
+        tables: Iterable[Any],
+        is_weighted: bool = False,
+    ) -> None:
+        super().__init__(ps_config_file, model_name, tables)
+        bad = [t.name for t in self.tables if t.pooling not in _POOLINGS]
+        if bad:
+            raise ValueError(f"{self.kind}: tables {bad} must pool by sum or mean")
+        if is_weighted and any(t.pooling != "sum" for t in self.tables):
+            raise ValueError(f"{self.kind}: weighted bags pool by sum only")
+        self._weighted = bool(is_weighted)
+
+    @classmethod
+    def from_torchrec(
+        cls, module: Any, ps_config_file: str | os.PathLike[str], model_name: str
+    ) -> EmbeddingBagCollection:
+        """The replacement of a TorchRec ``EmbeddingBagCollection`` (its table configs and
+        weighting; its weights are not read: the ps.json's files hold them)."""
+        return cls(ps_config_file, model_name, module.embedding_bag_configs(),
+                   bool(module.is_weighted()))  # fmt: skip
+
+    def is_weighted(self) -> bool:
+        return self._weighted
+
+    def embedding_bag_configs(self) -> list[TableSpec]:
+        return list(self.tables)
+
+    def forward(self, features: Any) -> Any:
+        """Pool every feature's bags.
+
+        Args:
+            features: a ``KeyedJaggedTensor`` holding every feature of the tables (others
+                are ignored), int32/int64 ids, on the CPU or a CUDA device.
+
+        Returns:
+            A ``KeyedTensor``: float32 ``[batch, sum of widths]`` on the ids' device, the
+            features in table order; an empty bag pools to zeros, an unknown id reads the
+            table's default vector.
+
+        Raises:
+            RequestError: features missing from the input, ids that are not integers, tables
+                that do not match the ps.json.
+        """
+        gathered, queries = self._per_table(features, self._weighted)
+        hps, _ = self._opened()
+        device = features.values().device
+        dims = [g.spec.embedding_dim for g in gathered]
+        answers = looked_up_many(hps, self.model_name, device, queries, dims)
+        columns, names, widths = [], [], []
+        for g, answer in zip(gathered, answers, strict=True):
+            pooled = g.weighted_bags(answer) if g.weights is not None else answer
+            columns.extend(torch.split(pooled, g.samples))  # a [batch, dim] per feature
+            names.extend(g.spec.feature_names)
+            widths.extend([g.spec.embedding_dim] * len(g.spec.feature_names))
+        return KeyedTensor(keys=names, length_per_key=widths, values=torch.cat(columns, dim=1))
+
+
+class EmbeddingCollection(_Collection):
+    """TorchRec's ``EmbeddingCollection`` over a ps.json model's tables: a row per id,
+    each feature's rows a ``JaggedTensor`` cut as its bags (sequence models).
+
+    Args:
+        ps_config_file: the ps.json.
+        model_name: a ``model`` of it.
+        tables: TorchRec ``EmbeddingConfig`` s or :class:`TableSpec` s, named as the
+            model's ``embedding_table_names``.
+
+    Example:
+        >>> ec = EmbeddingCollection.from_torchrec(model.ec, "ps.json", "hstu")  # doctest: +SKIP
+        >>> ec(kjt)["item_id"].values().shape  # doctest: +SKIP
+        torch.Size([5120, 256])
+    """
+
+    kind = "EmbeddingCollection"
+
+    def __init__(
+        self,
+        ps_config_file: str | os.PathLike[str],
+        model_name: str,
+        tables: Iterable[Any],
+    ) -> None:
+        specs = [TableSpec.of(t) for t in tables]
+        # TorchRec's EmbeddingConfig has no pooling: a sequence table reads a row per id.
+        super().__init__(ps_config_file, model_name,
+                         [TableSpec(t.name, t.embedding_dim, t.feature_names, "none")
+                          for t in specs])  # fmt: skip
+
+    @classmethod
+    def from_torchrec(
+        cls, module: Any, ps_config_file: str | os.PathLike[str], model_name: str
+    ) -> EmbeddingCollection:
+        """The replacement of a TorchRec ``EmbeddingCollection`` (its table configs; its
+        weights are not read: the ps.json's files hold them)."""
+        return cls(ps_config_file, model_name, module.embedding_configs())
+
+    def embedding_configs(self) -> list[TableSpec]:
+        return list(self.tables)
+
+    def forward(self, features: Any) -> dict[str, Any]:
+        """Each feature's rows.
+
+        Args:
+            features: a ``KeyedJaggedTensor`` holding every feature of the tables (others
+                are ignored), int32/int64 ids, on the CPU or a CUDA device.
+
+        Returns:
+            Per feature (in table order), a ``JaggedTensor`` of float32 ``[ids, dim]`` rows
+            on the ids' device, cut by the feature's lengths; an unknown id reads the table's
+            default vector.
+
+        Raises:
+            RequestError: features missing from the input, ids that are not integers, tables
+                that do not match the ps.json.
+        """
+        gathered, queries = self._per_table(features, False)
+        hps, _ = self._opened()
+        device = features.values().device
+        dims = [g.spec.embedding_dim for g in gathered]
+        answers = looked_up_many(hps, self.model_name, device, queries, dims)
+        found = {}
+        for g, rows in zip(gathered, answers, strict=True):
+            base = 0
+            for j, (name, count) in enumerate(zip(g.spec.feature_names, g.counts, strict=True)):
+                offsets = g.offsets[j * g.samples : (j + 1) * g.samples + 1] - base
+                found[name] = JaggedTensor(
+                    values=rows[base : base + count], lengths=torch.diff(offsets), offsets=offsets
+                )
+                base += count
+        return found
