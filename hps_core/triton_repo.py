@@ -150,7 +150,7 @@ def placed_on_deployed_devices(options: ServingOptions, model: ModelConfig) -> S
 
 
 @dataclass(frozen=True)
-class _WarmupInput:
+class WarmupInput:
     """One input of the warm-up request: a file in ``warmup/``, or zeros when ``file`` is
     ``None``; its dims (one request's) may differ from the contract's ``-1``."""
 
@@ -159,13 +159,13 @@ class _WarmupInput:
     file: str | None = None
 
 
-def _config_pbtxt(
+def config_pbtxt(
     name: str,
     max_batch_size: int,
     options: ServingOptions,
     io: ModelIO,
     params: Sequence[tuple[str, str]],
-    warmup: Sequence[_WarmupInput],
+    warmup: Sequence[WarmupInput],
 ) -> str:
     """The text of a Python-backend config.pbtxt, built as Triton's ``ModelConfig`` message
     (warm-up only if ``options.warmup``)."""
@@ -242,13 +242,13 @@ def embedding_config_pbtxt(
     t = len(model.tables)
     batched = options.max_batch_size > 0
     shape = (t,) if batched else (1, t)  # without batching, the request's whole shape
-    return _config_pbtxt(
+    return config_pbtxt(
         triton_name,
         options.max_batch_size,
         options,
         EMBEDDING_IO if batched else EMBEDDING_IO_UNBATCHED,
         params=params,
-        warmup=[_WarmupInput(KEYS, shape, "keys"), _WarmupInput(NUMKEYS, shape, "numkeys")],
+        warmup=[WarmupInput(KEYS, shape, "keys"), WarmupInput(NUMKEYS, shape, "numkeys")],
     )
 
 
@@ -279,7 +279,7 @@ def hugectr_config_pbtxt(
         ("slots", ",".join(str(s) for s in layout.slot_nums)),
         ("label_dim", str(layout.label_dim)),
     ]
-    return _config_pbtxt(
+    return config_pbtxt(
         triton_name,
         options.max_batch_size,
         options,
@@ -287,9 +287,9 @@ def hugectr_config_pbtxt(
         params=params,
         # One sample, one key (0) per slot: loading every table is the point.
         warmup=[
-            _WarmupInput(DES, (layout.dense_dim,)),
-            _WarmupInput(CATCOLUMN, (slots,)),
-            _WarmupInput(ROWINDEX, (slots + tables,), "rowindex"),
+            WarmupInput(DES, (layout.dense_dim,)),
+            WarmupInput(CATCOLUMN, (slots,)),
+            WarmupInput(ROWINDEX, (slots + tables,), "rowindex"),
         ],
     )
 
@@ -311,17 +311,18 @@ def samples_config_pbtxt(
         The file's text.
     """
     io = samples_io(layout.dense_dim, layout.sample_width, layout.label_dim)
-    return _config_pbtxt(
+    return config_pbtxt(
         triton_name,
         layout.max_batch_size,
         options,
         io,
         params=_ranking_parameters(triton_name, layout.model, ps_json),
-        warmup=[_WarmupInput(spec.name, spec.dims) for spec in io.inputs],
+        warmup=[WarmupInput(spec.name, spec.dims) for spec in io.inputs],
     )
 
 
-def _write(path: Path, data: str | bytes) -> None:
+def write_file(path: Path, data: str | bytes) -> None:
+    """Write a file whole or not at all (a temporary file beside it, then renamed)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
     if isinstance(data, bytes):
@@ -331,8 +332,10 @@ def _write(path: Path, data: str | bytes) -> None:
     os.replace(tmp, path)
 
 
-def _write_ps_json(folder: Path, config: PSConfig) -> None:
-    _write(folder / "ps.json", json.dumps(config.to_dict(relative_to=folder), indent=2) + "\n")
+def write_ps_json(folder: Path, config: PSConfig) -> None:
+    """Write ``config`` as ``<folder>/ps.json``, its paths relative to the folder where they
+    can be."""
+    write_file(folder / "ps.json", json.dumps(config.to_dict(relative_to=folder), indent=2) + "\n")
 
 
 def _version_folder(folder: Path, version: int | None) -> Path:
@@ -408,7 +411,7 @@ def write_config(path: Path, config: pb.ModelConfig) -> None:
         path: the file.
         config: a ``ModelConfig`` message.
     """
-    _write(path, text_format.MessageToString(config))
+    write_file(path, text_format.MessageToString(config))
 
 
 def is_frozen(folder: Path) -> bool:
@@ -510,15 +513,15 @@ def write_embedding_model(
     options = placed_on_deployed_devices(options or ServingOptions(), model)
     name = triton_name or model.name
     folder = (repo_dir / name).resolve()
-    _write(folder / "config.pbtxt", embedding_config_pbtxt(name, model, options, model.name))
+    write_file(folder / "config.pbtxt", embedding_config_pbtxt(name, model, options, model.name))
     version_dir = _version_folder(folder, version)
-    _write(version_dir / "model.py", EMBEDDING_MODEL_PY)
-    _write_ps_json(version_dir if version is not None else folder, config)
+    write_file(version_dir / "model.py", EMBEDDING_MODEL_PY)
+    write_ps_json(version_dir if version is not None else folder, config)
     if options.warmup:
         # One key per table: loading every table is the point, the key need not exist.
         t = len(model.tables)
-        _write(folder / "warmup" / "keys", np.zeros(t, dtype="<i8").tobytes())
-        _write(folder / "warmup" / "numkeys", np.ones(t, dtype="<i4").tobytes())
+        write_file(folder / "warmup" / "keys", np.zeros(t, dtype="<i8").tobytes())
+        write_file(folder / "warmup" / "numkeys", np.ones(t, dtype="<i4").tobytes())
     return folder
 
 
@@ -573,21 +576,21 @@ def write_ranking_model(
     name = triton_name or model.name
     folder = (repo_dir / name).resolve()
     text = hugectr_config_pbtxt(name, layout, options, config.supportlonglong)
-    _write(folder / "config.pbtxt", text)
-    _write(_version_folder(folder, version) / "model.py", HUGECTR_RANKING_MODEL_PY)
-    _write_ps_json(_version_folder(folder, version) if version is not None else folder, config)
+    write_file(folder / "config.pbtxt", text)
+    write_file(_version_folder(folder, version) / "model.py", HUGECTR_RANKING_MODEL_PY)
+    write_ps_json(_version_folder(folder, version) if version is not None else folder, config)
     if options.warmup:
         rows = np.concatenate([np.arange(s + 1) for s in layout.slot_nums])
-        _write(folder / "warmup" / "rowindex", rows.astype("<i4").tobytes())
+        write_file(folder / "warmup" / "rowindex", rows.astype("<i4").tobytes())
     if not samples:
         return [folder]
     samples_name = name + SAMPLES_SUFFIX
     samples_folder = (repo_dir / samples_name).resolve()
     text = samples_config_pbtxt(samples_name, layout, options, f"../{name}/ps.json")
-    _write(samples_folder / "config.pbtxt", text)
-    _write(_version_folder(samples_folder, version) / "model.py", SAMPLES_RANKING_MODEL_PY)
+    write_file(samples_folder / "config.pbtxt", text)
+    write_file(_version_folder(samples_folder, version) / "model.py", SAMPLES_RANKING_MODEL_PY)
     if version is not None:
-        _write_ps_json(_version_folder(samples_folder, version), config)
+        write_ps_json(_version_folder(samples_folder, version), config)
     return [folder, samples_folder]
 
 

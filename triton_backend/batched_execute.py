@@ -30,7 +30,7 @@ def execute_batched(
     requests: Sequence[Any],
     parse: Callable[[Any], Parsed],
     run: Callable[[list[Parsed]], Sequence[Any]],
-    output_name: str,
+    output_name: str | Sequence[str],
     on_failure: Callable[[str], None] | None = None,
 ) -> list[Any]:
     """Answer ``requests`` with one ``run`` over all the requests that parse.
@@ -40,7 +40,8 @@ def execute_batched(
         parse: turns one request into its parsed form; raises ``RequestError``.
         run: maps the parsed requests to one output array per request, in order; an output
             may be a ``RequestError`` instead, which fails that request alone.
-        output_name: name of the output tensor.
+        output_name: name of the output tensor; several names: each output of ``run`` is
+            a sequence of arrays, one per name.
         on_failure: called once per request answered with an error, with the reason
             (``invalid_argument``, ``unavailable`` or ``internal``).
 
@@ -66,9 +67,11 @@ def execute_batched(
                     responses[i] = error_response(str(out))
                     failed("invalid_argument")
                     continue
-                responses[i] = pb_utils.InferenceResponse(
-                    output_tensors=[output_tensor(output_name, out)]
-                )
+                if isinstance(output_name, str):
+                    tensors = [output_tensor(output_name, out)]
+                else:
+                    tensors = [output_tensor(n, o) for n, o in zip(output_name, out, strict=True)]
+                responses[i] = pb_utils.InferenceResponse(output_tensors=tensors)
         except TierUnavailableError as exc:
             _EVERY.log(logger, logging.ERROR, "unavailable",
                        "batch of %d requests failed: %s", len(served), exc)  # fmt: skip

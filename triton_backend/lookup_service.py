@@ -99,6 +99,9 @@ def log_to_stderr() -> None:
         handler.setFormatter(logging.Formatter("hps %(levelname)s %(message)s"))
         logger.addHandler(handler)
         logger.setLevel(logging.INFO)
+        # Not again through a handler the root logger may have been given (a user's module
+        # or a library it imports calling logging.basicConfig): one line per record.
+        logger.propagate = False
 
 
 def load_hot_keys(folder: Path | None, table_names: list[str]) -> dict[int, np.ndarray]:

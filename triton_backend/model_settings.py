@@ -89,7 +89,7 @@ class ModelSettings:
 
 
 def _boolean(config: Mapping[str, Any], key: str, default: bool) -> bool:
-    text = _parameter(config, key)
+    text = parameter(config, key)
     if text is None:
         return default
     if text.lower() not in _BOOLEANS:
@@ -99,7 +99,8 @@ def _boolean(config: Mapping[str, Any], key: str, default: bool) -> bool:
     return _BOOLEANS[text.lower()]
 
 
-def _parameter(config: Mapping[str, Any], key: str) -> str | None:
+def parameter(config: Mapping[str, Any], key: str) -> str | None:
+    """config.pbtxt's ``parameters[key].string_value``, stripped; ``None`` if absent or empty."""
     value = config.get("parameters", {}).get(key)
     if value is None:
         return None
@@ -192,7 +193,7 @@ def read_settings(args: Mapping[str, str]) -> ModelSettings:
     config = json.loads(args["model_config"])
     model_dir = Path(args["model_repository"])
     name = args["model_name"]
-    given = _parameter(config, PS_JSON_PARAMETER)
+    given = parameter(config, PS_JSON_PARAMETER)
     version = str(args.get("model_version", "") or "1")
     own = model_dir / version / VERSION_PS_JSON
     ps_json = own if own.is_file() else (model_dir / given) if given else model_dir / "ps.json"
@@ -201,7 +202,7 @@ def read_settings(args: Mapping[str, str]) -> ModelSettings:
         raise ConfigError(
             Problem(where, f"ps.json not found at {ps_json} (set parameter '{PS_JSON_PARAMETER}')")
         )
-    policy = _parameter(config, MISS_POLICY_PARAMETER) or "fetch"
+    policy = parameter(config, MISS_POLICY_PARAMETER) or "fetch"
     if policy not in ("fetch", "default"):
         raise ConfigError(
             Problem(
@@ -209,7 +210,7 @@ def read_settings(args: Mapping[str, str]) -> ModelSettings:
                 f"must be 'fetch' or 'default', got '{policy}'",
             )
         )
-    hot = _parameter(config, HOT_KEYS_PARAMETER)
+    hot = parameter(config, HOT_KEYS_PARAMETER)
     hot_keys = (model_dir / hot).resolve() if hot else None
     if hot_keys is not None and not hot_keys.is_dir():
         raise ConfigError(
@@ -217,7 +218,7 @@ def read_settings(args: Mapping[str, str]) -> ModelSettings:
         )
     share = _boolean(config, SHARE_CACHE_PARAMETER, True)
     freeze = _boolean(config, FREEZE_SPARSE_PARAMETER, False)
-    precision = (_parameter(config, PRECISION_PARAMETER) or "").lower() or None
+    precision = (parameter(config, PRECISION_PARAMETER) or "").lower() or None
     if precision is not None and precision not in PRECISIONS:
         raise ConfigError(
             Problem(
@@ -225,10 +226,10 @@ def read_settings(args: Mapping[str, str]) -> ModelSettings:
                 f"must be one of {', '.join(PRECISIONS)}, got '{precision}'",
             )
         )
-    source = _parameter(config, SOURCE_PS_JSON_PARAMETER)
+    source = parameter(config, SOURCE_PS_JSON_PARAMETER)
     return ModelSettings(
         triton_model=name,
-        hps_model=_parameter(config, HPS_MODEL_PARAMETER) or name,
+        hps_model=parameter(config, HPS_MODEL_PARAMETER) or name,
         ps_json=ps_json.resolve(),
         instance_kind=args.get("model_instance_kind", "CPU"),
         device_id=int(args.get("model_instance_device_id", 0) or 0),

@@ -22,6 +22,7 @@ from hps_core.errors import HPSError
 _SUBCOMMAND_MODULES = (
     "hps_core.cli.check",
     "hps_core.cli.repo",
+    "hps_core.cli.repo_torch",
     "hps_core.cli.serve",
     "hps_core.cli.reload",
     "hps_core.cli.models",
