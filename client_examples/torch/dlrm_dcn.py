@@ -19,8 +19,9 @@ layers of rank 512 (set TABLE_ROWS, DIM, HOTNESS and the layer sizes to match yo
 
 from __future__ import annotations
 
+import numpy as np
 import torch
-from torchrec import EmbeddingBagConfig
+from torchrec import EmbeddingBagCollection, EmbeddingBagConfig
 from torchrec.models.dlrm import DLRM_DCN
 
 from hps_core import hps_torchrec
@@ -34,6 +35,8 @@ DENSE_LAYERS = [32, DIM]
 OVER_LAYERS = [32, 1]
 DCN_LAYERS = 3
 DCN_RANK = 8
+INPUTS = ("dense:fp32:13", f"sparse:int64:{len(TABLE_ROWS) * HOTNESS}")
+"""The served model's inputs, as ``hps repo-torch --input`` takes them."""
 
 
 def table_configs() -> list[EmbeddingBagConfig]:
@@ -83,3 +86,17 @@ def build(ps_config_file: str, model_name: str) -> torch.nn.Module:
         ps_config_file, model_name, [hps_torchrec.TableSpec.of(c) for c in table_configs()]
     )
     return served_module(ebc)
+
+
+def torchrec_collection() -> EmbeddingBagCollection:
+    """The tables as TorchRec holds them in training."""
+    return EmbeddingBagCollection(tables=table_configs(), device=torch.device("cpu"))
+
+
+def sample_inputs(rng: np.random.Generator, samples: int) -> dict[str, np.ndarray]:
+    """Random requests of ``samples`` samples: dense features and one id per table."""
+    dense = rng.standard_normal((samples, DENSE_FEATURES), dtype=np.float32)
+    sparse = np.stack(
+        [rng.integers(0, rows, (samples, HOTNESS)) for rows in TABLE_ROWS], axis=1
+    ).reshape(samples, -1)
+    return {"dense": dense, "sparse": sparse.astype(np.int64)}

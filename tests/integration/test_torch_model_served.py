@@ -1,8 +1,10 @@
-"""A user's PyTorch model served by a real tritonserver with its tables in the HPS: TorchRec's
-DLRM_DCN (client_examples/torch/dlrm_dcn.py) trained with TorchRec's own tables, its tables
-converted by ``hps convert torchrec``, its folder written by ``hps repo-torch``, answers as the
-same module with TorchRec's tables (1e-5) over HTTP and gRPC, one sample to a full batch, under
-concurrent load (Triton batching requests into one forward); a bad request fails alone."""
+"""Users' PyTorch models served by a real tritonserver with their tables in the HPS: TorchRec's
+DLRM_DCN (client_examples/torch/dlrm_dcn.py) and a sequence model of NV Embedding Cache's HSTU
+sample's shape (client_examples/torch/hstu_like.py: unpooled jagged lookups and a transformer
+block), each trained with TorchRec's own tables, converted by ``hps convert torchrec``, its
+folder written by ``hps repo-torch``, answer as the same module with TorchRec's tables (1e-5)
+over HTTP and gRPC, one sample to a full batch, under concurrent load (Triton batching requests
+into one forward); a bad request fails alone."""
 
 from __future__ import annotations
 
@@ -29,12 +31,13 @@ from test_ranking_models import clients, infer  # noqa: E402
 
 pytestmark = pytest.mark.integration
 
-EXAMPLE = Path(__file__).resolve().parents[2] / "client_examples" / "torch" / "dlrm_dcn.py"
+EXAMPLES = Path(__file__).resolve().parents[2] / "client_examples" / "torch"
+MODELS = ("dlrm_dcn", "hstu_like")
 MAX_BATCH = 64
 
 
-def _example():
-    spec = importlib.util.spec_from_file_location("dlrm_dcn_example", EXAMPLE)
+def _example(name: str):
+    spec = importlib.util.spec_from_file_location(f"{name}_example", EXAMPLES / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -42,33 +45,25 @@ def _example():
 
 @pytest.fixture(scope="module")
 def served(module_triton_server, tmp_path_factory: pytest.TempPathFactory):
-    import torchrec
-
-    example = _example()
-    root = tmp_path_factory.mktemp("torch_model")
-    torch.manual_seed(3)
-    cpu = torch.device("cpu")
-    ebc = torchrec.EmbeddingBagCollection(tables=example.table_configs(), device=cpu)
-    reference = example.served_module(ebc).eval()
-    torch.save(reference.state_dict(), root / "model.pt")
-    assert main(["convert", "torchrec", "--state-dict", str(root / "model.pt"),
-                 "--model-name", "dlrm_dcn", "--out", str(root / "tables")]) == 0  # fmt: skip
-    features = len(example.TABLE_ROWS) * example.HOTNESS
-    assert main(["repo-torch", str(root / "tables" / "ps.json"), str(root / "repo"),
-                 "--model", "dlrm_dcn", "--module", f"{EXAMPLE}:build",
-                 "--state-dict", str(root / "model.pt"), "--input", "dense:fp32:13",
-                 "--input", f"sparse:int64:{features}", "--instances", "2",
-                 "--max-batch-size", str(MAX_BATCH)]) == 0  # fmt: skip
-    server = module_triton_server(root / "repo", startup_timeout_s=180)
-    return server, reference, example
-
-
-def _samples(rng: np.random.Generator, example, batch: int) -> tuple[np.ndarray, np.ndarray]:
-    dense = rng.standard_normal((batch, example.DENSE_FEATURES), dtype=np.float32)
-    sparse = np.stack(
-        [rng.integers(0, rows, (batch, example.HOTNESS)) for rows in example.TABLE_ROWS], axis=1
-    ).reshape(batch, -1)
-    return dense, sparse.astype(np.int64)
+    """Both models in one repository: their references (TorchRec's tables) and examples."""
+    root = tmp_path_factory.mktemp("torch_models")
+    found = {}
+    for seed, name in enumerate(MODELS):
+        example = _example(name)
+        torch.manual_seed(seed)
+        reference = example.served_module(example.torchrec_collection()).eval()
+        weights = root / f"{name}.pt"
+        torch.save(reference.state_dict(), weights)
+        tables = root / f"{name}_tables"
+        assert main(["convert", "torchrec", "--state-dict", str(weights), "--model-name", name,
+                     "--out", str(tables)]) == 0  # fmt: skip
+        inputs = [arg for spec in example.INPUTS for arg in ("--input", spec)]
+        batching = ["--instances", "2", "--max-batch-size", str(MAX_BATCH)]
+        assert main(["repo-torch", str(tables / "ps.json"), str(root / "repo"), "--model", name,
+                     "--module", f"{EXAMPLES / name}.py:build", "--state-dict", str(weights),
+                     *inputs, *batching]) == 0  # fmt: skip
+        found[name] = (reference, example)
+    return module_triton_server(root / "repo", startup_timeout_s=240), found
 
 
 @contextlib.contextmanager
@@ -83,60 +78,65 @@ def _clients(server) -> Iterator[list]:
             client.close()
 
 
-def _want(reference, dense: np.ndarray, sparse: np.ndarray) -> np.ndarray:
+def _ask(module, client, name: str, request: dict[str, np.ndarray]) -> np.ndarray:
+    return infer(module, client, name, tuple(request.values()), tuple(request), "score")
+
+
+def _want(reference, request: dict[str, np.ndarray]) -> np.ndarray:
     with torch.no_grad():
-        return reference(torch.from_numpy(dense), torch.from_numpy(sparse)).numpy()
+        return reference(**{k: torch.from_numpy(v) for k, v in request.items()}).numpy()
 
 
-def test_the_served_module_answers_as_with_torchrecs_own_tables(served) -> None:
-    server, reference, example = served
+@pytest.mark.parametrize("name", MODELS)
+def test_the_served_module_answers_as_with_torchrecs_own_tables(served, name: str) -> None:
+    server, models = served
+    reference, example = models[name]
     rng = np.random.default_rng(0)
     with _clients(server) as made:
         for (module, client), batch in itertools.product(made, (1, 5, MAX_BATCH)):
-            dense, sparse = _samples(rng, example, batch)
-            got = infer(module, client, "dlrm_dcn", (dense, sparse), ("dense", "sparse"), "score")
+            request = example.sample_inputs(rng, batch)
+            got = _ask(module, client, name, request)
             assert got.shape == (batch, 1) and got.dtype == np.float32
-            np.testing.assert_allclose(got, _want(reference, dense, sparse), rtol=1e-5, atol=1e-6)
+            np.testing.assert_allclose(got, _want(reference, request), rtol=1e-5, atol=1e-6)
 
 
-def test_concurrent_requests_are_batched_and_each_answered_alone(served) -> None:
-    server, reference, example = served
+@pytest.mark.parametrize("name", MODELS)
+def test_concurrent_requests_are_batched_and_each_answered_alone(served, name: str) -> None:
+    server, models = served
+    reference, example = models[name]
     rng = np.random.default_rng(1)
-    requests = [_samples(rng, example, int(rng.integers(1, 9))) for _ in range(64)]
+    requests = [example.sample_inputs(rng, int(rng.integers(1, 9))) for _ in range(64)]
     local = threading.local()  # a client per thread: tritonclient's are not thread-safe
     with contextlib.ExitStack() as made:
 
         def ask(request):
             if not hasattr(local, "client"):
                 local.client = made.enter_context(_clients(server))[0]
-            module, client = local.client
-            dense, sparse = request
-            return infer(module, client, "dlrm_dcn", (dense, sparse), ("dense", "sparse"),
-                         "score")  # fmt: skip
+            return _ask(*local.client, name, request)
 
         with ThreadPoolExecutor(8) as pool:
             answers = list(pool.map(ask, requests))
-    for (dense, sparse), got in zip(requests, answers, strict=True):
-        np.testing.assert_allclose(got, _want(reference, dense, sparse), rtol=1e-5, atol=1e-6)
+    for request, got in zip(requests, answers, strict=True):
+        np.testing.assert_allclose(got, _want(reference, request), rtol=1e-5, atol=1e-6)
     text = urllib.request.urlopen(server.metrics_url, timeout=5).read().decode()
     looked_up = [
         float(line.rsplit(" ", 1)[1])
         for line in text.splitlines()
-        if line.startswith("hps_lookup_keys_total{") and 'model="dlrm_dcn"' in line
+        if line.startswith("hps_lookup_keys_total{") and f'model="{name}"' in line
     ]
     assert looked_up and sum(looked_up) > 0  # the module's lookups count as the model's
 
 
 def test_a_bad_request_fails_alone(served) -> None:
-    server, reference, example = served
-    rng = np.random.default_rng(2)
-    dense, sparse = _samples(rng, example, 3)
-    names = ("dense", "sparse")
+    server, models = served
+    reference, example = models["dlrm_dcn"]
+    request = example.sample_inputs(np.random.default_rng(2), 3)
     with _clients(server) as made:
         (module, client), _ = made
+        wrong_type = request | {"sparse": request["sparse"].astype(np.int32)}
         with pytest.raises(Exception, match=r"sparse.*(INT32|int32|data-type|datatype)"):
-            infer(module, client, "dlrm_dcn", (dense, sparse.astype(np.int32)), names, "score")
+            _ask(module, client, "dlrm_dcn", wrong_type)
         with pytest.raises(Exception, match="sparse"):  # a sample of 3 ids, not 4
-            infer(module, client, "dlrm_dcn", (dense, sparse[:, :3].copy()), names, "score")
-        got = infer(module, client, "dlrm_dcn", (dense, sparse), names, "score")
-    np.testing.assert_allclose(got, _want(reference, dense, sparse), rtol=1e-5, atol=1e-6)
+            _ask(module, client, "dlrm_dcn", request | {"sparse": request["sparse"][:, :3].copy()})
+        got = _ask(module, client, "dlrm_dcn", request)
+    np.testing.assert_allclose(got, _want(reference, request), rtol=1e-5, atol=1e-6)
