@@ -45,6 +45,13 @@ _MODEL_FIELDS: dict[str, str] = {
     "num_of_refresher_buffer_in_pool": (
         "sizes HugeCTR's pool of cache-refresh buffers; here a refresh takes none"
     ),
+    "hit_rate_threshold": (
+        "sets the batch hit rate below which HugeCTR inserts a batch's missed keys into the "
+        "GPU cache before answering (above it, in the background, the misses answered with "
+        "default vectors); a ranking model here answers every miss with its true row and "
+        "inserts it after the answer, whatever the hit rate (as HugeCTR does at 1.0), so "
+        "there is nothing to choose"
+    ),
     "enable_pagelock": (
         "page-locks the host copy of HugeCTR's static tables; here the host tier is always "
         "page-locked for GPU instances"
@@ -60,6 +67,11 @@ _TOP_FIELDS: dict[str, str] = {
 # Model fields that act here on some models: no warning for a model they act on.
 _ACTS_ON: dict[str, Callable[[ModelConfig], bool]] = {
     "fp8_quant": lambda model: model.static_tables,
+    # The embedding-lookup models' per-table GPU engine still chooses by it; at 1.0 and above
+    # HugeCTR answers every miss with its true row too, as a ranking model here does.
+    "hit_rate_threshold": lambda model: (
+        model.network_file is None or model.hit_rate_threshold >= 1.0
+    ),
 }
 
 
