@@ -270,6 +270,7 @@ class EmbeddingBagCollection(_Collection):
     def embedding_bag_configs(self) -> list[TableSpec]:
         return list(self.tables)
 
+    @torch.compiler.disable  # the lookup runs as Python (the ps.json's tiers), between graphs
     def forward(self, features: Any) -> Any:
         """Pool every feature's bags.
 
@@ -341,6 +342,7 @@ class EmbeddingCollection(_Collection):
     def embedding_configs(self) -> list[TableSpec]:
         return list(self.tables)
 
+    @torch.compiler.disable  # the lookup runs as Python (the ps.json's tiers), between graphs
     def forward(self, features: Any) -> dict[str, Any]:
         """Each feature's rows.
 

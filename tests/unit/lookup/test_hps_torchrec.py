@@ -245,3 +245,30 @@ def test_torchrec_dlrm_dcn_with_the_hps_tables_predicts_as_with_its_own(tmp_path
         got = model(dense, kjt)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
     HPS.close_all()
+
+
+def test_a_compiled_model_calls_the_collection_between_its_graphs(tmp_path: Path) -> None:
+    """torch.compile does not trace into a collection's lookup (it runs between graphs): the
+    compiled model answers as the eager one."""
+    ps, _ = _converted(tmp_path)
+    ebc = hps_torchrec.EmbeddingBagCollection(
+        ps, "rec", [hps_torchrec.TableSpec("t_user", 8, ("user",)),
+                    hps_torchrec.TableSpec("t_item", 4, ("item",), "mean")],
+    )  # fmt: skip
+
+    class Ranker(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.tables, self.linear = ebc, torch.nn.Linear(12, 1)
+
+        def forward(self, features) -> torch.Tensor:
+            return torch.sigmoid(self.linear(self.tables(features).values()))
+
+    model = Ranker().eval()
+    compiled = torch.compile(model, backend="aot_eager")
+    rng = np.random.default_rng(6)
+    for samples in (3, 16):
+        kjt, _ = _features(rng, ["user", "item"], samples, {"user": 40, "item": 25})
+        with torch.no_grad():
+            torch.testing.assert_close(compiled(kjt), model(kjt), rtol=0, atol=0)
+    HPS.close_all()
