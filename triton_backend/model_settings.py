@@ -147,6 +147,27 @@ def check_io(config: Mapping[str, Any], io: ModelIO) -> None:
         raise ConfigError(problems)
 
 
+def ranking_inert_parameters(settings: ModelSettings) -> list[str]:
+    """config.pbtxt parameters a ranking model accepts without effect, one line each (logged
+    at load, as the ps.json's inert fields are).
+
+    Args:
+        settings: the ranking model instance's settings.
+
+    Returns:
+        The lines; empty when none is set.
+    """
+    lines = []
+    if settings.miss_policy == "default":
+        lines.append(
+            f"config.pbtxt parameters.{MISS_POLICY_PARAMETER} = default: accepted without effect "
+            "on a ranking model: its lookups answer every missed key with its true row (from "
+            "the host tier and the tiers below it) and insert it after the answer, never a "
+            "default vector; embedding-lookup models follow it"
+        )
+    return lines
+
+
 def check_instance_device(settings: ModelSettings, deployed: Sequence[int], where: str) -> None:
     """A GPU instance must run on a GPU of the model's ``deployed_device_list``.
 

@@ -22,6 +22,7 @@ from triton_backend.model_settings import (
     ModelSettings,
     check_instance_device,
     check_io,
+    ranking_inert_parameters,
     read_settings,
 )
 
@@ -239,3 +240,14 @@ def test_unknown_precision_is_named(tmp_path: Path) -> None:
     config = with_parameter(triton_config(), "precision", "bf16")
     with pytest.raises(ConfigError, match=r"parameters\.precision: must be one of fp32"):
         read_settings(triton_args(tmp_path, config))
+
+
+def test_a_ranking_models_default_miss_policy_is_said_to_be_without_effect(tmp_path: Path) -> None:
+    (tmp_path / "ps.json").write_text("{}")
+    config = with_parameter(triton_config(), "async_miss_policy", "default")
+    (line,) = ranking_inert_parameters(read_settings(triton_args(tmp_path, config)))
+    assert line.startswith("config.pbtxt parameters.async_miss_policy = default: accepted "
+                           "without effect on a ranking model")  # fmt: skip
+    for policy in ("fetch", None):
+        config = with_parameter(triton_config(), "async_miss_policy", policy)
+        assert ranking_inert_parameters(read_settings(triton_args(tmp_path, config))) == []
