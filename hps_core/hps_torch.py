@@ -187,14 +187,15 @@ class EmbeddingBag(torch.nn.Module):
             return torch.zeros(
                 (bags, layer.emb_vec_size), dtype=torch.float32, device=rows.device
             ).index_add_(0, bag_of, rows)
-        hps = layer.checked(input)
+        if input.dtype not in (torch.int32, torch.int64):
+            raise RequestError(f"EmbeddingBag: keys must be int32 or int64, got {input.dtype}")
         if hotness == 0:  # bags of no key
             return torch.zeros((bags, layer.emb_vec_size), dtype=torch.float32, device=input.device)
-        flat = input.detach().reshape(-1).to(torch.int64)
-        pooling = {"combiner": self.mode}
-        pooling |= {"hotness": hotness} if csr is None else {"offsets": csr}
-        return _looked_up(hps, layer.model_name, layer.table_id, layer.emb_vec_size, flat, bags,
-                          **pooling)  # fmt: skip
+        bounds = csr if csr is not None else input.new_empty(0, dtype=torch.int64)
+        return torch.ops.hps.lookup_bags(
+            input.reshape(-1), bounds, layer.ps_config_file, layer.model_name, layer.table_id,
+            layer.emb_vec_size, self.mode, hotness or 0,
+        )  # fmt: skip
 
 
 def _checked_hps(keys: torch.Tensor, ps: str, model: str, table: int, dim: int) -> HPS:
@@ -224,6 +225,46 @@ def _(keys: torch.Tensor, ps: str, model: str, table: int, dim: int) -> torch.Te
     return keys.new_empty((*keys.shape, dim), dtype=torch.float32)
 
 
+@torch.library.custom_op("hps::lookup_bags", mutates_args=())
+def _bags_op(
+    keys: torch.Tensor,
+    offsets: torch.Tensor,
+    ps: str,
+    model: str,
+    table: int,
+    dim: int,
+    mode: str,
+    hotness: int,
+) -> torch.Tensor:
+    """:class:`EmbeddingBag`'s pooled lookup as one registered operator: bags of ``hotness``
+    keys, or CSR ``offsets`` (``bags + 1``) when ``hotness`` is 0."""
+    hps = _checked_hps(keys, ps, model, table, dim)
+    flat = keys.detach().to(torch.int64)
+    pooling: dict[str, Any] = {"combiner": mode}
+    if hotness > 0:
+        pooling["hotness"] = hotness
+        bags = int(flat.shape[0]) // hotness
+    else:
+        pooling["offsets"] = offsets
+        bags = int(offsets.shape[0]) - 1
+    return _looked_up(hps, model, table, dim, flat, bags, **pooling)
+
+
+@_bags_op.register_fake
+def _(
+    keys: torch.Tensor,
+    offsets: torch.Tensor,
+    ps: str,
+    model: str,
+    table: int,
+    dim: int,
+    mode: str,
+    hotness: int,
+) -> torch.Tensor:
+    bags = keys.shape[0] // hotness if hotness > 0 else offsets.shape[0] - 1
+    return keys.new_empty((bags, dim), dtype=torch.float32)
+
+
 def _no_gradient(ctx: object, grad: torch.Tensor) -> None:
     raise RuntimeError(
         "hps_torch looks embeddings up for inference only: its tables are the HPS's files, "
@@ -232,6 +273,7 @@ def _no_gradient(ctx: object, grad: torch.Tensor) -> None:
 
 
 _lookup_op.register_autograd(_no_gradient)
+_bags_op.register_autograd(_no_gradient)
 
 
 def _looked_up(

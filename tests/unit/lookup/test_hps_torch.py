@@ -175,4 +175,14 @@ def test_compile_and_export_keep_the_lookup_as_one_op(tmp_path: Path) -> None:
     ops = [n.target for n in exported.graph.nodes if n.op == "call_function"]
     assert ops == [torch.ops.hps.lookup.default], ops
     torch.testing.assert_close(exported.module()(keys[1]), layer(keys[1]), rtol=0, atol=0)
+    # An EmbeddingBag is one operator too, bags of a fixed hotness or CSR bags.
+    bag = hps_torch.EmbeddingBag(ps, "wdl", 1, 16, mode="mean")
+    flat, starts = keys[1].reshape(-1), torch.tensor([0, 5, 5, 17])
+    for args in ((keys[1],), (flat, starts)):
+        exported = torch.export.export(bag, args)
+        ops = [n.target for n in exported.graph.nodes if n.op == "call_function"]
+        assert torch.ops.hps.lookup_bags.default in ops and torch.ops.hps.lookup.default not in ops
+        torch.testing.assert_close(exported.module()(*args), bag(*args), rtol=0, atol=0)
+        compiled = torch.compile(bag, backend="aot_eager", fullgraph=True)
+        torch.testing.assert_close(compiled(*args), bag(*args), rtol=0, atol=0)
     HPS.close_all()
