@@ -1,10 +1,12 @@
 """Users' PyTorch models served by a real tritonserver with their tables in the HPS: TorchRec's
 DLRM_DCN (client_examples/torch/dlrm_dcn.py) and a sequence model of NV Embedding Cache's HSTU
 sample's shape (client_examples/torch/hstu_like.py: unpooled jagged lookups and a transformer
-block), each trained with TorchRec's own tables, converted by ``hps convert torchrec``, its
-folder written by ``hps repo-torch``, answer as the same module with TorchRec's tables (1e-5)
-over HTTP and gRPC, one sample to a full batch, under concurrent load (Triton batching requests
-into one forward); a bad request fails alone."""
+block), each trained with TorchRec's own tables and converted by ``hps convert torchrec``, and
+HugeCTR's hps_torch demo model (client_examples/torch/hps_torch_demo.py: LookupLayers under
+torch.jit.fork over static tables of 32-bit keys), its folder written by ``hps repo-torch``,
+answer as the same module with PyTorch's own tables (1e-5) over HTTP and gRPC, one sample to a
+full batch, under concurrent load (Triton batching requests into one forward); a bad request
+fails alone."""
 
 from __future__ import annotations
 
@@ -29,10 +31,14 @@ from hps_core.cli.main import main  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from test_ranking_models import clients, infer  # noqa: E402
 
-pytestmark = pytest.mark.integration
+pytestmark = [
+    pytest.mark.integration,
+    # The demo model runs its lookups under torch.jit.fork, as HugeCTR's notebook does.
+    pytest.mark.filterwarnings("ignore:`torch.jit.(fork|wait)` is deprecated:DeprecationWarning"),
+]
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "client_examples" / "torch"
-MODELS = ("dlrm_dcn", "hstu_like")
+MODELS = ("dlrm_dcn", "hstu_like", "hps_torch_demo")
 MAX_BATCH = 64
 
 
@@ -51,12 +57,18 @@ def served(module_triton_server, tmp_path_factory: pytest.TempPathFactory):
     for seed, name in enumerate(MODELS):
         example = _example(name)
         torch.manual_seed(seed)
-        reference = example.served_module(example.torchrec_collection()).eval()
-        weights = root / f"{name}.pt"
-        torch.save(reference.state_dict(), weights)
-        tables = root / f"{name}_tables"
-        assert main(["convert", "torchrec", "--state-dict", str(weights), "--model-name", name,
-                     "--out", str(tables)]) == 0  # fmt: skip
+        weights, tables = root / f"{name}.pt", root / f"{name}_tables"
+        if hasattr(example, "torchrec_collection"):  # trained with TorchRec's tables
+            reference = example.served_module(example.torchrec_collection()).eval()
+            torch.save(reference.state_dict(), weights)
+            assert main(["convert", "torchrec", "--state-dict", str(weights), "--model-name",
+                         name, "--out", str(tables)]) == 0  # fmt: skip
+        else:  # HugeCTR's files, and the same rows as plain PyTorch tables
+            tables.mkdir()
+            _, rows = example.write_tables(tables, seed)
+            reference = example.served_module(example.plain_tables(rows)).eval()
+            dense = {k: v for k, v in reference.state_dict().items() if k.startswith("mlp.")}
+            torch.save(dense, weights)
         inputs = [arg for spec in example.INPUTS for arg in ("--input", spec)]
         batching = ["--instances", "2", "--max-batch-size", str(MAX_BATCH)]
         assert main(["repo-torch", str(tables / "ps.json"), str(root / "repo"), "--model", name,
