@@ -23,6 +23,7 @@ from typing import Any
 
 from hps_core.arrays import to_host
 from hps_core.host_memory import keep_freed_memory
+from hps_core.hps import HPS
 from hps_core.model_check import check_model_files
 from hps_core.torch_serving import (
     MODULE_PARAMETER,
@@ -117,5 +118,8 @@ class TorchModel:
         return self.batcher(batches)
 
     def finalize(self) -> None:
-        """Stop background work and detach from the shared tables."""
+        """Stop background work and detach from the shared tables, those of any other
+        lookup the module opened as well (another ps.json or model: the stub process holds
+        this instance alone)."""
         self.service.close()
+        HPS.close_all()
