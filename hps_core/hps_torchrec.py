@@ -129,6 +129,15 @@ class _Collection(torch.nn.Module):
             self._table_ids = ids
         return hps, self._table_ids
 
+    def _looked_up(self, features: Any, weighted: bool) -> list[tuple[_TableKeys, torch.Tensor]]:
+        """Each table's keys gathered from ``features`` and its answer (pooled bags, or a row
+        per key for sequences and weighted bags), every table in one lookup call."""
+        gathered, queries = self._per_table(features, weighted)
+        hps, _ = self._opened()
+        dims = [g.spec.embedding_dim for g in gathered]
+        answers = looked_up_many(hps, self.model_name, features.values().device, queries, dims)
+        return list(zip(gathered, answers, strict=True))
+
     def _per_table(
         self, features: Any, weighted: bool
     ) -> tuple[list[_TableKeys], list[TableQuery]]:
@@ -287,13 +296,8 @@ class EmbeddingBagCollection(_Collection):
             RequestError: features missing from the input, ids that are not integers, tables
                 that do not match the ps.json.
         """
-        gathered, queries = self._per_table(features, self._weighted)
-        hps, _ = self._opened()
-        device = features.values().device
-        dims = [g.spec.embedding_dim for g in gathered]
-        answers = looked_up_many(hps, self.model_name, device, queries, dims)
         columns, names, widths = [], [], []
-        for g, answer in zip(gathered, answers, strict=True):
+        for g, answer in self._looked_up(features, self._weighted):
             pooled = g.weighted_bags(answer) if g.weights is not None else answer
             columns.extend(torch.split(pooled, g.samples))  # a [batch, dim] per feature
             names.extend(g.spec.feature_names)
@@ -359,13 +363,8 @@ class EmbeddingCollection(_Collection):
             RequestError: features missing from the input, ids that are not integers, tables
                 that do not match the ps.json.
         """
-        gathered, queries = self._per_table(features, False)
-        hps, _ = self._opened()
-        device = features.values().device
-        dims = [g.spec.embedding_dim for g in gathered]
-        answers = looked_up_many(hps, self.model_name, device, queries, dims)
         found = {}
-        for g, rows in zip(gathered, answers, strict=True):
+        for g, rows in self._looked_up(features, False):
             base = 0
             for j, (name, count) in enumerate(zip(g.spec.feature_names, g.counts, strict=True)):
                 offsets = g.offsets[j * g.samples : (j + 1) * g.samples + 1] - base

@@ -21,21 +21,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "unit" / "lookup"))
 from lookup_testdata import write_models  # noqa: E402
 
 from hps_core import hps_torch, hps_torchrec  # noqa: E402
-from hps_core.hps import GPU_ENGINE_ENV, HPS  # noqa: E402
+from hps_core.hps import HPS  # noqa: E402
 from hps_core.jagged import _KeyedJaggedTensor  # noqa: E402
 
 CUDA = torch.device("cuda", 0)
 
 
-@pytest.fixture(autouse=True, params=["bank", "tables"])
-def engine(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
-    monkeypatch.setenv("HPS_SHM_DIR", str(tmp_path / "shm"))
-    if request.param == "bank":
-        monkeypatch.setenv(GPU_ENGINE_ENV, "bank")
-    else:
-        monkeypatch.delenv(GPU_ENGINE_ENV, raising=False)
-    yield request.param
-    HPS.close_all()
+@pytest.fixture(autouse=True)
+def _each_engine(engine: str) -> str:
+    """Every test here runs through both GPU engines (conftest's ``engine``)."""
+    return engine
 
 
 def test_lookup_layer_and_embedding_bag_answer_on_the_gpu_as_on_the_host(tmp_path: Path) -> None:

@@ -20,7 +20,7 @@ from lookup_testdata import write_models  # noqa: E402
 from test_lookup_pooled import pooled_reference  # noqa: E402
 
 from hps_core.errors import RequestError  # noqa: E402
-from hps_core.hps import GPU_ENGINE_ENV, HPS  # noqa: E402
+from hps_core.hps import HPS  # noqa: E402
 
 CACHES = {
     "dynamic": {"gpucache": True, "gpucacheper": 0.1, "embedding_cache_type": "dynamic"},
@@ -29,15 +29,10 @@ CACHES = {
 }
 
 
-@pytest.fixture(autouse=True, params=["bank", "tables"])
-def engine(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
-    monkeypatch.setenv("HPS_SHM_DIR", str(tmp_path / "shm"))
-    if request.param == "bank":
-        monkeypatch.setenv(GPU_ENGINE_ENV, "bank")
-    else:
-        monkeypatch.delenv(GPU_ENGINE_ENV, raising=False)
-    yield request.param
-    HPS.close_all()
+@pytest.fixture(autouse=True)
+def _each_engine(engine: str) -> str:
+    """Every test here runs through both GPU engines (conftest's ``engine``)."""
+    return engine
 
 
 def models_with(tmp_path: Path, cache: str):
