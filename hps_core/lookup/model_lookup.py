@@ -454,7 +454,7 @@ class ModelLookup:
 
         Raises:
             RequestError: a table id out of range, or keys, hotness or offsets that do not
-                fit (naming the table).
+                fit.
         """
         queries = [self._checked(q) for q in queries]
         outs = list(outs) if outs is not None else [None] * len(queries)
