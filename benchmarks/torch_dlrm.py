@@ -162,3 +162,72 @@ def _mlp_layers(layer: MLP, tensors) -> list[tuple[np.ndarray, np.ndarray, bool]
     """``(weight, bias, relu)`` per layer of a HugeCTR MLP layer (every layer has a bias)."""
     assert all(layer.biases), "the peer's MLP layers all have biases"
     return [(tensors[2 * i], tensors[2 * i + 1], relu) for i, relu in enumerate(layer.relus)]
+
+
+class HpsTablesDlrmV2(TorchDlrmV2):
+    """:class:`TorchDlrmV2` with its tables in the HPS: one ``hps_torchrec``
+    ``EmbeddingBagCollection`` over the ps.json model's tables (every table in one lookup
+    call) instead of an ``nn.EmbeddingBag`` per table; the same dense weights and forward
+    otherwise. The PyTorch model that ``torch_model_serve.py`` serves through ``hps
+    repo-torch`` beside the HugeCTR-file model."""
+
+    def __init__(self, ps_json: Path, model: str, hotness, bottom, cross, top) -> None:
+        from hps_core import hps_torchrec
+
+        config = load_ps_config(ps_json).model(model)
+        placeholders = [np.zeros((1, t.dim), np.float32) for t in config.tables]
+        super().__init__(placeholders, hotness, bottom, cross, top)
+        del self.tables  # the HPS holds them
+        self.names = [f"slot_{t}" for t in range(len(config.tables))]
+        specs = [hps_torchrec.TableSpec(t.name, t.dim, (f"slot_{i}",))
+                 for i, t in enumerate(config.tables)]  # fmt: skip
+        self.collection = hps_torchrec.EmbeddingBagCollection(ps_json, model, specs)
+
+    def forward(self, dense: torch.Tensor, sparse: torch.Tensor) -> torch.Tensor:
+        """``dense`` ``[B, 13]`` and ``sparse`` ``[B, keys per sample]`` (the samples
+        contract's names: Triton passes them as keywords)."""
+        from hps_core.jagged import KeyedJaggedTensor
+
+        keys = sparse
+        x = dense
+        for layer, relu in zip(self.bottom, self.bottom_relu, strict=True):
+            x = layer(x)
+            if relu:
+                x = torch.relu(x)
+        batch = keys.shape[0]
+        # TorchRec's layout: every sample's keys of table 0, then of table 1, ...
+        values = torch.cat([keys[:, c : c + h].reshape(-1)
+                            for c, h in zip(self.starts, self.hotness, strict=True)])  # fmt: skip
+        lengths = torch.tensor(self.hotness, device=keys.device).repeat_interleave(batch)
+        kjt = KeyedJaggedTensor.from_lengths_sync(keys=self.names, values=values, lengths=lengths)
+        x0 = torch.cat([self.collection(kjt).values(), x], dim=1)
+        xl = x0
+        for i in range(0, len(self.cross), 3):
+            u, v, b = self.cross[i], self.cross[i + 1], self.cross[i + 2]
+            xl = x0 * torch.addmm(b, xl @ u, v) + xl
+        z = xl
+        for layer, relu in zip(self.top, self.top_relu, strict=True):
+            z = layer(z)
+            if relu:
+                z = torch.relu(z)
+        return torch.sigmoid(z)
+
+
+def hps_tables_dlrm_v2(ps_json: Path, model: str, device: str = "cpu") -> HpsTablesDlrmV2:
+    """The DLRM-v2 of ``model`` of ``ps_json`` in PyTorch, its dense weights from the dense
+    file and its tables the HPS's (``make_large_dlrm.py --dcnv2``'s files)."""
+    config = load_ps_config(ps_json).model(model)
+    graph, layout = load_ranking_graph(config)
+    params = read_dense_blob(config.dense_file, graph.dense_layout())
+    layers = {node.spec.name: node.layer for node in graph.nodes if node.used}
+    if not isinstance(layers.get("interaction1"), MultiCross):
+        raise ValueError(f"model '{model}' of {ps_json} is not a DLRM-v2 (no MultiCross layer)")
+    net = HpsTablesDlrmV2(
+        ps_json,
+        model,
+        [t.max_keys_per_sample for t in layout.tables],
+        _mlp_layers(layers["mlp1"], params["mlp1"]),
+        [params["interaction1"][i : i + 3] for i in range(0, len(params["interaction1"]), 3)],
+        _mlp_layers(layers["mlp2"], params["mlp2"]),
+    )
+    return net.to(device).eval()
