@@ -175,6 +175,7 @@ class _TableKeys:
     weights: torch.Tensor | None
     counts: list[int]  # keys per feature
     samples: int
+    hotness: int | None = None  # every bag's length, where they are all one (host keys)
 
     @classmethod
     def gather(
@@ -200,14 +201,16 @@ class _TableKeys:
                 bags.append(part if j == 0 else part[1:])
                 counts.append(end - first)
                 base += end - first
+            offsets_of_table = bags[0] if len(bags) == 1 else torch.cat(bags)
             found.append(
                 cls(
                     spec,
                     keys[0] if len(keys) == 1 else torch.cat(keys),
-                    bags[0] if len(bags) == 1 else torch.cat(bags),
+                    offsets_of_table,
                     None if weights is None else torch.cat(scales),
                     counts,
                     samples,
+                    _one_length(offsets_of_table),
                 )
             )
         return found
@@ -216,7 +219,10 @@ class _TableKeys:
         """Its lookup: a row per key for sequences and weighted bags, else pooled bags."""
         if self.spec.pooling == "none" or self.weights is not None:
             return TableQuery(table_id, self.keys)
-        return TableQuery(table_id, self.keys, _POOLINGS[self.spec.pooling], offsets=self.offsets)
+        combiner = _POOLINGS[self.spec.pooling]
+        if self.hotness is not None:  # bags of one length: pooled without offsets
+            return TableQuery(table_id, self.keys, combiner, hotness=self.hotness)
+        return TableQuery(table_id, self.keys, combiner, offsets=self.offsets)
 
     def weighted_bags(self, rows: torch.Tensor) -> torch.Tensor:
         """Each bag's rows scaled by their weights and summed."""
@@ -228,6 +234,17 @@ class _TableKeys:
         scaled = rows * self.weights.to(rows.dtype).reshape(-1, 1)
         out = torch.zeros((bags, rows.shape[1]), dtype=rows.dtype, device=rows.device)
         return out.index_add_(0, bag_of, scaled)
+
+
+def _one_length(offsets: torch.Tensor) -> int | None:
+    """The length of every bag of host ``offsets`` where it is one and not 0 (multi-hot
+    features of a fixed hotness, one-hot ones); None otherwise, and for device offsets
+    (telling would wait for the device)."""
+    if offsets.is_cuda or offsets.shape[0] < 2:
+        return None
+    lengths = torch.diff(offsets)
+    first = int(lengths[0])
+    return first if first > 0 and bool((lengths == first).all()) else None
 
 
 class EmbeddingBagCollection(_Collection):

@@ -461,9 +461,20 @@ class ModelLookup:
         if len(outs) != len(queries):
             raise RequestError(f"got {len(outs)} outputs for {plural(len(queries), 'query')}")
         if self.device_id is None:
+            tables = [self.table(q.table) for q in queries]
+            if all(isinstance(t, HostTableLookup) and t.xp is np for t in tables):
+                # Tables asked for few keys are read together, in one pass (a model of many
+                # small tables: one call instead of one per table); each distinct key's row
+                # is read once.
+                keys = [np.asarray(q.keys) for q in queries]
+                found = self._on_host(tables, keys, lambda t, k: t.lookup_distinct(k), True)
+                return [
+                    _pooled_rows(rows, index, q, o)
+                    for (rows, index), q, o in zip(found, queries, outs, strict=True)
+                ]
             return [
-                _pooled_on_host(self.table(q.table), q.keys, q.combiner, q.hotness, q.offsets, o)
-                for q, o in zip(queries, outs, strict=True)
+                _pooled_on_host(t, q.keys, q.combiner, q.hotness, q.offsets, o)
+                for t, q, o in zip(tables, queries, outs, strict=True)
             ]
         with self.xp.cuda.Device(self.device_id):
             engine = self._gpu_engine()
@@ -759,13 +770,24 @@ def _pooled_on_host(
     if combiner is None:
         return table.lookup(keys, out)
     rows, index = table.lookup_distinct(np.asarray(keys))
-    if offsets is None:
-        pooled = pool_gathered(rows, index, hotness)
-        if combiner is Combiner.MEAN:
-            pooled /= np.float32(hotness)
+    return _pooled_rows(rows, index, TableQuery(0, keys, combiner, hotness, offsets), out)
+
+
+def _pooled_rows(
+    rows: np.ndarray, index: np.ndarray | None, query: TableQuery, out: np.ndarray | None
+) -> np.ndarray:
+    """A host query's answer from its keys' rows: ``rows[index]`` is a row per key (``rows``
+    itself where ``index`` is None), pooled as the query asks."""
+    if query.combiner is None:
+        pooled = rows if index is None else rows[index]
+    elif query.offsets is None:
+        pooled = pool_gathered(rows, index, query.hotness)
+        if query.combiner is Combiner.MEAN:
+            pooled /= np.float32(query.hotness)
     else:
         values = rows if index is None else rows[index]
-        pooled = pool_embeddings(np, values, offsets, 1, combiner).reshape(-1, rows.shape[1])
+        pooled = pool_embeddings(np, values, query.offsets, 1, query.combiner)
+        pooled = pooled.reshape(-1, rows.shape[1])
     if out is None:
         return pooled
     np.copyto(out, pooled)
