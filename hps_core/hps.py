@@ -78,9 +78,17 @@ class HPS:
 
     _instances: ClassVar[dict[Path, HPS]] = {}
     _instances_lock: ClassVar[threading.Lock] = threading.Lock()
+    _resolved: ClassVar[dict[str, Path]] = {}
 
     def __new__(cls, ps_config: str | os.PathLike[str]) -> HPS:
-        path = Path(ps_config).resolve()
+        given = os.fspath(ps_config)
+        # A model's layers ask for their HPS on every forward: an absolute path is resolved
+        # once (resolving stats each component of it).
+        path = cls._resolved.get(given) if os.path.isabs(given) else None
+        if path is None:
+            path = Path(given).resolve()
+            if os.path.isabs(given):
+                cls._resolved[given] = path
         with cls._instances_lock:
             instance = cls._instances.get(path)
             if instance is None:

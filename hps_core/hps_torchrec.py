@@ -132,19 +132,17 @@ class _Collection(torch.nn.Module):
     def _looked_up(self, features: Any, weighted: bool) -> list[tuple[_TableKeys, torch.Tensor]]:
         """Each table's keys gathered from ``features`` and its answer (pooled bags, or a row
         per key for sequences and weighted bags), every table in one lookup call."""
-        gathered, queries = self._per_table(features, weighted)
-        hps, _ = self._opened()
+        hps, table_ids = self._opened()
+        gathered = self._per_table(features, weighted)
+        queries = [g.query(t) for g, t in zip(gathered, table_ids, strict=True)]
         dims = [g.spec.embedding_dim for g in gathered]
         answers = looked_up_many(hps, self.model_name, features.values().device, queries, dims)
         return list(zip(gathered, answers, strict=True))
 
-    def _per_table(
-        self, features: Any, weighted: bool
-    ) -> tuple[list[_TableKeys], list[TableQuery]]:
-        """Each table's keys gathered from ``features`` and its lookup, in table order."""
+    def _per_table(self, features: Any, weighted: bool) -> list[_TableKeys]:
+        """Each table's keys gathered from ``features``, in table order."""
         if getattr(features, "variable_stride_per_key", lambda: False)():
             raise RequestError(f"{self.kind}: features of a variable batch size per key")
-        hps_tables = self._opened()[1]
         keys = list(features.keys())
         where = {name: i for i, name in enumerate(keys)}
         missing = [f for t in self.tables for f in t.feature_names if f not in where]
@@ -158,11 +156,12 @@ class _Collection(torch.nn.Module):
         weights = features.weights_or_none() if weighted else None
         if weighted and weights is None:
             raise RequestError(f"{self.kind}: a weighted collection needs weights")
-        gathered = _TableKeys.gather(
-            self.tables, where, int(features.stride()), list(features.offset_per_key()),
+        samples = int(features.stride())
+        return _TableKeys.gather(
+            self.tables, where, samples, list(features.offset_per_key()),
             values.to(torch.int64), features.offsets().to(torch.int64), weights,
+            _one_lengths(features.lengths(), len(keys), samples),
         )  # fmt: skip
-        return gathered, [g.query(t) for g, t in zip(gathered, hps_tables, strict=True)]
 
 
 @dataclass
@@ -187,6 +186,7 @@ class _TableKeys:
         values: torch.Tensor,
         offsets: torch.Tensor,
         weights: torch.Tensor | None,
+        one_lengths: list[int | None],
     ) -> list[_TableKeys]:
         found = []
         for spec in tables:
@@ -201,16 +201,16 @@ class _TableKeys:
                 bags.append(part if j == 0 else part[1:])
                 counts.append(end - first)
                 base += end - first
-            offsets_of_table = bags[0] if len(bags) == 1 else torch.cat(bags)
+            lengths = {one_lengths[where[name]] for name in spec.feature_names}
             found.append(
                 cls(
                     spec,
                     keys[0] if len(keys) == 1 else torch.cat(keys),
-                    offsets_of_table,
+                    bags[0] if len(bags) == 1 else torch.cat(bags),
                     None if weights is None else torch.cat(scales),
                     counts,
                     samples,
-                    _one_length(offsets_of_table),
+                    lengths.pop() if len(lengths) == 1 else None,
                 )
             )
         return found
@@ -236,15 +236,16 @@ class _TableKeys:
         return out.index_add_(0, bag_of, scaled)
 
 
-def _one_length(offsets: torch.Tensor) -> int | None:
-    """The length of every bag of host ``offsets`` where it is one and not 0 (multi-hot
-    features of a fixed hotness, one-hot ones); None otherwise, and for device offsets
-    (telling would wait for the device)."""
-    if offsets.is_cuda or offsets.shape[0] < 2:
-        return None
-    lengths = torch.diff(offsets)
-    first = int(lengths[0])
-    return first if first > 0 and bool((lengths == first).all()) else None
+def _one_lengths(lengths: torch.Tensor, features: int, samples: int) -> list[int | None]:
+    """Per feature, the length of every one of its bags where it is one and not 0 (one-hot
+    features, multi-hot ones of a fixed hotness), else None; all None for lengths on a GPU
+    (telling would wait for it). One pass over every feature's lengths."""
+    if lengths.is_cuda or not samples or not features:
+        return [None] * features
+    table = lengths.reshape(features, samples)
+    first = table[:, 0]
+    one = (table == first[:, None]).all(dim=1) & (first > 0)
+    return [int(n) if ok else None for n, ok in zip(first.tolist(), one.tolist(), strict=True)]
 
 
 class EmbeddingBagCollection(_Collection):
@@ -316,7 +317,10 @@ class EmbeddingBagCollection(_Collection):
         columns, names, widths = [], [], []
         for g, answer in self._looked_up(features, self._weighted):
             pooled = g.weighted_bags(answer) if g.weights is not None else answer
-            columns.extend(torch.split(pooled, g.samples))  # a [batch, dim] per feature
+            if len(g.spec.feature_names) == 1:
+                columns.append(pooled)
+            else:
+                columns.extend(torch.split(pooled, g.samples))  # a [batch, dim] per feature
             names.extend(g.spec.feature_names)
             widths.extend([g.spec.embedding_dim] * len(g.spec.feature_names))
         return KeyedTensor(keys=names, length_per_key=widths, values=torch.cat(columns, dim=1))
