@@ -97,18 +97,22 @@ class TorchDlrmV2(torch.nn.Module):
             self._offsets[key] = torch.arange(0, batch * hot, hot, device=device)
         return self._offsets[key]
 
-    def forward(self, dense: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
+    def pooled(self, keys: torch.Tensor) -> torch.Tensor:
+        """Every table's bags of ``keys`` (``[B, K]`` sample-major), side by side."""
+        batch = keys.shape[0]
+        return torch.cat([
+            bag(keys[:, c : c + h].reshape(-1), self.offsets(batch, h, keys.device))
+            for bag, c, h in zip(self.tables, self.starts, self.hotness, strict=True)
+        ], dim=1)  # fmt: skip
+
+    def forward(self, dense: torch.Tensor, sparse: torch.Tensor) -> torch.Tensor:
+        """``dense`` ``[B, 13]`` and ``sparse`` ``[B, K]`` (the samples contract's names)."""
         x = dense
         for layer, relu in zip(self.bottom, self.bottom_relu, strict=True):
             x = layer(x)
             if relu:
                 x = torch.relu(x)
-        batch = keys.shape[0]
-        pooled = [
-            bag(keys[:, c : c + h].reshape(-1), self.offsets(batch, h, keys.device))
-            for bag, c, h in zip(self.tables, self.starts, self.hotness, strict=True)
-        ]
-        x0 = torch.cat([*pooled, x], dim=1)
+        x0 = torch.cat([self.pooled(sparse), x], dim=1)
         xl = x0
         for i in range(0, len(self.cross), 3):
             u, v, b = self.cross[i], self.cross[i + 1], self.cross[i + 2]
@@ -183,34 +187,17 @@ class HpsTablesDlrmV2(TorchDlrmV2):
                  for i, t in enumerate(config.tables)]  # fmt: skip
         self.collection = hps_torchrec.EmbeddingBagCollection(ps_json, model, specs)
 
-    def forward(self, dense: torch.Tensor, sparse: torch.Tensor) -> torch.Tensor:
-        """``dense`` ``[B, 13]`` and ``sparse`` ``[B, keys per sample]`` (the samples
-        contract's names: Triton passes them as keywords)."""
+    def pooled(self, keys: torch.Tensor) -> torch.Tensor:
+        """Every table's bags of ``keys``: one call of the collection."""
         from hps_core.jagged import KeyedJaggedTensor
 
-        keys = sparse
-        x = dense
-        for layer, relu in zip(self.bottom, self.bottom_relu, strict=True):
-            x = layer(x)
-            if relu:
-                x = torch.relu(x)
         batch = keys.shape[0]
         # TorchRec's layout: every sample's keys of table 0, then of table 1, ...
         values = torch.cat([keys[:, c : c + h].reshape(-1)
                             for c, h in zip(self.starts, self.hotness, strict=True)])  # fmt: skip
         lengths = torch.tensor(self.hotness, device=keys.device).repeat_interleave(batch)
         kjt = KeyedJaggedTensor.from_lengths_sync(keys=self.names, values=values, lengths=lengths)
-        x0 = torch.cat([self.collection(kjt).values(), x], dim=1)
-        xl = x0
-        for i in range(0, len(self.cross), 3):
-            u, v, b = self.cross[i], self.cross[i + 1], self.cross[i + 2]
-            xl = x0 * torch.addmm(b, xl @ u, v) + xl
-        z = xl
-        for layer, relu in zip(self.top, self.top_relu, strict=True):
-            z = layer(z)
-            if relu:
-                z = torch.relu(z)
-        return torch.sigmoid(z)
+        return self.collection(kjt).values()
 
 
 def hps_tables_dlrm_v2(ps_json: Path, model: str, device: str = "cpu") -> HpsTablesDlrmV2:
