@@ -75,8 +75,8 @@ def is_table_weight(key: str) -> bool:
     return len(parts) >= 3 and parts[-1] == "weight" and parts[-3] in _TABLE_WEIGHT_PARTS
 
 
-def dense_weights(state_dict: Path) -> tuple[bytes, int]:
-    """The bytes of a state dict without its tables' weights, and how many were left out.
+def dense_weights(state_dict: Path) -> bytes:
+    """The bytes of a state dict without its tables' weights.
 
     Raises:
         ModelFileError: the file cannot be read as a state dict.
@@ -87,7 +87,7 @@ def dense_weights(state_dict: Path) -> tuple[bytes, int]:
     dense = {k: v for k, v in state.items() if not is_table_weight(k)}
     buffer = io.BytesIO()
     torch.save(dense, buffer)
-    return buffer.getvalue(), len(state) - len(dense)
+    return buffer.getvalue()
 
 
 def write_torch_model(
@@ -147,8 +147,7 @@ def write_torch_model(
         params.append((HPS_MODEL_PARAMETER, hps_model))
     if files.state_dict is not None:
         params.append((STATE_DICT_PARAMETER, DENSE_WEIGHTS))
-        weights, _ = dense_weights(files.state_dict)
-        write_file(version_dir / DENSE_WEIGHTS, weights)
+        write_file(version_dir / DENSE_WEIGHTS, dense_weights(files.state_dict))
     io_spec = ModelIO(inputs=tuple(inputs), outputs=tuple(outputs))
     # Triton's warm-up adds the batch dimension (batch_size 1) to these dims.
     warmup = [WarmupInput(s.name, s.dims, s.name) for s in inputs]

@@ -22,6 +22,21 @@ from hps_core.model_check import check_ps_json
 from hps_core.triton_repo import InstanceGroup, ServingOptions, write_repository
 
 
+def serving_options(
+    args: argparse.Namespace, max_batch_size: int, freeze_sparse: bool = False
+) -> ServingOptions:
+    """The batching and placement of ``--instances``, ``--kind``, ``--gpus``, ``--no-warmup``
+    and ``--private-gpu-caches`` (``hps repo`` and ``hps repo-torch`` take them alike)."""
+    gpus = tuple(int(g) for g in args.gpus.split(",")) if args.gpus else ()
+    return ServingOptions(
+        max_batch_size=max_batch_size,
+        instances=(InstanceGroup(args.instances, args.kind, gpus),),
+        warmup=not args.no_warmup,
+        share_gpu_cache=not args.private_gpu_caches,
+        freeze_sparse=freeze_sparse,
+    )
+
+
 def run(args: argparse.Namespace) -> int:
     """Check the ps.json, then write one model folder per model."""
     report = check_ps_json(args.ps_json)
@@ -29,14 +44,7 @@ def run(args: argparse.Namespace) -> int:
         for problem in report.problems:
             print(problem, file=sys.stderr)
         return 1
-    gpus = tuple(int(g) for g in args.gpus.split(",")) if args.gpus else ()
-    options = ServingOptions(
-        max_batch_size=args.max_batch_size,
-        instances=(InstanceGroup(args.instances, args.kind, gpus),),
-        warmup=not args.no_warmup,
-        share_gpu_cache=not args.private_gpu_caches,
-        freeze_sparse=args.freeze_sparse,
-    )
+    options = serving_options(args, args.max_batch_size, freeze_sparse=args.freeze_sparse)
     try:
         folders = write_repository(args.ps_json, args.out_dir, options, version=args.version)
     except ConfigError as exc:

@@ -15,10 +15,10 @@ from pathlib import Path
 
 import numpy as np
 
+from hps_core.cli.repo import serving_options
 from hps_core.config import load_ps_config
 from hps_core.errors import ConfigError, HPSError
 from hps_core.infer.model_io import TensorSpec
-from hps_core.triton_repo import InstanceGroup, ServingOptions
 
 _DTYPES = {"fp32": np.float32, "fp16": np.float16, "int32": np.int32, "int64": np.int64}
 
@@ -52,7 +52,6 @@ def run(args: argparse.Namespace) -> int:
     files = TorchModelFiles(
         Path(module_file), factory or "build", Path(args.state_dict) if args.state_dict else None
     )
-    gpus = tuple(int(g) for g in args.gpus.split(",")) if args.gpus else ()
     batch = args.max_batch_size
     if batch is None:  # the ps.json model's: its GPU caches are sized for it
         try:
@@ -60,12 +59,7 @@ def run(args: argparse.Namespace) -> int:
         except HPSError as exc:
             print(exc, file=sys.stderr)
             return 1
-    options = ServingOptions(
-        max_batch_size=batch,
-        instances=(InstanceGroup(args.instances, args.kind, gpus),),
-        warmup=not args.no_warmup,
-        share_gpu_cache=not args.private_gpu_caches,
-    )
+    options = serving_options(args, batch)
     outputs = args.output or [tensor_spec("score:fp32:1")]
     try:
         folder = write_torch_model(
