@@ -418,6 +418,27 @@ def _open_redis(config: VolatileDBConfig) -> BackingStore:
     return RedisClusterStore(config)
 
 
+_READ_ONLY_OPENS = 8  # tries of one read-only open; their waits add up to about 1.4 s
+
+
+def _open_read_only(config: PersistentDBConfig) -> Any:
+    """A read-only RocksDB handle, opened again while another process writes the database.
+
+    A read-only open lists the database's files, then opens them; a writer's flush or
+    compaction in between deletes some (RocksDB then says a file or a column family is
+    missing). Waiting a moment and opening again sees the writer's new set. A database that
+    still cannot be opened at the last try is reported in RocksDB's own words.
+    """
+    from hps_core.tiers.rocks_store import RocksStore
+
+    for attempt in range(1, _READ_ONLY_OPENS):
+        try:
+            return RocksStore(config)
+        except ModelFileError:
+            time.sleep(0.05 * attempt)
+    return RocksStore(config)
+
+
 class _RocksReader:
     """A read-only RocksDB handle of one database in this process, reopened on demand.
 
@@ -443,10 +464,8 @@ class _RocksReader:
 
     def reopen(self) -> Any:
         """Open a fresh read-only handle (the previous one is kept until :meth:`close`)."""
-        from hps_core.tiers.rocks_store import RocksStore
-
         with self._lock:
-            fresh = RocksStore(self.config)
+            fresh = _open_read_only(self.config)
             if self._current is not None:
                 self._retired.append(self._current)
             self._current = fresh
@@ -551,7 +570,10 @@ def _ensure_rocks_table(
             )
         return
     digest = source_digest(table)
-    current = reader.current()
+    try:
+        current = reader.current()
+    except ModelFileError:  # still unreadable: the marker is read under the load lock below
+        current = None
     if current is not None and read_marker(current, tag) == digest:
         return  # loaded before (by this or another process, now or before a restart)
     from hps_core.tiers.rocks_store import RocksStore
@@ -578,8 +600,10 @@ def _ensure_rocks_table(
                 )
         finally:
             writer.close()
+        try:
+            reader.reopen()  # under the lock: no other loader writes while it opens
+        finally:
             lock.unlink(missing_ok=True)  # still held: a waiter re-creates it
-    reader.reopen()
 
 
 def _fill_redis(
