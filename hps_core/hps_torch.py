@@ -314,7 +314,7 @@ def looked_up_many(
         model: the model's name.
         device: where the keys are (and the answers will be).
         queries: :class:`~hps_core.lookup.TableQuery` s of int64 PyTorch tensors (keys and
-            offsets) on ``device``.
+            offsets) on ``device``; on the CPU NumPy arrays are taken as well.
         dims: each query's table width.
 
     Returns:
@@ -323,9 +323,7 @@ def looked_up_many(
     if device.type != "cuda":
         lookup = hps.model(model, None)
         host = [
-            dataclasses.replace(
-                q, keys=q.keys.numpy(), offsets=None if q.offsets is None else q.offsets.numpy()
-            )
+            dataclasses.replace(q, keys=_numpy(q.keys), offsets=_numpy(q.offsets))
             for q in queries
         ]
         return [torch.from_numpy(a) for a in lookup.lookup_queries(host)]
@@ -349,3 +347,8 @@ def looked_up_many(
         ]
         lookup.lookup_queries(on_gpu, [cupy.from_dlpack(o) for o in outs])
     return outs
+
+
+def _numpy(array: Any) -> Any:
+    """A CPU tensor as NumPy (no copy); NumPy arrays and None as they are."""
+    return array.numpy() if isinstance(array, torch.Tensor) else array

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from hps_core.errors import RequestError
@@ -157,21 +158,27 @@ class _Collection(torch.nn.Module):
         if weighted and weights is None:
             raise RequestError(f"{self.kind}: a weighted collection needs weights")
         samples = int(features.stride())
+        values, offsets = values.to(torch.int64), features.offsets().to(torch.int64)
+        if not values.is_cuda:
+            # Host keys are cut as NumPy arrays: a slice of one costs a tenth of a tensor's,
+            # and the host tier reads NumPy (a model of 26 tables cuts 26 of each per call).
+            values, offsets = values.numpy(), offsets.numpy()
+            weights = None if weights is None else weights.numpy()
         return _TableKeys.gather(
-            self.tables, where, samples, list(features.offset_per_key()),
-            values.to(torch.int64), features.offsets().to(torch.int64), weights,
-            _one_lengths(features.lengths(), len(keys), samples),
+            self.tables, where, samples, list(features.offset_per_key()), values, offsets,
+            weights, _one_lengths(features.lengths(), len(keys), samples),
         )  # fmt: skip
 
 
 @dataclass
 class _TableKeys:
-    """The keys of one table's features, back to back, and their bags (offsets from 0)."""
+    """The keys of one table's features, back to back, and their bags (offsets from 0):
+    NumPy arrays for host keys, tensors on the keys' device otherwise."""
 
     spec: TableSpec
-    keys: torch.Tensor
-    offsets: torch.Tensor
-    weights: torch.Tensor | None
+    keys: Any
+    offsets: Any
+    weights: Any
     counts: list[int]  # keys per feature
     samples: int
     hotness: int | None = None  # every bag's length, where they are all one (host keys)
@@ -183,11 +190,12 @@ class _TableKeys:
         where: dict[str, int],
         samples: int,
         starts: list[int],
-        values: torch.Tensor,
-        offsets: torch.Tensor,
-        weights: torch.Tensor | None,
+        values: Any,
+        offsets: Any,
+        weights: Any,
         one_lengths: list[int | None],
     ) -> list[_TableKeys]:
+        cat = np.concatenate if isinstance(values, np.ndarray) else torch.cat
         found = []
         for spec in tables:
             keys, bags, scales, counts, base = [], [], [], [], 0
@@ -205,9 +213,9 @@ class _TableKeys:
             found.append(
                 cls(
                     spec,
-                    keys[0] if len(keys) == 1 else torch.cat(keys),
-                    bags[0] if len(bags) == 1 else torch.cat(bags),
-                    None if weights is None else torch.cat(scales),
+                    keys[0] if len(keys) == 1 else cat(keys),
+                    bags[0] if len(bags) == 1 else cat(bags),
+                    None if weights is None else cat(scales),
                     counts,
                     samples,
                     lengths.pop() if len(lengths) == 1 else None,
@@ -228,10 +236,10 @@ class _TableKeys:
         """Each bag's rows scaled by their weights and summed."""
         bags = int(self.offsets.shape[0]) - 1
         bag_of = torch.repeat_interleave(
-            torch.arange(bags, device=rows.device), torch.diff(self.offsets),
+            torch.arange(bags, device=rows.device), torch.diff(torch.as_tensor(self.offsets)),
             output_size=int(rows.shape[0]),
         )  # fmt: skip
-        scaled = rows * self.weights.to(rows.dtype).reshape(-1, 1)
+        scaled = rows * torch.as_tensor(self.weights).to(rows.dtype).reshape(-1, 1)
         out = torch.zeros((bags, rows.shape[1]), dtype=rows.dtype, device=rows.device)
         return out.index_add_(0, bag_of, scaled)
 
@@ -388,7 +396,8 @@ class EmbeddingCollection(_Collection):
         for g, rows in self._looked_up(features, False):
             base = 0
             for j, (name, count) in enumerate(zip(g.spec.feature_names, g.counts, strict=True)):
-                offsets = g.offsets[j * g.samples : (j + 1) * g.samples + 1] - base
+                offsets = torch.as_tensor(g.offsets[j * g.samples : (j + 1) * g.samples + 1])
+                offsets = offsets - base
                 found[name] = JaggedTensor(
                     values=rows[base : base + count], lengths=torch.diff(offsets), offsets=offsets
                 )

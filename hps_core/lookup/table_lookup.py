@@ -312,27 +312,42 @@ def lookup_together(lookups: Sequence[HostTableLookup], keys: Sequence[Any]) -> 
     for k in flat:
         if k.dtype != np.int64:
             raise TypeError(f"keys must be int64, got {k.dtype}")
-    spans = list(itertools.pairwise(itertools.accumulate((len(k) for k in flat), initial=0)))
+    sizes = [len(k) for k in flat]
+    spans = list(itertools.pairwise(itertools.accumulate(sizes, initial=0)))
     hashes = mix64(np.concatenate(flat) if flat else np.empty(0, np.int64))
-    rows, unknown = [], []
+    rows, found = [], []
     for lookup, (a, b) in zip(lookups, spans, strict=True):
-        values, found = lookup.host.lookup_hashed(hashes[a:b])
+        values, known = lookup.host.lookup_hashed(hashes[a:b])
         rows.append(values)
-        unknown.append(0 if found.all() else _distinct_count(hashes[a:b][~found]))
-    # Distinct keys of each table (mix64 is a bijection): its hashes sorted in place, then
-    # the changes between neighbours found for every table in one pass.
-    ordered = hashes.copy()
-    for a, b in spans:
-        ordered[a:b].sort()
-    changes = np.ones(len(ordered), dtype=bool)
-    changes[1:] = ordered[1:] != ordered[:-1]
+        found.append(known)
+    distinct, unknown = _distinct_per_table(hashes, sizes, found)
     seconds = time.perf_counter() - start
-    total = max(len(ordered), 1)
-    for lookup, (a, b), u in zip(lookups, spans, unknown, strict=True):
-        # A table's first key is new whatever the table before it ended with.
-        distinct = int(np.count_nonzero(changes[a + 1 : b])) + 1 if b > a else 0
-        lookup._count(b - a, distinct, u, seconds * (b - a) / total)
+    total = max(len(hashes), 1)
+    for lookup, n, d, u in zip(lookups, sizes, distinct, unknown, strict=True):
+        lookup._count(n, d, u, seconds * n / total)
     return rows
+
+
+def _distinct_per_table(
+    hashes: np.ndarray, sizes: list[int], found: list[np.ndarray]
+) -> tuple[list[int], list[int]]:
+    """Per table, its distinct keys and distinct unknown keys, the tables' hashes given back
+    to back (``sizes[t]`` of table ``t``): counted for every table in a fixed number of NumPy
+    calls (mix64 is a bijection, so distinct hashes are distinct keys)."""
+    table_of = np.repeat(np.arange(len(sizes)), sizes)
+    order = np.lexsort((hashes, table_of))  # each table's hashes sorted, tables kept in place
+    ordered = hashes[order]
+    bounds = np.cumsum([0, *sizes])
+    first = np.ones(len(ordered), dtype=bool)  # the first of each run of one key
+    first[1:] = ordered[1:] != ordered[:-1]
+    first[bounds[:-1][np.asarray(sizes) > 0]] = True  # a table's first key is new
+    unknown_first = first & ~np.concatenate(found)[order] if found else first
+    # Each table's count: the running count at its end less that at its start.
+    runs = np.zeros((2, len(first) + 1), np.int64)
+    np.cumsum(first, out=runs[0, 1:])
+    np.cumsum(unknown_first, out=runs[1, 1:])
+    distinct, unknown = runs[:, bounds[1:]] - runs[:, bounds[:-1]]
+    return distinct.tolist(), unknown.tolist()
 
 
 def _distinct_count(keys: np.ndarray) -> int:

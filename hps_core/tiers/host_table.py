@@ -48,6 +48,7 @@ from hps_core.formats.uris import ModelPath, model_path
 from hps_core.hashing import unmix64
 from hps_core.quant import StoragePrecision
 from hps_core.tiers.hash_layout import (
+    SEARCH_KEYS,
     DuplicateKeysError,
     HashLayout,
     build_index,
@@ -341,10 +342,30 @@ class SharedHostTable:
         Returns:
             ``(values, found)`` as :meth:`lookup` returns them.
         """
+        if 0 < hashes.size <= SEARCH_KEYS and self.rows and self.row_format.is_identity:
+            return self._few_hashed(hashes, out)
         entries = find_hashes(self.layout, self._hashes, self._starts, hashes)
         rows = entry_rows(self._positions, entries)
         found = rows >= 0
         return self._values_of(rows, found, out), found
+
+    def _few_hashed(
+        self, hashes: np.ndarray, out: np.ndarray | None
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`lookup_hashed` of a few keys of a non-empty FP32 table, in six NumPy calls
+        where the general path takes sixteen: a model of many tables asked for one sample's
+        keys spends its time in the calls' fixed cost, not in the work."""
+        # The hashes are sorted over the whole table. A key past the last row lands on the
+        # padding entry (hash 0), which only a hash of 0 could equal, and a hash of 0 lands
+        # on row 0, never past the end.
+        pos = np.searchsorted(self._hashes[: self.rows], hashes)
+        found = self._hashes[pos] == hashes
+        rows = pos if self._positions is None else self._positions.take(pos, mode="clip")
+        if found.all():
+            if out is None:
+                return self._values[rows], found
+            return np.take(self._values, rows, axis=0, out=out), found
+        return self._values_of(np.where(found, rows, -1), found, out), found
 
     def _values_of(self, rows: np.ndarray, found: np.ndarray, out: np.ndarray | None) -> np.ndarray:
         """The float32 vectors of the found ``rows`` (the default vector elsewhere)."""
