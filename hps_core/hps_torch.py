@@ -27,6 +27,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from hps_core.errors import RequestError
@@ -322,10 +323,7 @@ def looked_up_many(
     """
     if device.type != "cuda":
         lookup = hps.model(model, None)
-        host = [
-            dataclasses.replace(q, keys=_numpy(q.keys), offsets=_numpy(q.offsets))
-            for q in queries
-        ]
+        host = [_host_query(q) for q in queries]
         return [torch.from_numpy(a) for a in lookup.lookup_queries(host)]
     import cupy
 
@@ -349,6 +347,13 @@ def looked_up_many(
     return outs
 
 
-def _numpy(array: Any) -> Any:
-    """A CPU tensor as NumPy (no copy); NumPy arrays and None as they are."""
-    return array.numpy() if isinstance(array, torch.Tensor) else array
+def _host_query(query: TableQuery) -> TableQuery:
+    """``query`` with its CPU tensors as NumPy arrays (no copy)."""
+    if isinstance(query.keys, torch.Tensor) or isinstance(query.offsets, torch.Tensor):
+        offsets = query.offsets
+        return dataclasses.replace(
+            query,
+            keys=np.asarray(query.keys),
+            offsets=None if offsets is None else np.asarray(offsets),
+        )
+    return query
