@@ -63,24 +63,28 @@ def peer_folder(repo: Path, model: str, ps_json: Path) -> str:
     return name
 
 
-def measure(name: str, url: str, data: Path, levels: list[int], args, extra: list[str]):
-    """perf_analyzer at each concurrency after a warm-up run (fills caches and CUDA-graph
-    buckets; its latencies drift, so no stability is asked of it); a measurement that does
-    not stabilise is repeated with twice the tolerance."""
+def measure(
+    name: str, url: str, data: Path, levels: list[int], args, extra: list[str], batch: int = 1
+):
+    """perf_analyzer at each concurrency, ``batch`` samples a request, after a warm-up run
+    (fills caches and CUDA-graph buckets; its latencies drift, so no stability is asked of
+    it); a measurement that does not stabilise is repeated with twice the tolerance."""
     with contextlib.suppress(PerfAnalyzerError):
         run_perf_analyzer(
             name, url, "grpc", data, [max(levels)], measurement_ms=args.window_ms,
             stability_percent=100.0, max_trials=3, extra_args=extra,
+            batch_size=batch,
         )  # fmt: skip
     try:
         return run_perf_analyzer(
             name, url, "grpc", data, levels, measurement_ms=args.window_ms,
-            stability_percent=args.stability, extra_args=extra,
+            stability_percent=args.stability, extra_args=extra, batch_size=batch,
         )  # fmt: skip
     except PerfAnalyzerError:
         return run_perf_analyzer(
             name, url, "grpc", data, levels, measurement_ms=args.window_ms,
             stability_percent=2 * args.stability, extra_args=extra,
+            batch_size=batch,
         )  # fmt: skip
 
 

@@ -109,7 +109,7 @@ def main() -> None:
                     found, log = run_perf_analyzer(
                         model, url, protocol, inputs[model], levels,
                         measurement_ms=args.window_ms, stability_percent=args.stability,
-                        extra_args=["-b", str(batch)],
+                        batch_size=batch,
                     )  # fmt: skip
                     results += [(model, batch, r) for r in found]
                     logs.append(log)

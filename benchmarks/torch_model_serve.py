@@ -138,7 +138,7 @@ def main() -> None:
                 diff = float(np.abs(got.reshape(want.shape) - want).max())
                 assert diff <= 1e-4, f"{samples} samples: the models' scores differ by {diff}"
                 for name in (samples_model, torch_model):
-                    found, log = measure(name, url, data, levels, args, ["-b", str(samples)])
+                    found, log = measure(name, url, data, levels, args, [], samples)
                     logs.append(log)
                     for r in found:
                         results.append(dict(

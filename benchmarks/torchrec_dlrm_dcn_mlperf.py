@@ -341,11 +341,11 @@ def main() -> int:
                 # Windows of at least --window-requests requests (perf_analyzer's count
                 # windows): a short time window holds too few 256-sample requests on 2 cores
                 # for p99 to settle.
-                extra = ["-b", str(samples), "--measurement-mode", "count_windows",
+                extra = ["--measurement-mode", "count_windows",
                          "--measurement-request-count", str(args.window_requests)]  # fmt: skip
                 stable = True
                 try:
-                    found, log = measure(MODEL, server.grpc_url, data, levels, args, extra)
+                    found, log = measure(MODEL, server.grpc_url, data, levels, args, extra, samples)
                 except PerfAnalyzerError as exc:  # noisy machine: one unchecked measurement
                     first = str(exc).splitlines()[0]
                     print(f"{samples} samples: no stable measurement ({first}); measured "
@@ -354,7 +354,7 @@ def main() -> int:
                     found, log = run_perf_analyzer(
                         MODEL, server.grpc_url, "grpc", data, levels,
                         measurement_ms=args.window_ms, stability_percent=100.0, max_trials=3,
-                        extra_args=extra,
+                        extra_args=extra, batch_size=samples,
                     )  # fmt: skip
                 logs.append(log)
                 for r in found:

@@ -52,6 +52,7 @@ def run_perf_analyzer(
     max_trials: int = 10,
     extra_args: Sequence[str] = (),
     timeout_s: float = 600.0,
+    batch_size: int = 1,
 ) -> tuple[list[PerfResult], str]:
     """Measure ``model`` at each concurrency with perf_analyzer.
 
@@ -66,6 +67,8 @@ def run_perf_analyzer(
         max_trials: windows tried before perf_analyzer gives up on stability.
         extra_args: further perf_analyzer options.
         timeout_s: kill perf_analyzer after this long.
+        batch_size: samples of ``input_data`` a request (``-b``; its inferences/s count
+            samples).
 
     Returns:
         The results, one per concurrency, and perf_analyzer's output.
@@ -80,7 +83,7 @@ def run_perf_analyzer(
         for level in concurrency:
             args = pa.command(
                 "-m", model, "-u", url, "-i", protocol, "--input-data", str(input_data),
-                "-b", "1", "--concurrency-range", str(level),
+                "-b", str(batch_size), "--concurrency-range", str(level),
                 "--measurement-interval", str(measurement_ms),
                 "--stability-percentage", str(stability_percent),
                 "--max-trials", str(max_trials), "--percentile", "99", "-f", str(report),

@@ -298,8 +298,8 @@ def test_perf_analyzer_batches_samples(served, tmp_path: Path) -> None:
     results, output = run_perf_analyzer(
         "dlrm_samples", url, "grpc", data, concurrency=[2],
         measurement_ms=500, stability_percent=999, max_trials=3,
-        extra_args=["-b", "8", "--measurement-mode", "count_windows",
-                    "--measurement-request-count", "30"],
+        batch_size=8,
+        extra_args=["--measurement-mode", "count_windows", "--measurement-request-count", "30"],
     )  # fmt: skip
     assert results[0].throughput > 0
     assert "error" not in output.lower(), output

@@ -45,6 +45,7 @@ MAX_BATCH = 64
 def _example(name: str):
     spec = importlib.util.spec_from_file_location(f"{name}_example", EXAMPLES / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # as load_module does: dataclasses look it up by name
     spec.loader.exec_module(module)
     return module
 
