@@ -29,10 +29,12 @@ from typing import Any
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
 from hps_core.errors import RequestError
 from hps_core.hps import HPS, init
-from hps_core.lookup.model_lookup import TableQuery
+from hps_core.lookup.model_lookup import ModelLookup, TableQuery
+from hps_core.lookup.table_lookup import HostTableLookup
 from hps_core.nn.layers.embedding import Combiner
 
 __all__ = ["EmbeddingBag", "LookupLayer", "init"]
@@ -322,9 +324,7 @@ def looked_up_many(
         Per query, float32 ``[bags, dim]`` on ``device``.
     """
     if device.type != "cuda":
-        lookup = hps.model(model, None)
-        host = [_host_query(q) for q in queries]
-        return [torch.from_numpy(a) for a in lookup.lookup_queries(host)]
+        return _looked_up_on_host(hps.model(model, None), [_host_query(q) for q in queries])
     import cupy
 
     index = device.index if device.index is not None else torch.cuda.current_device()
@@ -345,6 +345,63 @@ def looked_up_many(
         ]
         lookup.lookup_queries(on_gpu, [cupy.from_dlpack(o) for o in outs])
     return outs
+
+
+FUSED_KEYS = 1024
+"""From this many keys a pooled host query is gathered and pooled by PyTorch's
+``embedding_bag`` straight from the host tier's array (one pass, no copy of a row per key);
+fewer keys of many tables cost less read together (``ModelLookup.lookup_queries``)."""
+
+
+def _looked_up_on_host(lookup: ModelLookup, queries: list[TableQuery]) -> list[torch.Tensor]:
+    """Host queries' answers: large pooled ones fused where their table's rows can be read
+    in place, the others through the model's lookup."""
+    answers: list[torch.Tensor | None] = [None] * len(queries)
+    for i, query in enumerate(queries):
+        if query.combiner is not None and int(query.keys.shape[0]) >= FUSED_KEYS:
+            query = lookup.checked(query)
+            table = lookup.table(query.table)
+            placed = table.rows_in_place(query.keys) if isinstance(table, HostTableLookup) else None
+            if placed is not None:
+                answers[i] = _pooled_in_place(*placed, query, table.host.default_value)
+    rest = [i for i, a in enumerate(answers) if a is None]
+    if rest:
+        found = lookup.lookup_queries([queries[i] for i in rest])
+        for i, array in zip(rest, found, strict=True):
+            answers[i] = torch.from_numpy(array)
+    return answers  # type: ignore[return-value]
+
+
+def _pooled_in_place(
+    values: np.ndarray, rows: np.ndarray, found: np.ndarray, query: TableQuery, default: float
+) -> torch.Tensor:
+    """``query``'s bags pooled by ``embedding_bag`` from the host tier's own ``values`` at
+    ``rows``; an unknown key (not ``found``) adds the default vector, as a row of it would."""
+    weight = torch.from_numpy(values)
+    known = bool(found.all())
+    index = torch.from_numpy(rows if known else np.where(found, rows, 0))
+    scale = None if known else torch.from_numpy(found.astype(np.float32))
+    if query.offsets is None:
+        hotness = int(query.hotness or 1)
+        bags = index.reshape(-1, hotness)
+        pooled = F.embedding_bag(bags, weight, mode="sum", per_sample_weights=
+                                 None if scale is None else scale.reshape(-1, hotness))  # fmt: skip
+        lengths = np.full(bags.shape[0], hotness)
+        unknown = None if known else (~found).reshape(-1, hotness).sum(axis=1)
+    else:
+        offsets = np.asarray(query.offsets)
+        pooled = F.embedding_bag(index, weight, torch.from_numpy(offsets), mode="sum",
+                                 per_sample_weights=scale, include_last_offset=True)  # fmt: skip
+        lengths = np.diff(offsets)
+        unknown = None
+        if not known:
+            missing = np.concatenate([[0], np.cumsum(~found)])
+            unknown = missing[offsets[1:]] - missing[offsets[:-1]]
+    if unknown is not None and unknown.any():
+        pooled += torch.from_numpy((unknown * np.float32(default)).astype(np.float32))[:, None]
+    if query.combiner is Combiner.MEAN:
+        pooled /= torch.from_numpy(np.maximum(lengths, 1).astype(np.float32))[:, None]
+    return pooled
 
 
 def _host_query(query: TableQuery) -> TableQuery:

@@ -456,7 +456,7 @@ class ModelLookup:
             RequestError: a table id out of range, or keys, hotness or offsets that do not
                 fit.
         """
-        queries = [self._checked(q) for q in queries]
+        queries = [self.checked(q) for q in queries]
         outs = list(outs) if outs is not None else [None] * len(queries)
         if len(outs) != len(queries):
             raise RequestError(f"got {len(outs)} outputs for {plural(len(queries), 'query')}")
@@ -484,8 +484,19 @@ class ModelLookup:
                 return [engine.lookup([q], [o])[0] for q, o in zip(queries, outs, strict=True)]
             return [self._per_table(q, o) for q, o in zip(queries, outs, strict=True)]
 
-    def _checked(self, query: TableQuery) -> TableQuery:
-        """``query`` once its table exists and its bags fit its keys (host offsets as int64)."""
+    def checked(self, query: TableQuery) -> TableQuery:
+        """``query`` once its table exists and its bags fit its keys (host offsets as int64).
+
+        Args:
+            query: a lookup of this model.
+
+        Returns:
+            The query, its host offsets as checked int64.
+
+        Raises:
+            RequestError: a table id out of range, or keys, hotness or offsets that do not
+                fit.
+        """
         self.table(query.table)  # rejects a table id out of range
         n = int(query.keys.shape[0])
         if query.combiner is None or query.offsets is not None:

@@ -226,6 +226,36 @@ class HostTableLookup:
         self._count(len(host_keys), distinct, unknown, time.perf_counter() - start)
         return rows, index
 
+    def rows_in_place(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+        """Where the rows of ``keys`` are in the host tier's own array, for a caller that
+        gathers and pools them in one pass (PyTorch's ``embedding_bag``) rather than copying
+        a row per key first. Counted as a lookup.
+
+        Args:
+            keys: 1-D int64 keys on the host.
+
+        Returns:
+            ``(values, rows, found)``: the tier's float32 ``[rows, dim]`` array (read only),
+            each key's row in it and a mask of known keys (the row of an unknown key is not
+            one to read: it gets the default vector); None where the rows cannot be read in
+            place (lower tiers below the host tier, compressed rows, a GPU lookup), and
+            nothing is counted then.
+        """
+        host = self.host
+        values = getattr(host, "values_in_place", None)
+        if values is None or self._tiered or self.xp is not np:
+            return None
+        start = time.perf_counter()
+        # Each distinct key is found once (hot keys repeat): hashing them out costs less
+        # than probing every repeat, and counts them.
+        unique, index = distinct_keys(keys)
+        unique_rows = host.find(unique)
+        rows = unique_rows[index]
+        found = rows >= 0
+        unknown = len(unique) - int(np.count_nonzero(unique_rows >= 0))
+        self._count(len(keys), len(unique), unknown, time.perf_counter() - start)
+        return values, rows, found
+
     def _rows(
         self, host_keys: np.ndarray, out: np.ndarray | None = None
     ) -> tuple[np.ndarray, np.ndarray | None, int, int]:

@@ -329,6 +329,13 @@ class SharedHostTable:
         rows, found = self._find_checked(keys)
         return self._values_of(rows, found, out), found
 
+    @property
+    def values_in_place(self) -> np.ndarray | None:
+        """The table's own float32 ``[rows, dim]`` array, which :meth:`find`'s rows index,
+        for a caller that gathers rows itself (read only); None where rows are stored
+        compressed (they need decoding)."""
+        return self._values if self.row_format.is_identity else None
+
     def lookup_hashed(
         self, hashes: np.ndarray, out: np.ndarray | None = None
     ) -> tuple[np.ndarray, np.ndarray]:

@@ -4,6 +4,7 @@ files' rows."""
 
 from __future__ import annotations
 
+import itertools
 import json
 from pathlib import Path
 
@@ -109,7 +110,8 @@ def _rows_of(keys: np.ndarray, rows: dict[int, int], unknown: int) -> torch.Tens
 
 
 @pytest.mark.parametrize("mode", ["sum", "mean"])
-def test_embedding_bag_pools_as_torch_does(tmp_path: Path, mode: str) -> None:
+@pytest.mark.parametrize("bags", [40, 600])  # below and above hps_torch.FUSED_KEYS keys
+def test_embedding_bag_pools_as_torch_does(tmp_path: Path, mode: str, bags: int) -> None:
     ps, data = write_models(tmp_path)
     table = data["wdl"][1]
     ours = hps_torch.EmbeddingBag(ps, "wdl", 1, 16, mode=mode)
@@ -117,11 +119,11 @@ def test_embedding_bag_pools_as_torch_does(tmp_path: Path, mode: str) -> None:
     unknown = len(table.vectors)
     rng = np.random.default_rng(8)
     # Fixed hotness: [B, h].
-    keys = table.queries(rng, 40 * 5)[: 40 * 5].reshape(40, 5)
+    keys = table.queries(rng, bags * 5)[: bags * 5].reshape(bags, 5)
     want = reference(_rows_of(keys, rows, unknown))
     torch.testing.assert_close(ours(torch.from_numpy(keys)), want, rtol=1e-5, atol=1e-5)
     # Jagged: 1-D keys with each bag's start (empty bags included).
-    lengths = rng.integers(0, 7, size=30)
+    lengths = rng.integers(0, 7, size=bags)
     lengths[:2] = 0
     starts = np.concatenate([[0], np.cumsum(lengths)[:-1]])
     flat = table.queries(rng, int(lengths.sum()))[: int(lengths.sum())]
@@ -136,6 +138,40 @@ def test_embedding_bag_pools_as_torch_does(tmp_path: Path, mode: str) -> None:
         weights2 = torch.ones(keys.shape)
         got = ours(torch.from_numpy(keys), per_sample_weights=weights2)
         torch.testing.assert_close(got, reference(_rows_of(keys, rows, unknown)))
+    HPS.close_all()
+
+
+@pytest.mark.parametrize("known_only", [True, False])
+def test_large_pooled_lookups_read_rows_in_place_as_the_reference(
+    tmp_path: Path, known_only: bool
+) -> None:
+    """A pooled lookup of at least FUSED_KEYS keys is pooled by embedding_bag from the host
+    tier's own rows: sums and means equal a float64 NumPy pooling of the files' rows (the
+    table's default vector for unknown keys, empty bags zero), and the table's counters count
+    its keys, distinct keys and distinct unknown keys as a row lookup would."""
+    ps, data = write_models(tmp_path)
+    table = data["wdl"][1]
+    rng = np.random.default_rng(11)
+    n = 3 * hps_torch.FUSED_KEYS
+    keys = rng.choice(table.keys, n) if known_only else table.queries(rng, n)[:n]
+    rows = table.expected(keys).astype(np.float64)
+    lengths = rng.integers(0, 5, size=n // 4)  # at most n keys in all
+    lengths[[0, 5, -1]] = 0
+    lengths[-2] += n - int(lengths.sum())  # the bags take every key
+    offsets = np.concatenate([[0], np.cumsum(lengths)])
+    summed = np.stack([rows[a:b].sum(axis=0) for a, b in itertools.pairwise(offsets)])
+    for mode in ("sum", "mean"):
+        bag = hps_torch.EmbeddingBag(ps, "wdl", 1, 16, mode=mode)
+        got = bag(torch.from_numpy(keys), torch.from_numpy(offsets[:-1]))
+        want = summed if mode == "sum" else summed / np.maximum(lengths, 1)[:, None]
+        np.testing.assert_allclose(got.numpy(), want, rtol=1e-5, atol=1e-5)
+        got = bag(torch.from_numpy(keys.reshape(-1, 8)))  # a fixed hotness of 8
+        want = rows.reshape(-1, 8, 16).sum(axis=1) / (1 if mode == "sum" else 8)
+        np.testing.assert_allclose(got.numpy(), want, rtol=1e-5, atol=1e-5)
+    [_, counters] = HPS(ps).model("wdl", None).counters()
+    distinct = set(keys.tolist())
+    assert (counters.keys, counters.unique_keys) == (4 * n, 4 * len(distinct))
+    assert counters.unknown_keys == 4 * len(distinct - table.rows.keys())
     HPS.close_all()
 
 
