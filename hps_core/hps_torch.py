@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -346,6 +347,10 @@ def looked_up_many(
         lookup.lookup_queries(on_gpu, [cupy.from_dlpack(o) for o in outs])
     return outs
 
+
+# The host tier's array is mapped read-only in processes that did not build it; PyTorch has
+# no read-only tensors and warns when given one, but embedding_bag only reads it.
+warnings.filterwarnings("ignore", "The given NumPy array is not writable", UserWarning, __name__)
 
 FUSED_KEYS = 1024
 """From this many keys a pooled host query is gathered and pooled by PyTorch's
