@@ -241,9 +241,11 @@ class HostTableLookup:
             place (lower tiers below the host tier, compressed rows, a GPU lookup), and
             nothing is counted then.
         """
-        host = self.host
-        values = getattr(host, "values_in_place", None)
-        if values is None or self._tiered or self.xp is not np:
+        if self._tiered or self.xp is not np:
+            return None
+        host = self.host  # the shared tier alone, as it is not a cascade
+        values = host.values_in_place
+        if values is None:
             return None
         start = time.perf_counter()
         # Each distinct key is found once (hot keys repeat): hashing them out costs less
