@@ -35,7 +35,7 @@ import torch.nn.functional as F
 from hps_core.errors import RequestError
 from hps_core.hps import HPS, init
 from hps_core.lookup.model_lookup import ModelLookup, TableQuery
-from hps_core.lookup.table_lookup import HostTableLookup
+from hps_core.lookup.table_lookup import HostTableLookup, InPlaceRows
 from hps_core.nn.layers.embedding import Combiner
 
 __all__ = ["EmbeddingBag", "LookupLayer", "init"]
@@ -368,7 +368,7 @@ def _looked_up_on_host(lookup: ModelLookup, queries: list[TableQuery]) -> list[t
             table = lookup.table(query.table)
             placed = table.rows_in_place(query.keys) if isinstance(table, HostTableLookup) else None
             if placed is not None:
-                answers[i] = _pooled_in_place(*placed, query, table.host.default_value)
+                answers[i] = _pooled_in_place(placed, query, table.dim)
     rest = [i for i, a in enumerate(answers) if a is None]
     if rest:
         found = lookup.lookup_queries([queries[i] for i in rest])
@@ -377,36 +377,41 @@ def _looked_up_on_host(lookup: ModelLookup, queries: list[TableQuery]) -> list[t
     return answers  # type: ignore[return-value]
 
 
-def _pooled_in_place(
-    values: np.ndarray, rows: np.ndarray, found: np.ndarray, query: TableQuery, default: float
+def _pooled_in_place(placed: InPlaceRows, query: TableQuery, dim: int) -> torch.Tensor:
+    """``query``'s bags pooled by ``embedding_bag`` from the shared host tier's own rows,
+    plus those of the keys it lacks (from the tiers below, or the default vector)."""
+    bags = query.bags
+    pooled = _summed(placed.values, placed.rows, query, bags, dim)
+    if len(placed.below):
+        pooled += _summed(placed.below, placed.below_index, query, bags, dim)
+    if query.combiner is Combiner.MEAN:
+        if query.offsets is None:
+            pooled /= float(query.hotness or 1)
+        else:
+            lengths = np.maximum(np.diff(np.asarray(query.offsets)), 1).astype(np.float32)
+            pooled /= torch.from_numpy(lengths)[:, None]
+    return pooled
+
+
+def _summed(
+    weight: np.ndarray, index: np.ndarray, query: TableQuery, bags: int, dim: int
 ) -> torch.Tensor:
-    """``query``'s bags pooled by ``embedding_bag`` from the host tier's own ``values`` at
-    ``rows``; an unknown key (not ``found``) adds the default vector, as a row of it would."""
-    weight = torch.from_numpy(values)
-    known = bool(found.all())
-    index = torch.from_numpy(rows if known else np.where(found, rows, 0))
-    scale = None if known else torch.from_numpy(found.astype(np.float32))
+    """Each bag's sum of ``weight``'s rows at ``index`` (``-1``: no row of it, counted as
+    zeros), float32 ``[bags, dim]``."""
+    taken = index >= 0
+    if not taken.any():
+        return torch.zeros((bags, dim), dtype=torch.float32)
+    every = bool(taken.all())
+    index_t = torch.from_numpy(index if every else np.where(taken, index, 0))
+    scale = None if every else torch.from_numpy(taken.astype(np.float32))
     if query.offsets is None:
         hotness = int(query.hotness or 1)
-        bags = index.reshape(-1, hotness)
-        pooled = F.embedding_bag(bags, weight, mode="sum", per_sample_weights=
-                                 None if scale is None else scale.reshape(-1, hotness))  # fmt: skip
-        lengths = np.full(bags.shape[0], hotness)
-        unknown = None if known else (~found).reshape(-1, hotness).sum(axis=1)
-    else:
-        offsets = np.asarray(query.offsets)
-        pooled = F.embedding_bag(index, weight, torch.from_numpy(offsets), mode="sum",
-                                 per_sample_weights=scale, include_last_offset=True)  # fmt: skip
-        lengths = np.diff(offsets)
-        unknown = None
-        if not known:
-            missing = np.concatenate([[0], np.cumsum(~found)])
-            unknown = missing[offsets[1:]] - missing[offsets[:-1]]
-    if unknown is not None and unknown.any():
-        pooled += torch.from_numpy((unknown * np.float32(default)).astype(np.float32))[:, None]
-    if query.combiner is Combiner.MEAN:
-        pooled /= torch.from_numpy(np.maximum(lengths, 1).astype(np.float32))[:, None]
-    return pooled
+        return F.embedding_bag(index_t.reshape(-1, hotness), torch.from_numpy(weight),
+                               mode="sum", per_sample_weights=
+                               None if scale is None else scale.reshape(-1, hotness))  # fmt: skip
+    offsets = torch.from_numpy(np.asarray(query.offsets))
+    return F.embedding_bag(index_t, torch.from_numpy(weight), offsets, mode="sum",
+                           per_sample_weights=scale, include_last_offset=True)  # fmt: skip
 
 
 def _host_query(query: TableQuery) -> TableQuery:

@@ -155,6 +155,24 @@ class TableCounters:
         )
 
 
+@dataclass
+class InPlaceRows:
+    """Where each key's row is, for a caller that gathers and pools rows itself.
+
+    Args:
+        values: the shared host tier's own float32 ``[rows, dim]`` array (read only).
+        rows: per key, its row in ``values``; ``-1`` where the shared tier lacks the key.
+        below: float32 ``[m, dim]`` vectors of the keys the shared tier lacks, as the tiers
+            below answered them (the default vector where none holds the key).
+        below_index: per key, its vector in ``below``; ``-1`` where ``rows`` has it.
+    """
+
+    values: np.ndarray
+    rows: np.ndarray
+    below: np.ndarray
+    below_index: np.ndarray
+
+
 class HostTableLookup:
     """Lookups straight from the host tier (the shared tier, or the cascade below it).
 
@@ -226,37 +244,38 @@ class HostTableLookup:
         self._count(len(host_keys), distinct, unknown, time.perf_counter() - start)
         return rows, index
 
-    def rows_in_place(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
-        """Where the rows of ``keys`` are in the host tier's own array, for a caller that
-        gathers and pools them in one pass (PyTorch's ``embedding_bag``) rather than copying
-        a row per key first. Counted as a lookup.
+    def rows_in_place(self, keys: np.ndarray) -> InPlaceRows | None:
+        """Where the rows of ``keys`` are, for a caller that gathers and pools them in one
+        pass (PyTorch's ``embedding_bag``) rather than copying a row per key first: in the
+        shared host tier's own array, or (keys it lacks) among the vectors the tiers below
+        answered. Counted as a lookup.
 
         Args:
             keys: 1-D int64 keys on the host.
 
         Returns:
-            ``(values, rows, found)``: the tier's float32 ``[rows, dim]`` array (read only),
-            each key's row in it and a mask of known keys (the row of an unknown key is not
-            one to read: it gets the default vector); None where the rows cannot be read in
-            place (lower tiers below the host tier, compressed rows, a GPU lookup), and
-            nothing is counted then.
+            The :class:`InPlaceRows`; None where rows cannot be read in place (compressed
+            rows, a GPU lookup), and nothing is counted then.
+
+        Raises:
+            TierUnavailableError: a lower tier that may hold some keys did not answer.
         """
-        if self._tiered or self.xp is not np:
-            return None
-        host = self.host  # the shared tier alone, as it is not a cascade
-        values = host.values_in_place
-        if values is None:
+        if self.xp is not np:
             return None
         start = time.perf_counter()
         # Each distinct key is found once (hot keys repeat): hashing them out costs less
         # than probing every repeat, and counts them.
         unique, index = distinct_keys(keys)
-        unique_rows = host.find(unique)
-        rows = unique_rows[index]
-        found = rows >= 0
-        unknown = len(unique) - int(np.count_nonzero(unique_rows >= 0))
+        placed = self.host.rows_in_place(unique)
+        if placed is None:
+            return None
+        values, unique_rows, below, found_below = placed
+        missing = unique_rows < 0
+        below_of = np.full(len(unique), -1, np.int64)
+        below_of[missing] = np.arange(len(below))
+        unknown = len(below) - int(np.count_nonzero(found_below))
         self._count(len(keys), len(unique), unknown, time.perf_counter() - start)
-        return values, rows, found
+        return InPlaceRows(values, unique_rows[index], below, below_of[index])
 
     def _rows(
         self, host_keys: np.ndarray, out: np.ndarray | None = None

@@ -292,6 +292,41 @@ class TieredTable:
 
     # --- lookups ---------------------------------------------------------------------------
 
+    def rows_in_place(
+        self, unique: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None:
+        """:meth:`SharedHostTable.rows_in_place` through the cascade: the keys the shared
+        tier lacks are read from the tiers below (the default vector where none holds them),
+        counted as :meth:`lookup` counts.
+
+        Args:
+            unique: distinct int64 keys.
+
+        Returns:
+            ``(values, rows, below, found_below)`` as the shared tier's, ``below`` from the
+            lower tiers; None where the rows are stored compressed.
+
+        Raises:
+            TierUnavailableError: as :meth:`lookup_lower`.
+        """
+        if not self.row_format.is_identity:
+            return None
+        if self.shared.rows:
+            placed = self.shared.rows_in_place(unique)
+            assert placed is not None  # the shared tier stores rows as the cascade does
+            values, rows = placed[0], placed[1]
+        else:  # the volatile level is Redis: nothing to probe here
+            values = np.empty((0, self.dim), np.float32)
+            rows = np.full(len(unique), -1, np.int64)
+        missing = np.flatnonzero(rows < 0)
+        if len(missing) < len(unique):
+            with self._lock:
+                self.counters.host_hits += len(unique) - len(missing)
+        if not len(missing):
+            return values, rows, np.empty((0, self.dim), np.float32), np.zeros(0, dtype=bool)
+        below, found = self.lookup_lower(unique[missing])
+        return values, rows, below, found
+
     def lookup(
         self, keys: np.ndarray, out: np.ndarray | None = None
     ) -> tuple[np.ndarray, np.ndarray]:

@@ -329,12 +329,28 @@ class SharedHostTable:
         rows, found = self._find_checked(keys)
         return self._values_of(rows, found, out), found
 
-    @property
-    def values_in_place(self) -> np.ndarray | None:
-        """The table's own float32 ``[rows, dim]`` array, which :meth:`find`'s rows index,
-        for a caller that gathers rows itself (read only); None where rows are stored
-        compressed (they need decoding)."""
-        return self._values if self.row_format.is_identity else None
+    def rows_in_place(
+        self, unique: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None:
+        """Where the rows of distinct keys are in the table's own array, for a caller that
+        gathers and pools them itself in one pass.
+
+        Args:
+            unique: distinct int64 keys.
+
+        Returns:
+            ``(values, rows, below, found_below)``: the table's float32 ``[rows, dim]``
+            array (read only), each key's row in it (``-1`` where the table lacks the key),
+            the vectors of the keys it lacks in their order (here the default vector) and
+            which of those some tier holds (here none); None where rows are stored
+            compressed (they need decoding).
+        """
+        if not self.row_format.is_identity:
+            return None
+        rows = self.find(unique)
+        missing = int(len(rows) - np.count_nonzero(rows >= 0))
+        below = np.repeat(self.default_stored[None], missing, axis=0)
+        return self._values, rows, below, np.zeros(missing, dtype=bool)
 
     def lookup_hashed(
         self, hashes: np.ndarray, out: np.ndarray | None = None

@@ -107,3 +107,32 @@ def test_without_lower_tiers_the_host_tier_is_counted_inline(tmp_path: Path) -> 
     assert (c.tier_host_hits, c.tier_default_keys) == (10, c.unknown_keys)
     assert c.tier_rocks_db_hits == c.tier_redis_cluster_hits == 0
     hps.close()
+
+
+@pytest.mark.parametrize("rate", [0.0, 0.3, 1.0])
+def test_rows_in_place_through_the_cascade_answer_and_count_as_lookups(
+    tmp_path: Path, rate: float
+) -> None:
+    """``HostTableLookup.rows_in_place`` (what ``hps_torch`` pools from in one pass): every
+    key's vector, read from the shared tier's own array where it holds the key and from the
+    tiers' answers below it otherwise, equals the file's row (the default for unknown keys),
+    and the tables' counters equal those of the same queries looked up row by row. With a
+    rate of 0 the shared tier holds nothing, as when Redis is the volatile level."""
+    cfg, reference = tiered_config(tmp_path, rate)
+    in_place, by_rows = ModelLookup(cfg, cfg.models[0]), ModelLookup(cfg, cfg.models[0])
+    for q in query_stream(reference, 6, 1500, seed=5):
+        placed = in_place.table(0).rows_in_place(q)
+        got = np.full((len(q), DIM), np.nan, np.float32)
+        shared = placed.rows >= 0
+        got[shared] = placed.values[placed.rows[shared]]
+        got[~shared] = placed.below[placed.below_index[~shared]]
+        assert ((placed.rows >= 0) != (placed.below_index >= 0)).all()  # one source a key
+        np.testing.assert_array_equal(got, expected(reference, q, DIM))
+        by_rows.lookup(0, q)
+    fused, rowwise = in_place.counters()[0], by_rows.counters()[0]
+    for name in ("lookups", "keys", "unique_keys", "unknown_keys", "tier_host_hits",
+                 "tier_rocks_db_hits", "tier_default_keys"):  # fmt: skip
+        assert getattr(fused, name) == getattr(rowwise, name), name
+    assert fused.tier_rocks_db_hits > 0 if rate < 1 else fused.tier_rocks_db_hits == 0
+    in_place.close()
+    by_rows.close()

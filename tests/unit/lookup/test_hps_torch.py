@@ -175,6 +175,33 @@ def test_large_pooled_lookups_read_rows_in_place_as_the_reference(
     HPS.close_all()
 
 
+def test_large_pooled_lookups_through_lower_tiers(tmp_path: Path) -> None:
+    """The in-place pooling of a table whose shared tier holds 30 % of its rows, RocksDB all
+    of them: bags mixing both, and unknown keys, equal a float64 pooling of the files' rows."""
+    rng = np.random.default_rng(12)
+    keys = rng.choice(np.arange(0, 10**8, 7), 5000, replace=False).astype(np.int64)
+    vectors = rng.standard_normal((len(keys), 8)).astype(np.float32)
+    write_sparse_table(tmp_path / "t0", keys, vectors)
+    ps = tmp_path / "ps.json"
+    ps.write_text(json.dumps({
+        "supportlonglong": True,
+        "volatile_db": {"type": "hash_map", "initial_cache_rate": 0.3},
+        "persistent_db": {"type": "rocks_db", "path": str(tmp_path / "db"), "num_threads": 2},
+        "models": [{"model": "m", "sparse_files": ["t0"], "embedding_vecsize_per_table": [8],
+                    "maxnum_catfeature_query_per_table_per_sample": [4],
+                    "deployed_device_list": [0], "default_value_for_each_table": [-0.5]}],
+    }))  # fmt: skip
+    rows = dict(zip(keys.tolist(), vectors.astype(np.float64), strict=True))
+    asked = rng.choice(np.concatenate([keys, [1, 2, 3]]), 4 * hps_torch.FUSED_KEYS)
+    want = np.stack([rows.get(k, np.full(8, -0.5)) for k in asked.tolist()])
+    got = hps_torch.EmbeddingBag(ps, "m", 0, 8, mode="mean")(torch.from_numpy(asked.reshape(-1, 4)))
+    np.testing.assert_allclose(got.numpy(), want.reshape(-1, 4, 8).mean(axis=1), rtol=1e-5,
+                               atol=1e-5)  # fmt: skip
+    counters = HPS(ps).model("m", None).counters()[0]
+    assert counters.tier_rocks_db_hits > 0 and counters.tier_host_hits > 0
+    HPS.close_all()
+
+
 def test_embedding_bag_refuses_what_torch_would(tmp_path: Path) -> None:
     ps, _ = write_models(tmp_path)
     with pytest.raises(ValueError, match="mode must be 'sum' or 'mean', got 'max'"):
