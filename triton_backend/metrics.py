@@ -10,7 +10,9 @@ The tiers of the host side (:mod:`hps_core.tiers.cascade`) add a ``tier`` label:
 answered; ``default``: keys no tier holds) and
 ``hps_tier_errors_total{tier="redis_cluster"|"rocks_db"}``; ``tier="overlay"`` counts keys
 answered by the rows online updates added, and ``hps_tier_evictions_total{tier="overlay"}`` the
-rows it evicted to stay within ``volatile_db.overflow_margin``. No label or value carries a
+rows it evicted to stay within ``volatile_db.overflow_margin``. Each tier below the shared one
+counts the lookups that reached it, ``hps_tier_lookups_total``, and their time,
+``hps_tier_duration_us_total`` (their ratio: a tier's time per lookup). No label or value carries a
 tier's address or credentials.
 
 Memory: ``hps_tier_bytes`` (a gauge, labels ``model``, ``table``, ``tier``, ``precision``,
@@ -27,7 +29,8 @@ Online updates (:mod:`hps_core.updates.apply`) are counted per instance by
 ``hps_update_malformed_total``, ``hps_update_errors_total``,
 ``hps_update_source_outages_total`` (times every Kafka broker became unreachable from the
 instance's process, said once in the log each time, :mod:`hps_core.updates.broker_watch`) and
-the gauge ``hps_update_source_reachable`` (0 during such an outage, else 1) (labels ``model``,
+the gauges ``hps_update_source_reachable`` (0 during such an outage, else 1) and
+``hps_update_consumer_lag`` (messages published and not read yet) (labels ``model``,
 ``device``, ``instance``).
 """
 
@@ -85,6 +88,14 @@ _TIER_COUNTERS = {
     "tier_refilled_keys": ("hps_tier_refilled_keys_total", "redis_cluster"),
     "tier_dropped_elevations": ("hps_tier_dropped_elevations_total", "redis_cluster"),
     "tier_overlay_evictions": ("hps_tier_evictions_total", "overlay"),
+    **{
+        f"tier_{kind}_{what}": (name, kind)
+        for kind in ("overlay", "redis_cluster", "rocks_db", "model_files")
+        for what, name in (
+            ("lookups", "hps_tier_lookups_total"),
+            ("seconds", "hps_tier_duration_us_total"),
+        )
+    },
 }
 _TIER_HELP = {
     "hps_tier_hits_total": "Keys answered by each host-side tier (default: no tier holds them)",
@@ -100,6 +111,11 @@ _TIER_HELP = {
     "hps_tier_refilled_keys_total": "Rows offered to refill a Redis cluster that lost them",
     "hps_tier_dropped_elevations_total": "Batches of such rows dropped (too many pending)",
     "hps_tier_evictions_total": "Rows a tier evicted to stay within volatile_db.overflow_margin",
+    "hps_tier_lookups_total": "Lookups that reached a tier below the shared host tier",
+    "hps_tier_duration_us_total": (
+        "Time the lookups of a tier below the shared host tier took (failed ones included), "
+        "microseconds"
+    ),
 }
 _LATENCY = ("hps_lookup_duration_us_total", "Time spent in lookups, microseconds")
 _HIT_RATE = ("hps_cache_hit_rate", "Cache hit rate of unique keys since start")
@@ -154,7 +170,7 @@ class LookupMetrics:
             for f in fields(TableCounters):
                 delta = getattr(now, f.name) - getattr(before, f.name)
                 if delta:
-                    scale = 1e6 if f.name == "seconds" else 1
+                    scale = 1e6 if f.name.endswith("seconds") else 1  # microseconds
                     self._metrics[t][f.name].increment(delta * scale)
             if now.hit_rate != before.hit_rate:
                 self._hit_rate[t].set(now.hit_rate)
@@ -232,6 +248,11 @@ _REACHABLE = (
     "hps_update_source_reachable",
     "Whether the Kafka brokers of the update source are reachable (0 during an outage)",
 )
+_LAG = (
+    "hps_update_consumer_lag",
+    "Update messages published that the instance's consumer has not read yet, summed over "
+    "its partitions (librdkafka's consumer_lag)",
+)
 
 
 def _increment(metrics: dict[str, Any], last: dict[str, int], now: Mapping[str, int]) -> None:
@@ -269,6 +290,12 @@ class UpdateMetrics:
         self._reachable = self._reachable_family.Metric(labels=labels)
         self._reachable.set(1)
         self._was_reachable = True
+        self._lag_family = pb_utils.MetricFamily(
+            name=_LAG[0], description=_LAG[1], kind=pb_utils.MetricFamily.GAUGE
+        )
+        self._lag = self._lag_family.Metric(labels=labels)
+        self._lag.set(0)
+        self._last_lag = 0
 
     def report(self, stats: Any) -> None:
         """Add the change since the last report, and set the reachability gauge.
@@ -280,6 +307,9 @@ class UpdateMetrics:
         if stats.reachable != self._was_reachable:
             self._reachable.set(int(stats.reachable))
             self._was_reachable = stats.reachable
+        if stats.lag >= 0 and stats.lag != self._last_lag:  # -1: not reported yet
+            self._lag.set(stats.lag)
+            self._last_lag = stats.lag
 
 
 _FAILED = (

@@ -86,6 +86,10 @@ class TableCounters:
         tier_refilled_keys: rows offered to refill a Redis cluster that lost them.
         tier_dropped_elevations: batches of such rows dropped because too many were pending.
         tier_overlay_evictions: rows the update overlay evicted (``overflow_margin``).
+        tier_overlay_lookups, tier_redis_cluster_lookups, tier_rocks_db_lookups,
+        tier_model_files_lookups: lookups that reached each tier below the shared one.
+        tier_overlay_seconds, tier_redis_cluster_seconds, tier_rocks_db_seconds,
+        tier_model_files_seconds: the time they took.
 
     The ``tier_*`` counters of a table with lower tiers come from its cascade
     (:class:`~hps_core.tiers.cascade.TierCounters`, every host-side lookup of the table,
@@ -122,6 +126,14 @@ class TableCounters:
     tier_refilled_keys: int = 0
     tier_dropped_elevations: int = 0
     tier_overlay_evictions: int = 0
+    tier_overlay_lookups: int = 0
+    tier_redis_cluster_lookups: int = 0
+    tier_rocks_db_lookups: int = 0
+    tier_model_files_lookups: int = 0
+    tier_overlay_seconds: float = 0.0
+    tier_redis_cluster_seconds: float = 0.0
+    tier_rocks_db_seconds: float = 0.0
+    tier_model_files_seconds: float = 0.0
 
     @property
     def hit_rate(self) -> float:

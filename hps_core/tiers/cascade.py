@@ -131,6 +131,10 @@ class TierCounters:
         overlay_evictions: rows the update overlay evicted to stay within
             ``volatile_db.overflow_margin`` (read from the overlay when a snapshot is taken).
         lower_seconds: time spent in lower tiers.
+        overlay_lookups, redis_cluster_lookups, rocks_db_lookups, model_files_lookups:
+            lookups that reached the tier (one per batch of keys asked of it).
+        overlay_seconds, redis_cluster_seconds, rocks_db_seconds, model_files_seconds:
+            time those lookups took, failed ones included.
     """
 
     host_hits: int = 0
@@ -149,6 +153,14 @@ class TierCounters:
     dropped_elevations: int = 0
     overlay_evictions: int = 0
     lower_seconds: float = 0.0
+    overlay_lookups: int = 0
+    redis_cluster_lookups: int = 0
+    rocks_db_lookups: int = 0
+    model_files_lookups: int = 0
+    overlay_seconds: float = 0.0
+    redis_cluster_seconds: float = 0.0
+    rocks_db_seconds: float = 0.0
+    model_files_seconds: float = 0.0
 
     def snapshot(self) -> TierCounters:
         """A copy, safe to read while lookups go on."""
@@ -444,6 +456,7 @@ class TieredTable:
         remaining = np.arange(len(unique))
         hits: dict[str, int] = {}
         errors: dict[str, int] = {}
+        took: dict[str, float] = {}  # kind -> seconds its lookups took
         written_back = 0
         for i, tier in enumerate(self.lower):
             if not len(remaining):
@@ -454,6 +467,7 @@ class TieredTable:
             lost = np.zeros(len(asked), dtype=bool) if store_reports_unanswered(store) else None
             extra = {} if lost is None else {"unanswered": lost}
             why = ""
+            asked_at = time.perf_counter()
             try:
                 # The overlay stores a compressed table's rows encoded already, as Redis and
                 # RocksDB do with store_compressed; else they hold FP32 rows, encoded below
@@ -469,6 +483,7 @@ class TieredTable:
                 got_found, why = None, str(exc)
                 if not _failure_reason(store).startswith("node "):  # a node down: said by it
                     self._log_error(kind, exc)
+            took[kind] = took.get(kind, 0.0) + time.perf_counter() - asked_at
             # Failures the store counted itself (keys of a lost node), else the one raised.
             failed = max(store.errors - before, 0 if got_found is not None else 1)
             errors[kind] = errors.get(kind, 0) + failed
@@ -514,6 +529,9 @@ class TieredTable:
             c.unanswered_keys += int(counts[lost_keys].sum())
             c.default_keys += int(counts[remaining].sum()) - int(counts[lost_keys].sum())
             c.lower_seconds += time.perf_counter() - start
+            for kind, seconds in took.items():
+                setattr(c, f"{kind}_lookups", getattr(c, f"{kind}_lookups") + 1)
+                setattr(c, f"{kind}_seconds", getattr(c, f"{kind}_seconds") + seconds)
         if written_back and self._refill is not None:
             self._cluster_lost_rows(written_back)
         if len(lost_keys):

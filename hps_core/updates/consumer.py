@@ -57,6 +57,7 @@ Example:
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import socket
 import threading
@@ -102,6 +103,8 @@ class UpdateStats:
         outages: times every broker became unreachable from this process
             (:class:`~hps_core.updates.broker_watch.BrokerWatch`).
         reachable: whether the brokers are reachable now (False during an outage).
+        lag: messages published to the consumer's partitions that it has not read yet, at
+            librdkafka's last statistics report (-1 before the first that knows it).
     """
 
     messages_applied: int = 0
@@ -113,6 +116,37 @@ class UpdateStats:
     last_error: str | None = None
     outages: int = 0
     reachable: bool = True
+    lag: int = -1
+
+
+def consumer_lag(stats: str) -> int | None:
+    """A consumer's lag from librdkafka's statistics: messages published to its partitions
+    that it has not read, summed (each partition's ``consumer_lag``; partitions that do not
+    know theirs yet, -1, are left out).
+
+    Args:
+        stats: librdkafka's statistics report (JSON).
+
+    Returns:
+        The lag; None when the report holds no partition that knows it (none assigned yet).
+
+    Example:
+        >>> consumer_lag('{"topics": {"t": {"partitions": {"0": {"consumer_lag": 3}, '
+        ...              '"-1": {"consumer_lag": -1}}}}}')
+        3
+    """
+    try:
+        topics = json.loads(stats).get("topics", {})
+    except ValueError:
+        return None
+    lags = [
+        int(part.get("consumer_lag", -1))
+        for topic in topics.values()
+        for number, part in topic.get("partitions", {}).items()
+        if number != "-1"  # librdkafka's placeholder for messages not yet partitioned
+    ]
+    known = [lag for lag in lags if lag >= 0]
+    return sum(known) if known else None
 
 
 def default_group_id(level: str = "volatile", shared: bool = False, host: str | None = None) -> str:
@@ -244,6 +278,7 @@ class UpdateConsumer:
             "error_cb": self._on_error,
             # librdkafka's lines and statistics go to the broker watch, never to stderr.
             **self._link.settings(),
+            "stats_cb": self._on_stats,
         }
         try:
             self._consumer = Consumer(merged(conf, kafka_options))
@@ -275,6 +310,14 @@ class UpdateConsumer:
                 for k, v in deltas.items()
             }
             self._stats = dataclasses.replace(self._stats, **values)
+
+    def _on_stats(self, stats: str) -> None:
+        """librdkafka's statistics: the broker watch's, and the consumer's lag."""
+        self._link.on_stats(stats)
+        lag = consumer_lag(stats)
+        if lag is not None:
+            with self._stats_lock:
+                self._stats = dataclasses.replace(self._stats, lag=lag)
 
     def _count_error(self, text: str, error: Any = None) -> None:
         """Count an error; log it unless it is about reaching the brokers (the broker watch

@@ -60,6 +60,9 @@ def test_host_lookup_through_the_cascade_counts_every_tier(tmp_path: Path) -> No
     assert c.tier_host_hits + c.tier_rocks_db_hits + c.tier_default_keys == unique
     assert c.tier_default_keys == c.unknown_keys > 0
     assert c.tier_host_hits > 0 and c.tier_rocks_db_hits > 0
+    # Each batch with keys the shared tier lacks asked RocksDB once, and that took time.
+    assert c.tier_rocks_db_lookups == 6 and c.tier_rocks_db_seconds > 0
+    assert c.tier_overlay_lookups == c.tier_redis_cluster_lookups == 0
     assert c.tier_host_hits == sum(
         len(set(np.unique(q).tolist()) & first) for q in query_stream(reference, 6, 500, seed=2)
     )

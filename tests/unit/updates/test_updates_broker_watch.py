@@ -20,6 +20,7 @@ from updates_testlib import Collector, make_consumer, rows
 
 from hps_core.updates import UpdateProducer, topic_for
 from hps_core.updates.broker_watch import DOWN_REPORTS, BrokerWatch, watch_for
+from hps_core.updates.consumer import consumer_lag
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -239,3 +240,21 @@ def _wait(done, timeout_s: float) -> None:
         if time.monotonic() > deadline:
             pytest.fail(f"not within {timeout_s} s")
         time.sleep(0.1)
+
+
+def test_the_consumer_lag_sums_the_partitions_that_know_theirs() -> None:
+    """librdkafka's statistics: each assigned partition's consumer_lag (-1 until it knows
+    it; partition "-1" is its placeholder for messages not yet partitioned)."""
+    report = {
+        "brokers": {},
+        "topics": {
+            "hps_et.m.t0": {"partitions": {"0": {"consumer_lag": 7}, "1": {"consumer_lag": 0},
+                                           "-1": {"consumer_lag": -1}}},
+            "hps_et.m.t1": {"partitions": {"0": {"consumer_lag": -1}, "2": {"consumer_lag": 5}}},
+        },
+    }  # fmt: skip
+    assert consumer_lag(json.dumps(report)) == 12
+    unknown = {"topics": {"t": {"partitions": {"0": {"consumer_lag": -1}}}}}
+    assert consumer_lag(json.dumps(unknown)) is None
+    assert consumer_lag(json.dumps({"brokers": {}})) is None
+    assert consumer_lag("not json") is None
