@@ -458,7 +458,10 @@ class UpdateConsumer:
             # Drain what is already fetched without waiting; an empty queue here is not
             # idleness (the next fetch may be on its way).
             msg = self._consumer.poll(0)
-        if self._uncommitted > self.config.max_commit_interval or (idle and self._pending):
+        due = self._uncommitted > self.config.max_commit_interval or (idle and self._pending)
+        # During an outage a synchronous commit waits seconds for a coordinator and fails; the
+        # offsets are kept, and this loop goes on serving librdkafka's events (the return).
+        if due and self._link.watch.reachable:
             self.commit()
         if failed or self._broker_trouble:
             self._broker_trouble = False

@@ -209,12 +209,24 @@ def _metrics(server, name: str, model: str) -> dict[str, float]:
     return found
 
 
-def _wait(what: str, done, timeout_s: float = WITHIN_S) -> None:
+def _wait(what: str, done, timeout_s: float = WITHIN_S, server=None) -> None:
     deadline = time.monotonic() + timeout_s
     while not done():
         if time.monotonic() > deadline:
-            pytest.fail(f"not within {timeout_s} s: {what}")
+            pytest.fail(f"not within {timeout_s} s: {what}{_state(server)}")
         time.sleep(0.2)
+
+
+def _state(server) -> str:
+    """What a failed wait shows: the update metrics of every instance and the server log's
+    Kafka and update lines (the server's own log is not in a CI report)."""
+    if server is None:
+        return ""
+    text = urllib.request.urlopen(server.metrics_url, timeout=5).read().decode()
+    metrics = [line for line in text.splitlines() if line.startswith("hps_update_")]
+    log = Path(server.log_file).read_text(errors="replace").splitlines()
+    lines = [line for line in log if "kafka" in line.lower() or "update" in line.lower()]
+    return "\n" + "\n".join(["metrics:", *metrics, "log:", *lines[-60:]])
 
 
 def _applied(server, keys: int):
@@ -255,7 +267,7 @@ def test_a_broker_outage_under_load_logs_two_lines_per_instance_and_loses_nothin
         # Before the outage: 300 changed rows and 200 new keys, served by every instance.
         v1 = emb.update(tmp_path / "data", slice(1700, 2200), seed=11)
         _publish(broker, emb, emb.folder, v1)
-        _wait("update 1 applied by every emb instance", _applied(server, 500))
+        _wait("update 1 applied by every emb instance", _applied(server, 500), server=server)
         before = max(_metrics(server, "hps_update_keys_total", "emb").values())
         # A training job's producer, running through the outage (it knows the topic).
         producer = UpdateProducer(broker.address, linger_ms=5)
@@ -263,7 +275,7 @@ def test_a_broker_outage_under_load_logs_two_lines_per_instance_and_loses_nothin
 
         broker.stop(crash=True)
         down = time.monotonic()
-        _wait("the outage on /metrics", _reachable(server, 0.0))
+        _wait("the outage on /metrics", _reachable(server, 0.0), server=server)
         # Update 2, published during the outage: queued by librdkafka until the return.
         v2 = emb.update(tmp_path / "data", slice(100, 400), seed=12)
         producer.publish("emb", "t0", emb.keys[100:400], emb.versions[-1][100:400])
@@ -281,14 +293,18 @@ def test_a_broker_outage_under_load_logs_two_lines_per_instance_and_loses_nothin
         time.sleep(max(0.0, down + OUTAGE_S - time.monotonic()))
         broker.start()
         back = time.monotonic()
-        _wait("the broker's return on /metrics", _reachable(server, 1.0))
+        _wait("the broker's return on /metrics", _reachable(server, 1.0), server=server)
         producer.close(timeout_s=60)  # delivered now, nothing lost
         assert producer.messages_delivered == producer.messages_sent > 0
 
         # Update 3, after the return: rows changed again (some of update 1's), new keys.
         v3 = emb.update(tmp_path / "data", slice(1900, 2600), seed=13)
         _publish(broker, emb, v2, v3)
-        _wait("updates 2 and 3 applied by every emb instance", _applied(server, before + 1000))
+        _wait(
+            "updates 2 and 3 applied by every emb instance",
+            _applied(server, before + 1000),
+            server=server,
+        )
         # Rows for plain's topic, which no instance follows: never to be served.
         fake = plain.update(tmp_path / "data", slice(0, 300), seed=14)
         plain.versions.pop()
