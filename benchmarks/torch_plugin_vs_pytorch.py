@@ -258,6 +258,8 @@ def main(argv: list[str] | None = None) -> int:
                         "vs_pytorch": base / ms if base else float("nan"),
                         "max_abs_diff": diff, "runs": args.steps,
                     })  # fmt: skip
+        # After each batch size: a run cut short by its time limit keeps what it measured.
+        write_results(args.out / "torch_plugin_vs_pytorch.csv", COLUMNS, results)
     HPS.close_all()
     device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     print(f"\n{device_name}; vs_pytorch > 1: the HPS tables are faster")
