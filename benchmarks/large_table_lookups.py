@@ -139,10 +139,7 @@ def measure_lookups(
         for engine, precision in itertools.product(
             args.engines.split(","), args.precisions.split(",")
         ):
-            if engine == "bank":
-                os.environ[GPU_ENGINE_ENV] = "bank"
-            else:
-                os.environ.pop(GPU_ENGINE_ENV, None)
+            os.environ[GPU_ENGINE_ENV] = engine
             row_bytes = DIM * (4 if precision == "fp32" else 2)
             for cache in [*args.cache_shares.split(","), "static"]:
                 path = ps_json(Path(scratch), folder, precision, cache)

@@ -29,11 +29,12 @@ from hps_core.lookup.model_lookup import DEFAULT_OPTIONS
 from hps_core.nn.layers.embedding import Combiner
 
 GPU_ENGINE_ENV = "HPS_GPU_ENGINE"
-"""``bank``: the lookups of the models this process's HPS opens on a GPU run on the cache
-bank's kernels (:class:`~hps_core.infer.gpu.bank_lookup.BankLookup`, the ranking pipeline's
-``bank_find``/``bank_pool``/``bank_insert``); unset: each table's own cache lookup
-(:class:`~hps_core.lookup.CachedTableLookup`). Opt-in until the bank engine has been tested
-and measured on a GPU against the per-table one."""
+"""The GPU lookup engine of the models this process's HPS opens on a GPU: unset or ``bank``,
+the cache bank's kernels (:class:`~hps_core.infer.gpu.bank_lookup.BankLookup`, the ranking
+pipeline's ``bank_find``/``bank_pool``/``bank_insert``); ``tables``, each table's own cache
+lookup (:class:`~hps_core.lookup.CachedTableLookup`), the older engine, kept to compare
+against until it is retired (on an H100 it answered 4-8 M keys/s where the bank answered
+300-700 M with a dynamic cache: ``benchmarks/large_table.py``)."""
 
 
 def gpu_engine(lookup: ModelLookup) -> Any:
@@ -139,7 +140,7 @@ class HPS:
                 lookup = self._lookups.get(key)
                 if lookup is None:
                     model = self.config.model(model_name)
-                    engine = gpu_engine if os.environ.get(GPU_ENGINE_ENV) == "bank" else None
+                    engine = None if os.environ.get(GPU_ENGINE_ENV) == "tables" else gpu_engine
                     lookup = ModelLookup(self.config, model, device_id, options, engine)
                     self._lookups[key] = lookup
         return lookup

@@ -105,8 +105,8 @@ class TableQuery:
 class GpuEngine(Protocol):
     """A GPU lookup engine a :class:`ModelLookup` on a GPU may answer through
     (:class:`~hps_core.infer.gpu.bank_lookup.BankLookup`: every table's lookups in one batch
-    of the cache bank's kernels, which :class:`~hps_core.hps.HPS` hands it where
-    ``HPS_GPU_ENGINE=bank``)."""
+    of the cache bank's kernels, which :class:`~hps_core.hps.HPS` hands it unless
+    ``HPS_GPU_ENGINE=tables``)."""
 
     def lookup(self, queries: Sequence[TableQuery], outs: Sequence[Any] | None = None) -> list[Any]:
         """Answer ``queries`` (at most one per table), into ``outs`` where given."""

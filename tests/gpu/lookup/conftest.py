@@ -14,9 +14,6 @@ from hps_core.hps import GPU_ENGINE_ENV, HPS
 def engine(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     """The engine's name; every HPS closed afterwards."""
     monkeypatch.setenv("HPS_SHM_DIR", str(tmp_path / "shm"))
-    if request.param == "bank":
-        monkeypatch.setenv(GPU_ENGINE_ENV, "bank")
-    else:
-        monkeypatch.delenv(GPU_ENGINE_ENV, raising=False)
+    monkeypatch.setenv(GPU_ENGINE_ENV, request.param)
     yield request.param
     HPS.close_all()
