@@ -9,6 +9,9 @@ mkdir -p "$out"
 if [ -f .device_bundle/prelude.sh ]; then
   # shellcheck disable=SC1091
   source .device_bundle/prelude.sh
+  # Triton's Python stub ignores PYTHONPATH: the carried wheels (nvmath-python for cuBLAS) must
+  # be importable there too, or every KIND_GPU model fails its load.
+  echo /tmp/site >> "$(python3 -c 'import site; print(site.getsitepackages()[0])')/zz_project_checkout.pth"
   # Tests read HugeCTR fixtures from ../shared, which does not travel: the bundle carries a copy.
   if [ -d .device_bundle/fixtures ] && [ ! -d ../shared/fixtures ]; then
     mkdir -p ../shared && cp -r .device_bundle/fixtures ../shared/
