@@ -27,7 +27,12 @@ from hps_core.wording import plural
 from triton_backend.batched_execute import execute_batched
 from triton_backend.hps_contract import HpsContract, batch_tables, split_outputs
 from triton_backend.lookup_service import LookupService, log_to_stderr
-from triton_backend.model_settings import check_instance_device, check_io, read_settings
+from triton_backend.model_settings import (
+    check_instance_device,
+    check_io,
+    inert_parameters,
+    read_settings,
+)
 from triton_backend.served_files import ServedFiles
 from triton_backend.tensors import input_array
 
@@ -64,6 +69,8 @@ class EmbeddingModel:
         )
         model = checked.model
         check_instance_device(settings, model.deployed_device_list, f"model '{model.name}'")
+        for line in inert_parameters(settings):
+            logger.warning("model '%s': %s", settings.triton_model, line)
         self.contract = HpsContract.from_model(model)
         self.service = LookupService(settings, files)
         self.service.publish_tier_bytes(checked.footprint)

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from hps_core.errors import ConfigError, Problem
+from hps_core.hps import GPU_ENGINE_ENV
 from hps_core.infer.model_io import (
     FREEZE_SPARSE_PARAMETER,
     HOT_KEYS_PARAMETER,
@@ -147,12 +148,12 @@ def check_io(config: Mapping[str, Any], io: ModelIO) -> None:
         raise ConfigError(problems)
 
 
-def ranking_inert_parameters(settings: ModelSettings) -> list[str]:
-    """config.pbtxt parameters a ranking model accepts without effect, one line each (logged
-    at load, as the ps.json's inert fields are).
+def inert_parameters(settings: ModelSettings) -> list[str]:
+    """config.pbtxt parameters a model accepts without effect, one line each (logged at load,
+    as the ps.json's inert fields are).
 
     Args:
-        settings: the ranking model instance's settings.
+        settings: the model instance's settings.
 
     Returns:
         The lines; empty when none is set.
@@ -160,10 +161,10 @@ def ranking_inert_parameters(settings: ModelSettings) -> list[str]:
     lines = []
     if settings.miss_policy == "default":
         lines.append(
-            f"config.pbtxt parameters.{MISS_POLICY_PARAMETER} = default: accepted without effect "
-            "on a ranking model: its lookups answer every missed key with its true row (from "
-            "the host tier and the tiers below it) and insert it after the answer, never a "
-            "default vector; embedding-lookup models follow it"
+            f"config.pbtxt parameters.{MISS_POLICY_PARAMETER} = default: accepted without effect: "
+            "GPU lookups answer every missed key with its true row (from the host tier and the "
+            "tiers below it) and insert it after the answer, never a default vector (only the "
+            f"older per-table engine, {GPU_ENGINE_ENV}=tables, follows it)"
         )
     return lines
 

@@ -39,7 +39,7 @@ from triton_backend.lookup_service import LookupService, log_to_stderr
 from triton_backend.model_settings import (
     check_instance_device,
     check_io,
-    ranking_inert_parameters,
+    inert_parameters,
     read_settings,
 )
 from triton_backend.served_files import ServedFiles
@@ -79,7 +79,7 @@ class _RankingModel:
         )
         model = checked.model
         check_instance_device(settings, model.deployed_device_list, f"model '{model.name}'")
-        for line in ranking_inert_parameters(settings):
+        for line in inert_parameters(settings):
             logger.warning("model '%s': %s", settings.triton_model, line)
         # The service makes the instance's lookup (its options fixed) and starts it on the
         # first execute; the session scores through that same object.

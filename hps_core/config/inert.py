@@ -48,9 +48,9 @@ _MODEL_FIELDS: dict[str, str] = {
     "hit_rate_threshold": (
         "sets the batch hit rate below which HugeCTR inserts a batch's missed keys into the "
         "GPU cache before answering (above it, in the background, the misses answered with "
-        "default vectors); a ranking model here answers every miss with its true row and "
-        "inserts it after the answer, whatever the hit rate (as HugeCTR does at 1.0), so "
-        "there is nothing to choose"
+        "default vectors); GPU lookups here answer every miss with its true row and insert "
+        "it after the answer, whatever the hit rate (as HugeCTR does at 1.0), so there is "
+        "nothing to choose"
     ),
     "enable_pagelock": (
         "page-locks the host copy of HugeCTR's static tables; here the host tier is always "
@@ -67,11 +67,9 @@ _TOP_FIELDS: dict[str, str] = {
 # Model fields that act here on some models: no warning for a model they act on.
 _ACTS_ON: dict[str, Callable[[ModelConfig], bool]] = {
     "fp8_quant": lambda model: model.static_tables,
-    # The embedding-lookup models' per-table GPU engine still chooses by it; at 1.0 and above
-    # HugeCTR answers every miss with its true row too, as a ranking model here does.
-    "hit_rate_threshold": lambda model: (
-        model.network_file is None or model.hit_rate_threshold >= 1.0
-    ),
+    # At 1.0 and above HugeCTR answers every miss with its true row too, as the cache bank
+    # does here (only the older per-table engine, HPS_GPU_ENGINE=tables, chooses by it).
+    "hit_rate_threshold": lambda model: model.hit_rate_threshold >= 1.0,
 }
 
 

@@ -22,7 +22,7 @@ from triton_backend.model_settings import (
     ModelSettings,
     check_instance_device,
     check_io,
-    ranking_inert_parameters,
+    inert_parameters,
     read_settings,
 )
 
@@ -242,12 +242,14 @@ def test_unknown_precision_is_named(tmp_path: Path) -> None:
         read_settings(triton_args(tmp_path, config))
 
 
-def test_a_ranking_models_default_miss_policy_is_said_to_be_without_effect(tmp_path: Path) -> None:
+def test_a_default_miss_policy_is_said_to_be_without_effect(tmp_path: Path) -> None:
     (tmp_path / "ps.json").write_text("{}")
     config = with_parameter(triton_config(), "async_miss_policy", "default")
-    (line,) = ranking_inert_parameters(read_settings(triton_args(tmp_path, config)))
-    assert line.startswith("config.pbtxt parameters.async_miss_policy = default: accepted "
-                           "without effect on a ranking model")  # fmt: skip
+    (line,) = inert_parameters(read_settings(triton_args(tmp_path, config)))
+    assert line.startswith(
+        "config.pbtxt parameters.async_miss_policy = default: accepted without effect: GPU "
+        "lookups answer every missed key with its true row"
+    )
     for policy in ("fetch", None):
         config = with_parameter(triton_config(), "async_miss_policy", policy)
-        assert ranking_inert_parameters(read_settings(triton_args(tmp_path, config))) == []
+        assert inert_parameters(read_settings(triton_args(tmp_path, config))) == []

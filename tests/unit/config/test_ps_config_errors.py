@@ -436,16 +436,17 @@ def test_names_are_read_in_any_case_with_spaces_or_dashes_for_underscores(
     assert getattr(holder, field).value == value
 
 
-def test_hit_rate_threshold_is_said_inert_for_ranking_models_only(minimal):
-    """The per-table engine of embedding-lookup models chooses by it; a ranking model's bank
-    answers every miss with its true row whatever the hit rate."""
+def test_hit_rate_threshold_is_said_inert_below_1(minimal):
+    """The cache bank, every model's GPU engine, answers every miss with its true row
+    whatever the hit rate: a threshold below 1 asks for what it does not do."""
     minimal["models"][0]["hit_rate_threshold"] = 0.5
-    assert inert_settings(parse_ps_config(minimal, "/repo")) == []
-    minimal["models"][0]["network_file"] = "net.json"
-    minimal["models"][0]["dense_file"] = "dense.model"
-    (line,) = inert_settings(parse_ps_config(minimal, "/repo"))
-    said = "models[0].hit_rate_threshold = 0.5 (model 'tiny'): accepted without effect: sets"
-    assert line.startswith(said + " the batch hit rate below which HugeCTR inserts")
+    for network in (False, True):  # embedding-lookup and ranking models alike
+        if network:
+            minimal["models"][0]["network_file"] = "net.json"
+            minimal["models"][0]["dense_file"] = "dense.model"
+        (line,) = inert_settings(parse_ps_config(minimal, "/repo"))
+        said = "models[0].hit_rate_threshold = 0.5 (model 'tiny'): accepted without effect: sets"
+        assert line.startswith(said + " the batch hit rate below which HugeCTR inserts")
     for same in (0.9, 1.0, 1.1):  # HugeCTR's default, or true rows for every miss as here
         minimal["models"][0]["hit_rate_threshold"] = same
         assert inert_settings(parse_ps_config(minimal, "/repo")) == []
