@@ -514,6 +514,8 @@ class ModelLookup:
     def _per_table(self, query: TableQuery, out: Any) -> Any:
         """A GPU query answered by its table's own cache lookup, pooled with CuPy."""
         table = self.table(query.table)
+        if out is not None:
+            check_out(out, query.bags, table.dim, self.device_id)
         if query.combiner is None:
             return table.lookup(query.keys, out)
         rows = table.lookup(query.keys)
@@ -732,6 +734,33 @@ def _warm_keys(table: TableConfig, given: np.ndarray | None) -> tuple[np.ndarray
         hotness = np.frombuffer(meta.read_bytes(), dtype="<i8")
         return keys[np.argsort(-hotness, kind="stable")], "hottest first, from meta"
     return keys, "file order"
+
+
+def check_out(out: Any, bags: int, dim: int, device_id: int) -> None:
+    """Refuse an output array that does not fit a GPU query's answer.
+
+    Args:
+        out: the caller's array, to be a C-contiguous float32 CuPy ``[bags, dim]``.
+        bags: the query's bags (its keys, unpooled).
+        dim: its table's width.
+        device_id: the GPU of the lookup.
+
+    Raises:
+        RequestError: naming the shape wanted and the array given, or its GPU.
+    """
+    import cupy
+
+    shape = (bags, dim)
+    if (
+        not isinstance(out, cupy.ndarray)
+        or out.dtype != cupy.float32
+        or tuple(out.shape) != shape
+        or not out.flags.c_contiguous
+    ):
+        got = f"{getattr(out, 'dtype', type(out).__name__)} {list(getattr(out, 'shape', []))}"
+        raise RequestError(f"out must be C-contiguous float32 {list(shape)}, got {got}")
+    if out.device.id != device_id:
+        raise RequestError(f"out is on GPU {out.device.id}, the lookup on {device_id}")
 
 
 def checked_offsets(offsets: np.ndarray, keys: int) -> np.ndarray:

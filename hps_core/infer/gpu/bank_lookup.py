@@ -44,7 +44,7 @@ from hps_core.infer.gpu.staging import bucket_for
 from hps_core.infer.gpu.uploads import BatchUploader
 from hps_core.infer.inputs.batch import SparseBatch
 from hps_core.infer.inputs.layout import RankingLayout, TableFeed
-from hps_core.lookup.model_lookup import ModelLookup, TableQuery
+from hps_core.lookup.model_lookup import ModelLookup, TableQuery, check_out
 from hps_core.lookup.table_lookup import TableCounters
 from hps_core.nn import Combiner
 
@@ -170,7 +170,7 @@ class BankLookup:
         """Refuse an output array that does not fit its query's answer."""
         for q, out in zip(queries, outs, strict=True):
             if out is not None:
-                self._checked_out(q, out)
+                check_out(out, q.bags, self._dims[q.table], self.device_id)
 
     def _direct_output(self, queries: Sequence[TableQuery], outs: Sequence[Any]) -> Any:
         """The array ``bank_pool`` writes into for a call of one table: the caller's ``out``,
@@ -182,19 +182,6 @@ class BankLookup:
         if out is None:
             return cupy.empty((q.bags, self._dims[q.table]), dtype=cupy.float32)
         return out
-
-    def _checked_out(self, q: TableQuery, out: Any) -> None:
-        shape = (q.bags, self._dims[q.table])
-        if (
-            not isinstance(out, cupy.ndarray)
-            or out.dtype != cupy.float32
-            or tuple(out.shape) != shape
-            or not out.flags.c_contiguous
-        ):
-            got = f"{getattr(out, 'dtype', type(out).__name__)} {list(getattr(out, 'shape', []))}"
-            raise RequestError(f"out must be C-contiguous float32 {list(shape)}, got {got}")
-        if out.device.id != self.device_id:
-            raise RequestError(f"out is on GPU {out.device.id}, the lookup on {self.device_id}")
 
     def _answers(
         self, shape: _Shape, queries: Sequence[TableQuery], outs: Sequence[Any], size: int
