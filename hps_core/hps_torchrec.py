@@ -25,6 +25,7 @@ Example:
 
 from __future__ import annotations
 
+import itertools
 import os
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -158,22 +159,29 @@ class _Collection(torch.nn.Module):
         if weighted and weights is None:
             raise RequestError(f"{self.kind}: a weighted collection needs weights")
         samples = int(features.stride())
-        values, offsets = values.to(torch.int64), features.offsets().to(torch.int64)
+        starts, one_lengths = _feature_layout(features.lengths(), len(keys), samples)
+        hotness = [_table_hotness(t, where, one_lengths, weighted) for t in self.tables]
+        values = values.to(torch.int64)
+        # Bags of one length are pooled by hotness: their offsets are neither cut nor sent.
+        offsets = None
+        if any(h is None for h in hotness):
+            offsets = features.offsets().to(torch.int64)
         if not values.is_cuda:
             # Host keys are cut as NumPy arrays: a slice of one costs a tenth of a tensor's,
             # and the host tier reads NumPy (a model of 26 tables cuts 26 of each per call).
-            values, offsets = values.numpy(), offsets.numpy()
+            values = values.numpy()
+            offsets = None if offsets is None else offsets.numpy()
             weights = None if weights is None else weights.numpy()
         return _TableKeys.gather(
-            self.tables, where, samples, list(features.offset_per_key()), values, offsets,
-            weights, _one_lengths(features.lengths(), len(keys), samples),
-        )  # fmt: skip
+            self.tables, where, samples, starts, values, offsets, weights, hotness
+        )
 
 
 @dataclass
 class _TableKeys:
-    """The keys of one table's features, back to back, and their bags (offsets from 0):
-    NumPy arrays for host keys, tensors on the keys' device otherwise."""
+    """The keys of one table's features, back to back, and their bags: offsets from 0, or
+    None where every bag has ``hotness`` keys (NumPy arrays for host keys, tensors on the
+    keys' device otherwise)."""
 
     spec: TableSpec
     keys: Any
@@ -181,7 +189,7 @@ class _TableKeys:
     weights: Any
     counts: list[int]  # keys per feature
     samples: int
-    hotness: int | None = None  # every bag's length, where they are all one (host keys)
+    hotness: int | None = None  # every bag's length, where they are all one (no offsets)
 
     @classmethod
     def gather(
@@ -193,11 +201,11 @@ class _TableKeys:
         values: Any,
         offsets: Any,
         weights: Any,
-        one_lengths: list[int | None],
+        hotness: list[int | None],
     ) -> list[_TableKeys]:
         cat = np.concatenate if isinstance(values, np.ndarray) else torch.cat
         found = []
-        for spec in tables:
+        for spec, hot in zip(tables, hotness, strict=True):
             keys, bags, scales, counts, base = [], [], [], [], 0
             for j, name in enumerate(spec.feature_names):
                 i = where[name]
@@ -205,20 +213,20 @@ class _TableKeys:
                 keys.append(values[first:end])
                 if weights is not None:
                     scales.append(weights[first:end])
-                part = offsets[i * samples : (i + 1) * samples + 1] - (first - base)
-                bags.append(part if j == 0 else part[1:])
+                if hot is None:
+                    part = offsets[i * samples : (i + 1) * samples + 1] - (first - base)
+                    bags.append(part if j == 0 else part[1:])
                 counts.append(end - first)
                 base += end - first
-            lengths = {one_lengths[where[name]] for name in spec.feature_names}
             found.append(
                 cls(
                     spec,
                     keys[0] if len(keys) == 1 else cat(keys),
-                    bags[0] if len(bags) == 1 else cat(bags),
+                    None if hot is not None else bags[0] if len(bags) == 1 else cat(bags),
                     None if weights is None else cat(scales),
                     counts,
                     samples,
-                    lengths.pop() if len(lengths) == 1 else None,
+                    hot,
                 )
             )
         return found
@@ -244,16 +252,34 @@ class _TableKeys:
         return out.index_add_(0, bag_of, scaled)
 
 
-def _one_lengths(lengths: torch.Tensor, features: int, samples: int) -> list[int | None]:
-    """Per feature, the length of every one of its bags where it is one and not 0 (one-hot
-    features, multi-hot ones of a fixed hotness), else None; all None for lengths on a GPU
-    (telling would wait for it). One pass over every feature's lengths."""
-    if lengths.is_cuda or not samples or not features:
-        return [None] * features
-    table = lengths.reshape(features, samples)
+def _feature_layout(
+    lengths: torch.Tensor, features: int, samples: int
+) -> tuple[list[int], list[int | None]]:
+    """Where each feature's ids start in the values (``features + 1`` positions), and per
+    feature the length of every one of its bags where it is one and not 0 (one-hot features,
+    multi-hot ones of a fixed hotness), else None. One pass over the lengths and, for lengths
+    on a GPU, one wait for its result (TorchRec's ``offset_per_key`` waits as long; the bag
+    lengths come back in the same copy)."""
+    if not samples or not features:
+        return [0] * (features + 1), [None] * features
+    table = lengths.reshape(features, samples).to(torch.int64)
     first = table[:, 0]
     one = (table == first[:, None]).all(dim=1) & (first > 0)
-    return [int(n) if ok else None for n, ok in zip(first.tolist(), one.tolist(), strict=True)]
+    sums, firsts, ones = torch.stack([table.sum(dim=1), first, one.to(torch.int64)]).tolist()
+    starts = [0, *itertools.accumulate(sums)]
+    return starts, [n if ok else None for n, ok in zip(firsts, ones, strict=True)]
+
+
+def _table_hotness(
+    spec: TableSpec, where: dict[str, int], one_lengths: list[int | None], weighted: bool
+) -> int | None:
+    """The length of every bag of a table's features where it is one (they are then pooled
+    by hotness, without offsets); None for sequences, weighted bags and bags of several
+    lengths, which keep their offsets."""
+    if spec.pooling == "none" or weighted:
+        return None
+    lengths = {one_lengths[where[name]] for name in spec.feature_names}
+    return lengths.pop() if len(lengths) == 1 else None
 
 
 class EmbeddingBagCollection(_Collection):
