@@ -22,19 +22,8 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from make_large_dlrm import MLPERF_V2_TABLE_ROWS
-from torch_plugin_vs_pytorch import (
-    DENSE,
-    DIM,
-    DlrmDcn,
-    TorchTables,
-    features,
-    write_ps_json,
-    write_tables,
-)
+from torch_plugin_vs_pytorch import DENSE, features, models
 
-from hps_core import hps_torchrec
-from hps_core.demo.zoo_networks import MLPERF_V2_HOTNESS
 from hps_core.hps import HPS
 
 
@@ -79,29 +68,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", default="cuda", help="cpu: a check of the script")
     args = parser.parse_args(argv)
     device = torch.device(args.device)
-    rows = [min(n, args.max_rows) for n in MLPERF_V2_TABLE_ROWS]
-    hotness = list(MLPERF_V2_HOTNESS)
     batches = [int(b) for b in args.batches.split(",")]
-    args.dir.mkdir(parents=True, exist_ok=True)
     args.out.mkdir(parents=True, exist_ok=True)
-    weights, names = write_tables(args.dir, rows, seed=7)
-    torch.manual_seed(0)
-    peer = DlrmDcn(TorchTables(weights, names), len(rows)).to(device).eval()
-    share = 1.0 if args.cache == "static" else float(args.cache)
-    ps = write_ps_json(args.dir, names, hotness, share, max(batches))
-    specs = [hps_torchrec.TableSpec(n, DIM, (f"cat_{t}",)) for t, n in enumerate(names)]
-    ours = DlrmDcn(hps_torchrec.EmbeddingBagCollection(ps, "dlrm_dcn", specs), len(rows))
-    ours.load_state_dict(
-        {k: v for k, v in peer.state_dict().items() if not k.startswith("tables.")}
-    )
-    ours = ours.to(device).eval()
-    del weights
+    variants, rows, hotness = models(args.dir, args.max_rows, [args.cache], max(batches), device)
     rng = np.random.default_rng(1)
     report = []
     for batch in batches:
         kjt = features(rng, rows, hotness, batch, 1.05, device)
         dense = torch.randn(batch, DENSE, device=device)
-        for name, model in (("pytorch", peer), (f"hps {args.cache}", ours)):
+        for name, model in variants.items():
             head = f"===== {name}, batch {batch}, {args.steps} forwards ====="
             print(head, flush=True)
             report.append(f"{head}\n{profiled(model, dense, kjt, args.steps)}")

@@ -191,6 +191,44 @@ def timed(model, dense, batches, device: torch.device, warm: int, steps: int) ->
     return statistics.median(times)
 
 
+def models(
+    folder: Path, max_rows: int, caches: list[str], max_batch: int, device: torch.device
+) -> tuple[dict[str, torch.nn.Module], list[int], list[int]]:
+    """The peer and the module with its tables in the HPS, one per cache of ``caches``
+    (``static`` or a share), the same dense weights, in eval mode on ``device``.
+
+    Args:
+        folder: where the tables and ps.json files are written (once).
+        max_rows: the cap on MLPerf's rows per table.
+        caches: the HPS variants' caches.
+        max_batch: the ps.json's ``max_batch_size``.
+        device: where the modules run.
+
+    Returns:
+        The modules by name (``pytorch`` first, then ``hps CACHE``), each table's rows and
+        each table's hotness.
+    """
+    rows = [min(n, max_rows) for n in MLPERF_V2_TABLE_ROWS]
+    hotness = list(MLPERF_V2_HOTNESS)
+    folder.mkdir(parents=True, exist_ok=True)
+    began = time.perf_counter()
+    weights, names = write_tables(folder, rows, seed=7)
+    gb, took = sum(rows) * DIM * 4 / 1e9, time.perf_counter() - began
+    print(f"tables: {len(rows)} x dim {DIM}, {sum(rows):,} rows, {gb:.2f} GB FP32, {took:.1f} s")
+    torch.manual_seed(0)
+    peer = DlrmDcn(TorchTables(weights, names), len(rows)).to(device).eval()
+    dense_state = {k: v for k, v in peer.state_dict().items() if not k.startswith("tables.")}
+    variants: dict[str, torch.nn.Module] = {"pytorch": peer}
+    for cache in caches:
+        share = 1.0 if cache == "static" else float(cache)
+        ps = write_ps_json(folder, names, hotness, share, max_batch)
+        specs = [hps_torchrec.TableSpec(n, DIM, (f"cat_{t}",)) for t, n in enumerate(names)]
+        ours = DlrmDcn(hps_torchrec.EmbeddingBagCollection(ps, "dlrm_dcn", specs), len(rows))
+        ours.load_state_dict(dense_state, strict=True)
+        variants[f"hps {cache}"] = ours.to(device).eval()
+    return variants, rows, hotness
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--dir", type=Path, default=Path("/tmp/torch_plugin_tables"))
@@ -206,28 +244,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=50)
     args = parser.parse_args(argv)
     device = torch.device(args.device)
-    rows = [min(n, args.max_rows) for n in MLPERF_V2_TABLE_ROWS]
-    hotness = list(MLPERF_V2_HOTNESS)
     batches = [int(b) for b in args.batches.split(",")]
-    args.dir.mkdir(parents=True, exist_ok=True)
     args.out.mkdir(parents=True, exist_ok=True)
-    began = time.perf_counter()
-    weights, names = write_tables(args.dir, rows, seed=7)
-    gb, took = sum(rows) * DIM * 4 / 1e9, time.perf_counter() - began
-    print(f"tables: {len(rows)} x dim {DIM}, {sum(rows):,} rows, {gb:.2f} GB FP32, {took:.1f} s")
-    torch.manual_seed(0)
-    peer = DlrmDcn(TorchTables(weights, names), len(rows)).to(device).eval()
-    dense_state = {k: v for k, v in peer.state_dict().items() if not k.startswith("tables.")}
-    variants = {"pytorch": peer}
-    for cache in args.caches.split(","):
-        share = 1.0 if cache == "static" else float(cache)
-        ps = write_ps_json(args.dir, names, hotness, share, max(batches))
-        specs = [hps_torchrec.TableSpec(n, DIM, (f"cat_{t}",)) for t, n in enumerate(names)]
-        tables = hps_torchrec.EmbeddingBagCollection(ps, "dlrm_dcn", specs)
-        ours = DlrmDcn(tables, len(rows))
-        ours.load_state_dict(dense_state, strict=True)
-        variants[f"hps {cache}"] = ours.to(device).eval()
-    del weights
+    variants, rows, hotness = models(
+        args.dir, args.max_rows, args.caches.split(","), max(batches), device
+    )
+    peer = variants["pytorch"]
     rng = np.random.default_rng(1)
     results = []
     for batch in batches:
