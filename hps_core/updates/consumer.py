@@ -17,7 +17,12 @@ counted in :attr:`UpdateStats.malformed` and committed past (they can never be a
 
 Commits follow HugeCTR's ``max_commit_interval``: after more than that many messages since
 the last commit, and whenever the stream goes idle (a poll of ``poll_timeout_ms`` returns
-nothing, or a partition's end is reached), and on :meth:`UpdateConsumer.stop`.
+nothing, or a partition's end is reached), and on :meth:`UpdateConsumer.stop`. The poll loop
+commits asynchronously, one commit at a time, its result read by a later poll: a synchronous
+commit in flight when the broker dies waits until the broker returns (minutes, measured
+against a killed tansu), and with it the loop that serves librdkafka's statistics and errors,
+so the outage would never be seen. :meth:`UpdateConsumer.commit` (on a revocation and at the
+stop) stays synchronous.
 
 ``max_batch_size`` bounds the rows of one ``apply`` only as far as the producer packed its
 messages to it (:meth:`~hps_core.updates.producer.UpdateProducer.from_config` does; HugeCTR's
@@ -238,6 +243,10 @@ class UpdateConsumer:
         # Offsets to commit: (topic, partition) -> next offset, set after apply returned.
         self._pending: dict[tuple[str, int], int] = {}
         self._uncommitted = 0
+        # The poll loop's commit awaiting its result (on_commit): its offsets and how many
+        # applied messages it covers.
+        self._in_flight: dict[tuple[str, int], int] | None = None
+        self._in_flight_messages = 0
         self._broker_trouble = False
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -276,6 +285,7 @@ class UpdateConsumer:
             # A new group starts from the oldest update still kept (HugeCTR: smallest).
             "auto.offset.reset": "smallest",
             "error_cb": self._on_error,
+            "on_commit": self._on_commit,
             # librdkafka's lines and statistics go to the broker watch, never to stderr.
             **self._link.settings(),
             "stats_cb": self._on_stats,
@@ -459,14 +469,46 @@ class UpdateConsumer:
             # idleness (the next fetch may be on its way).
             msg = self._consumer.poll(0)
         due = self._uncommitted > self.config.max_commit_interval or (idle and self._pending)
-        # During an outage a synchronous commit waits seconds for a coordinator and fails; the
-        # offsets are kept, and this loop goes on serving librdkafka's events (the return).
-        if due and self._link.watch.reachable:
-            self.commit()
+        # Not during an outage (a commit then waits for a coordinator and fails; the offsets
+        # are kept for the first commit after the return), nor while one is under way.
+        if due and self._link.watch.reachable and self._in_flight is None:
+            self._commit_async()
         if failed or self._broker_trouble:
             self._broker_trouble = False
             self._stop.wait(self.config.failure_backoff_ms / 1000)
         return processed
+
+    def _commit_async(self) -> None:
+        """Commit the offsets applied so far without waiting; :meth:`_on_commit` takes the
+        result in a later poll (the offsets stay pending until it says they are committed)."""
+        from confluent_kafka import TopicPartition
+
+        items = dict(self._pending)
+        offsets = [TopicPartition(t, p, o) for (t, p), o in items.items()]
+        try:
+            self._consumer.commit(offsets=offsets, asynchronous=True)
+        except Exception as exc:  # KafkaException: not in a group (yet), closed
+            self._count_error(f"commit of {len(offsets)} partition offset(s) failed: {exc}", exc)
+            return
+        self._in_flight, self._in_flight_messages = items, self._uncommitted
+
+    def _on_commit(self, err: Any, partitions: list[Any]) -> None:
+        """librdkafka's result of a commit (``on_commit``, served by a poll; also called for
+        the synchronous commits, which :meth:`commit` accounts for itself)."""
+        items = self._in_flight
+        if items is None or {(tp.topic, tp.partition): tp.offset for tp in partitions} != items:
+            return
+        self._in_flight = None
+        failed = [tp for tp in partitions if tp.error is not None]
+        if err is not None or failed:
+            error = err if err is not None else failed[0].error
+            self._count_error(f"commit of {len(items)} partition offset(s) failed: {error}", error)
+            return
+        for key, offset in items.items():
+            if self._pending.get(key) == offset:
+                del self._pending[key]
+        self._uncommitted = max(0, self._uncommitted - self._in_flight_messages)
+        self._add(commits=1)
 
     def commit(self, only: set[tuple[str, int]] | None = None) -> bool:
         """Commit the offsets of the messages applied so far (synchronously).

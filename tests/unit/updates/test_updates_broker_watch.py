@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 import time
 
 import numpy as np
 import pytest
 from confluent_kafka import KafkaError
 from kafka_broker import persistent_kafka_broker
-from updates_testlib import Collector, make_consumer, rows
+from updates_testlib import Collector, make_consumer, poll_until, rows, source_config
 
 from hps_core.updates import UpdateProducer, topic_for
 from hps_core.updates.broker_watch import DOWN_REPORTS, BrokerWatch, watch_for
@@ -232,6 +233,50 @@ def test_a_real_consumer_outage_writes_two_lines_and_nothing_to_stderr(
     assert watch_for(broker.address).outages == 1
     err = capfd.readouterr().err
     assert "rdkafka" not in err and "%3|" not in err, err[:2000]
+
+
+def test_a_commit_under_way_when_the_broker_dies_holds_nothing_up(model: str) -> None:
+    """A synchronous commit in flight when its broker dies waits for the broker's return,
+    and with it the poll loop that sees the outage; the loop's commits do not wait, and the
+    consumer goes on after the return."""
+    tag = topic_for(model, "t")
+    target = Collector()
+    brokers = persistent_kafka_broker()
+    broker = next(brokers)
+    try:
+        config = source_config(broker.address, max_commit_interval=10_000)
+        no_eof = {"enable.partition.eof": False}  # no commit at a partition's end
+        consumer = make_consumer(
+            broker.address, [tag], target, group_id=f"{model}.c", config=config,
+            kafka_options=no_eof,
+        )  # fmt: skip
+        try:
+            keys, vectors = rows(200, 8, seed=3)
+            with UpdateProducer(broker.address, linger_ms=5) as producer:
+                producer.publish(model, "t", keys, vectors)
+                producer.flush(20)
+            poll_until(consumer, lambda: target.count(tag) == 200)
+            assert consumer._pending and consumer.stats.commits == 0
+            # The broker dies as the next idle poll commits.
+            threading.Timer(0.0, broker.stop, kwargs={"crash": True}).start()
+            began = time.monotonic()
+            consumer.poll_once(timeout_ms=1)
+            poll_until(consumer, lambda: not consumer.stats.reachable, 30)
+            assert time.monotonic() - began < 30
+            broker.start()
+            poll_until(consumer, lambda: consumer.stats.reachable, 40)
+            # It goes on: rows published after the return are applied (the offsets it could
+            # not commit are committed then, or, where the group lost its partitions, their
+            # messages come again: at least once).
+            more, more_vectors = rows(50, 8, seed=4, start=200)
+            with UpdateProducer(broker.address, linger_ms=5) as producer:
+                producer.publish(model, "t", more, more_vectors)
+                producer.flush(20)
+            poll_until(consumer, lambda: set(more.tolist()) <= target.rows[tag].keys(), 60)
+        finally:
+            consumer.stop()
+    finally:
+        brokers.close()
 
 
 def _wait(done, timeout_s: float) -> None:

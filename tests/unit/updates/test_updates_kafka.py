@@ -161,7 +161,7 @@ def test_resume_from_committed_offsets_after_restart(broker, model):
         publish(broker, model, "t", *c)
         while second.count(tag) < 4000:
             consumer.poll_once(timeout_ms=3000)
-            if consumer.stats.commits > 1:
+            if consumer.stats.commits > 1 or consumer._in_flight is not None:
                 pytest.skip("an idle poll committed before the simulated crash")
         # The process dies: what was applied since the last commit is never committed (a
         # real crash would not even run the revoke callback that commits on a clean leave).
