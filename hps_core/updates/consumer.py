@@ -66,6 +66,7 @@ import json
 import logging
 import socket
 import threading
+import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -86,6 +87,12 @@ ApplyFn = Callable[[str, np.ndarray, np.ndarray], None]
 """``apply(table_tag, keys int64 [n], vectors float32 [n, dim])``; raises on failure."""
 
 GROUP_PREFIX = "hps."
+COMMIT_RESULT_WAIT_S = 60.0
+"""How long the poll loop waits for the result of its asynchronous commit before it gives
+that commit up and may commit again: librdkafka gives no timeout of its own for one, and a
+commit whose result never comes would otherwise hold every later commit of the loop back.
+Giving one up loses nothing: its offsets stay pending, and committing them twice is
+harmless."""
 """HugeCTR's ``kafka_group_prefix``."""
 
 
@@ -247,6 +254,7 @@ class UpdateConsumer:
         # applied messages it covers.
         self._in_flight: dict[tuple[str, int], int] | None = None
         self._in_flight_messages = 0
+        self._in_flight_since = 0.0
         self._broker_trouble = False
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -471,6 +479,14 @@ class UpdateConsumer:
         due = self._uncommitted > self.config.max_commit_interval or (idle and self._pending)
         # Not during an outage (a commit then waits for a coordinator and fails; the offsets
         # are kept for the first commit after the return), nor while one is under way.
+        if self._in_flight is not None:
+            waited = time.monotonic() - self._in_flight_since
+            if waited > COMMIT_RESULT_WAIT_S:
+                self._in_flight = None
+                self._count_error(
+                    f"no result of a commit after {waited:.0f} s; its offsets are kept for "
+                    "the next commit"
+                )
         if due and self._link.watch.reachable and self._in_flight is None:
             self._commit_async()
         if failed or self._broker_trouble:
@@ -491,15 +507,21 @@ class UpdateConsumer:
             self._count_error(f"commit of {len(offsets)} partition offset(s) failed: {exc}", exc)
             return
         self._in_flight, self._in_flight_messages = items, self._uncommitted
+        self._in_flight_since = time.monotonic()
 
     def _on_commit(self, err: Any, partitions: list[Any]) -> None:
         """librdkafka's result of a commit (``on_commit``, served by a poll; also called for
         the synchronous commits, which :meth:`commit` accounts for itself)."""
         items = self._in_flight
-        if items is None or {(tp.topic, tp.partition): tp.offset for tp in partitions} != items:
+        if items is None:
+            return
+        answered = {(tp.topic, tp.partition): tp.offset for tp in partitions or []}
+        # A failed request may come back without its partitions: it is taken as this one's
+        # failure (at worst a synchronous commit's, and the offsets are committed again).
+        if answered != items and not (err is not None and not answered):
             return
         self._in_flight = None
-        failed = [tp for tp in partitions if tp.error is not None]
+        failed = [tp for tp in partitions or [] if tp.error is not None]
         if err is not None or failed:
             error = err if err is not None else failed[0].error
             self._count_error(f"commit of {len(items)} partition offset(s) failed: {error}", error)
