@@ -336,16 +336,58 @@ def looked_up_many(
     ]
     stream = torch.cuda.current_stream(device)
     with cupy.cuda.Device(index), cupy.cuda.ExternalStream(stream.cuda_stream, index):
-        on_gpu = [
-            dataclasses.replace(
-                q,
-                keys=cupy.from_dlpack(q.keys),
-                offsets=None if q.offsets is None else cupy.from_dlpack(q.offsets),
-            )
-            for q in queries
-        ]
-        lookup.lookup_queries(on_gpu, [cupy.from_dlpack(o) for o in outs])
+        lookup.lookup_queries(_on_gpu(queries), [cupy.from_dlpack(o) for o in outs])
     return outs
+
+
+def looked_up_side_by_side(
+    hps: HPS,
+    model: str,
+    device: torch.device,
+    queries: Sequence[TableQuery],
+    dims: Sequence[int],
+) -> torch.Tensor:
+    """:func:`looked_up_many`'s answers side by side, ``[bags, sum of dims]``: on a GPU
+    written into their columns by the cache bank's pooling itself where it can (see
+    :meth:`~hps_core.lookup.ModelLookup.lookup_side_by_side`), with no answer per table and
+    no concatenation.
+
+    Args:
+        hps: the HPS of the model's ps.json.
+        model: the model's name.
+        device: where the keys are (and the answer will be).
+        queries: as :func:`looked_up_many`, every one of the same bags.
+        dims: each query's table width.
+
+    Returns:
+        float32 ``[bags, sum of dims]`` on ``device``, the queries' columns in order.
+    """
+    if device.type != "cuda":
+        return torch.cat(looked_up_many(hps, model, device, queries, dims), dim=1)
+    import cupy
+
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    lookup = hps.model(model, index)
+    bags = queries[0].bags if queries else 0
+    out = torch.empty((bags, sum(dims)), dtype=torch.float32, device=device)
+    stream = torch.cuda.current_stream(device)
+    with cupy.cuda.Device(index), cupy.cuda.ExternalStream(stream.cuda_stream, index):
+        lookup.lookup_side_by_side(_on_gpu(queries), cupy.from_dlpack(out))
+    return out
+
+
+def _on_gpu(queries: Sequence[TableQuery]) -> list[TableQuery]:
+    """``queries`` with their keys and offsets as CuPy views of the PyTorch tensors."""
+    import cupy
+
+    return [
+        dataclasses.replace(
+            q,
+            keys=cupy.from_dlpack(q.keys),
+            offsets=None if q.offsets is None else cupy.from_dlpack(q.offsets),
+        )
+        for q in queries
+    ]
 
 
 # The host tier's array is mapped read-only in processes that did not build it; PyTorch has

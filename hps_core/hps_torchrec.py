@@ -37,7 +37,7 @@ import torch
 
 from hps_core.errors import RequestError
 from hps_core.hps import HPS
-from hps_core.hps_torch import looked_up_many
+from hps_core.hps_torch import looked_up_many, looked_up_side_by_side
 from hps_core.jagged import JaggedTensor, KeyedTensor
 from hps_core.lookup.model_lookup import TableQuery
 from hps_core.nn.layers.embedding import Combiner
@@ -134,12 +134,26 @@ class _Collection(torch.nn.Module):
     def _looked_up(self, features: Any, weighted: bool) -> list[tuple[_TableKeys, torch.Tensor]]:
         """Each table's keys gathered from ``features`` and its answer (pooled bags, or a row
         per key for sequences and weighted bags), every table in one lookup call."""
+        hps, gathered, queries, dims = self._queries(features, weighted)
+        answers = looked_up_many(hps, self.model_name, features.values().device, queries, dims)
+        return list(zip(gathered, answers, strict=True))
+
+    def _pooled_side_by_side(self, features: Any) -> torch.Tensor:
+        """Every table's pooled bags side by side, ``[batch, sum of widths]``, in table
+        order (tables of one feature each, unweighted): on a GPU the cache bank pools them
+        into their columns itself."""
+        hps, _, queries, dims = self._queries(features, False)
+        device = features.values().device
+        return looked_up_side_by_side(hps, self.model_name, device, queries, dims)
+
+    def _queries(
+        self, features: Any, weighted: bool
+    ) -> tuple[HPS, list[_TableKeys], list[TableQuery], list[int]]:
+        """The HPS, each table's keys gathered from ``features``, its lookup and width."""
         hps, table_ids = self._opened()
         gathered = self._per_table(features, weighted)
         queries = [g.query(t) for g, t in zip(gathered, table_ids, strict=True)]
-        dims = [g.spec.embedding_dim for g in gathered]
-        answers = looked_up_many(hps, self.model_name, features.values().device, queries, dims)
-        return list(zip(gathered, answers, strict=True))
+        return hps, gathered, queries, [g.spec.embedding_dim for g in gathered]
 
     def _per_table(self, features: Any, weighted: bool) -> list[_TableKeys]:
         """Each table's keys gathered from ``features``, in table order."""
@@ -348,6 +362,11 @@ class EmbeddingBagCollection(_Collection):
             RequestError: features missing from the input, ids that are not integers, tables
                 that do not match the ps.json.
         """
+        if not self._weighted and all(len(t.feature_names) == 1 for t in self.tables):
+            names = [t.feature_names[0] for t in self.tables]
+            widths = [t.embedding_dim for t in self.tables]
+            values = self._pooled_side_by_side(features)
+            return KeyedTensor(keys=names, length_per_key=widths, values=values)
         columns, names, widths = [], [], []
         for g, answer in self._looked_up(features, self._weighted):
             pooled = g.weighted_bags(answer) if g.weights is not None else answer

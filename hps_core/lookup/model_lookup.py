@@ -112,6 +112,14 @@ class GpuEngine(Protocol):
         """Answer ``queries`` (at most one per table), into ``outs`` where given."""
         ...
 
+    def side_by_side(self, queries: Sequence[TableQuery]) -> bool:
+        """Whether :meth:`lookup_side_by_side` answers ``queries``."""
+        ...
+
+    def lookup_side_by_side(self, queries: Sequence[TableQuery], out: Any) -> Any:
+        """Answer ``queries`` into the columns of ``out``, in the order asked."""
+        ...
+
     def table_counters(self) -> Sequence[TableCounters]:
         """Its counters per table of the model."""
         ...
@@ -483,6 +491,52 @@ class ModelLookup:
                     return engine.lookup(queries, outs)
                 return [engine.lookup([q], [o])[0] for q, o in zip(queries, outs, strict=True)]
             return [self._per_table(q, o) for q, o in zip(queries, outs, strict=True)]
+
+    def lookup_side_by_side(self, queries: Sequence[TableQuery], out: Any = None) -> Any:
+        """Several tables' answers side by side in one array, in the order asked: what
+        concatenating :meth:`lookup_queries`' answers along their columns gives (an
+        ``EmbeddingBagCollection``'s ``KeyedTensor``, a dense network's input). On a GPU
+        whose engine can (rising tables, widths multiples of 4), ``bank_pool`` writes every
+        answer into its columns itself; else each answer is copied there.
+
+        Args:
+            queries: the lookups, every one of the same bags.
+            out: optional float32 C-contiguous ``[bags, sum of widths]`` array (CuPy on a
+                GPU) to write into.
+
+        Returns:
+            float32 ``[bags, sum of widths]`` (NumPy on the host, CuPy on a GPU).
+
+        Raises:
+            RequestError: queries of different bags, an ``out`` that does not fit, or what
+                :meth:`lookup_queries` refuses.
+        """
+        queries = [self.checked(q) for q in queries]
+        bags = sorted({q.bags for q in queries})
+        if len(bags) > 1:
+            raise RequestError(f"side by side: every query needs the same bags, got {bags}")
+        rows = bags[0] if bags else 0
+        widths = [self.model.tables[q.table].dim for q in queries]
+        if self.device_id is not None:
+            with self.xp.cuda.Device(self.device_id):
+                engine = self._gpu_engine()
+                if engine is not None and engine.side_by_side(queries):
+                    if out is None:
+                        out = self.xp.empty((rows, sum(widths)), dtype=self.xp.float32)
+                    return engine.lookup_side_by_side(queries, out)
+        answers = self.lookup_queries(queries)
+        xp = self.xp
+        shape = (rows, sum(widths))
+        if out is None:
+            out = xp.empty(shape, dtype=xp.float32)
+        elif module_of(out) is not xp or out.dtype != xp.float32 or tuple(out.shape) != shape:
+            got = f"{getattr(out, 'dtype', type(out).__name__)} {list(getattr(out, 'shape', []))}"
+            raise RequestError(f"out must be float32 {list(shape)}, got {got}")
+        column = 0
+        for answer, width in zip(answers, widths, strict=True):
+            out[:, column : column + width] = answer
+            column += width
+        return out
 
     def checked(self, query: TableQuery) -> TableQuery:
         """``query`` once its table exists and its bags fit its keys (host offsets as int64).

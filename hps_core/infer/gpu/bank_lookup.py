@@ -23,6 +23,7 @@ insert, so every miss is answered with its true row and cached, whatever the bat
 
 from __future__ import annotations
 
+import itertools
 import logging
 import threading
 from collections.abc import Sequence
@@ -117,11 +118,53 @@ class BankLookup:
         """
         if not queries:
             return []
+        outs = list(outs) if outs is not None else [None] * len(queries)
+        return self._run(queries, outs, None)
+
+    def lookup_side_by_side(self, queries: Sequence[TableQuery], out: Any) -> Any:
+        """Answer ``queries`` into the columns of one array, in the order asked: what a
+        ``torch.cat(answers, dim=1)`` of :meth:`lookup` holds, written by ``bank_pool``
+        itself (no answer per table, no copy).
+
+        Args:
+            queries: at most one per table, in rising table order, of equal bags, each table's
+                width a multiple of 4 (every row of ``out`` stays 16-byte aligned): see
+                :meth:`side_by_side`.
+            out: float32 C-contiguous ``[bags, sum of widths]`` CuPy array on this GPU.
+
+        Returns:
+            ``out``, which the caller's current stream waits for.
+
+        Raises:
+            RequestError: queries that cannot be answered side by side, ``out`` that does not
+                fit, keys or offsets that do not fit, arrays on another GPU.
+        """
+        if not self.side_by_side(queries):
+            raise RequestError(
+                "side by side: the queries must ask rising tables of widths that are multiples "
+                "of 4, for equal numbers of bags"
+            )
+        check_out(out, queries[0].bags, sum(self._dims[q.table] for q in queries), self.device_id)
+        return self._run(queries, [None] * len(queries), out)[0]
+
+    def side_by_side(self, queries: Sequence[TableQuery]) -> bool:
+        """Whether :meth:`lookup_side_by_side` answers ``queries``: tables asked in rising
+        order, each once, every width a multiple of 4, every query of the same bags."""
+        tables = [q.table for q in queries]
+        return (
+            bool(queries)
+            and all(a < b for a, b in itertools.pairwise(tables))
+            and all(self._dims[t] % 4 == 0 for t in tables)
+            and len({q.bags for q in queries}) == 1
+        )
+
+    def _run(self, queries: Sequence[TableQuery], outs: list[Any], side: Any) -> list[Any]:
+        """One batch of the kernels for ``queries``: into ``outs`` (per query), or with
+        ``side`` every answer into that one array's columns."""
         on_device = isinstance(queries[0].keys, cupy.ndarray)
         tables = [q.table for q in queries]
         if len(set(tables)) != len(tables):
             raise RequestError("a lookup asks each table at most once")
-        outs = list(outs) if outs is not None else [None] * len(queries)
         by_table = dict(zip(tables, queries, strict=True))
         rooms = tuple(
             (by_table[t].key_room(), by_table[t].combiner) if t in by_table else (0, None)
@@ -132,7 +175,7 @@ class BankLookup:
         need = max(-(-int(q.keys.shape[0]) // rooms[q.table][0]) for q in queries)
         size = bucket_for(max(bags, need, 1))
         with self._lock, cupy.cuda.Device(self.device_id):
-            shape = self._shape(rooms, size)
+            shape = self._shape(rooms, size, side is not None)
             batch = self._batch(queries, bags, on_device)
             caller = cupy.cuda.get_current_stream()
             if on_device:
@@ -147,7 +190,7 @@ class BankLookup:
                     steps.slot_table, steps.slot_local,
                 )  # fmt: skip
             self._checked_outs(queries, outs)
-            direct = self._direct_output(queries, outs)
+            direct = side if side is not None else self._direct_output(queries, outs)
             stream = self._stream
             with stream, self.bank.section():
                 shape.steps.find(shape.bucket)
@@ -175,7 +218,8 @@ class BankLookup:
     def _direct_output(self, queries: Sequence[TableQuery], outs: Sequence[Any]) -> Any:
         """The array ``bank_pool`` writes into for a call of one table: the caller's ``out``,
         or a new one; None for a call of several tables, which are pooled into the bucket
-        first (each table's answer then starts a bucket's rows apart)."""
+        first (each table's answer then starts a bucket's rows apart; side by side, see
+        :meth:`lookup_side_by_side`, they share one array instead)."""
         if len(queries) != 1:
             return None
         q, out = queries[0], outs[0]
@@ -235,11 +279,14 @@ class BankLookup:
         dense = xp.empty((bags, 0), dtype=xp.float32)
         return SparseBatch(dense, tuple(keys), tuple(offsets), tuple(hotness))
 
-    def _shape(self, rooms: tuple[tuple[int, Combiner | None], ...], size: int) -> _Shape:
-        """The kernels' view of a call shape in a bucket of ``size`` bags (made on first
-        use; made again where a later shape grew the bank's staging rows it points at)."""
+    def _shape(
+        self, rooms: tuple[tuple[int, Combiner | None], ...], size: int, side: bool
+    ) -> _Shape:
+        """The kernels' view of a call shape in a bucket of ``size`` bags, its tables' answers
+        side by side in one output or each in its own (made on first use; made again where a
+        later shape grew the bank's staging rows it points at)."""
         bank = self.bank
-        key = (rooms, size)
+        key = (rooms, size, side)
         shape = self._shapes.get(key)
         if shape is not None and shape.staging_ptrs == bank.staging_pointers():
             return shape
@@ -257,7 +304,8 @@ class BankLookup:
             for t, (room, combiner) in enumerate(rooms)
         )
         layout = RankingLayout(self.model_lookup.model.name, 0, 1, size, feeds)
-        placement = Placement.of(layout, feeds, concat=False, groups=1)
+        # Tables not asked have no slot: side by side, they take no columns.
+        placement = Placement.of(layout, feeds, concat=side, groups=1)
         with self._stream:
             bucket = new_bucket(
                 size, layout, placement, None, {f.layer: f.layer for f in feeds}, any(bank.lower),

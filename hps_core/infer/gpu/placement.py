@@ -178,7 +178,8 @@ class Placement:
             layout: the model's tables and widths.
             feeds: the tables to place, in model order.
             concat: the network reads one Concat of every embedding (one ``[B, S, D]``
-                output; each table a column range of it) rather than one output per table.
+                output; each table a column range of it) rather than one output per table;
+                tables of several widths are then side by side in ``[B, sum of S_t * D_t]``.
             groups: cut large batches into at most this many parts.
             concat_row: ``(width, at)``: that Concat's ``[B, S * D]`` output is columns
                 ``[at, at + S * D)`` of a ``[B, width]`` tensor (a later Concat's output the
@@ -266,15 +267,15 @@ def _place(
     region, regions padded to whole 16-byte units so every row stays aligned for vector loads.
     """
     placements = []
-    keys_at = offsets_at = out_at = slot_at = 0
-    total_slots = sum(f.slot_num for f in feeds)
-    stacked = total_slots * feeds[0].vec_size if feeds else 0
+    keys_at = offsets_at = out_at = column = 0
+    # Side by side, each table's slots take their own width (a Concat's tables all have one).
+    stacked = sum(f.slot_num * f.vec_size for f in feeds)
     width, first = concat_row or (stacked, 0)
     if concat_row is not None and (width % 4 or first % 4 or first + stacked > width):
         raise ValueError(f"cannot pool {stacked} floats per sample into {concat_row}")
     for f in feeds:
         if concat:
-            shift, stride, at = first + slot_at * f.vec_size, width, 0
+            shift, stride, at = first + column, width, 0
         else:
             shift, stride, at = 0, f.slot_num * f.vec_size, out_at
         combiner = COMBINER_MEAN if f.combiner is Combiner.MEAN else 0
@@ -287,7 +288,7 @@ def _place(
         keys_at += f.max_keys_per_sample
         offsets_at += f.slot_num
         out_at += -(-f.slot_num * f.vec_size // 4) * 4
-        slot_at += f.slot_num
+        column += f.slot_num * f.vec_size
     out_per_sample = width if concat and feeds else out_at
     return tuple(placements), out_per_sample
 

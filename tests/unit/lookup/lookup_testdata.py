@@ -48,8 +48,11 @@ class TableData:
         return rng.permutation(np.concatenate([some, rng.choice(some, size=n // 4)]))
 
 
-def write_models(folder: Path, seed: int = 7) -> tuple[Path, dict[str, list[TableData]]]:
-    """Write the tables of ``MODELS`` and a ps.json with relative sparse paths.
+def write_models(
+    folder: Path, seed: int = 7, models: dict[str, tuple[tuple[int, int, float], ...]] = MODELS
+) -> tuple[Path, dict[str, list[TableData]]]:
+    """Write the tables of ``models`` (default ``MODELS``) and a ps.json with relative sparse
+    paths.
 
     Returns:
         The ps.json path and, per model, its tables' data.
@@ -57,7 +60,7 @@ def write_models(folder: Path, seed: int = 7) -> tuple[Path, dict[str, list[Tabl
     rng = np.random.default_rng(seed)
     data: dict[str, list[TableData]] = {}
     entries = []
-    for name, tables in MODELS.items():
+    for name, tables in models.items():
         data[name] = []
         for t, (rows, dim, default) in enumerate(tables):
             keys = np.unique(rng.integers(INT64_MIN, INT64_MAX, 2 * rows, np.int64))[:rows]
