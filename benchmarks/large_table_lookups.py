@@ -58,6 +58,29 @@ def gpu_seconds(cupy, step: Callable[[], None], repeats: int) -> float:
     return cupy.cuda.get_elapsed_time(start, stop) / 1e3
 
 
+KERNELS = {"bank_find": "find", "bank_pool": "pool", "bank_insert": "insert"}
+"""The bank's kernels by name; every other kernel and copy counts as ``other``."""
+
+
+def kernel_split(torch, run: Callable[[], None], steps: int) -> dict[str, float]:
+    """Milliseconds per step the GPU spends in each of the bank's kernels and in the rest
+    (other kernels, copies), from one ``torch.profiler`` run of ``steps`` steps (CUPTI sees
+    CuPy's kernels as well as PyTorch's)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        run()
+        torch.cuda.synchronize()
+    split = dict.fromkeys([*KERNELS.values(), "other"], 0.0)
+    for event in prof.key_averages():
+        us = getattr(event, "self_device_time_total", None)
+        if us is None:
+            us = getattr(event, "self_cuda_time_total", 0.0)
+        part = next((v for k, v in KERNELS.items() if event.key.startswith(k)), "other")
+        split[part] += us / 1e3 / steps
+    return split
+
+
 def ps_json(scratch: Path, folder: Path, precision: str, cache: str) -> Path:
     """A ps.json of one table (the written files) with a dynamic cache of share ``cache`` or
     the whole table static on the GPU."""
@@ -162,6 +185,11 @@ def measure_lookups(
                     seconds = gpu_seconds(cupy, lambda it=it: step(next(it)), args.steps)
                     after = hps.model("big", 0).counters()[0]
                     _check(out, pooled, precision, vectors, check, check_at, index[-1])
+                    it = iter(keys[args.warm :])
+                    split = kernel_split(
+                        torch, lambda it=it: [step(next(it)) for _ in range(args.steps)],
+                        args.steps,
+                    )  # fmt: skip
                     n = after.keys - before.keys
                     missed = after.host_rows - before.host_rows
                     per_step = seconds / args.steps
@@ -175,11 +203,13 @@ def measure_lookups(
                         "pcie_mb_per_step": missed * row_bytes / args.steps / 1e6,
                         "floor_ms": 1e3 * floor, "x_floor": per_step / floor if floor else 0,
                         "open_s": opened,
+                        **{f"{k}_ms": v for k, v in split.items()},
                     })  # fmt: skip
                 HPS.close_all()
                 cupy.get_default_memory_pool().free_all_blocks()
     fields = ["engine", "precision", "cache", "lookup", "m_keys_s", "ms_per_step", "hit_rate",
-              "pcie_mb_per_step", "floor_ms", "x_floor", "open_s"]  # fmt: skip
+              "pcie_mb_per_step", "floor_ms", "x_floor", "open_s", "find_ms", "pool_ms",
+              "insert_ms", "other_ms"]  # fmt: skip
     with open(args.out / "large_table_lookups.csv", "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=fields, extrasaction="ignore")
         writer.writeheader()
@@ -198,6 +228,16 @@ def measure_lookups(
             f"{r.get('x_floor', nan):7.2f}"
         )
     print(f"(NV Embedding Cache: {NVE_M_KEYS_S} M keys/s, 256 GB table, 10% cache, GB200)")
+    print("GPU time per step by kernel (torch.profiler), ms:")
+    print(f"{'engine':11} {'prec':4} {'cache':>11} {'lookup':>20} {'find':>7} {'pool':>7} "
+          f"{'insert':>7} {'other':>7}")  # fmt: skip
+    for r in results:
+        if "find_ms" in r:
+            print(
+                f"{r['engine']:11} {r['precision']:4} {r['cache']:>11} {r['lookup']:>20} "
+                f"{r['find_ms']:7.3f} {r['pool_ms']:7.3f} {r['insert_ms']:7.3f} "
+                f"{r['other_ms']:7.3f}"
+            )
     return results
 
 
