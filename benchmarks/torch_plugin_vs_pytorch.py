@@ -154,14 +154,17 @@ def write_ps_json(folder: Path, names: list[str], hotness: list[int], cache_shar
 
 def features(rng: np.random.Generator, rows: list[int], hotness: list[int], batch: int,
              alpha: float, device: torch.device):  # fmt: skip
-    """A KeyedJaggedTensor of ``batch`` samples, each table's fixed hotness of Zipf ids."""
+    """A KeyedJaggedTensor of ``batch`` samples, each table's fixed hotness of Zipf ids,
+    knowing each feature's number of ids (``length_per_key``), as a data loader that built it
+    on the host does: neither module then reads the lengths back from the GPU."""
     ids = [zipf_keys(rng, batch * h, n, alpha, permutation_seed=t)
            for t, (n, h) in enumerate(zip(rows, hotness, strict=True))]  # fmt: skip
     lengths = np.repeat(np.asarray(hotness, dtype=np.int32), batch)
-    return KeyedJaggedTensor.from_lengths_sync(
+    return KeyedJaggedTensor(
         keys=[f"cat_{t}" for t in range(len(rows))],
         values=torch.from_numpy(np.concatenate(ids)).to(device),
         lengths=torch.from_numpy(lengths).to(device),
+        length_per_key=[batch * h for h in hotness],
     )
 
 

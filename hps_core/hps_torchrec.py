@@ -173,21 +173,29 @@ class _Collection(torch.nn.Module):
         if weighted and weights is None:
             raise RequestError(f"{self.kind}: a weighted collection needs weights")
         samples = int(features.stride())
-        starts, one_lengths = _feature_layout(features.lengths(), len(keys), samples)
+        known = getattr(features, "length_per_key_or_none", lambda: None)()
+        if values.is_cuda and known is not None and len(known) == len(keys):
+            # Where each feature starts is known on the host (TorchRec's length_per_key):
+            # nothing waits for the GPU, and the bag lengths stay unread (every pooled table
+            # goes by offsets).
+            starts = [0, *itertools.accumulate(int(n) for n in known)]
+            one_lengths: list[int | None] = [None] * len(keys)
+        else:
+            starts, one_lengths = _feature_layout(features.lengths(), len(keys), samples)
         hotness = [_table_hotness(t, where, one_lengths, weighted) for t in self.tables]
         values = values.to(torch.int64)
         # Bags of one length are pooled by hotness: their offsets are neither cut nor sent.
-        offsets = None
+        bags = None
         if any(h is None for h in hotness):
-            offsets = features.offsets().to(torch.int64)
+            bags = _rebased_offsets(features.offsets(), len(keys), samples)
         if not values.is_cuda:
             # Host keys are cut as NumPy arrays: a slice of one costs a tenth of a tensor's,
             # and the host tier reads NumPy (a model of 26 tables cuts 26 of each per call).
             values = values.numpy()
-            offsets = None if offsets is None else offsets.numpy()
+            bags = None if bags is None else bags.numpy()
             weights = None if weights is None else weights.numpy()
         return _TableKeys.gather(
-            self.tables, where, samples, starts, values, offsets, weights, hotness
+            self.tables, where, samples, starts, values, bags, weights, hotness
         )
 
 
@@ -213,10 +221,13 @@ class _TableKeys:
         samples: int,
         starts: list[int],
         values: Any,
-        offsets: Any,
+        rebased: Any,
         weights: Any,
         hotness: list[int | None],
     ) -> list[_TableKeys]:
+        """Each table's keys, bags and weights out of the whole input's (``rebased``: every
+        feature's CSR offsets from 0, ``[features, samples + 1]``, or None where every
+        table goes by hotness)."""
         cat = np.concatenate if isinstance(values, np.ndarray) else torch.cat
         found = []
         for spec, hot in zip(tables, hotness, strict=True):
@@ -227,9 +238,8 @@ class _TableKeys:
                 keys.append(values[first:end])
                 if weights is not None:
                     scales.append(weights[first:end])
-                if hot is None:
-                    part = offsets[i * samples : (i + 1) * samples + 1] - (first - base)
-                    bags.append(part if j == 0 else part[1:])
+                if hot is None:  # a later feature's bags after the earlier ones' keys
+                    bags.append(rebased[i] if j == 0 else rebased[i][1:] + base)
                 counts.append(end - first)
                 base += end - first
             found.append(
@@ -257,10 +267,10 @@ class _TableKeys:
     def weighted_bags(self, rows: torch.Tensor) -> torch.Tensor:
         """Each bag's rows scaled by their weights and summed."""
         bags = int(self.offsets.shape[0]) - 1
+        lengths = torch.diff(torch.as_tensor(self.offsets)).to(torch.int64)
         bag_of = torch.repeat_interleave(
-            torch.arange(bags, device=rows.device), torch.diff(torch.as_tensor(self.offsets)),
-            output_size=int(rows.shape[0]),
-        )  # fmt: skip
+            torch.arange(bags, device=rows.device), lengths, output_size=int(rows.shape[0])
+        )
         scaled = rows * torch.as_tensor(self.weights).to(rows.dtype).reshape(-1, 1)
         out = torch.zeros((bags, rows.shape[1]), dtype=rows.dtype, device=rows.device)
         return out.index_add_(0, bag_of, scaled)
@@ -282,6 +292,17 @@ def _feature_layout(
     sums, firsts, ones = torch.stack([table.sum(dim=1), first, one.to(torch.int64)]).tolist()
     starts = [0, *itertools.accumulate(sums)]
     return starts, [n if ok else None for n, ok in zip(firsts, ones, strict=True)]
+
+
+def _rebased_offsets(offsets: torch.Tensor, features: int, samples: int) -> torch.Tensor:
+    """Every feature's CSR offsets from 0, ``[features, samples + 1]``, out of the whole
+    input's ``features * samples + 1`` offsets in two operations, whatever the number of
+    features (overlapping windows less their first): int32 on a GPU, the bank's width (no
+    conversion per table there), int64 on the host."""
+    offsets = offsets.contiguous()
+    windows = offsets.as_strided((features, samples + 1), (samples, 1))
+    rebased = windows - windows[:, :1]
+    return rebased.to(torch.int32) if rebased.is_cuda else rebased.to(torch.int64)
 
 
 def _table_hotness(

@@ -87,6 +87,8 @@ class _KeyedJaggedTensor:
         lengths: ``len(keys) * stride`` bag lengths (one of ``lengths``, ``offsets``).
         offsets: the bags' starts, plus the end.
         stride: samples per key (default: the bags over the keys).
+        length_per_key: each key's number of values, where the caller knows it on the host
+            (then nothing reads the lengths back from a GPU to find where a key starts).
     """
 
     def __init__(
@@ -97,6 +99,7 @@ class _KeyedJaggedTensor:
         lengths: torch.Tensor | None = None,
         offsets: torch.Tensor | None = None,
         stride: int | None = None,
+        length_per_key: list[int] | None = None,
     ) -> None:
         if lengths is None and offsets is None:
             raise ValueError("KeyedJaggedTensor: give lengths or offsets")
@@ -114,6 +117,13 @@ class _KeyedJaggedTensor:
             )
         self._stride = stride
         self._offset_per_key: list[int] | None = None
+        if length_per_key is not None:
+            if len(length_per_key) != len(self._keys):
+                raise ValueError(
+                    f"KeyedJaggedTensor: {len(length_per_key)} lengths per key for "
+                    f"{len(self._keys)} keys"
+                )
+            self._offset_per_key = [0, *itertools.accumulate(int(n) for n in length_per_key)]
 
     @classmethod
     def from_lengths_sync(
@@ -169,6 +179,12 @@ class _KeyedJaggedTensor:
     def length_per_key(self) -> list[int]:
         starts = self.offset_per_key()
         return [b - a for a, b in itertools.pairwise(starts)]
+
+    def length_per_key_or_none(self) -> list[int] | None:
+        """Each key's number of values where already known on the host, else None."""
+        if self._offset_per_key is None:
+            return None
+        return [b - a for a, b in itertools.pairwise(self._offset_per_key)]
 
     def __getitem__(self, key: str) -> _JaggedTensor:
         i = self._keys.index(key)

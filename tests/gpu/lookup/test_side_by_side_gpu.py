@@ -5,7 +5,8 @@ multiples of 4; other calls (and the per-table engine) copy each answer there. A
 files' rows (dict reference) and a NumPy float64 pooling, into poisoned outputs, for dynamic
 caches smaller than the table, static tables and tables without a GPU cache, keys on the
 host and on the GPU; then hps_torchrec's EmbeddingBagCollection of one feature per table,
-which answers this way, against the host's answer."""
+which answers this way, against the host's answer, and without reading anything back from the
+GPU where the input says where each feature starts (length_per_key)."""
 
 from __future__ import annotations
 
@@ -159,6 +160,18 @@ def test_an_embedding_bag_collection_answers_side_by_side(tmp_path: Path) -> Non
                                       lengths=torch.from_numpy(lengths))  # fmt: skip
             gpu = _KeyedJaggedTensor(keys, host.values().to(cuda), lengths=host.lengths().to(cuda))
             got, want = ebc(gpu), ebc(host)
+            # Where each feature starts known on the host (TorchRec's length_per_key): the
+            # forward reads nothing back from the GPU (PyTorch raises on a synchronising call).
+            per_key = lengths.reshape(3, samples).sum(axis=1).tolist()
+            known = _KeyedJaggedTensor(
+                keys, gpu.values(), lengths=gpu.lengths(), length_per_key=per_key
+            )
+            torch.cuda.set_sync_debug_mode("error")
+            try:
+                unsynced = ebc(known)
+            finally:
+                torch.cuda.set_sync_debug_mode("default")
+            torch.testing.assert_close(unsynced.values().cpu(), want.values(), rtol=1e-5, atol=1e-5)
             assert got.values().device == cuda and got.keys() == keys
             assert got.values().shape == (samples, 4 + 16 + 128)
             torch.testing.assert_close(got.values().cpu(), want.values(), rtol=1e-5, atol=1e-5)

@@ -13,6 +13,7 @@ torch = pytest.importorskip("torch")
 from hps_core.hps_torchrec import (  # noqa: E402
     TableSpec,
     _feature_layout,
+    _rebased_offsets,
     _table_hotness,
     _TableKeys,
 )
@@ -72,11 +73,13 @@ def test_tables_of_one_bag_length_go_without_offsets_and_the_tensor_path_cuts_al
     else:
         assert hotness == [1, 3, None, None, None]
 
+    rebased = _rebased_offsets(torch.from_numpy(offsets), len(FEATURES), SAMPLES)
     by_numpy = _TableKeys.gather(
-        TABLES, where, SAMPLES, starts, values, offsets, weights if weighted else None, hotness
-    )
+        TABLES, where, SAMPLES, starts, values, rebased.numpy(),
+        weights if weighted else None, hotness,
+    )  # fmt: skip
     by_tensor = _TableKeys.gather(
-        TABLES, where, SAMPLES, starts, torch.from_numpy(values), torch.from_numpy(offsets),
+        TABLES, where, SAMPLES, starts, torch.from_numpy(values), rebased,
         torch.from_numpy(weights) if weighted else None, hotness,
     )  # fmt: skip
     for spec, hot, a, b in zip(TABLES, hotness, by_numpy, by_tensor, strict=True):
@@ -98,3 +101,18 @@ def test_tables_of_one_bag_length_go_without_offsets_and_the_tensor_path_cuts_al
             assert (bag_lengths == hot).all()
         if weighted:
             np.testing.assert_array_equal(b.weights.numpy(), a.weights)
+
+
+@pytest.mark.parametrize("samples", [0, 1, SAMPLES])
+def test_rebased_offsets_are_each_features_offsets_from_0(samples: int) -> None:
+    """Against a loop over the features: offsets ``[f * S, (f + 1) * S]`` less their first,
+    from an offsets tensor that is a view (not starting at its storage's start)."""
+    rng = np.random.default_rng(samples + 10)
+    lengths = _lengths(rng, samples)
+    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+    padded = torch.from_numpy(np.concatenate([[-7], offsets]))[1:]  # a view at offset 1
+    got = _rebased_offsets(padded, len(FEATURES), samples)
+    assert got.dtype == torch.int64 and tuple(got.shape) == (len(FEATURES), samples + 1)
+    for f in range(len(FEATURES)):
+        window = offsets[f * samples : (f + 1) * samples + 1]
+        np.testing.assert_array_equal(got[f].numpy(), window - window[0])
