@@ -120,9 +120,9 @@ class HPS:
         Args:
             model_name: a ``model`` name of the ps.json.
             device_id: GPU whose embedding caches serve the lookups; ``None``: the host tier.
-            options: how it serves (miss policy, shared GPU caches); ``None``: those of the
-                lookup a Triton instance of this process serves the model with
-                (:meth:`open_model` with ``served``), else the defaults.
+            options: how it serves (shared GPU caches); ``None``: those of the lookup a
+                Triton instance of this process serves the model with (:meth:`open_model`
+                with ``served``), else the defaults.
 
         Returns:
             Its :class:`~hps_core.lookup.ModelLookup`.

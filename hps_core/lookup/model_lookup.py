@@ -136,25 +136,22 @@ class LookupOptions:
     config.pbtxt parameters).
 
     Args:
-        miss_policy: ``"fetch"`` or ``"default"`` (the config.pbtxt parameter
-            ``async_miss_policy``); no engine acts on it.
         share_caches: share dynamic GPU caches with the processes of ``share_scope`` that
             serve this model on the same GPU, instead of holding a private copy.
         share_scope: who may share; by default the children of this process's parent (the
             stubs of one Triton server).
 
     Example:
-        >>> LookupOptions(miss_policy="default", share_caches=True).share_scope is None
+        >>> LookupOptions(share_caches=True).share_scope is None
         True
     """
 
-    miss_policy: str = "fetch"
     share_caches: bool = False
     share_scope: str | None = None
 
 
 DEFAULT_OPTIONS = LookupOptions()
-"""Fetch misses' true vectors; private GPU caches."""
+"""Private GPU caches."""
 
 
 class ModelLookup:
