@@ -3,15 +3,17 @@
 Setup (issue defaults): a table of ``--rows`` keys (10M) at ``--dim`` (128) in the shared host
 tier; a dynamic cache of ``--cache-share`` (0.2) of the rows on the GPU; keys drawn from a Zipf
 distribution (alpha ``--alpha``, 1.05) over the table's rows. The cache is first warmed by
-``--warm-batches`` full lookups of 64K keys. Then, per batch size:
+``--warm-batches`` batches of 64K keys, as lookups leave it: each batch's distinct keys
+queried, its misses read from the host tier and inserted. Then, per batch size:
 
 - ``query``: ``cache.query(keys, out)`` alone (one kernel: hash, probe, copy hits), timed with
   CUDA events, once per synchronised call (latency) and over back-to-back calls
   (throughput); effective GB/s = batch x dim x 4 bytes returned / time.
 - ``static``: the whole table in a static cache (hash probe + row copy, one kernel), queried
-  back to back like ``query``;
-- ``lookup``: the whole pipeline (dedup, query, miss fetch from the host tier, insert,
-  scatter), timed on the host clock around a synchronised call.
+  back to back like ``query``.
+
+Full GPU lookups (the cache bank's kernels, misses read over PCIe) are measured by
+``benchmarks/large_table.py --lookups``.
 
 Also measured in the same run: the device-to-device copy bandwidth (bytes read + written),
 the ceiling the query is compared with. Prints a table; writes ``gpu_cache_bench.csv``.
@@ -37,7 +39,6 @@ import numpy as np
 
 from hps_core.cache import make_cache
 from hps_core.formats.sparse_writer import SparseTableWriter
-from hps_core.lookup import CachedTableLookup
 from hps_core.tiers.host_table import SharedHostTable
 from hps_core.workload import zipf_keys
 
@@ -98,24 +99,17 @@ def time_query(cache, batches: list, repeats: int) -> tuple[float, float, float]
     return statistics.median(single), pipelined, hits / (hits + after.misses - before.misses)
 
 
-def time_lookup(lookup: CachedTableLookup, batches: list, repeats: int) -> tuple[float, float]:
-    """Median seconds of one full lookup, and the unique-key hit rate of the timed calls."""
-    for keys in batches[:2]:
-        lookup.lookup(keys)
-    lookup.flush()
+def warm(cache, host: SharedHostTable, batches: list) -> None:
+    """Fill ``cache`` as lookups of ``batches`` would: each batch's distinct keys queried,
+    the misses read from the host tier and inserted."""
+    for keys in batches:
+        unique = cupy.unique(cupy.asarray(keys))
+        _, hit = cache.query(unique)
+        missed = cupy.asnumpy(unique[~hit])
+        if len(missed):
+            values, found = host.lookup(missed)
+            cache.replace(missed[found], values[found])
     cupy.cuda.get_current_stream().synchronize()
-    before = lookup.counters.snapshot()
-    times = []
-    for i in range(repeats):
-        keys = batches[i % len(batches)]
-        start = time.perf_counter()
-        lookup.lookup(keys)
-        cupy.cuda.get_current_stream().synchronize()
-        times.append(time.perf_counter() - start)
-    lookup.flush()
-    after = lookup.counters
-    unique = after.unique_keys - before.unique_keys
-    return statistics.median(times), (after.cache_hits - before.cache_hits) / max(unique, 1)
 
 
 def main() -> None:
@@ -127,7 +121,6 @@ def main() -> None:
     parser.add_argument("--batches", default="4096,16384,65536,262144,1048576")
     parser.add_argument("--warm-batches", type=int, default=150)
     parser.add_argument("--repeats", type=int, default=30)
-    parser.add_argument("--threshold", type=float, default=0.9, help="hit_rate_threshold")
     parser.add_argument("--out", default="bench_results")
     parser.add_argument("--workdir", default=None, help="where to write the table files")
     args = parser.parse_args()
@@ -145,19 +138,16 @@ def main() -> None:
         host = SharedHostTable(work / "table", args.dim)
         build_s = time.perf_counter() - t0
         cache = make_cache("dynamic", int(args.cache_share * args.rows), args.dim, cupy)
-        lookup = CachedTableLookup(host, cache, cupy, args.threshold, name="bench")
         static = make_cache(
             "static", host.rows, args.dim, cupy, contents=tuple(map(cupy.asarray, host.contents()))
         )
-        for _ in range(args.warm_batches):
-            lookup.lookup(cupy.asarray(zipf_keys(rng, 65536, args.rows, args.alpha)))
-        lookup.flush()
+        warm(cache, host, [zipf_keys(rng, 65536, args.rows, args.alpha)
+                           for _ in range(args.warm_batches)])  # fmt: skip
         results = []
         for batch in (int(b) for b in args.batches.split(",")):
             keys = [cupy.asarray(zipf_keys(rng, batch, args.rows, args.alpha)) for _ in range(4)]
             q_s, q_pipe_s, q_hit = time_query(cache, keys, args.repeats)
             _, s_pipe_s, s_hit = time_query(static, keys, args.repeats)
-            l_s, l_hit = time_lookup(lookup, keys, max(5, args.repeats // 3))
             returned = batch * args.dim * 4
             results.append(
                 {
@@ -176,14 +166,9 @@ def main() -> None:
                     "static_pipelined_us": round(s_pipe_s * 1e6, 1),
                     "static_pipelined_gb_s": round(returned / s_pipe_s / 1e9, 1),
                     "static_key_hit_rate": round(s_hit, 4),
-                    "lookup_us": round(l_s * 1e6, 1),
-                    "lookup_mkeys_s": round(batch / l_s / 1e6, 2),
-                    "lookup_gb_s": round(returned / l_s / 1e9, 1),
-                    "lookup_unique_hit_rate": round(l_hit, 4),
                     "copy_gb_s": round(copy_gbs, 1),
                 }
             )
-        lookup.close()
         del static
         host.close()
     finally:
@@ -195,13 +180,12 @@ def main() -> None:
         f"{args.warm_batches} warm-up batches of 64K; device copy {copy_gbs:.0f} GB/s"
     )
     head = ("batch", "query us", "GB/s", "b2b query us", "b2b GB/s", "key hit",
-            "static b2b us", "static GB/s", "lookup us", "lookup Mkeys/s", "uniq hit")  # fmt: skip
+            "static b2b us", "static GB/s")  # fmt: skip
     print("  ".join(f"{h:>12}" for h in head))
     for r in results:
         row = (r["batch"], r["query_us"], r["query_gb_s"], r["query_pipelined_us"],
                r["query_pipelined_gb_s"], r["query_key_hit_rate"], r["static_pipelined_us"],
-               r["static_pipelined_gb_s"], r["lookup_us"], r["lookup_mkeys_s"],
-               r["lookup_unique_hit_rate"])  # fmt: skip
+               r["static_pipelined_gb_s"])  # fmt: skip
         print("  ".join(f"{v:>12}" for v in row))
     with (out_dir / "gpu_cache_bench.csv").open("w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=list(results[0]))

@@ -28,8 +28,8 @@ table static on the GPU:
   floor: missed bytes / the host-to-device copy rate + the other rows' bytes / the GPU's
   device-to-device copy rate, both measured in the same run (a row read from GPU memory costs
   its bytes once; the floor counts neither the keys nor the answer's writes);
-- each GPU lookup engine of ``--engines``: ``bank`` (the cache bank's kernels) and ``tables``
-  (each table's own cache lookup), in the same run;
+- through the cache bank's kernels, the GPU lookup engine of every GPU lookup (the per-table
+  engine that ``--engines tables`` compared with it was retired);
 - PyTorch on the same keys (``F.embedding``, ``F.embedding_bag`` of a GPU copy of the FP32
   table, row indices in place of keys), where the GPU holds a copy beside everything else.
 
@@ -203,8 +203,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--load", action=argparse.BooleanOptionalAction, default=True,
                         help="measure the load (--no-load: lookups only)")  # fmt: skip
     parser.add_argument("--cache-shares", default="0.1,0.01", help="dynamic cache sizes")
-    parser.add_argument("--engines", default="bank,tables",
-                        help="GPU lookup engines (HPS_GPU_ENGINE): bank, tables")  # fmt: skip
     parser.add_argument("--alpha", type=float, default=1.05)
     parser.add_argument("--warm", type=int, default=30, help="steps before measuring")
     parser.add_argument("--steps", type=int, default=20, help="steps measured")

@@ -5,9 +5,7 @@ from __future__ import annotations
 
 import argparse
 import csv
-import itertools
 import json
-import os
 import tempfile
 import time
 from collections.abc import Callable
@@ -114,7 +112,6 @@ def measure_lookups(
     import torch.nn.functional as F
 
     from hps_core import HPS
-    from hps_core.hps import GPU_ENGINE_ENV
 
     h2d, d2d = copy_rates(cupy)
     rng = np.random.default_rng(1)
@@ -159,10 +156,7 @@ def measure_lookups(
         print(f"PyTorch peer skipped: {free / 1e9:.0f} GB free on the GPU")
 
     with tempfile.TemporaryDirectory() as scratch:
-        for engine, precision in itertools.product(
-            args.engines.split(","), args.precisions.split(",")
-        ):
-            os.environ[GPU_ENGINE_ENV] = engine
+        for precision in args.precisions.split(","):
             row_bytes = DIM * (4 if precision == "fp32" else 2)
             for cache in [*args.cache_shares.split(","), "static"]:
                 path = ps_json(Path(scratch), folder, precision, cache)
@@ -195,7 +189,7 @@ def measure_lookups(
                     per_step = seconds / args.steps
                     floor = (missed * row_bytes / h2d + (n - missed) * row_bytes / d2d) / args.steps
                     results.append({
-                        "engine": f"hps {engine}", "precision": precision,
+                        "engine": "hps bank", "precision": precision,
                         "cache": "static" if cache == "static" else f"{float(cache):.0%}",
                         "lookup": "pooled h=1024 sum" if pooled else "unpooled",
                         "m_keys_s": KEYS / per_step / 1e6, "ms_per_step": 1e3 * per_step,

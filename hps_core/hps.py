@@ -3,6 +3,7 @@
 ``HPS(ps_json)`` returns the one instance of this process for that ps.json, creating it on
 first use; models and their tables are opened lazily, on their first lookup (implicit
 initialisation: a Triton model needs no explicit init call). Safe to share between threads.
+A model's lookups on a GPU go through the cache bank's kernels (:func:`gpu_engine`).
 
 Example:
     >>> from hps_core import HPS  # doctest: +SKIP
@@ -28,17 +29,12 @@ from hps_core.lookup import LookupOptions, ModelLookup
 from hps_core.lookup.model_lookup import DEFAULT_OPTIONS
 from hps_core.nn.layers.embedding import Combiner
 
-GPU_ENGINE_ENV = "HPS_GPU_ENGINE"
-"""The GPU lookup engine of the models this process's HPS opens on a GPU: unset or ``bank``,
-the cache bank's kernels (:class:`~hps_core.infer.gpu.bank_lookup.BankLookup`, the ranking
-pipeline's ``bank_find``/``bank_pool``/``bank_insert``); ``tables``, each table's own cache
-lookup (:class:`~hps_core.lookup.CachedTableLookup`), the older engine, kept to compare
-against until it is retired (on an H100 it answered 4-8 M keys/s where the bank answered
-300-700 M with a dynamic cache: ``benchmarks/large_table.py``)."""
-
 
 def gpu_engine(lookup: ModelLookup) -> Any:
-    """The cache bank's GPU lookup engine for a model lookup on a GPU (imported only then)."""
+    """The GPU lookup engine of a model lookup on a GPU, which every GPU lookup of the HPS
+    answers through: the cache bank's kernels
+    (:class:`~hps_core.infer.gpu.bank_lookup.BankLookup`, the ranking pipeline's
+    ``bank_find``/``bank_pool``/``bank_insert``), imported only then."""
     from hps_core.infer.gpu.bank_lookup import BankLookup
 
     return BankLookup(lookup)
@@ -124,9 +120,9 @@ class HPS:
         Args:
             model_name: a ``model`` name of the ps.json.
             device_id: GPU whose embedding caches serve the lookups; ``None``: the host tier.
-            options: how it serves (miss policy, shared GPU caches); ``None``: those of the
-                lookup a Triton instance of this process serves the model with
-                (:meth:`open_model` with ``served``), else the defaults.
+            options: how it serves (shared GPU caches); ``None``: those of the lookup a
+                Triton instance of this process serves the model with (:meth:`open_model`
+                with ``served``), else the defaults.
 
         Returns:
             Its :class:`~hps_core.lookup.ModelLookup`.
@@ -140,8 +136,7 @@ class HPS:
                 lookup = self._lookups.get(key)
                 if lookup is None:
                     model = self.config.model(model_name)
-                    engine = None if os.environ.get(GPU_ENGINE_ENV) == "tables" else gpu_engine
-                    lookup = ModelLookup(self.config, model, device_id, options, engine)
+                    lookup = ModelLookup(self.config, model, device_id, options, gpu_engine)
                     self._lookups[key] = lookup
         return lookup
 

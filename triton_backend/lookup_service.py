@@ -1,9 +1,9 @@
 """What every HPS-backed Triton model instance does besides its own contract.
 
 - ``initialize``-time checks are the models' job. The service makes the instance's lookup
-  once (:attr:`LookupService.lookup`, with the instance's miss policy and cache sharing fixed
-  in it) and the model builds on that object; the HPS itself starts on the first ``execute``
-  (HugeCTR's implicit initialisation): :meth:`LookupService.start` opens the model's tables,
+  once (:attr:`LookupService.lookup`, with the instance's cache sharing fixed in it) and the
+  model builds on that object; the HPS itself starts on the first ``execute`` (HugeCTR's
+  implicit initialisation): :meth:`LookupService.start` opens the model's tables,
   fills the GPU caches when HugeCTR would (``gpucache``,
   ``cache_refresh_percentage_per_iteration > 0`` and ``init_ec``, true by default), and
   starts the cache refresher when ``refresh_interval > 0``. Instances on one GPU share its
@@ -146,9 +146,7 @@ class LookupService:
     ) -> None:
         self.settings = settings
         self.files = files
-        self._options = LookupOptions(
-            miss_policy=settings.miss_policy, share_caches=settings.share_gpu_cache
-        )
+        self._options = LookupOptions(share_caches=settings.share_gpu_cache)
         self.lookup: ModelLookup = HPS(settings.ps_json).open_model(
             settings.hps_model, settings.lookup_device, self._options, served=served
         )

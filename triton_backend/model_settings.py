@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Any
 
 from hps_core.errors import ConfigError, Problem
-from hps_core.hps import GPU_ENGINE_ENV
 from hps_core.infer.model_io import (
     FREEZE_SPARSE_PARAMETER,
     HOT_KEYS_PARAMETER,
@@ -45,8 +44,10 @@ class ModelSettings:
         device_id: GPU of the instance (0 for CPU instances).
         config: the decoded config.pbtxt.
         instance_name: Triton's name of this instance.
-        miss_policy: how asynchronous cache misses are answered: ``"fetch"`` (true vectors)
-            or ``"default"`` (HugeCTR: default vectors, counted).
+        miss_policy: HugeCTR's ``async_miss_policy``: ``"fetch"`` (true vectors) or
+            ``"default"`` (HugeCTR: default vectors for asynchronous misses); accepted and
+            said to be without effect (:func:`inert_parameters`): every GPU lookup here
+            answers a miss with its true vector.
         hot_keys: folder of ``<table name>.npy`` key arrays, hottest first, to warm the GPU
             caches with; ``None`` uses each sparse folder's ``meta`` file or file order.
         share_gpu_cache: GPU instances on one GPU share its dynamic caches (CUDA IPC) instead
@@ -163,8 +164,8 @@ def inert_parameters(settings: ModelSettings) -> list[str]:
         lines.append(
             f"config.pbtxt parameters.{MISS_POLICY_PARAMETER} = default: accepted without effect: "
             "GPU lookups answer every missed key with its true row (from the host tier and the "
-            "tiers below it) and insert it after the answer, never a default vector (only the "
-            f"older per-table engine, {GPU_ENGINE_ENV}=tables, follows it)"
+            "tiers below it) and insert it after the answer, never a default vector; no "
+            "engine here acts on it"
         )
     return lines
 

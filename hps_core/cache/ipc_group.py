@@ -297,8 +297,9 @@ class SharedCacheGroup:
     def close(self) -> None:
         """Finish this process's work on the caches, then detach (the last user frees them)."""
         with self._locked(), cupy.cuda.Device(self.device_id) as device:
-            # Every stream of this process (background inserts have their own) must be done
-            # with the slots before they are unmapped or freed.
+            # Every stream of this process (the GPU pipeline, the lookup engine and online
+            # updates have their own) must be done with the slots before they are unmapped
+            # or freed.
             device.synchronize()
             if int(self._processes["pid"][self._slot]) == os.getpid():
                 self._processes["pid"][self._slot] = 0

@@ -67,8 +67,8 @@ _TOP_FIELDS: dict[str, str] = {
 # Model fields that act here on some models: no warning for a model they act on.
 _ACTS_ON: dict[str, Callable[[ModelConfig], bool]] = {
     "fp8_quant": lambda model: model.static_tables,
-    # At 1.0 and above HugeCTR answers every miss with its true row too, as the cache bank
-    # does here (only the older per-table engine, HPS_GPU_ENGINE=tables, chooses by it).
+    # At 1.0 and above HugeCTR answers every miss with its true row too, as every GPU lookup
+    # does here (no engine here chooses by it).
     "hit_rate_threshold": lambda model: model.hit_rate_threshold >= 1.0,
 }
 

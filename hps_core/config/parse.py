@@ -67,7 +67,7 @@ Differences from the docs (HugeCTR's parser is followed; the docs are
     - ``volatile_db`` present without ``type`` means ``disabled``; an absent ``volatile_db``
       means ``parallel_hash_map``. The docs give ``parallel_hash_map`` for both.
     - ``update_source.type`` defaults to ``null`` (no updates).
-    - ``hit_rate_threshold`` may exceed 1 (then every miss is inserted synchronously); the
+    - ``hit_rate_threshold`` may exceed 1 (HugeCTR then inserts every miss synchronously); the
       docs say "between 0 and 1" but also recommend values above 1 to avoid buffer-pool
       exhaustion. Negative values are rejected.
     - ``initialize_after_startup`` (``volatile_db``, ``persistent_db``) is documented and is

@@ -132,7 +132,7 @@ class RankingSession:
             precision: ``"fp32"``, ``"tf32"`` or ``"fp16"``; ``None``: the model's
                 (:func:`dense_precision`).
             graphs: on a GPU, record each batch size bucket as CUDA graphs.
-            options: how the lookup serves (miss policy, shared GPU caches).
+            options: how the lookup serves (shared GPU caches).
 
         Returns:
             The session.

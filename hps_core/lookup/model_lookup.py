@@ -1,9 +1,12 @@
 """Keys to embedding vectors for every table of one model, on one device.
 
-On the host (CPU instances) each table is read from the shared host tier. On a GPU, with
-``gpucache: true``, each table gets an embedding cache in front of the host tier: dynamic
-(``gpucacheper`` of the rows, LRU) or static (the whole table). See
-:mod:`hps_core.lookup.table_lookup` for the steps of one lookup.
+On the host (CPU instances) each table is read from the shared host tier
+(:class:`~hps_core.lookup.table_lookup.HostTableLookup`). On a GPU, with ``gpucache: true``,
+each table gets an embedding cache in front of the host tier: dynamic (``gpucacheper`` of
+the rows, LRU) or static (the whole table), held by its
+:class:`~hps_core.lookup.table_lookup.CachedTableLookup`; every GPU lookup is answered by the
+GPU engine the lookup is given (:class:`~hps_core.infer.gpu.bank_lookup.BankLookup`: every
+table of a call in one batch of the cache bank's kernels), with or without caches.
 
 With ``share_caches``, the dynamic caches are shared with the other processes that serve
 the same model on the same GPU (Triton instances of one server): see
@@ -33,7 +36,6 @@ from hps_core.lookup.table_lookup import (
     CachedTableLookup,
     HostTableLookup,
     TableCounters,
-    lookup_cached_tables,
     lookup_together,
     together_positions,
 )
@@ -103,10 +105,9 @@ class TableQuery:
 
 
 class GpuEngine(Protocol):
-    """A GPU lookup engine a :class:`ModelLookup` on a GPU may answer through
+    """The GPU lookup engine a :class:`ModelLookup` on a GPU answers through
     (:class:`~hps_core.infer.gpu.bank_lookup.BankLookup`: every table's lookups in one batch
-    of the cache bank's kernels, which :class:`~hps_core.hps.HPS` hands it unless
-    ``HPS_GPU_ENGINE=tables``)."""
+    of the cache bank's kernels, which :class:`~hps_core.hps.HPS` hands it)."""
 
     def lookup(self, queries: Sequence[TableQuery], outs: Sequence[Any] | None = None) -> list[Any]:
         """Answer ``queries`` (at most one per table), into ``outs`` where given."""
@@ -135,24 +136,22 @@ class LookupOptions:
     config.pbtxt parameters).
 
     Args:
-        miss_policy: ``"fetch"`` or ``"default"`` (see :class:`CachedTableLookup`).
         share_caches: share dynamic GPU caches with the processes of ``share_scope`` that
             serve this model on the same GPU, instead of holding a private copy.
         share_scope: who may share; by default the children of this process's parent (the
             stubs of one Triton server).
 
     Example:
-        >>> LookupOptions(miss_policy="default", share_caches=True).share_scope is None
+        >>> LookupOptions(share_caches=True).share_scope is None
         True
     """
 
-    miss_policy: str = "fetch"
     share_caches: bool = False
     share_scope: str | None = None
 
 
 DEFAULT_OPTIONS = LookupOptions()
-"""Fetch misses' true vectors; private GPU caches."""
+"""Private GPU caches."""
 
 
 class ModelLookup:
@@ -166,9 +165,14 @@ class ModelLookup:
         model: the model to serve.
         device_id: CUDA device of the embedding caches, or ``None`` for host lookups.
         options: how it serves (:class:`LookupOptions`).
-        engine: makes the GPU lookup engine that answers this lookup's own lookups on a GPU
-            (:class:`~hps_core.infer.gpu.bank_lookup.BankLookup`, made on first use);
-            ``None``: each table's :class:`CachedTableLookup` answers them.
+        engine: makes the GPU lookup engine that answers this lookup's lookups on a GPU
+            (:func:`hps_core.hps.gpu_engine`: a
+            :class:`~hps_core.infer.gpu.bank_lookup.BankLookup`, made on first use); needed
+            on a GPU, unused on the host.
+
+    Raises:
+        ValueError: a lookup on a GPU without its engine (a programming error: every maker
+            of a GPU lookup hands it one).
     """
 
     def __init__(
@@ -179,6 +183,11 @@ class ModelLookup:
         options: LookupOptions = DEFAULT_OPTIONS,
         engine: Callable[[ModelLookup], GpuEngine] | None = None,
     ) -> None:
+        if device_id is not None and engine is None:
+            raise ValueError(
+                f"model '{model.name}' on GPU {device_id}: a GPU lookup needs its engine "
+                "(hps_core.hps.gpu_engine)"
+            )
         self.config = config
         self.model = model
         self.device_id = device_id
@@ -319,9 +328,7 @@ class ModelLookup:
                 # gpucacheper is a share of the whole table, not of its shared-memory part.
                 capacity = cache_capacity_rows(self.model.gpucacheper, host.table_rows)
                 cache = self._dynamic_cache(capacity, table, name)
-        return CachedTableLookup(
-            host, cache, self.xp, self.model.hit_rate_threshold, self.options.miss_policy, name
-        )
+        return CachedTableLookup(host, cache, self.xp, name=name)
 
     def _dynamic_cache(self, capacity: int, table: TableConfig, name: str) -> Any:
         group = self._cache_group()
@@ -337,10 +344,6 @@ class ModelLookup:
             except SharingError as exc:
                 logger.warning("%s: private cache: %s", name, exc)
         return make_cache(kind, capacity, dim, self.xp, name=name, precision=precision)
-
-    def _section(self) -> Any:
-        """Context for GPU work on every table at once (one lock round for a shared group)."""
-        return self._group.section() if self._group is not None else contextlib.nullcontext()
 
     def cache_section(self) -> Any:
         """Context for work on this model's caches from a thread other than the lookups':
@@ -423,8 +426,8 @@ class ModelLookup:
         """The rows of ``keys`` in table ``table_id``, a row per key or pooled per bag.
 
         On the host the host tier's rows of each distinct key are read once and pooled with
-        NumPy; on a GPU the engine given pools them (the cache bank's ``bank_pool``, each bag
-        in registers), else each table's cache lookup returns a row per key, pooled with CuPy.
+        NumPy; on a GPU the engine pools them (the cache bank's ``bank_pool``, each bag in
+        registers).
 
         Args:
             table_id: index of the table.
@@ -449,8 +452,8 @@ class ModelLookup:
         self, queries: Sequence[TableQuery], outs: Sequence[Any] | None = None
     ) -> list[Any]:
         """Several tables' lookups in one call, each a row per key or pooled per bag: on a
-        GPU one batch of the engine's kernels where one is given (a table asked twice is
-        asked in turn), so a model of many tables waits for the GPU once.
+        GPU one batch of the engine's kernels (a table asked twice is asked in turn), so a
+        model of many tables waits for the GPU once.
 
         Args:
             queries: the lookups (:class:`TableQuery`), keys and offsets all on the side of
@@ -486,11 +489,9 @@ class ModelLookup:
             ]
         with self.xp.cuda.Device(self.device_id):
             engine = self._gpu_engine()
-            if engine is not None:
-                if len({q.table for q in queries}) == len(queries):
-                    return engine.lookup(queries, outs)
-                return [engine.lookup([q], [o])[0] for q, o in zip(queries, outs, strict=True)]
-            return [self._per_table(q, o) for q, o in zip(queries, outs, strict=True)]
+            if len({q.table for q in queries}) == len(queries):
+                return engine.lookup(queries, outs)
+            return [engine.lookup([q], [o])[0] for q, o in zip(queries, outs, strict=True)]
 
     def lookup_side_by_side(self, queries: Sequence[TableQuery], out: Any = None) -> Any:
         """Several tables' answers side by side in one array, in the order asked: what
@@ -520,7 +521,7 @@ class ModelLookup:
         if self.device_id is not None:
             with self.xp.cuda.Device(self.device_id):
                 engine = self._gpu_engine()
-                if engine is not None and engine.side_by_side(queries):
+                if engine.side_by_side(queries):
                     if out is None:
                         out = self.xp.empty((rows, sum(widths)), dtype=self.xp.float32)
                     return engine.lookup_side_by_side(queries, out)
@@ -565,30 +566,10 @@ class ModelLookup:
             raise RequestError(f"{n} keys do not fill bags of {hotness} (hotness {hotness})")
         return query
 
-    def _per_table(self, query: TableQuery, out: Any) -> Any:
-        """A GPU query answered by its table's own cache lookup, pooled with CuPy."""
-        table = self.table(query.table)
-        if out is not None:
-            check_out(out, query.bags, table.dim, self.device_id)
-        if query.combiner is None:
-            return table.lookup(query.keys, out)
-        rows = table.lookup(query.keys)
-        offsets = query.offsets
-        if offsets is None:
-            offsets = self.xp.arange(0, int(query.keys.shape[0]) + 1, query.hotness)
-        pooled = pool_embeddings(self.xp, rows, offsets, 1, query.combiner)
-        pooled = pooled.reshape(-1, table.dim)
-        if out is None:
-            return pooled
-        out[...] = pooled
-        return out
-
-    def _gpu_engine(self) -> GpuEngine | None:
+    def _gpu_engine(self) -> GpuEngine:
         """The GPU lookup engine given to this lookup, made on first use (closed with this
-        lookup; its lookups count in :meth:`counters`); None: the per-table engine of
-        :class:`CachedTableLookup` answers."""
-        if self._make_engine is None:
-            return None
+        lookup; its lookups count in :meth:`counters`)."""
+        assert self._make_engine is not None  # a GPU lookup is made with its engine
         with self._lock:
             if self._engine is None:
                 self._engine = self._make_engine(self)
@@ -614,7 +595,7 @@ class ModelLookup:
     def lookup_many(self, table_ids: Sequence[int], keys: Sequence[Any]) -> list[Any]:
         """Look up several tables at once.
 
-        On a GPU every table's cache query is launched before any is finished, so a model
+        On a GPU every table is looked up in one batch of the engine's kernels, so a model
         with many tables waits for the GPU once rather than once per table.
 
         Args:
@@ -628,13 +609,8 @@ class ModelLookup:
         if self.device_id is None:
             return self._on_host(tables, keys, lambda table, k: table.lookup(k))
         with self.xp.cuda.Device(self.device_id):
-            engine = self._gpu_engine()
-            if engine is not None:
-                queries = [TableQuery(t, k) for t, k in zip(table_ids, keys, strict=True)]
-                return engine.lookup(queries)
-            if not all(isinstance(table, CachedTableLookup) for table in tables):
-                return [table.lookup(k) for table, k in zip(tables, keys, strict=True)]
-            return lookup_cached_tables(tables, keys, self.xp, self._section)
+            queries = [TableQuery(t, k) for t, k in zip(table_ids, keys, strict=True)]
+            return self._gpu_engine().lookup(queries)
 
     def lookup_rows_many(
         self, table_ids: Sequence[int], keys: Sequence[Any]
@@ -737,10 +713,8 @@ class ModelLookup:
             )
 
     def flush(self) -> None:
-        """Wait for every table's background cache inserts and tier writes."""
+        """Wait for every table's background tier writes."""
         for table in self._tables:
-            if isinstance(table, CachedTableLookup):
-                table.flush()
             if table is not None and table.host.has_lower_tiers:
                 table.host.flush()  # rows being written to Redis (cache_missed_embeddings)
 

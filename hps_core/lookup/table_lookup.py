@@ -1,68 +1,56 @@
-"""Keys -> vectors for one table, on the host or through a GPU embedding cache.
+"""Keys -> vectors for one table on the host, and one table's GPU embedding cache.
 
-:class:`HostTableLookup` reads the shared host tier directly (CPU instances, and GPU instances
-with ``gpucache: false``). :class:`CachedTableLookup` puts an embedding cache in front of it:
-
-1. deduplicate the batch's keys (on the cache's device);
-2. query the cache;
-3. fetch the misses from the host tier (its default vector for keys it does not hold);
-4. insert the misses into the cache: synchronously when the batch's hit rate is below
-   ``hit_rate_threshold``, else handed to a background thread so the answer does not wait;
-5. scatter the unique rows back to request order.
-
-HugeCTR answers the misses of an asynchronous batch with default vectors. Here a miss is
-answered with its true vector whenever the host tier holds it (the insert is what is
-asynchronous, not the answer), unless ``miss_policy="default"`` asks for HugeCTR's
-behaviour; then every default answer for a key the table holds is counted, never silent.
-
-The same code runs with CuPy (the GPU kernels) and, in the tests, with NumPy (the cache's
-twin, ``tests/unit/cache/cache_twin.py``), which is what CI runs.
+:class:`HostTableLookup` reads the shared host tier directly (CPU instances): each call's
+distinct keys are looked up once (a few keys as they come), through the tiers below the
+shared one where the model has them; on a GPU without cache (``gpucache: false``) it holds
+the host tier the GPU lookups read. :class:`CachedTableLookup` holds a table's GPU
+embedding cache (dynamic or static) in front of its host tier; it answers no lookups itself:
+every GPU lookup goes through the cache bank's kernels
+(:class:`~hps_core.infer.gpu.bank_lookup.BankLookup`, the ranking pipeline), which read its
+cache and host tier. It warms the cache before serving and refreshes cached rows from the
+host tier; its methods run with CuPy (the GPU cache) and, in the tests, with NumPy (the
+cache's twin, ``tests/unit/cache/cache_twin.py``).
 """
 
 from __future__ import annotations
 
-import concurrent.futures
-import contextlib
-import functools
 import itertools
-import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, fields
 from typing import Any
 
 import numpy as np
 
-from hps_core.arrays import distinct_keys, module_of, to_host
+from hps_core.arrays import distinct_keys, to_host
 from hps_core.cache import StaticTable
 from hps_core.hashing import mix64
 from hps_core.tiers.cascade import TieredTable
 from hps_core.tiers.hash_layout import SEARCH_KEYS
 from hps_core.tiers.host_table import SharedHostTable
 
-logger = logging.getLogger("hps_core")
-
-MISS_POLICIES = ("fetch", "default")
-
 
 @dataclass
 class TableCounters:
-    """What one table's lookups did since the model lookup opened (keys count unique per batch).
+    """What one table's lookups did since the model lookup opened (host lookups count each
+    call's distinct keys; the cache bank on a GPU counts every key occurrence).
 
     Args:
         lookups: lookup calls.
         keys: keys asked for, duplicates included.
-        unique_keys: distinct keys per call, summed.
-        cache_hits: unique keys answered by the cache.
-        cache_misses: unique keys the cache did not hold.
-        unknown_keys: unique keys the table does not hold (answered with its default vector).
-        default_answers: keys the table holds that were answered with the default vector
-            (``miss_policy="default"`` only).
-        sync_inserts: batches whose misses were inserted before answering.
-        async_inserts: batches whose misses were inserted in the background.
+        unique_keys: distinct keys per call, summed (every key on a GPU).
+        cache_hits: keys answered by the GPU cache.
+        cache_misses: keys the GPU cache did not hold.
+        unknown_keys: keys the table does not hold (answered with its default vector).
+        default_answers: keys the table holds that were answered with the default vector:
+            none since the per-table GPU engine (``async_miss_policy: "default"``) was
+            retired; kept, always 0, so that the published metric keeps its name.
+        sync_inserts: batches whose misses were inserted before answering (the retired
+            per-table engine; always 0, kept as ``default_answers`` is).
+        async_inserts: batches whose misses were inserted in the background (likewise).
         inserted_keys: keys handed to the cache for insertion.
-        failed_inserts: background insertions that raised (logged).
+        failed_inserts: background insertions that raised (likewise).
         evictions: rows the cache evicted to make room (read from the cache by ``snapshot``).
         host_rows: rows the GPU pipeline read from host memory over PCIe: each distinct missed
             key once per batch (staged on the GPU), and each read in place (a table without
@@ -421,413 +409,41 @@ def _distinct_count(keys: np.ndarray) -> int:
     return int(np.count_nonzero(ordered[1:] != ordered[:-1])) + 1
 
 
-@dataclass
-class PendingLookup:
-    """A cached lookup between :meth:`CachedTableLookup.begin` and ``finish``.
-
-    Args:
-        start: host clock when it began.
-        n: number of keys asked for.
-        unique: the distinct keys, on the cache's device.
-        unique_h: the same on the host when the keys came from the host, else ``None``.
-        inverse: position of each key in ``unique`` (cache's device).
-        rows: ``[len(unique), dim]`` rows being filled.
-        hit: the query's hit mask (``None`` for an empty lookup).
-        out: the caller's output array, or ``None``.
-    """
-
-    start: float
-    n: int
-    unique: Any
-    unique_h: np.ndarray | None
-    inverse: Any
-    rows: Any
-    hit: Any
-    out: Any
-
-
-@dataclass
-class ResolvedLookup:
-    """A cached lookup after :meth:`CachedTableLookup.resolve`: every row is answered.
-
-    Args:
-        pending: the lookup as :meth:`CachedTableLookup.begin` started it.
-        misses: unique keys the cache did not hold.
-        unknown: unique keys the table does not hold.
-        inserted: keys handed to the cache for insertion.
-        mode: ``"sync"``, ``"async"`` or ``None`` (nothing inserted).
-        insert: ``(keys, values)`` to insert before answering (synchronous mode).
-        miss_h: host positions (in ``unique``) of the misses.
-        fill: what the miss rows get: host float32 ``[misses, dim]`` vectors, or a scalar
-            (the default value); written by :func:`fill_misses`.
-    """
-
-    pending: PendingLookup
-    miss_h: np.ndarray | None = None
-    fill: np.ndarray | float | None = None
-    misses: int = 0
-    unknown: int = 0
-    inserted: int = 0
-    mode: str | None = None
-    insert: tuple[np.ndarray, np.ndarray] | None = None
-
-
-def prepare_many(
-    tables: Sequence[CachedTableLookup], keys: Sequence[Any], xp: Any
-) -> list[PendingLookup]:
-    """:meth:`CachedTableLookup.prepare` for several tables, with one host-to-device copy.
-
-    Each table's host keys are deduplicated on the host; the distinct keys and inverse
-    indices of every table then travel to the device together (one transfer instead of two
-    per table: on a model with tens of tables, per-table copies cost more than the queries).
-
-    Args:
-        tables: the tables.
-        keys: one 1-D int64 key array per table (NumPy; CuPy keys are prepared per table).
-        xp: the tables' array module.
-
-    Returns:
-        One prepared lookup per table.
-    """
-    start = time.perf_counter()
-    dedup: list[tuple[np.ndarray, np.ndarray] | None] = []
-    for k in keys:
-        if module_of(k) is np:
-            dedup.append(np.unique(np.asarray(k, dtype=np.int64).ravel(), return_inverse=True))
-        else:
-            dedup.append(None)
-    parts = [part for d in dedup if d is not None for part in d]
-    device = xp.asarray(np.concatenate(parts)) if parts else None
-    pending, offset = [], 0
-    for table, k, d in zip(tables, keys, dedup, strict=True):
-        if d is None:
-            pending.append(table.prepare(k))
-            continue
-        unique_h, inverse_h = d
-        u, n = len(unique_h), len(inverse_h)
-        unique, inverse = device[offset : offset + u], device[offset + u : offset + u + n]
-        offset += u + n
-        pending.append(table.prepared(start, unique, unique_h, inverse))
-    return pending
-
-
-def fill_misses(resolved: Sequence[ResolvedLookup], xp: Any) -> None:
-    """Write the miss rows of resolved lookups: one transfer of positions, one of vectors.
-
-    Args:
-        resolved: lookups after :meth:`CachedTableLookup.resolve`.
-        xp: their array module.
-    """
-    todo = [r for r in resolved if r.misses]
-    if not todo:
-        return
-    positions = xp.asarray(np.concatenate([r.miss_h for r in todo]))
-    vectors = [r.fill.ravel() for r in todo if isinstance(r.fill, np.ndarray)]
-    flat = xp.asarray(np.concatenate(vectors)) if vectors else None
-    at = vat = 0
-    for r in todo:
-        miss = positions[at : at + r.misses]
-        at += r.misses
-        if isinstance(r.fill, np.ndarray):
-            size = r.fill.size
-            r.pending.rows[miss] = flat[vat : vat + size].reshape(r.fill.shape)
-            vat += size
-        else:
-            r.pending.rows[miss] = r.fill
-
-
-def lookup_cached_tables(
-    tables: Sequence[CachedTableLookup],
-    keys: Sequence[Any],
-    xp: Any,
-    section: Callable[[], contextlib.AbstractContextManager[Any]] = contextlib.nullcontext,
-) -> list[Any]:
-    """Look up several cached tables with one transfer per step instead of one per table.
-
-    Keys go to the device together (:func:`prepare_many`); every query is launched inside
-    one ``section`` (a shared cache group's lock; only launches happen in it); the hit masks
-    come back in one copy, which is the one wait for the GPU; misses are fetched per table
-    and written back together (:func:`fill_misses`); then each table inserts and answers.
-
-    Args:
-        tables: the tables.
-        keys: one 1-D int64 key array per table.
-        xp: their array module.
-        section: context in which the queries are launched.
-
-    Returns:
-        One float32 ``[n_i, dim_i]`` array per table, as :meth:`CachedTableLookup.lookup`.
-    """
-    pending = prepare_many(tables, keys, xp)
-    with section():
-        for table, p in zip(tables, pending, strict=True):
-            table.launch(p)
-    hits = [p.hit for p in pending if p.n]
-    hits_h = to_host(xp.concatenate(hits)) if hits else np.zeros(0, bool)
-    resolved, at = [], 0
-    for table, p in zip(tables, pending, strict=True):
-        u = int(p.unique.shape[0]) if p.n else 0
-        resolved.append(table.resolve(p, hits_h[at : at + u] if p.n else None))
-        at += u
-    fill_misses(resolved, xp)
-    return [table.complete(r) for table, r in zip(tables, resolved, strict=True)]
-
-
-_thread_state = threading.local()
-
-
-def _use_own_stream(device_id: int) -> None:
-    """Make a new non-blocking CUDA stream on ``device_id`` current in this thread."""
-    import cupy
-
-    cupy.cuda.Device(device_id).use()
-    _thread_state.stream = cupy.cuda.Stream(non_blocking=True)
-    _thread_state.stream.use()
-
-
 class CachedTableLookup:
-    """Lookups through an embedding cache backed by the host tier.
+    """A table's GPU embedding cache in front of its host tier: what the cache bank
+    (:class:`~hps_core.infer.gpu.bank.CacheBank`) looks the table up through, what online
+    updates overwrite (:meth:`~hps_core.lookup.model_lookup.ModelLookup.update_cached_rows`)
+    and what the refresher re-reads (:meth:`refresh`). It answers no lookups itself.
 
     Args:
         host: the table's host tier (:class:`SharedHostTable`, or the
             :class:`~hps_core.tiers.cascade.TieredTable` of a model with lower tiers: the
-            GPU pipeline reads its shared tier and asks ``lookup_lower`` for the rest).
-        cache: a dynamic cache (``query``/``replace``) or a :class:`StaticTable`.
+            bank reads its shared tier in place and asks ``lookup_lower`` for the rest).
+        cache: a dynamic cache (``query``/``replace``/``update``/``dump``) or a
+            :class:`StaticTable`.
         xp: the cache's array module.
-        hit_rate_threshold: below it a batch's misses are inserted before answering.
-        miss_policy: ``"fetch"`` (true vectors for misses) or ``"default"`` (HugeCTR:
-            default vectors for the misses of asynchronous batches, counted).
         name: label for logs, e.g. ``"dlrm.table3@gpu0"``.
     """
 
     def __init__(
-        self,
-        host: SharedHostTable | TieredTable,
-        cache: Any,
-        xp: Any,
-        hit_rate_threshold: float,
-        miss_policy: str = "fetch",
-        name: str = "table",
+        self, host: SharedHostTable | TieredTable, cache: Any, xp: Any, *, name: str = "table"
     ) -> None:
-        if miss_policy not in MISS_POLICIES:
-            raise ValueError(f"miss_policy must be one of {MISS_POLICIES}, got {miss_policy!r}")
         self.host = host
         self.cache = cache
         self.xp = xp
-        self.hit_rate_threshold = hit_rate_threshold
-        self.miss_policy = miss_policy
         self.name = name
-        self.counters = TableCounters()
-        self._lock = threading.Lock()
         self._static = isinstance(cache, StaticTable)
-        self._tiered = host.has_lower_tiers
-        # One worker keeps background inserts in order; created on first use.
-        self._worker: concurrent.futures.ThreadPoolExecutor | None = None
-        self._pending: list[concurrent.futures.Future[None]] = []
 
     @property
     def dim(self) -> int:
         """Embedding width."""
         return self.host.dim
 
-    def lookup(self, keys: Any, out: Any = None) -> Any:
-        """Vectors of ``keys`` through the cache (:meth:`begin` then :meth:`finish`).
-
-        Keys on the host (what Triton hands over unless a client uses CUDA shared memory) are
-        deduplicated on the host, so the GPU sees one copy of the unique keys; keys already on
-        the GPU are deduplicated there. Either way the hit mask comes back to the host once:
-        the misses are fetched from the host tier there.
-
-        Args:
-            keys: 1-D int64 keys (NumPy or CuPy).
-            out: optional float32 ``[n, dim]`` array of ``xp`` to write into.
-
-        Returns:
-            float32 ``[n, dim]`` array of ``xp``.
-        """
-        return self.finish(self.begin(keys, out))
-
-    def begin(self, keys: Any, out: Any = None) -> PendingLookup:
-        """Deduplicate and launch the cache query without waiting for it.
-
-        Starting every table's query before finishing any lets a model with many tables wait
-        for the GPU once instead of once per table.
-
-        Args:
-            keys: 1-D int64 keys (NumPy or CuPy).
-            out: optional float32 ``[n, dim]`` array of ``xp`` to write into.
-
-        Returns:
-            The lookup in flight, for :meth:`finish`.
-        """
-        return self.launch(self.prepare(keys, out))
-
-    def prepare(self, keys: Any, out: Any = None) -> PendingLookup:
-        """Deduplicate the keys and put them on the cache's device; no cache access yet.
-
-        Args:
-            keys: 1-D int64 keys (NumPy or CuPy).
-            out: optional float32 ``[n, dim]`` array of ``xp`` to write into.
-
-        Returns:
-            The lookup, for :meth:`launch`.
-        """
-        xp = self.xp
-        start = time.perf_counter()
-        if module_of(keys) is np:
-            host_keys = np.asarray(keys, dtype=np.int64).ravel()
-            unique_h, inverse_h = np.unique(host_keys, return_inverse=True)
-            unique, inverse = xp.asarray(unique_h), xp.asarray(inverse_h)
-        else:
-            keys = xp.asarray(keys, dtype=xp.int64).ravel()
-            unique, inverse = xp.unique(keys, return_inverse=True)
-            unique_h = None
-        return self.prepared(start, unique, unique_h, inverse, out)
-
-    def prepared(
-        self, start: float, unique: Any, unique_h: np.ndarray | None, inverse: Any, out: Any = None
-    ) -> PendingLookup:
-        """A lookup whose keys were deduplicated (and moved to the device) by the caller.
-
-        Args:
-            start: host clock when the lookup began.
-            unique: the distinct keys on the cache's device.
-            unique_h: the same on the host, or ``None``.
-            inverse: position of each requested key in ``unique``, on the device.
-            out: optional float32 ``[n, dim]`` array of ``xp`` to write into.
-
-        Returns:
-            The lookup, for :meth:`launch`.
-        """
-        rows = self.xp.empty((int(unique.shape[0]), self.dim), self.xp.float32)
-        return PendingLookup(
-            start, int(inverse.shape[0]), unique, unique_h, inverse, rows, None, out
-        )
-
-    def launch(self, pending: PendingLookup) -> PendingLookup:
-        """Launch the cache query of a prepared lookup (the only step that touches the cache).
-
-        Args:
-            pending: what :meth:`prepare` returned.
-
-        Returns:
-            ``pending``, with its hit mask on the way.
-        """
-        if pending.n:
-            pending.hit = self.cache.query(pending.unique, out=pending.rows)[1]
-        return pending
-
-    def finish(self, pending: PendingLookup) -> Any:
-        """Fetch the misses, insert them, and scatter the rows back to request order.
-
-        Args:
-            pending: what :meth:`begin` returned.
-
-        Returns:
-            float32 ``[n, dim]`` array of ``xp``.
-        """
-        resolved = self.resolve(pending)
-        fill_misses([resolved], self.xp)
-        return self.complete(resolved)
-
-    def resolve(self, pending: PendingLookup, hit_h: np.ndarray | None = None) -> ResolvedLookup:
-        """Find the misses, fetch them from the host tier, start background inserts.
-
-        Nothing is written on the device here: :func:`fill_misses` writes the miss rows (of
-        many tables in one transfer), then :meth:`complete` answers.
-
-        Args:
-            pending: what :meth:`launch` returned.
-            hit_h: the query's hit mask already copied to the host (else it is copied here,
-                which waits for the query).
-
-        Returns:
-            The lookup with its misses answered on the host.
-        """
-        p = pending
-        resolved = ResolvedLookup(p)
-        if p.n == 0:
-            return resolved
-        miss_h = np.flatnonzero(~(to_host(p.hit) if hit_h is None else hit_h))
-        misses = resolved.misses = len(miss_h)
-        if not misses:
-            return resolved
-        resolved.miss_h = miss_h
-        if p.unique_h is not None:
-            miss_keys = p.unique_h[miss_h]
-        else:
-            miss_keys = to_host(p.unique[self.xp.asarray(miss_h)])
-        background = 1.0 - misses / int(p.unique.shape[0]) >= self.hit_rate_threshold
-        if self._static and self._tiered:
-            # A static cache holds the whole file: a miss is a key the file lacks, which
-            # online updates may have added (the overlay below the shared tier).
-            values, found = self.host.lookup_lower(miss_keys)
-            resolved.fill = values
-            resolved.unknown = misses - int(np.count_nonzero(found))
-        elif self._static:
-            # A static cache holds the whole table: a miss is a key the table lacks.
-            resolved.fill = self.host.default_value
-            resolved.unknown = misses
-        elif background and self.miss_policy == "default":
-            resolved.fill = self.host.default_value
-            self._submit(self._fetch_and_insert, miss_keys)
-            resolved.mode = "async"
-        else:
-            values, stored, found = self._host_rows(miss_keys)
-            resolved.fill = values
-            inserted = resolved.inserted = int(np.count_nonzero(found))
-            resolved.unknown = misses - inserted
-            if inserted:
-                # Host keys: the cache plans the insert on the host, no GPU sort.
-                known_keys, known_values = miss_keys[found], stored[found]
-                if background:
-                    self._submit(self.cache.replace, known_keys, known_values)
-                    resolved.mode = "async"
-                else:
-                    resolved.insert = (known_keys, known_values)
-                    resolved.mode = "sync"
-        return resolved
-
-    def complete(self, resolved: ResolvedLookup) -> Any:
-        """Apply the synchronous insert, scatter the rows to request order and count.
-
-        Args:
-            resolved: what :meth:`resolve` returned.
-
-        Returns:
-            float32 ``[n, dim]`` array of ``xp``.
-        """
-        xp = self.xp
-        r, p = resolved, resolved.pending
-        if p.n == 0:
-            return xp.empty((0, self.dim), xp.float32) if p.out is None else p.out
-        if r.insert is not None:
-            self.cache.replace(*r.insert)
-        rows, inverse, out = p.rows, p.inverse, p.out
-        result = rows[inverse] if out is None else xp.take(rows, inverse, axis=0, out=out)
-        u = int(p.unique.shape[0])
-        with self._lock:
-            c = self.counters
-            c.lookups += 1
-            c.keys += p.n
-            c.unique_keys += u
-            c.cache_hits += u - r.misses
-            c.cache_misses += r.misses
-            c.unknown_keys += r.unknown
-            if not self._tiered:  # else the cascade counts its tiers itself
-                c.tier_host_hits += r.inserted
-                c.tier_default_keys += r.unknown
-            if r.mode == "sync":
-                c.sync_inserts += 1
-            elif r.mode == "async":
-                c.async_inserts += 1
-            c.inserted_keys += r.inserted
-            c.seconds += time.perf_counter() - p.start
-        return result
-
     def snapshot(self) -> TableCounters:
-        """A copy of the counters, with the cache's evictions, safe to read while serving."""
-        counters = self.counters.snapshot().with_tiers(self.host)
+        """What the table itself counts, safe to read while serving: the cache's evictions
+        (warm-up and refresh included) and, with lower tiers, the cascade's tier counters;
+        the lookups are counted by the engine that answers them (its ``table_counters``)."""
+        counters = TableCounters().with_tiers(self.host)
         counters.evictions = self.cache.stats().evictions
         return counters
 
@@ -845,49 +461,6 @@ class CachedTableLookup:
         if not found.all():
             values[~found] = self.host.default_value
         return values, stored, found
-
-    def _fetch_and_insert(self, miss_keys: Any) -> None:
-        _, values, found = self._host_rows(to_host(miss_keys))
-        known = int(np.count_nonzero(found))
-        with self._lock:
-            # These keys were answered with the default vector although the table holds them.
-            self.counters.default_answers += known
-            self.counters.unknown_keys += len(found) - known
-            self.counters.inserted_keys += known
-            if not self._tiered:
-                self.counters.tier_host_hits += known
-                self.counters.tier_default_keys += len(found) - known
-        if known:
-            self.cache.replace(miss_keys[found], values[found])
-
-    def _submit(self, fn: Any, *args: Any) -> None:
-        if self._worker is None:
-            initializer = None
-            if not self._static and self.cache.shared:
-                # A shared cache orders the work of every process through events recorded
-                # on the stream that launched it. On the default stream, an insert's event
-                # would also cover the forward pass this process queued meanwhile, and other
-                # instances would wait for it: inserts get a stream of their own.
-                initializer = functools.partial(_use_own_stream, self.cache.device_id)
-            self._worker = concurrent.futures.ThreadPoolExecutor(
-                1, thread_name_prefix=f"hps-insert-{self.name}", initializer=initializer
-            )
-        future = self._worker.submit(fn, *args)
-        future.add_done_callback(self._report)
-        self._pending = [f for f in self._pending if not f.done()] + [future]
-
-    def _report(self, future: concurrent.futures.Future[None]) -> None:
-        exc = future.exception()
-        if exc is not None:
-            with self._lock:
-                self.counters.failed_inserts += 1
-            logger.error("%s: background cache insert failed: %s", self.name, exc)
-
-    def flush(self) -> None:
-        """Wait until every background insert has been applied."""
-        for future in list(self._pending):
-            future.exception()  # waits; errors were logged by _report
-        self._pending = []
 
     def warm(self, keys: np.ndarray, chunk: int = 1 << 20) -> int:
         """Insert ``keys`` (hottest first) with their host vectors into the cache.
@@ -934,8 +507,4 @@ class CachedTableLookup:
         return int(np.count_nonzero(found))
 
     def close(self) -> None:
-        """Finish background inserts and stop the worker."""
-        if self._worker is not None:
-            self._worker.shutdown(wait=True)
-            self._worker = None
-        self._pending = []
+        """Nothing to release besides the host tier, which the model lookup owns."""

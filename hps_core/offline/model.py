@@ -25,6 +25,7 @@ from hps_core.errors import (
     RequestError,
 )
 from hps_core.formats.progress import RowProgress
+from hps_core.hps import gpu_engine
 from hps_core.infer.contracts import ArrayNames, HugeCTRContract
 from hps_core.infer.inputs.batch import SparseBatch
 from hps_core.infer.inputs.layout import RankingLayout
@@ -624,7 +625,7 @@ def _own_session(
 ) -> RankingSession:
     """A session of ``config``'s one model with a lookup of its own, closed by its
     ``owned_close`` or, at the latest, when it is garbage-collected or the process exits."""
-    lookup = ModelLookup(config, config.models[0], device_id)
+    lookup = ModelLookup(config, config.models[0], device_id, engine=gpu_engine)
     try:
         session = RankingSession.for_lookup(lookup, precision, graphs)
     except BaseException:

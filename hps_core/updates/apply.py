@@ -25,10 +25,11 @@ Lookups of other processes or threads may see a message half way through being w
 are written while they read); the lock is the applier's, not the readers'.
 
 Settling: a batch that read a key's old row before step 1 may insert it into a GPU cache after
-step 3 (the pipeline inserts after the scores; background inserts and the refresher read the
-host first and write the cache later). So the cached rows of every applied message are
-written once more, from the tiers' current values, ``settle_s`` after the apply (longer than
-a batch), which no batch that started before the apply can follow.
+step 3 (the cache bank inserts a batch's misses after its answer, for the ranking pipeline
+and the GPU lookups alike; the refresher reads the host first and writes the cache later).
+So the cached rows of every applied message are written once more, from the tiers' current
+values, ``settle_s`` after the apply (longer than a batch), which no batch that started
+before the apply can follow.
 
 Which tables take updates: those whose topic (``hps_et.<model>.<table>``) matches one of the
 ``update_filters`` of the ps.json's databases (regular expressions searched in the topic, as

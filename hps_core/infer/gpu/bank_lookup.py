@@ -1,6 +1,7 @@
 """Embedding lookups of a model's tables on one GPU through the cache bank's kernels: the
-engine behind ``HPS.lookup``, ``lookup_fromdlpack`` and the ``KEYS``/``NUMKEYS`` contract,
-the same ``bank_find`` / ``bank_pool`` / ``bank_insert`` the ranking pipeline runs.
+engine behind every GPU lookup of a :class:`~hps_core.lookup.ModelLookup` (``HPS.lookup``,
+``lookup_fromdlpack``, ``hps_torch`` and the ``KEYS``/``NUMKEYS`` contract), the same
+``bank_find`` / ``bank_pool`` / ``bank_insert`` the ranking pipeline runs.
 
 A lookup is a batch of bags whose pooled rows are the answer:
 
@@ -66,8 +67,9 @@ class _Shape:
 
 
 class BankLookup:
-    """The GPU lookup engine of one model lookup (see the module docstring). Made by
-    :meth:`ModelLookup.bank_lookup`, which counts its lookups and closes it.
+    """The GPU lookup engine of one model lookup (see the module docstring): made by
+    :func:`hps_core.hps.gpu_engine` on the lookup's first GPU lookup; the lookup counts its
+    lookups and closes it.
 
     Args:
         lookup: the model's lookup on a GPU.

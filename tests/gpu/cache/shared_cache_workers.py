@@ -63,12 +63,12 @@ def lead_then_leave(name: str, keys: np.ndarray, joined: Any, done: Any) -> None
 def lookup_session(ps_json: str, scope: str, keys: np.ndarray, results: Any) -> None:
     """Look ``keys`` up through a sharing ModelLookup; report its flags and counters."""
     from hps_core.config import load_ps_config
+    from hps_core.hps import gpu_engine
     from hps_core.lookup import LookupOptions, ModelLookup
 
     config = load_ps_config(ps_json)
-    lookup = ModelLookup(
-        config, config.models[0], 0, LookupOptions(share_caches=True, share_scope=scope)
-    )
+    options = LookupOptions(share_caches=True, share_scope=scope)
+    lookup = ModelLookup(config, config.models[0], 0, options, gpu_engine)
     lookup.lookup(0, keys)
     lookup.flush()
     counters = lookup.counters()[0]

@@ -115,7 +115,6 @@ def test_model_lookups_of_two_processes_share_caches(tmp_path: Path) -> None:
                 "deployed_device_list": [0],
                 "gpucache": True,
                 "gpucacheper": 0.5,
-                "hit_rate_threshold": 1.1,  # every insert synchronous
             }
         ],
     }

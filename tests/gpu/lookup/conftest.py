@@ -1,5 +1,5 @@
-"""The GPU lookup tests run through either engine (``HPS_GPU_ENGINE``: the cache bank's
-kernels, or each table's CachedTableLookup), each in a private shared-memory folder."""
+"""The GPU lookup tests (every GPU lookup goes through the cache bank's kernels), each in a
+private shared-memory folder."""
 
 from __future__ import annotations
 
@@ -7,13 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from hps_core.hps import GPU_ENGINE_ENV, HPS
+from hps_core.hps import HPS
 
 
-@pytest.fixture(params=["bank", "tables"])
-def engine(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
-    """The engine's name; every HPS closed afterwards."""
+@pytest.fixture(autouse=True)
+def _private_shm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """A shared-memory folder of the test's own; every HPS closed afterwards."""
     monkeypatch.setenv("HPS_SHM_DIR", str(tmp_path / "shm"))
-    monkeypatch.setenv(GPU_ENGINE_ENV, request.param)
-    yield request.param
+    yield
     HPS.close_all()

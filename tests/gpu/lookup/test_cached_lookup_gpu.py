@@ -1,7 +1,7 @@
-"""The cached lookup pipeline on a GPU: CuPy cache kernels behind the shared host tier.
-
-The cases are those CI runs on the NumPy twin (tests/unit/lookup/cached_lookup_cases.py);
-here they run with CuPy, and the GPU pipeline is also compared with the twin step by step.
+"""A table's GPU cache in front of the shared host tier (``CachedTableLookup``) with CuPy's
+cache kernels: warm-up and refresh against the NumPy twin (the cases CI runs on the twin are
+tests/unit/lookup/test_cached_lookup.py), and lookups through such caches via the HPS (the
+cache bank's kernels).
 """
 
 from __future__ import annotations
@@ -21,7 +21,6 @@ from cached_lookup_cases import (  # noqa: E402
     expected,
     make_host,
     query_stream,
-    run_stream,
 )
 
 from hps_core.cache import make_cache  # noqa: E402
@@ -29,55 +28,61 @@ from hps_core.hps import HPS  # noqa: E402
 from hps_core.lookup import CachedTableLookup  # noqa: E402
 
 
-@pytest.fixture(autouse=True)
-def _private_shm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
-    monkeypatch.setenv("HPS_SHM_DIR", str(tmp_path / "shm"))
-    yield
-    HPS.close_all()
-
-
-@pytest.mark.parametrize("keys_on_device", [True, False])
-@pytest.mark.parametrize("threshold", [0.0, 0.5, 1.1])
-def test_every_answer_is_the_true_vector(
-    tmp_path: Path, threshold: float, keys_on_device: bool
+@pytest.mark.parametrize(("rows", "dim", "chunk"), [(50, 1, 7), (4000, 16, 1 << 20),
+                                                    (200_000, 128, 30_000)])  # fmt: skip
+def test_warm_and_refresh_on_the_gpu_equal_the_twin(
+    tmp_path: Path, rows: int, dim: int, chunk: int
 ) -> None:
-    lookup = run_stream(cupy, tmp_path / "t", threshold=threshold, keys_on_device=keys_on_device)
-    c = lookup.counters
-    assert c.cache_hits + c.cache_misses == c.unique_keys and c.unknown_keys > 0
-    lookup.close()
-
-
-def test_default_policy_and_static_cache(tmp_path: Path) -> None:
-    lookup = run_stream(cupy, tmp_path / "a", threshold=0.0, policy="default")
-    assert lookup.counters.default_answers > 0
-    lookup.close()
-    lookup = run_stream(cupy, tmp_path / "b", kind="static")
-    assert lookup.counters.cache_misses == lookup.counters.unknown_keys
-    lookup.close()
-
-
-@pytest.mark.parametrize(("rows", "dim", "batch"), [(50, 1, 1), (200_000, 128, 100_000)])
-def test_sizes(tmp_path: Path, rows: int, dim: int, batch: int) -> None:
-    run_stream(cupy, tmp_path / "t", rows=rows, dim=dim, batch=batch, batches=4).close()
-
-
-def test_gpu_pipeline_equals_twin_pipeline(tmp_path: Path) -> None:
-    host, reference = make_host(tmp_path / "t", 4000, 16, seed=3)
-    twin = CachedTableLookup(host, dynamic_cache(700, 16, np), np, 0.8)
-    gpu = CachedTableLookup(host, make_cache("dynamic", 700, 16, cupy), cupy, 0.8)
-    for q in query_stream(reference, 25, 900, seed=4):
-        a = twin.lookup(q)
-        twin.flush()
-        b = gpu.lookup(cupy.asarray(q) if len(q) % 2 else q).get()  # device and host keys
-        gpu.flush()
-        np.testing.assert_array_equal(a, b)
-        np.testing.assert_array_equal(b, expected(reference, q, 16))
+    """Warm-up (in chunks) and refresh leave the CUDA cache as they leave its NumPy twin, and
+    every cached row is the host tier's."""
+    host, reference = make_host(tmp_path / "t", rows, dim, seed=3)
+    capacity = max(rows // 5, 1)
+    twin = CachedTableLookup(host, dynamic_cache(capacity, dim, np), np)
+    gpu = CachedTableLookup(host, make_cache("dynamic", capacity, dim, cupy), cupy)
+    hot = np.fromiter(reference, np.int64, rows)
+    unknown = np.array([1, 4, 7], np.int64)  # never multiples of 3
+    keys = np.concatenate([hot[: capacity // 2], unknown, hot[capacity // 2 :]])
+    assert twin.warm(keys, chunk) == gpu.warm(keys, chunk) > 0
     s_twin, s_gpu = twin.cache.export_state(), gpu.cache.export_state()
     np.testing.assert_array_equal(s_twin.keys, s_gpu.keys)
     np.testing.assert_array_equal(s_twin.stamps, s_gpu.stamps)
     assert twin.cache.stats() == gpu.cache.stats()
+    stored = gpu.cache.dump().get()
+    np.testing.assert_array_equal(stored, twin.cache.dump())
+    rows_gpu, hits = gpu.cache.query(cupy.asarray(stored))
+    assert hits.get().all()
+    np.testing.assert_array_equal(rows_gpu.get(), expected(reference, stored, dim))
+    assert not gpu.cache.query(cupy.asarray(unknown))[1].get().any()
+    # Stale rows, then a refresh in two strides reads every one back from the host tier.
+    gpu.cache.update(cupy.asarray(stored), cupy.full((len(stored), dim), 99.0, cupy.float32))
+    half = gpu.cache.num_sets // 2
+    refreshed = gpu.refresh(0, half) + gpu.refresh(half, gpu.cache.num_sets)
+    assert refreshed == len(stored)
+    np.testing.assert_array_equal(
+        gpu.cache.query(cupy.asarray(stored))[0].get(), expected(reference, stored, dim)
+    )
+    assert gpu.snapshot().evictions == gpu.cache.stats().evictions
     twin.close()
     gpu.close()
+
+
+def test_a_static_table_on_the_gpu_is_neither_warmed_nor_refreshed(tmp_path: Path) -> None:
+    host, reference = make_host(tmp_path / "t", 3000, 8, seed=5)
+    keys_all, values_all = host.contents()
+    cache = make_cache(
+        "static",
+        len(keys_all),
+        8,
+        cupy,
+        contents=(cupy.asarray(keys_all), cupy.asarray(values_all)),
+    )
+    lookup = CachedTableLookup(host, cache, cupy)
+    assert lookup.warm(keys_all) == 0 and lookup.refresh(0, 1) == 0
+    q = np.concatenate([keys_all[:100], [1, 4]]).astype(np.int64)
+    rows, hits = cache.query(cupy.asarray(q))
+    assert hits.get().tolist() == [True] * 100 + [False, False]
+    np.testing.assert_array_equal(rows.get()[:100], expected(reference, q[:100], 8))
+    lookup.close()
 
 
 def test_hps_lookup_on_gpu_and_from_dlpack(tmp_path: Path) -> None:

@@ -1,4 +1,4 @@
-"""hps_torch and hps_torchrec on CUDA tensors, through either GPU engine (HPS_GPU_ENGINE):
+"""hps_torch and hps_torchrec on CUDA tensors, through the GPU lookup engine (the cache bank):
 LookupLayer, EmbeddingBag and both TorchRec-shaped collections answer on the keys' device as
 on the CPU (the host tier) and as the files' rows; work queued after a lookup on PyTorch's
 current stream (a side stream, not the default) sees its answer; a compiled model answers as
@@ -25,12 +25,6 @@ from hps_core.hps import HPS  # noqa: E402
 from hps_core.jagged import _KeyedJaggedTensor  # noqa: E402
 
 CUDA = torch.device("cuda", 0)
-
-
-@pytest.fixture(autouse=True)
-def _each_engine(engine: str) -> str:
-    """Every test here runs through both GPU engines (conftest's ``engine``)."""
-    return engine
 
 
 def test_lookup_layer_and_embedding_bag_answer_on_the_gpu_as_on_the_host(tmp_path: Path) -> None:

@@ -1,7 +1,6 @@
-"""Several tables' answers side by side in one array on a GPU (``lookup_side_by_side``),
-through either engine (conftest's ``engine``): the cache bank writes each table's bags into
-their columns itself where the tables are asked in rising order with widths that are
-multiples of 4; other calls (and the per-table engine) copy each answer there. Against the
+"""Several tables' answers side by side in one array on a GPU (``lookup_side_by_side``): the
+cache bank writes each table's bags into their columns itself where the tables are asked in
+rising order with widths that are multiples of 4; other calls copy each answer there. Against the
 files' rows (dict reference) and a NumPy float64 pooling, into poisoned outputs, for dynamic
 caches smaller than the table, static tables and tables without a GPU cache, keys on the
 host and on the GPU; then hps_torchrec's EmbeddingBagCollection of one feature per table,
@@ -37,11 +36,6 @@ CACHES = {
     "static": {"gpucache": True, "embedding_cache_type": "static"},
     "none": {"gpucache": False},
 }
-
-
-@pytest.fixture(autouse=True)
-def _each_engine(engine: str) -> str:
-    return engine
 
 
 def written(tmp_path: Path, cache: str):
@@ -82,9 +76,7 @@ def on_gpu(query: TableQuery) -> TableQuery:
 
 @pytest.mark.parametrize("cache", list(CACHES))
 @pytest.mark.parametrize("on_device", [False, True])
-def test_answers_side_by_side_as_the_files_say(
-    tmp_path: Path, cache: str, on_device: bool, engine: str
-) -> None:
+def test_answers_side_by_side_as_the_files_say(tmp_path: Path, cache: str, on_device: bool) -> None:
     ps, tables = written(tmp_path, cache)
     lookup = HPS(ps).model("side", 0)
     rng = np.random.default_rng(5)
@@ -104,13 +96,10 @@ def test_answers_side_by_side_as_the_files_say(
             np.testing.assert_allclose(out.get(), want, rtol=1e-5, atol=1e-4, err_msg=order)
             fresh = lookup.lookup_side_by_side(queries)
             np.testing.assert_allclose(fresh.get(), want, rtol=1e-5, atol=1e-4, err_msg=order)
-    engine_object = lookup._gpu_engine()
+    engine = lookup._gpu_engine()
     rising = [calls(tables, rng, 4)[t][0] for t in (0, 1, 2, 3)]
-    if engine == "bank":  # the bank wrote the rising calls itself
-        assert engine_object.side_by_side(rising)
-        assert not engine_object.side_by_side(rising[::-1])
-    else:
-        assert engine_object is None
+    assert engine.side_by_side(rising)  # the bank wrote the rising calls itself
+    assert not engine.side_by_side(rising[::-1])
 
 
 def test_bad_calls_fail_alone(tmp_path: Path) -> None:

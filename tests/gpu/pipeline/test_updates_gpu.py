@@ -62,7 +62,7 @@ def repo(tmp_path_factory: pytest.TempPathFactory):
 
 def with_updates(repo: Path, cache: str, precision: str) -> Path:
     ps = json.loads((repo / NAME / "ps.json").read_text())
-    ps["models"][0].update(CACHES[cache], hit_rate_threshold=2.0)  # above 1: inserts inline
+    ps["models"][0].update(CACHES[cache])
     ps["models"][0]["storage_precision"] = precision
     # Never reached: the test applies messages itself, no consumer is started.
     ps["update_source"] = {"type": "kafka_message_queue", "brokers": "127.0.0.1:9"}

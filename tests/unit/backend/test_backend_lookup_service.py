@@ -47,7 +47,7 @@ def test_the_session_scores_through_the_services_lookup(
     settings: ModelSettings, service_type: type
 ) -> None:
     service = service_type(settings)
-    assert service.lookup.options == LookupOptions(miss_policy="default", share_caches=True)
+    assert service.lookup.options == LookupOptions(share_caches=True)
     session = RankingSession.for_lookup(service.lookup)
     assert session.lookup is service.lookup
     assert service.start() is service.lookup  # opens the tables once

@@ -61,7 +61,7 @@ def test_realistic_file_values(tmp_path, realistic):
 
     dcn = cfg.model("dcn")
     assert dcn.deployed_device_list == (1, 0)
-    assert dcn.hit_rate_threshold == 1.1  # above 1: always synchronous insertion
+    assert dcn.hit_rate_threshold == 1.1  # above 1 accepted (HugeCTR: every insert synchronous)
     assert dcn.embedding_cache_type is EmbeddingCacheType.UVM
 
 

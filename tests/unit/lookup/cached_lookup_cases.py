@@ -1,8 +1,7 @@
-"""Cases of the cached lookup pipeline, run with the NumPy twin here and CuPy in tests/gpu.
-
-Every case builds a host table from random rows, puts a cache of the given array module in
-front of it, and checks each answer against a dict built from the rows, whatever the cache
-holds: the cache may change speed, never values.
+"""Helpers of the tests of tables with a cache in front of their host tier, run with the
+NumPy twin of the GPU cache here and CuPy in tests/gpu: a host table of random rows, its dict
+reference, the answers a lookup must give, and Zipf-skewed query batches. Answers are checked
+against the dict, whatever a cache holds: a cache may change speed, never values.
 """
 
 from __future__ import annotations
@@ -18,7 +17,6 @@ from cache_twin import NumpyDynamicCache
 
 from hps_core.cache import make_cache, num_sets_for
 from hps_core.formats.sparse_writer import write_sparse_table
-from hps_core.lookup import CachedTableLookup
 from hps_core.tiers.host_table import SharedHostTable
 from hps_core.workload import zipf_keys
 
@@ -64,44 +62,3 @@ def query_stream(
         q[lacking] = 1 + 3 * rng.integers(0, 10**6, int(lacking.sum()))  # never a multiple of 3
         stream.append(q)
     return stream
-
-
-def run_stream(
-    xp: Any,
-    folder: Path,
-    *,
-    rows: int = 5000,
-    dim: int = 8,
-    cache_share: float = 0.2,
-    threshold: float = 0.9,
-    policy: str = "fetch",
-    kind: str = "dynamic",
-    batches: int = 30,
-    batch: int = 700,
-    seed: int = 0,
-    keys_on_device: bool = True,
-) -> CachedTableLookup:
-    """Run a stream through a cached lookup; assert every answer; return the lookup."""
-    host, reference = make_host(folder, rows, dim, seed)
-    if kind == "static":
-        cache = make_cache(
-            "static", rows, dim, xp, contents=tuple(map(xp.asarray, host.contents()))
-        )
-    else:
-        cache = dynamic_cache(int(cache_share * rows), dim, xp)
-    lookup = CachedTableLookup(host, cache, xp, threshold, policy, name="t")
-    for q in query_stream(reference, batches, batch, seed + 1):
-        out = xp.full((len(q), dim), np.nan, xp.float32)  # poisoned: every row must be written
-        got = lookup.lookup(xp.asarray(q) if keys_on_device else q, out=out)
-        assert got is out
-        got = got.get() if hasattr(got, "get") else got
-        want = expected(reference, q, dim)
-        if policy == "default":
-            # HugeCTR's mode: a miss of an asynchronous batch may get the default vector.
-            exact = (got == want).all(axis=1)
-            defaulted = (got == DEFAULT).all(axis=1)
-            assert (exact | defaulted).all()
-        else:
-            np.testing.assert_array_equal(got, want)
-    lookup.flush()
-    return lookup

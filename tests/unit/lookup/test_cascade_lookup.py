@@ -69,19 +69,34 @@ def test_host_lookup_through_the_cascade_counts_every_tier(tmp_path: Path) -> No
     model_lookup.close()
 
 
-def test_cached_lookup_misses_go_through_the_cascade(tmp_path: Path) -> None:
+def test_cache_warm_up_and_refresh_read_through_the_cascade(tmp_path: Path) -> None:
+    """A GPU cache's warm-up and refresh read the rows the shared tier lacks from RocksDB,
+    counted in the table's tier counters."""
     cfg, reference = tiered_config(tmp_path)
     model_lookup = ModelLookup(cfg, cfg.models[0])
     host = model_lookup.table(0).host
-    cache = dynamic_cache(int(0.1 * ROWS), DIM, np, name="t")
-    lookup = CachedTableLookup(host, cache, np, 0.9, name="t")
-    for q in query_stream(reference, 20, 400, seed=3):
-        out = np.full((len(q), DIM), np.nan, np.float32)
-        np.testing.assert_array_equal(lookup.lookup(q, out=out), expected(reference, q, DIM))
-    lookup.flush()
+    cache = dynamic_cache(4 * ROWS, DIM, np, name="t")  # room for every row, sets to spare
+    lookup = CachedTableLookup(host, cache, np, name="t")
+    keys = np.fromiter(reference, np.int64, ROWS)
+    in_shared = round(0.3 * ROWS)  # the shared tier holds the file's first rows
+    unknown = np.array([1, 4, 7], np.int64)  # never multiples of 3
+    assert lookup.warm(np.concatenate([keys, unknown])) == ROWS
     c = lookup.snapshot()
-    fetched = c.tier_host_hits + c.tier_rocks_db_hits + c.tier_default_keys
-    assert c.tier_rocks_db_hits > 0 and fetched == c.cache_misses  # misses only went below
+    assert (c.tier_host_hits, c.tier_rocks_db_hits) == (in_shared, ROWS - in_shared)
+    assert c.tier_default_keys == len(unknown)
+    assert c.lookups == c.keys == 0  # the table counts no lookups: the engine does
+    rows, hits = cache.query(keys)
+    assert hits[:in_shared].any() and hits[in_shared:].any()  # rows of both tiers cached
+    assert int(np.count_nonzero(hits)) == cache.size == ROWS - cache.stats().evictions
+    np.testing.assert_array_equal(rows[hits], expected(reference, keys[hits], DIM))
+    assert not cache.query(unknown)[1].any()
+    # A refresh re-reads every cached row, those only RocksDB holds from RocksDB.
+    stored = cache.dump()
+    cache.update(stored, np.full((len(stored), DIM), 99.0, np.float32))
+    assert lookup.refresh(0, cache.num_sets) == len(stored) == cache.size
+    np.testing.assert_array_equal(cache.query(stored)[0], expected(reference, stored, DIM))
+    below = len(set(stored.tolist()) - set(keys[:in_shared].tolist()))
+    assert lookup.snapshot().tier_rocks_db_hits - c.tier_rocks_db_hits == below > 0
     lookup.close()
     model_lookup.close()
 

@@ -305,7 +305,7 @@ def test_a_served_lookup_is_what_the_models_own_layers_get(tmp_path: Path, shm_p
     layers' ``HPS.model(name)`` (no options) is then that lookup, until it closes."""
     ps, _ = write_models(tmp_path)
     hps = HPS(ps)
-    options = LookupOptions(miss_policy="default", share_caches=False)
+    options = LookupOptions(share_caches=True)  # not the defaults (no effect on the host)
     plain = hps.model("dcn")
     served = hps.open_model("dcn", None, options, served=True)
     assert served is not plain and hps.model("dcn") is served
