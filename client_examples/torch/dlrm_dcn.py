@@ -156,6 +156,7 @@ class ServedDLRM(torch.nn.Module):
         if len(self.features) != len(shape.hotness):
             raise ValueError(f"{len(self.features)} features, {len(shape.hotness)} hotness values")
         self.hotness = list(shape.hotness)
+        self._hotness: dict[torch.device, torch.Tensor] = {}
         self.uniform = len(set(self.hotness)) == 1
         self.dlrm = DLRM_DCN(
             embedding_bag_collection=ebc,
@@ -182,11 +183,25 @@ class ServedDLRM(torch.nn.Module):
             values = sparse.reshape(samples, features, self.hotness[0]).transpose(0, 1).reshape(-1)
         else:
             values = torch.cat([part.reshape(-1) for part in sparse.split(self.hotness, dim=1)])
-        lengths = torch.tensor(self.hotness, dtype=torch.int32, device=sparse.device)
-        kjt = KeyedJaggedTensor.from_lengths_sync(
-            keys=self.features, values=values, lengths=lengths.repeat_interleave(samples)
+        # Every feature's ids a sample are fixed, so where each feature starts is known here
+        # (length_per_key): the tables need not read the lengths back from a GPU.
+        kjt = KeyedJaggedTensor(
+            keys=self.features,
+            values=values,
+            lengths=self.hotness_on(sparse.device).repeat_interleave(samples),
+            length_per_key=[samples * h for h in self.hotness],
         )
         return torch.sigmoid(self.dlrm(dense, kjt))
+
+    def hotness_on(self, device: torch.device) -> torch.Tensor:
+        """Each feature's ids a sample, int32 on ``device`` (copied there once: a copy from
+        a Python list each forward would wait for the GPU's queued work)."""
+        found = self._hotness.get(device)
+        if found is None:
+            found = self._hotness[device] = torch.tensor(
+                self.hotness, dtype=torch.int32, device=device
+            )
+        return found
 
 
 def served_module(ebc: torch.nn.Module, shape: DlrmDcnShape = SMALL) -> ServedDLRM:
