@@ -52,6 +52,9 @@ from hps_core.nn import Combiner
 
 logger = logging.getLogger("hps_core")
 
+_ROW_ALIGNMENT = 16
+"""Bytes ``bank_pool`` aligns its row stores to (where a width is a multiple of 4 floats)."""
+
 
 @dataclass
 class _Shape:
@@ -147,6 +150,11 @@ class BankLookup:
                 "of 4, for equal numbers of bags"
             )
         check_out(out, queries[0].bags, sum(self._dims[q.table] for q in queries), self.device_id)
+        if out.data.ptr % _ROW_ALIGNMENT:
+            # bank_pool stores 16 bytes at a time: a view off that alignment gets a copy.
+            aligned = self._run(queries, [None] * len(queries), cupy.empty_like(out))[0]
+            out[...] = aligned
+            return out
         return self._run(queries, [None] * len(queries), out)[0]
 
     def side_by_side(self, queries: Sequence[TableQuery]) -> bool:
@@ -227,7 +235,8 @@ class BankLookup:
         q, out = queries[0], outs[0]
         if out is None:
             return cupy.empty((q.bags, self._dims[q.table]), dtype=cupy.float32)
-        return out
+        # bank_pool stores 16 bytes at a time: a view off that alignment is copied into.
+        return None if out.data.ptr % _ROW_ALIGNMENT else out
 
     def _answers(
         self, shape: _Shape, queries: Sequence[TableQuery], outs: Sequence[Any], size: int

@@ -117,6 +117,27 @@ def test_bad_calls_fail_alone(tmp_path: Path) -> None:
     np.testing.assert_array_equal(got[:, 4:].get(), tables[1].expected(keys.get()))
 
 
+def test_outputs_off_16_byte_alignment_are_answered_too(tmp_path: Path) -> None:
+    """bank_pool stores 16 bytes at a time: a C-contiguous view 4 bytes into its buffer (side
+    by side, and one table's answer) is written through an aligned copy, not stored into
+    misaligned (which would fault the GPU)."""
+    ps, tables = written(tmp_path, "dynamic")
+    hps = HPS(ps)
+    lookup = hps.model("side", 0)
+    keys = tables[1].queries(np.random.default_rng(2), 64)[:40]
+    want = np.concatenate([tables[0].expected(keys), tables[1].expected(keys)], axis=1)
+    queries = [TableQuery(0, cupy.asarray(keys)), TableQuery(1, cupy.asarray(keys))]
+    assert lookup._gpu_engine().side_by_side(queries)
+    buffer = cupy.full(40 * 20 + 1, np.nan, dtype=cupy.float32)
+    out = buffer[1:].reshape(40, 20)
+    assert out.flags.c_contiguous and out.data.ptr % 16
+    assert lookup.lookup_side_by_side(queries, out) is out
+    np.testing.assert_array_equal(out.get(), want)
+    single = cupy.full(40 * 16 + 1, np.nan, dtype=cupy.float32)[1:].reshape(40, 16)
+    hps.lookup_fromdlpack(cupy.asarray(keys), single, "side", 1, 0)
+    np.testing.assert_array_equal(single.get(), tables[1].expected(keys))
+
+
 def test_an_embedding_bag_collection_answers_side_by_side(tmp_path: Path) -> None:
     """One feature per table, unweighted: the KeyedTensor's values come from one side by side
     lookup; they equal the host's (the host tier) and TorchRec's layout."""
