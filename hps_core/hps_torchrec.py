@@ -462,8 +462,9 @@ class EmbeddingCollection(_Collection):
         for g, rows in self._looked_up(features, False):
             base = 0
             for j, (name, count) in enumerate(zip(g.spec.feature_names, g.counts, strict=True)):
+                # int64, whatever width the lookup took them in (int32 on a GPU)
                 offsets = torch.as_tensor(g.offsets[j * g.samples : (j + 1) * g.samples + 1])
-                offsets = offsets - base
+                offsets = offsets.to(torch.int64) - base
                 found[name] = JaggedTensor(
                     values=rows[base : base + count], lengths=torch.diff(offsets), offsets=offsets
                 )
