@@ -112,6 +112,6 @@ def metric_sums(metrics_url: str, names: tuple[str, ...], by: str) -> dict[str, 
 
 
 def hit_rate(sums: dict[str, float]) -> float:
-    """Unique-key hit rate from sums of ``hps_cache_hits_total`` and ``..._misses_total``."""
+    """Per-occurrence hit rate from sums of ``hps_cache_hits_total`` and ``..._misses_total``."""
     hits, misses = sums["hps_cache_hits_total"], sums["hps_cache_misses_total"]
     return hits / (hits + misses) if hits + misses else 0.0

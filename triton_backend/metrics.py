@@ -1,13 +1,17 @@
 """Per-table lookup metrics on Triton's metrics endpoint (``pb_utils.MetricFamily``).
 
 Counters mirror :class:`hps_core.lookup.TableCounters`; twice a second a thread of each
-started instance (:class:`MetricsPublisher`) adds what changed since the last report.
+started instance (:class:`MetricsPublisher`) adds what changed since the last report. Keys
+are counted per occurrence, on CPU and GPU instances alike (``hps_lookup_keys_total``,
+``hps_cache_hits_total``, ``hps_cache_misses_total``, ``hps_unknown_keys_total``); the
+gauge ``hps_cache_hit_rate`` is hits over hits and misses since the model loaded.
 Labels: ``model``, ``table``, ``device`` (``cpu`` or ``gpuN``) and ``instance``, so instances
 and GPUs can be told apart.
 
 The tiers of the host side (:mod:`hps_core.tiers.cascade`) add a ``tier`` label:
 ``hps_tier_hits_total{tier="host"|"redis_cluster"|"rocks_db"|"default"}`` (keys each tier
-answered; ``default``: keys no tier holds) and
+answered, as the tiers are asked: each lookup's distinct keys once; ``default``: keys no tier
+holds) and
 ``hps_tier_errors_total{tier="redis_cluster"|"rocks_db"}``; ``tier="overlay"`` counts keys
 answered by the rows online updates added, and ``hps_tier_evictions_total{tier="overlay"}`` the
 rows it evicted to stay within ``volatile_db.overflow_margin``. Each tier below the shared one
@@ -49,25 +53,24 @@ from hps_core.lookup import TableCounters
 
 logger = logging.getLogger("hps_core")
 
-# counter field -> (metric name, help)
+# counter field -> (metric name, help); keys are counted per occurrence on every path
 _COUNTERS = {
     "lookups": ("hps_lookups_total", "Lookup calls per table"),
-    "keys": ("hps_lookup_keys_total", "Keys looked up, duplicates included"),
-    "unique_keys": ("hps_lookup_unique_keys_total", "Distinct keys per lookup, summed"),
-    "cache_hits": ("hps_cache_hits_total", "Unique keys answered by the GPU embedding cache"),
-    "cache_misses": ("hps_cache_misses_total", "Unique keys the GPU embedding cache missed"),
+    "keys": ("hps_lookup_keys_total", "Keys looked up, per occurrence (duplicates included)"),
+    "cache_hits": (
+        "hps_cache_hits_total",
+        "Keys answered from GPU memory (the embedding cache or a static table), per occurrence",
+    ),
+    "cache_misses": (
+        "hps_cache_misses_total",
+        "Keys the GPU did not hold (answered from the host or lower tiers or the default "
+        "vector), per occurrence",
+    ),
     "unknown_keys": (
         "hps_unknown_keys_total",
-        "Distinct keys per lookup the table lacks (default vector answered), summed",
-    ),
-    "default_answers": (
-        "hps_default_answers_for_known_keys_total",
-        "Keys the table holds that were answered with the default vector",
+        "Keys no tier holds (the table's default vector answered), per occurrence",
     ),
     "inserted_keys": ("hps_cache_inserted_keys_total", "Keys inserted into the GPU cache"),
-    "sync_inserts": ("hps_cache_sync_inserts_total", "Batches whose misses were inserted inline"),
-    "async_inserts": ("hps_cache_async_inserts_total", "Batches inserted in the background"),
-    "failed_inserts": ("hps_cache_failed_inserts_total", "Background inserts that failed"),
     "evictions": ("hps_cache_evictions_total", "Rows the GPU cache evicted to make room"),
     "host_rows": ("hps_host_rows_read_total", "Rows the GPU read from host memory over PCIe"),
 }
@@ -98,7 +101,9 @@ _TIER_COUNTERS = {
     },
 }
 _TIER_HELP = {
-    "hps_tier_hits_total": "Keys answered by each host-side tier (default: no tier holds them)",
+    "hps_tier_hits_total": (
+        "Distinct keys per lookup answered by each host-side tier (default: no tier holds them)"
+    ),
     "hps_tier_errors_total": "Failed requests to a tier below the shared host tier",
     "hps_tier_unanswered_keys_total": (
         "Keys a request needed that a tier that may hold them did not answer, and no tier "
@@ -118,7 +123,10 @@ _TIER_HELP = {
     ),
 }
 _LATENCY = ("hps_lookup_duration_us_total", "Time spent in lookups, microseconds")
-_HIT_RATE = ("hps_cache_hit_rate", "Cache hit rate of unique keys since start")
+_HIT_RATE = (
+    "hps_cache_hit_rate",
+    "GPU cache hits over hits and misses, per key occurrence, since start",
+)
 
 
 class LookupMetrics:

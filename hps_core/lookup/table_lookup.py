@@ -33,24 +33,25 @@ from hps_core.tiers.host_table import SharedHostTable
 
 @dataclass
 class TableCounters:
-    """What one table's lookups did since the model lookup opened (host lookups count each
-    call's distinct keys; the cache bank on a GPU counts every key occurrence).
+    """What one table's lookups did since the model lookup opened.
+
+    The lookup counters (``keys``, ``cache_hits``, ``cache_misses``, ``unknown_keys``) count
+    key occurrences, the same on every path: a key asked twice in one call counts twice,
+    whether the host looks it up once (CPU instances, :class:`HostTableLookup`) or the cache
+    bank on a GPU finds each occurrence
+    (:meth:`~hps_core.infer.gpu.bank.CacheBank.table_counters`).
 
     Args:
-        lookups: lookup calls.
-        keys: keys asked for, duplicates included.
-        unique_keys: distinct keys per call, summed (every key on a GPU).
-        cache_hits: keys answered by the GPU cache.
-        cache_misses: keys the GPU cache did not hold.
-        unknown_keys: keys the table does not hold (answered with its default vector).
-        default_answers: keys the table holds that were answered with the default vector:
-            none since the per-table GPU engine (``async_miss_policy: "default"``) was
-            retired; kept, always 0, so that the published metric keeps its name.
-        sync_inserts: batches whose misses were inserted before answering (the retired
-            per-table engine; always 0, kept as ``default_answers`` is).
-        async_inserts: batches whose misses were inserted in the background (likewise).
-        inserted_keys: keys handed to the cache for insertion.
-        failed_inserts: background insertions that raised (likewise).
+        lookups: lookup calls (on a GPU: the bank's batches).
+        keys: key occurrences asked for, duplicates included.
+        cache_hits: key occurrences answered from GPU memory (the table's dynamic cache, or a
+            static table's rows); 0 on the host.
+        cache_misses: key occurrences the GPU did not hold (answered from the host tier, the
+            tiers below it or the default vector, ``unknown_keys`` included); 0 on the host.
+        unknown_keys: key occurrences no tier holds (answered with the table's default
+            vector).
+        inserted_keys: keys written into the table's dynamic cache by lookups (a miss put
+            into a slot, evictions included); 0 on the host.
         evictions: rows the cache evicted to make room (read from the cache by ``snapshot``).
         host_rows: rows the GPU pipeline read from host memory over PCIe: each distinct missed
             key once per batch (staged on the GPU), and each read in place (a table without
@@ -79,23 +80,21 @@ class TableCounters:
         tier_overlay_seconds, tier_redis_cluster_seconds, tier_rocks_db_seconds,
         tier_model_files_seconds: the time they took.
 
-    The ``tier_*`` counters of a table with lower tiers come from its cascade
-    (:class:`~hps_core.tiers.cascade.TierCounters`, every host-side lookup of the table,
-    warm-up and refresh included); without lower tiers they count the host tier's answers to
-    requests.
+    The ``tier_*`` counters count what the host-side tiers were asked, not key occurrences:
+    a host lookup asks them each distinct key of its call once. Those of a table with lower
+    tiers come from its cascade (:class:`~hps_core.tiers.cascade.TierCounters`, every
+    host-side lookup of the table, warm-up, refresh and the GPU's lookups below the shared
+    tier included); without lower tiers :class:`HostTableLookup` counts them itself, each
+    call's distinct keys the shared tier holds (``tier_host_hits``) or lacks
+    (``tier_default_keys``).
     """
 
     lookups: int = 0
     keys: int = 0
-    unique_keys: int = 0
     cache_hits: int = 0
     cache_misses: int = 0
     unknown_keys: int = 0
-    default_answers: int = 0
-    sync_inserts: int = 0
-    async_inserts: int = 0
     inserted_keys: int = 0
-    failed_inserts: int = 0
     evictions: int = 0
     host_rows: int = 0
     seconds: float = 0.0
@@ -125,8 +124,10 @@ class TableCounters:
 
     @property
     def hit_rate(self) -> float:
-        """Cache hits over unique keys (0 before the first lookup)."""
-        return self.cache_hits / self.unique_keys if self.unique_keys else 0.0
+        """Cache hits over cache hits and misses, per key occurrence (0 before the first
+        GPU lookup, and on the host)."""
+        looked_up = self.cache_hits + self.cache_misses
+        return self.cache_hits / looked_up if looked_up else 0.0
 
     def snapshot(self) -> TableCounters:
         """A copy, safe to read while lookups go on."""
@@ -206,7 +207,7 @@ class HostTableLookup:
         """
         start = time.perf_counter()
         host_keys = to_host(keys).ravel()
-        rows, index, distinct, unknown = self._rows(host_keys, out if self.xp is np else None)
+        rows, index, counts = self._rows(host_keys, out if self.xp is np else None)
         if index is None:  # a row per key, in `out` when given
             result = rows
         elif self.xp is np:
@@ -217,7 +218,7 @@ class HostTableLookup:
                 result = device_rows[device_index]
             else:
                 result = self.xp.take(device_rows, device_index, axis=0, out=out)
-        self._count(len(host_keys), distinct, unknown, time.perf_counter() - start)
+        self._count(len(host_keys), *counts, time.perf_counter() - start)
         return result
 
     def lookup_distinct(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
@@ -240,8 +241,8 @@ class HostTableLookup:
         """
         start = time.perf_counter()
         host_keys = np.asarray(keys).ravel()
-        rows, index, distinct, unknown = self._rows(host_keys)
-        self._count(len(host_keys), distinct, unknown, time.perf_counter() - start)
+        rows, index, counts = self._rows(host_keys)
+        self._count(len(host_keys), *counts, time.perf_counter() - start)
         return rows, index
 
     def rows_in_place(self, keys: np.ndarray) -> InPlaceRows | None:
@@ -273,36 +274,57 @@ class HostTableLookup:
         missing = unique_rows < 0
         below_of = np.full(len(unique), -1, np.int64)
         below_of[missing] = np.arange(len(below))
-        unknown = len(below) - int(np.count_nonzero(found_below))
-        self._count(len(keys), len(unique), unknown, time.perf_counter() - start)
-        return InPlaceRows(values, unique_rows[index], below, below_of[index])
+        rows = unique_rows[index]
+        found_below_count = int(np.count_nonzero(found_below))
+        distinct_unknown = len(below) - found_below_count
+        if distinct_unknown == 0:
+            unknown = 0
+        elif found_below_count == 0:  # every key the shared tier lacks is unknown
+            unknown = int(np.count_nonzero(rows < 0))
+        else:
+            lacking = missing.copy()  # the distinct keys no tier holds
+            lacking[missing] = ~found_below
+            unknown = _occurrences(lacking, index)
+        self._count(len(keys), unknown, len(unique), distinct_unknown, time.perf_counter() - start)
+        return InPlaceRows(values, rows, below, below_of[index])
 
     def _rows(
         self, host_keys: np.ndarray, out: np.ndarray | None = None
-    ) -> tuple[np.ndarray, np.ndarray | None, int, int]:
-        """The host tier's rows of ``host_keys``: ``(rows, index, distinct, unknown)`` as
-        :meth:`lookup_distinct` returns them, with the counts of distinct and unknown keys.
+    ) -> tuple[np.ndarray, np.ndarray | None, tuple[int, int, int]]:
+        """The host tier's rows of ``host_keys``: ``(rows, index, counts)``, ``rows`` and
+        ``index`` as :meth:`lookup_distinct` returns them, ``counts`` what :meth:`_count`
+        takes after the number of keys: ``(unknown, distinct, distinct_unknown)``.
         A few keys from the host tier alone are looked up as they come (into ``out`` when
         given), which costs less than finding the distinct ones first (a sort and a gather);
         the others once per distinct key (repeats, hot keys, are copied by the caller)."""
         if self.xp is np and not self._tiered and len(host_keys) <= SEARCH_KEYS:
             rows, found = self.host.lookup(host_keys, out)
-            unknown = 0 if found.all() else _distinct_count(host_keys[~found])
-            return rows, None, _distinct_count(host_keys), unknown
+            if found.all():
+                return rows, None, (0, _distinct_count(host_keys), 0)
+            lacking = host_keys[~found]
+            counts = (len(lacking), _distinct_count(host_keys), _distinct_count(lacking))
+            return rows, None, counts
         unique, index = distinct_keys(host_keys)  # the tiers take keys in any order
         rows, found = self.host.lookup(unique)
-        return rows, index, len(unique), int(len(found) - np.count_nonzero(found))
+        distinct_unknown = int(len(found) - np.count_nonzero(found))
+        unknown = _occurrences(~found, index) if distinct_unknown else 0
+        return rows, index, (unknown, len(unique), distinct_unknown)
 
-    def _count(self, keys: int, distinct: int, unknown: int, seconds: float) -> None:
+    def _count(
+        self, keys: int, unknown: int, distinct: int, distinct_unknown: int, seconds: float
+    ) -> None:
+        """Count a lookup of ``keys`` key occurrences, ``unknown`` of them of keys no tier
+        holds; ``distinct`` and ``distinct_unknown``, the call's distinct keys and those of
+        them no tier holds, are what the host tier was asked (its ``tier_*`` counters, counted
+        here without lower tiers)."""
         with self._lock:
             c = self.counters
             c.lookups += 1
             c.keys += keys
-            c.unique_keys += distinct
             c.unknown_keys += unknown
             if not self._tiered:  # else the cascade counts its tiers itself
-                c.tier_host_hits += distinct - unknown
-                c.tier_default_keys += unknown
+                c.tier_host_hits += distinct - distinct_unknown
+                c.tier_default_keys += distinct_unknown
             c.seconds += seconds
 
     def snapshot(self) -> TableCounters:
@@ -371,11 +393,13 @@ def lookup_together(lookups: Sequence[HostTableLookup], keys: Sequence[Any]) -> 
         values, known = lookup.host.lookup_hashed(hashes[a:b])
         rows.append(values)
         found.append(known)
-    distinct, unknown = _distinct_per_table(hashes, sizes, found)
+    distinct, distinct_unknown = _distinct_per_table(hashes, sizes, found)
     seconds = time.perf_counter() - start
     total = max(len(hashes), 1)
-    for lookup, n, d, u in zip(lookups, sizes, distinct, unknown, strict=True):
-        lookup._count(n, d, u, seconds * n / total)
+    for t, lookup in enumerate(lookups):
+        n = sizes[t]
+        unknown = n - int(np.count_nonzero(found[t]))
+        lookup._count(n, unknown, distinct[t], distinct_unknown[t], seconds * n / total)
     return rows
 
 
@@ -399,6 +423,16 @@ def _distinct_per_table(
     np.cumsum(unknown_first, out=runs[1, 1:])
     distinct, unknown = runs[:, bounds[1:]] - runs[:, bounds[:-1]]
     return distinct.tolist(), unknown.tolist()
+
+
+def _occurrences(mask: np.ndarray, index: np.ndarray) -> int:
+    """Number of keys whose distinct key is set in ``mask``: ``mask`` over the distinct keys,
+    ``index`` each key's position among them (as :func:`~hps_core.arrays.distinct_keys`
+    gives it). One O(n) gather of a byte a key: about 1.5 ns a key, a few percent of finding
+    the distinct keys (``np.take`` takes pyarrow's int32 index without the copy to intp
+    that indexing makes; for NumPy's intp index indexing costs less)."""
+    picked = mask[index] if index.dtype == np.intp else np.take(mask, index)
+    return int(np.count_nonzero(picked))
 
 
 def _distinct_count(keys: np.ndarray) -> int:

@@ -250,17 +250,36 @@ def test_two_instances_share_one_host_tier_copy(served) -> None:
         assert any(size <= 1.3 * b for b in table_bytes), (size, table_bytes)
 
 
+def _lookup_counts(server: TritonServer) -> tuple[float, float, float, str]:
+    """``hps_lookups_total``, ``hps_lookup_keys_total`` and ``hps_unknown_keys_total`` of
+    table 0 (all instances), once two readings a second apart agree (counters are published
+    twice a second), and the page."""
+    names = ("hps_lookups_total", "hps_lookup_keys_total", "hps_unknown_keys_total")
+    last, deadline = None, time.monotonic() + 30
+    while True:
+        text = urllib.request.urlopen(server.metrics_url, timeout=5).read().decode()
+        now = tuple(_metric(text, name, 'table="sparse_embedding0"') for name in names)
+        if now == last or time.monotonic() > deadline:
+            return (*now, text)
+        last = now
+        time.sleep(1.0)
+
+
 def test_metrics_endpoint_counts_lookups_per_table(served) -> None:
+    """Keys and unknown keys are counted per occurrence: an unknown key asked twice in a
+    request counts twice (the module's other tests looked keys up before: differences)."""
     server, tables = served
     module, client = _clients(server)[0]
-    keys = np.concatenate([tables[0][0][:3], [1, 2]])[None]  # 1 and 2 are unknown keys
+    keys = np.concatenate([tables[0][0][:3], [1, 1, 2]])[None]  # 1 and 2 are unknown keys
+    known = set(tables[0][0].tolist())
+    assert not {1, 2} & known
+    lookups0, keys0, unknown0, _ = _lookup_counts(server)
     for _ in range(3):
-        _infer(module, client, keys, np.array([[5, 0]], np.int32))
-        time.sleep(0.6)  # counters are published twice a second
-    text = urllib.request.urlopen(server.metrics_url, timeout=5).read().decode()
-    lookups = _metric(text, "hps_lookups_total", 'table="sparse_embedding0"')
-    unknown = _metric(text, "hps_unknown_keys_total", 'table="sparse_embedding0"')
-    assert lookups >= 2 and unknown >= 2, text[-3000:]
+        _infer(module, client, keys, np.array([[6, 0]], np.int32))
+    lookups, looked_up, unknown, text = _lookup_counts(server)
+    assert lookups - lookups0 == 3, text[-3000:]
+    assert looked_up - keys0 == 3 * keys.size
+    assert unknown - unknown0 == 3 * sum(k not in known for k in keys.ravel().tolist()) == 9
     assert 'device="cpu"' in text
 
 

@@ -249,18 +249,17 @@ class CacheBank:
         return rows
 
     def table_counters(self) -> list[TableCounters]:
-        """The device counters per model table (zeros for tables the bank does not serve);
-        one device-to-host copy, after the work already launched on the caches (a batch's
-        insert may still run after its scores are back)."""
+        """The device counters per model table (zeros for tables the bank does not serve):
+        keys, hits, misses and unknown keys per key occurrence, as :class:`TableCounters`
+        counts them on every path; one device-to-host copy, after the work already launched
+        on the caches (a batch's insert may still run after its scores are back)."""
         with cupy.cuda.Device(self.device_id), self.section():
             values = self.counters.get()
         out = [TableCounters() for _ in range(self.lookup.num_tables)]
         for row, t in zip(values.tolist(), self.tables, strict=True):
-            keys = int(row[KEYS])
             out[t] = TableCounters(
                 lookups=self.batches,
-                keys=keys,
-                unique_keys=keys,  # not deduplicated: the hit rate is per key occurrence
+                keys=int(row[KEYS]),
                 cache_hits=int(row[HITS]),
                 cache_misses=int(row[MISSES]),
                 unknown_keys=int(row[UNKNOWN]),

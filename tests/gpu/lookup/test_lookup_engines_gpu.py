@@ -49,8 +49,11 @@ def test_unpooled_lookups_answer_the_files_rows(tmp_path: Path, cache: str, on_d
     hps = HPS(ps)
     rng = np.random.default_rng(1)
     table = data["wdl"][1]
+    known, asked, unknown = set(table.rows), 0, 0
     for n in (1, 5, 33, 1000, 2999, 40_000, 7):  # growing buckets, then a small one again
         keys = exact_queries(table, rng, n)
+        asked += n
+        unknown += sum(k not in known for k in keys.tolist())  # repeats included
         if on_device:
             out = cupy.full((n, 16), np.nan, dtype=cupy.float32)  # poisoned
             hps.lookup_fromdlpack(cupy.asarray(keys), out, "wdl", 1, 0)
@@ -59,8 +62,10 @@ def test_unpooled_lookups_answer_the_files_rows(tmp_path: Path, cache: str, on_d
             got = hps.lookup(keys, "wdl", 1, device_id=0)
         np.testing.assert_array_equal(got, table.expected(keys))
     c = hps.model("wdl", 0).counters()[1]
-    # The bank counts every key occurrence (without a GPU cache, each one a miss).
-    assert c.cache_hits + c.cache_misses == c.keys > 0
+    # The bank counts every key occurrence (without a GPU cache, each one a miss), as the
+    # host does (tests/unit/lookup/test_lookup_hps.py).
+    assert c.cache_hits + c.cache_misses == c.keys == asked
+    assert c.unknown_keys == unknown > 0
 
 
 @pytest.mark.parametrize("cache", list(CACHES))
@@ -135,6 +140,7 @@ def test_a_dynamic_cache_takes_the_misses(tmp_path: Path):
     c = hps.model("wdl", 0).counters()[1]
     assert c.keys == 800 and c.cache_misses == 200 and c.cache_hits == 600, c
     assert c.inserted_keys == 200 and c.unknown_keys == 0
+    assert c.hit_rate == 600 / 800  # hits over hits and misses, per key occurrence
 
 
 def test_bad_outputs_fail_alone(tmp_path: Path):

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from hps_core.lookup import TableCounters
 from triton_backend.model_settings import ModelSettings
 
 
@@ -168,3 +169,51 @@ def test_update_metrics_count_broker_outages_and_say_whether_the_brokers_answer(
     assert families.value("hps_update_source_outages_total", None) == 1
     assert families.value("hps_update_source_reachable", None) == 1
     assert families.value("hps_update_messages_total", None) == 3
+
+
+def test_a_cpu_instance_publishes_every_key_occurrence(families: _Recorder, started: Any) -> None:
+    """Keys and unknown keys reach the endpoint per occurrence: a key asked three times in one
+    lookup counts three times (the demo tables hold keys 0 .. rows - 1 alone)."""
+    service, table = started
+    keys = np.array([-7, -7, -7, -8, 0, 0], np.int64)
+    service.lookup.lookup(0, keys)
+    _wait_for(lambda: families.value("hps_lookup_keys_total", table) == len(keys))
+    assert families.value("hps_unknown_keys_total", table) == sum(k < 0 for k in keys.tolist())
+    assert families.value("hps_cache_hits_total", table) == 0  # no GPU cache on a CPU
+
+
+def test_lookup_metrics_are_one_family_per_counter_and_the_hit_rate_per_occurrence(
+    families: _Recorder,
+) -> None:
+    """Every counter of TableCounters is published under its metric, none other (no distinct
+    key count, none of the retired per-table engine's insert counters), and the hit rate
+    gauge is hits over hits and misses."""
+    metrics = importlib.import_module("triton_backend.metrics")
+    published = metrics.LookupMetrics("m", "m_0", "gpu0", ["t"])
+    counters = TableCounters(lookups=2, keys=10, cache_hits=6, cache_misses=4, unknown_keys=3)
+    published.report([counters])
+    assert counters.hit_rate == 0.6
+    for name, value in (
+        ("hps_lookups_total", 2),
+        ("hps_lookup_keys_total", 10),
+        ("hps_cache_hits_total", 6),
+        ("hps_cache_misses_total", 4),
+        ("hps_unknown_keys_total", 3),
+        ("hps_cache_hit_rate", 0.6),
+    ):
+        assert families.value(name, "t") == value, name
+    names = {m.name for m in families.metrics}
+    retired = {
+        "hps_lookup_unique_keys_total",
+        "hps_default_answers_for_known_keys_total",
+        "hps_cache_sync_inserts_total",
+        "hps_cache_async_inserts_total",
+        "hps_cache_failed_inserts_total",
+    }
+    assert not names & retired
+    lookup_fields = {"lookups", "keys", "cache_hits", "cache_misses", "unknown_keys",
+                     "inserted_keys", "evictions", "host_rows"}  # fmt: skip
+    assert set(metrics._COUNTERS) == lookup_fields
+    for field in ("keys", "cache_hits", "cache_misses", "unknown_keys"):
+        doc = metrics._COUNTERS[field][1]
+        assert "occurrence" in doc and "nique" not in doc, field

@@ -51,14 +51,21 @@ def test_host_lookup_through_the_cascade_counts_every_tier(tmp_path: Path) -> No
     table = model_lookup.table(0)
     assert isinstance(table, HostTableLookup) and isinstance(table.host, TieredTable)
     first = set(list(reference)[: round(0.3 * ROWS)])
-    unique = 0
+    keys = unique = unknown = distinct_unknown = 0
     for q in query_stream(reference, 6, 500, seed=2):
+        q = np.concatenate([q, [1, 1]])  # a key no tier holds, twice
         np.testing.assert_array_equal(model_lookup.lookup(0, q), expected(reference, q, DIM))
+        keys += len(q)
         unique += len(np.unique(q))
+        unknown += sum(k not in reference for k in q.tolist())
+        distinct_unknown += len(set(q.tolist()) - reference.keys())
     c = model_lookup.counters()[0]
-    # HostTableLookup deduplicates: the cascade sees each batch's distinct keys once.
+    # HostTableLookup deduplicates: the cascade sees each batch's distinct keys once; the
+    # lookup counters count every key occurrence.
     assert c.tier_host_hits + c.tier_rocks_db_hits + c.tier_default_keys == unique
-    assert c.tier_default_keys == c.unknown_keys > 0
+    assert c.tier_default_keys == distinct_unknown
+    assert (c.keys, c.unknown_keys) == (keys, unknown)
+    assert unknown > distinct_unknown > 0
     assert c.tier_host_hits > 0 and c.tier_rocks_db_hits > 0
     # Each batch with keys the shared tier lacks asked RocksDB once, and that took time.
     assert c.tier_rocks_db_lookups == 6 and c.tier_rocks_db_seconds > 0
@@ -120,9 +127,12 @@ def test_without_lower_tiers_the_host_tier_is_counted_inline(tmp_path: Path) -> 
     table = model_lookup.table(0)
     assert type(table.host) is SharedHostTable  # today's object path, no cascade
     keys = data[name][0].keys
-    model_lookup.lookup(0, np.concatenate([keys[:10], keys[:3], [1, 2]]).astype(np.int64))
+    assert not {1, 2} & set(keys.tolist())
+    model_lookup.lookup(0, np.concatenate([keys[:10], keys[:3], [1, 2, 2]]).astype(np.int64))
     c = model_lookup.counters()[0]
-    assert (c.tier_host_hits, c.tier_default_keys) == (10, c.unknown_keys)
+    # The tier counters count the call's distinct keys, the lookup counters every key.
+    assert (c.tier_host_hits, c.tier_default_keys) == (10, 2)
+    assert (c.keys, c.unknown_keys) == (16, 3)
     assert c.tier_rocks_db_hits == c.tier_redis_cluster_hits == 0
     hps.close()
 
@@ -138,7 +148,11 @@ def test_rows_in_place_through_the_cascade_answer_and_count_as_lookups(
     rate of 0 the shared tier holds nothing, as when Redis is the volatile level."""
     cfg, reference = tiered_config(tmp_path, rate)
     in_place, by_rows = ModelLookup(cfg, cfg.models[0]), ModelLookup(cfg, cfg.models[0])
+    keys = unknown = 0
     for q in query_stream(reference, 6, 1500, seed=5):
+        q = np.concatenate([q, [1, 1, 4]])  # keys no tier holds, one twice
+        keys += len(q)
+        unknown += sum(k not in reference for k in q.tolist())
         placed = in_place.table(0).rows_in_place(q)
         got = np.full((len(q), DIM), np.nan, np.float32)
         shared = placed.rows >= 0
@@ -148,7 +162,8 @@ def test_rows_in_place_through_the_cascade_answer_and_count_as_lookups(
         np.testing.assert_array_equal(got, expected(reference, q, DIM))
         by_rows.lookup(0, q)
     fused, rowwise = in_place.counters()[0], by_rows.counters()[0]
-    for name in ("lookups", "keys", "unique_keys", "unknown_keys", "tier_host_hits",
+    assert (fused.lookups, fused.keys, fused.unknown_keys) == (6, keys, unknown)
+    for name in ("lookups", "keys", "unknown_keys", "tier_host_hits",
                  "tier_rocks_db_hits", "tier_default_keys"):  # fmt: skip
         assert getattr(fused, name) == getattr(rowwise, name), name
     assert fused.tier_rocks_db_hits > 0 if rate < 1 else fused.tier_rocks_db_hits == 0

@@ -148,7 +148,8 @@ def test_large_pooled_lookups_read_rows_in_place_as_the_reference(
     """A pooled lookup of at least FUSED_KEYS keys is pooled by embedding_bag from the host
     tier's own rows: sums and means equal a float64 NumPy pooling of the files' rows (the
     table's default vector for unknown keys, empty bags zero), and the table's counters count
-    its keys, distinct keys and distinct unknown keys as a row lookup would."""
+    its keys and unknown keys, each occurrence, and the host tier's answers, each call's
+    distinct keys, as a row lookup would."""
     ps, data = write_models(tmp_path)
     table = data["wdl"][1]
     rng = np.random.default_rng(11)
@@ -169,9 +170,11 @@ def test_large_pooled_lookups_read_rows_in_place_as_the_reference(
         want = rows.reshape(-1, 8, 16).sum(axis=1) / (1 if mode == "sum" else 8)
         np.testing.assert_allclose(got.numpy(), want, rtol=1e-5, atol=1e-5)
     [_, counters] = HPS(ps).model("wdl", None).counters()
-    distinct = set(keys.tolist())
-    assert (counters.keys, counters.unique_keys) == (4 * n, 4 * len(distinct))
-    assert counters.unknown_keys == 4 * len(distinct - table.rows.keys())
+    distinct, known = set(keys.tolist()), set(table.rows.keys())
+    assert counters.keys == 4 * n
+    assert counters.unknown_keys == 4 * sum(k not in known for k in keys.tolist())
+    assert counters.tier_default_keys == 4 * len(distinct - known)
+    assert counters.tier_host_hits == 4 * len(distinct & known)
     HPS.close_all()
 
 

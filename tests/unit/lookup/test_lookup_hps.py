@@ -161,19 +161,34 @@ def test_counters_count_lookups_and_keys(tmp_path: Path) -> None:
     assert (counters[1].lookups, counters[1].keys, counters[1].unknown_keys) == (0, 0, 0)
 
 
-# Calls of up to SEARCH_KEYS keys look each key up, longer ones their distinct keys once.
+def unknown_occurrences(keys: np.ndarray, known: set[int]) -> int:
+    """The positions of ``keys`` whose key ``known`` lacks: each occurrence counted."""
+    return sum(k not in known for k in keys.reshape(-1).tolist())
+
+
+# Calls of up to SEARCH_KEYS keys look each key up, longer ones their distinct keys once;
+# either way the counters count key occurrences, and the tier counters each call's distinct
+# keys (what the host tier is asked).
 @pytest.mark.parametrize("size", [100, SEARCH_KEYS + 500])
-def test_counters_count_distinct_and_unknown_keys_per_call(tmp_path: Path, size: int) -> None:
+def test_counters_count_key_occurrences_per_call(tmp_path: Path, size: int) -> None:
     ps, data = write_models(tmp_path)
     hps = HPS(ps)
     table = data["wdl"][0]
+    known = set(table.rows.keys())
     calls = [table.queries(np.random.default_rng(seed), size) for seed in (13, 14)]
+    calls.append(np.array([1, 1, 1, 2, int(table.keys[0]), int(table.keys[0])], np.int64))
+    assert not {1, 2} & known
     for queries in calls:
         np.testing.assert_array_equal(hps.lookup(queries, "wdl", 0), table.expected(queries))
     distinct = [set(q.tolist()) for q in calls]
     [counters, _] = hps.model("wdl").counters()
-    assert counters.unique_keys == sum(len(d) for d in distinct)
-    assert counters.unknown_keys == sum(len(d - table.rows.keys()) for d in distinct)
+    assert (counters.lookups, counters.keys) == (3, sum(len(q) for q in calls))
+    assert counters.unknown_keys == sum(unknown_occurrences(q, known) for q in calls)
+    assert counters.unknown_keys > sum(len(d - known) for d in distinct)  # repeats counted
+    assert counters.tier_default_keys == sum(len(d - known) for d in distinct)
+    assert counters.tier_host_hits == sum(len(d & known) for d in distinct)
+    assert counters.cache_hits == counters.cache_misses == 0  # no GPU cache on the host
+    assert counters.hit_rate == 0.0
 
 
 @pytest.mark.parametrize("size", [8, SEARCH_KEYS - 4, SEARCH_KEYS + 500])
@@ -196,8 +211,8 @@ def test_distinct_rows_index_to_what_lookup_returns_and_count_alike(
     np.testing.assert_array_equal(got, model.lookup(0, queries))
     [first, _] = model.counters()
     assert (first.lookups, first.keys) == (2, 2 * n)
-    assert first.unique_keys == 2 * len(distinct)
-    assert first.unknown_keys == 2 * len(distinct - table.rows.keys())
+    assert first.unknown_keys == 2 * unknown_occurrences(queries, set(table.rows.keys()))
+    assert first.tier_default_keys == 2 * len(distinct - table.rows.keys())
 
 
 @pytest.mark.parametrize("size", [8, SEARCH_KEYS - 4, SEARCH_KEYS + 500])
@@ -239,11 +254,11 @@ def test_tables_looked_up_together_answer_and_count_as_one_by_one(
         known = data["wdl"][t].rows.keys()
         c = counters[t]
         assert (c.lookups, c.keys) == (2 * len(asked), 2 * sum(len(k) for k in asked))
-        assert c.unique_keys == 2 * sum(len(d) for d in distinct)
-        assert c.unknown_keys == 2 * sum(len(d - known) for d in distinct)
-        assert c.tier_host_hits == c.unique_keys - c.unknown_keys
+        assert c.unknown_keys == 2 * sum(unknown_occurrences(k, set(known)) for k in asked)
+        assert c.tier_default_keys == 2 * sum(len(d - known) for d in distinct)
+        assert c.tier_host_hits == 2 * sum(len(d & known) for d in distinct)
         assert c.seconds > 0
-        assert all(type(v) is int for v in (c.keys, c.unique_keys, c.unknown_keys))  # JSON
+        assert all(type(v) is int for v in (c.keys, c.unknown_keys, c.tier_host_hits))  # JSON
 
 
 def test_tables_looked_up_together_refuse_keys_of_another_dtype(tmp_path: Path) -> None:
