@@ -526,11 +526,8 @@ class UpdateConsumer:
             error = err if err is not None else failed[0].error
             self._count_error(f"commit of {len(items)} partition offset(s) failed: {error}", error)
             return
-        for key, offset in items.items():
-            if self._pending.get(key) == offset:
-                del self._pending[key]
+        self._committed(items)
         self._uncommitted = max(0, self._uncommitted - self._in_flight_messages)
-        self._add(commits=1)
 
     def commit(self, only: set[tuple[str, int]] | None = None) -> bool:
         """Commit the offsets of the messages applied so far (synchronously).
@@ -561,13 +558,19 @@ class UpdateConsumer:
                 failed[0].error,
             )
             return False
+        self._committed(items)
+        if only is None or not self._pending:
+            self._uncommitted = 0
+        return True
+
+    def _committed(self, items: dict[tuple[str, int], int]) -> None:
+        """Count a confirmed commit of ``items`` and drop them from the pending offsets,
+        unless a later message of their partition has been applied since (then that
+        message's offset stays pending)."""
         for key, offset in items.items():
             if self._pending.get(key) == offset:
                 del self._pending[key]
-        if only is None or not self._pending:
-            self._uncommitted = 0
         self._add(commits=1)
-        return True
 
     # -- background thread ----------------------------------------------------------------
 
