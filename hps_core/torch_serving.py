@@ -256,9 +256,8 @@ class TorchBatcher:
             requests: each request's checked inputs (:meth:`checked`).
 
         Returns:
-            Per request, its outputs in config.pbtxt's order (NumPy on the CPU, PyTorch
-            tensors on a GPU, each ``[its samples, ...]``), or a ``RequestError`` where its
-            scores are not finite.
+            Per request, its outputs in config.pbtxt's order (NumPy, each ``[its samples,
+            ...]``), or a ``RequestError`` where its scores are not finite.
 
         Raises:
             RequestError: the module's outputs do not match config.pbtxt.
@@ -270,10 +269,10 @@ class TorchBatcher:
         }
         with torch.inference_mode():
             answer = self.module(**inputs)
-        outputs = self._outputs(answer, sum(sizes))
-        if self.device.type == "cuda":
-            # Triton reads the outputs through DLPack on no stream of PyTorch's: done first.
-            torch.cuda.current_stream(self.device).synchronize()
+        # Triton sends the answers from the host: each output crosses to it once, for every
+        # request (after the forward: the copy waits for it), rather than a GPU tensor per
+        # response handed to the server; the finiteness check reads them there too.
+        outputs = [o.cpu() for o in self._outputs(answer, sum(sizes))]
         found: list[list[Any]] = []
         start = 0
         for n in sizes:
@@ -321,10 +320,9 @@ class TorchBatcher:
 
 
 def _answer(tensor: torch.Tensor) -> Any:
-    """An output piece as Triton takes it: a NumPy array of its own on the CPU (Triton's
-    stub owns what it is handed: not a view into PyTorch's memory), the tensor itself
-    (DLPack) on a GPU."""
-    return tensor.numpy().copy() if tensor.device.type == "cpu" else tensor.clone()
+    """An output piece (on the host) as Triton takes it: a NumPy array of its own (Triton's
+    stub owns what it is handed: not a view into PyTorch's memory)."""
+    return tensor.numpy().copy()
 
 
 def _not_finite(pieces: list[torch.Tensor], specs: Sequence[TorchTensorSpec]) -> Any:
